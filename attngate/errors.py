@@ -1,0 +1,59 @@
+"""The project's error types. Every error carries *all* problems found, each with its location."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One problem: where (``file:line:col``, a flag, a config key, a rule id) and what."""
+
+    where: str | None
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}" if self.where else self.message
+
+
+class AttngateError(Exception):
+    """Base of every error attngate raises on bad input. ``problems`` lists every problem found."""
+
+    title = "attngate error"
+
+    def __init__(self, problems: list[Problem] | Problem | str):
+        if isinstance(problems, str):
+            problems = [Problem(None, problems)]
+        elif isinstance(problems, Problem):
+            problems = [problems]
+        self.problems: list[Problem] = list(problems)
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        n = len(self.problems)
+        head = f"{self.title} ({n} problem{'s' if n != 1 else ''}):"
+        return "\n".join([head, *(f"  - {p}" for p in self.problems)])
+
+
+class ServerArgsError(AttngateError):
+    """Unknown or ill-typed server arguments (flags, args files, objects)."""
+
+    title = "invalid server arguments"
+
+
+class ModelConfigError(AttngateError):
+    """A Hugging Face config.json that is malformed or describes an unsupported attention layout."""
+
+    title = "invalid model config"
+
+
+class PlatformError(AttngateError):
+    """The GPU architecture is unknown or cannot be detected."""
+
+    title = "invalid platform"
+
+
+class RulesError(AttngateError):
+    """A rules file that does not load or type-check; every problem has ``file:line:col``."""
+
+    title = "invalid rules"

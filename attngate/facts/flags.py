@@ -1,0 +1,54 @@
+"""Parse SGLang-spelled command-line flags against the ServerArgs fields, collecting every problem."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic.fields import FieldInfo
+
+from attngate._suggest import did_you_mean
+from attngate.errors import Problem
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def parse_flags(argv: list[str], fields: dict[str, FieldInfo]) -> tuple[dict[str, Any], list[Problem]]:
+    """Map ``--kebab-case`` flags to field values; values stay strings for pydantic to coerce."""
+    values: dict[str, Any] = {}
+    problems: list[Problem] = []
+    known_flags = ["--" + n.replace("_", "-") for n in fields]
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        i += 1
+        if not token.startswith("--"):
+            problems.append(Problem(token, "unexpected argument: server arguments are --flag [value]"))
+            continue
+        flag, eq, inline = token.partition("=")
+        name = flag[2:].replace("-", "_")
+        field = fields.get(name)
+        if field is None:
+            problems.append(Problem(flag, "unknown server argument" + did_you_mean(flag, known_flags)))
+            continue
+        if field.annotation is bool:
+            if not eq:
+                values[name] = True
+            elif inline.lower() in _TRUE | _FALSE:
+                values[name] = inline.lower() in _TRUE
+            else:
+                problems.append(Problem(flag, f"a switch takes no value or true/false, got {inline!r}"))
+            continue
+        if eq:
+            values[name] = inline
+        elif i < len(argv) and not argv[i].startswith("--"):
+            values[name] = argv[i]
+            i += 1
+        else:
+            problems.append(Problem(flag, "expects a value"))
+            continue
+        if values[name] == "None":
+            values[name] = None
+    return values, problems
+
+

@@ -1,0 +1,310 @@
+"""``ModelFacts``: the attention facts of a model, read from a Hugging Face ``config.json``.
+
+Source of the layouts: transformers' config classes (Gemma2 alternation, Gemma3
+``sliding_window_pattern``, ``layer_types``, Qwen2 ``use_sliding_window``/``max_window_layers``,
+Llama-4 ``attention_chunk_size``/``no_rope_layers``, Mllama ``cross_attention_layers``, Whisper's
+encoder-decoder keys) and SGLang's ``ModelConfig`` (MLA where ``kv_lora_rank`` is present).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict
+
+from attngate.errors import ModelConfigError, Problem
+from attngate.facts.modes import LayerKind
+
+_LAYER_TYPE_NAMES = {
+    "full_attention": LayerKind.FULL,
+    "sliding_attention": LayerKind.SLIDING_WINDOW,
+    "chunked_attention": LayerKind.CHUNKED_LOCAL,
+}
+#: Defaults that transformers applies when a nested ``text_config`` omits a key.
+_TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {"sliding_window_pattern": 6, "sliding_window": 4096, "head_dim": 256},
+    "gemma3": {"sliding_window_pattern": 6, "sliding_window": 4096, "head_dim": 256},
+}
+_SINK_MODEL_TYPES = {"gpt_oss"}  # sinks have no config key; the architecture implies them
+_BIDIRECTIONAL_MODEL_TYPES = {"bert", "roberta", "xlm-roberta", "distilbert", "nomic_bert", "modernbert"}
+
+
+class ModelFacts(BaseModel):
+    """Attention facts of one model.
+
+    Head dims are in elements; ``layer_kinds`` lists every attention layer in execution order
+    (encoder layers first for an encoder-decoder model, then each decoder layer's self attention
+    followed by its cross attention).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    source: str
+    architectures: tuple[str, ...]
+    model_type: str
+    attention_arch: Literal["mha", "mla"]
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    v_head_dim: int
+    kv_lora_rank: Optional[int] = None
+    qk_rope_head_dim: Optional[int] = None
+    sliding_window: Optional[int] = None
+    attention_chunk_size: Optional[int] = None
+    layer_kinds: tuple[LayerKind, ...]
+    is_encoder_decoder: bool = False
+    is_multimodal: bool = False
+    attn_logit_softcapping: Optional[float] = None
+    final_logit_softcapping: Optional[float] = None
+    query_pre_attn_scalar: Optional[float] = None
+    has_attention_sinks: bool = False
+    has_dual_chunk_attention: bool = False
+    max_position_embeddings: Optional[int] = None
+    torch_dtype: Optional[str] = None
+
+    # ---- derived facts -------------------------------------------------------------------------
+
+    @property
+    def architecture(self) -> str:
+        return self.architectures[0] if self.architectures else ""
+
+    @property
+    def use_mla(self) -> bool:
+        return self.attention_arch == "mla"
+
+    @property
+    def has_sliding_window(self) -> bool:
+        return LayerKind.SLIDING_WINDOW in self.layer_kinds
+
+    @property
+    def is_hybrid_swa(self) -> bool:
+        return self.has_sliding_window and LayerKind.FULL in self.layer_kinds
+
+    @property
+    def is_local_attention_model(self) -> bool:
+        return LayerKind.CHUNKED_LOCAL in self.layer_kinds
+
+    @property
+    def has_cross_attention(self) -> bool:
+        return LayerKind.CROSS_ATTENTION in self.layer_kinds
+
+    @property
+    def is_encoder_only(self) -> bool:
+        return not self.is_encoder_decoder and all(k == LayerKind.ENCODER_ONLY for k in self.layer_kinds)
+
+    @property
+    def gqa_group_size(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+    @property
+    def has_asymmetric_kv(self) -> bool:
+        return self.head_dim != self.v_head_dim
+
+    # ---- reading a config.json -----------------------------------------------------------------
+
+    @classmethod
+    def from_hf_config(cls, path: str | Path) -> "ModelFacts":
+        """Read a ``config.json`` (or a folder holding one). Raises ModelConfigError naming the key."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        try:
+            raw = json.loads(path.read_text())
+        except OSError as exc:
+            raise ModelConfigError(Problem(str(path), f"cannot read: {exc.strerror}")) from None
+        except json.JSONDecodeError as exc:
+            raise ModelConfigError(Problem(f"{path}:{exc.lineno}:{exc.colno}", f"not JSON: {exc.msg}")) from None
+        if not isinstance(raw, dict):
+            raise ModelConfigError(Problem(str(path), "config.json must hold a JSON object"))
+        return cls.from_hf_dict(raw, source=str(path))
+
+    @classmethod
+    def from_hf_dict(cls, raw: dict[str, Any], *, source: str = "<config>") -> "ModelFacts":
+        """Build facts from a config mapping; every problem is collected into one ModelConfigError."""
+        reader = _ConfigReader(raw, source)
+        facts = reader.read()
+        if reader.problems:
+            raise ModelConfigError(reader.problems)
+        return facts
+
+
+class _ConfigReader:
+    """Reads one config mapping, recording each problem with the key it concerns."""
+
+    def __init__(self, raw: dict[str, Any], source: str):
+        self.raw = raw
+        self.source = source
+        self.problems: list[Problem] = []
+        text = raw.get("text_config")
+        if text is not None and not isinstance(text, dict):
+            self._bad("text_config", "must be an object")
+            text = None
+        self.text: dict[str, Any] = text or {}
+        self.prefix = "text_config." if text else ""
+        text_type = self.text.get("model_type") or raw.get("model_type")
+        self.defaults = _TEXT_DEFAULTS.get(text_type, {}) if text else {}
+
+    def _bad(self, key: str, message: str) -> None:
+        self.problems.append(Problem(f"{self.source}: {key}", message))
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """Look a key up in text_config first, then at the top level, then transformers' default."""
+        if key in self.text:
+            return self.text[key]
+        if key in self.raw:
+            return self.raw[key]
+        return self.defaults.get(key, default)
+
+    def where(self, key: str) -> str:
+        return self.prefix + key if key in self.text else key
+
+    def int_(self, key: str, *, required: bool = False, default: int | None = None) -> int | None:
+        value = self.get(key, default)
+        if value is None:
+            if required:
+                self._bad(key, "missing (required for attention)")
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            self._bad(self.where(key), f"must be a positive integer, got {value!r}")
+            return None
+        return value
+
+    def float_(self, key: str) -> float | None:
+        value = self.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self._bad(self.where(key), f"must be a number, got {value!r}")
+            return None
+        return float(value)
+
+    def read(self) -> ModelFacts | None:
+        raw = self.raw
+        archs = raw.get("architectures") or []
+        if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+            self._bad("architectures", f"must be a list of strings, got {archs!r}")
+            archs = []
+        model_type = raw.get("model_type")
+        if not isinstance(model_type, str):
+            self._bad("model_type", f"missing or not a string ({model_type!r})")
+            model_type = ""
+        is_enc_dec = bool(raw.get("is_encoder_decoder", False))
+        if is_enc_dec:
+            heads_key, kv_key, hidden_key = "decoder_attention_heads", "decoder_attention_heads", "d_model"
+        else:
+            heads_key, kv_key, hidden_key = "num_attention_heads", "num_key_value_heads", "hidden_size"
+        heads = self.int_(heads_key, required=True)
+        kv_heads = self.int_(kv_key, default=heads)
+        hidden = self.int_(hidden_key)
+        kv_lora_rank = self.int_("kv_lora_rank")
+        qk_rope = self.int_("qk_rope_head_dim")
+        if kv_lora_rank is not None:
+            head_dim, v_head_dim = self._mla_head_dims(qk_rope)
+        else:
+            head_dim = self.int_("head_dim")
+            if head_dim is None and heads and hidden:
+                if hidden % heads:
+                    self._bad(hidden_key, f"{hidden} is not divisible by {heads_key}={heads}; set head_dim")
+                head_dim = hidden // heads
+            elif head_dim is None:
+                self._bad("head_dim", f"missing, and cannot be derived without {hidden_key}")
+            v_head_dim = head_dim
+        if heads and kv_heads and heads % kv_heads:
+            self._bad(self.where(kv_key), f"{kv_heads} does not divide num_attention_heads={heads}")
+        layer_kinds, window, chunk = self._layer_kinds(model_type, is_enc_dec)
+        if self.problems:
+            return None
+        return ModelFacts(
+            source=self.source,
+            architectures=tuple(archs),
+            model_type=model_type,
+            attention_arch="mla" if kv_lora_rank is not None else "mha",
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=head_dim,
+            v_head_dim=v_head_dim,
+            kv_lora_rank=kv_lora_rank,
+            qk_rope_head_dim=qk_rope,
+            sliding_window=window,
+            attention_chunk_size=chunk,
+            layer_kinds=layer_kinds,
+            is_encoder_decoder=is_enc_dec,
+            is_multimodal="vision_config" in raw or "audio_config" in raw,
+            attn_logit_softcapping=self.float_("attn_logit_softcapping"),
+            final_logit_softcapping=self.float_("final_logit_softcapping"),
+            query_pre_attn_scalar=self.float_("query_pre_attn_scalar"),
+            has_attention_sinks=model_type in _SINK_MODEL_TYPES,
+            has_dual_chunk_attention=self.get("dual_chunk_attention_config") is not None,
+            max_position_embeddings=self.int_("max_position_embeddings"),
+            torch_dtype=raw.get("torch_dtype") or self.text.get("torch_dtype"),
+        )
+
+    def _mla_head_dims(self, qk_rope: int | None) -> tuple[int, int]:
+        qk_nope = self.int_("qk_nope_head_dim", required=True)
+        v_head_dim = self.int_("v_head_dim", required=True)
+        if qk_rope is None:
+            self._bad("qk_rope_head_dim", "missing (required with kv_lora_rank)")
+        return (qk_nope or 0) + (qk_rope or 0), v_head_dim or 0
+
+    def _layer_kinds(self, model_type: str, is_enc_dec: bool) -> tuple[tuple[LayerKind, ...], int | None, int | None]:
+        """Per-layer kinds, the active sliding window (tokens) and the local-attention chunk (tokens)."""
+        if is_enc_dec:
+            enc = self.int_("encoder_layers", required=True) or 0
+            dec = self.int_("decoder_layers", required=True) or 0
+            decoder = (LayerKind.FULL, LayerKind.CROSS_ATTENTION) * dec
+            return (LayerKind.ENCODER_ONLY,) * enc + decoder, None, None
+        n = self.int_("num_hidden_layers", required=True) or 0
+        if model_type in _BIDIRECTIONAL_MODEL_TYPES or self.get("is_causal") is False:
+            return (LayerKind.ENCODER_ONLY,) * n, None, None
+        window = self.int_("sliding_window")
+        chunk = self.int_("attention_chunk_size")
+        if self.get("use_sliding_window") is False:
+            window = None  # Qwen2/Qwen3: a window is configured but switched off
+        cross = self.get("cross_attention_layers")
+        if cross is not None:
+            if not isinstance(cross, list) or not all(isinstance(i, int) and 0 <= i < n for i in cross):
+                self._bad(self.where("cross_attention_layers"), f"must list layer indices below {n}")
+                cross = []
+            return tuple(LayerKind.CROSS_ATTENTION if i in cross else LayerKind.FULL for i in range(n)), None, None
+        layer_types = self.get("layer_types")
+        if layer_types is not None:
+            return self._from_layer_types(layer_types, n), window, chunk
+        if chunk is not None:
+            return self._chunked_llama4(n), window, chunk
+        if window is None:
+            return (LayerKind.FULL,) * n, None, None
+        if model_type == "gemma2":  # even layers slide, odd layers are global
+            return tuple(LayerKind.SLIDING_WINDOW if i % 2 == 0 else LayerKind.FULL for i in range(n)), window, None
+        pattern = self.int_("sliding_window_pattern")
+        if pattern is not None:  # every pattern-th layer is global
+            return tuple(LayerKind.FULL if (i + 1) % pattern == 0 else LayerKind.SLIDING_WINDOW for i in range(n)), window, None
+        if self.get("use_sliding_window") is True:
+            first = self.int_("max_window_layers", default=0) or 0
+            return tuple(LayerKind.SLIDING_WINDOW if i >= first else LayerKind.FULL for i in range(n)), window, None
+        return (LayerKind.SLIDING_WINDOW,) * n, window, None  # Mistral-style global window
+
+    def _from_layer_types(self, layer_types: Any, n: int) -> tuple[LayerKind, ...]:
+        key = self.where("layer_types")
+        if not isinstance(layer_types, list) or len(layer_types) != n:
+            self._bad(key, f"must be a list of num_hidden_layers={n} layer types")
+            return ()
+        kinds = []
+        for i, name in enumerate(layer_types):
+            kind = _LAYER_TYPE_NAMES.get(name)
+            if kind is None:
+                self._bad(f"{key}[{i}]", f"unsupported layer type {name!r}; attngate knows {sorted(_LAYER_TYPE_NAMES)}")
+            kinds.append(kind or LayerKind.FULL)
+        return tuple(kinds)
+
+    def _chunked_llama4(self, n: int) -> tuple[LayerKind, ...]:
+        # Llama-4: RoPE layers attend within chunks; every no_rope_layer_interval-th layer is global NoPE.
+        no_rope = self.get("no_rope_layers") or []
+        if no_rope:
+            if not isinstance(no_rope, list) or len(no_rope) != n:
+                self._bad(self.where("no_rope_layers"), f"must be a list of {n} flags")
+                return ()
+            return tuple(LayerKind.CHUNKED_LOCAL if use_rope else LayerKind.FULL for use_rope in no_rope)
+        interval = self.int_("no_rope_layer_interval", default=4) or 4
+        return tuple(LayerKind.FULL if (i + 1) % interval == 0 else LayerKind.CHUNKED_LOCAL for i in range(n))

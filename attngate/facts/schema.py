@@ -1,0 +1,146 @@
+"""The fact namespace that rule conditions read: names, types and values.
+
+Three sources feed it: ``ServerArgs`` fields (after adjustment), ``ModelFacts`` and ``Platform``,
+plus facts derived from them (``prefill_backend``/``decode_backend``). Per-mode and per-layer rules
+also read ``forward_mode`` / ``layer_kind``.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal, Optional, get_args, get_origin
+
+from attngate.facts.choices import ATTENTION_BACKENDS, GPU_ARCHS
+from attngate.facts.model import ModelFacts
+from attngate.facts.modes import ForwardMode, LayerKind
+from attngate.facts.platform import Platform
+from attngate.facts.server_args import ServerArgs
+
+Base = Literal["bool", "int", "float", "str"]
+
+
+@dataclass(frozen=True, slots=True)
+class FactType:
+    """The type of a fact or gate: a base type, optional choices (an enum), and whether None is allowed."""
+
+    base: Base
+    choices: tuple[Any, ...] | None = None
+    optional: bool = False
+
+    def accepts(self, value: Any) -> bool:
+        if value is None:
+            return self.optional
+        if self.base == "bool":
+            ok = isinstance(value, bool)
+        elif self.base == "int":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif self.base == "float":
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, str)
+        return ok and (self.choices is None or value in self.choices)
+
+    def describe(self) -> str:
+        text = f"one of {list(self.choices)}" if self.choices else self.base
+        return f"{text} or None" if self.optional else text
+
+    @classmethod
+    def from_annotation(cls, annotation: Any) -> "FactType":
+        """FactType of ``bool``, ``int``, ``float``, ``str``, ``Literal[...]`` or ``Optional`` of them."""
+        optional = False
+        origin = get_origin(annotation)
+        if origin in (typing.Union, types.UnionType):
+            inner = [a for a in get_args(annotation) if a is not type(None)]
+            optional = len(inner) != len(get_args(annotation))
+            (annotation,) = inner
+            origin = get_origin(annotation)
+        if origin is Literal:
+            choices = get_args(annotation)
+            base: Base = "str" if isinstance(choices[0], str) else "int"
+            return cls(base, choices, optional)
+        names = {bool: "bool", int: "int", float: "float", str: "str"}
+        return cls(names[annotation], None, optional)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class FactSpec:
+    name: str
+    type: FactType
+    origin: Literal["server_args", "model", "platform", "derived", "mode", "layer", "gate"]
+    doc: str
+
+
+def _model_fact(name: str, annotation: Any, doc: str) -> FactSpec:
+    return FactSpec(name, FactType.from_annotation(annotation), "model", doc)
+
+
+_MODEL_FACTS = [
+    _model_fact("architecture", str, "first entry of config.json architectures"),
+    _model_fact("model_type", str, "config.json model_type"),
+    _model_fact("use_mla", bool, "multi-head latent attention (config has kv_lora_rank)"),
+    _model_fact("num_attention_heads", int, "query heads"),
+    _model_fact("num_key_value_heads", int, "KV heads"),
+    _model_fact("gqa_group_size", int, "query heads per KV head"),
+    _model_fact("head_dim", int, "QK head dim, elements"),
+    _model_fact("v_head_dim", int, "V head dim, elements"),
+    _model_fact("has_asymmetric_kv", bool, "head_dim != v_head_dim"),
+    _model_fact("sliding_window", Optional[int], "active sliding window, tokens"),
+    _model_fact("has_sliding_window", bool, "some layer uses a sliding window"),
+    _model_fact("is_hybrid_swa", bool, "sliding-window and full-attention layers mixed"),
+    _model_fact("is_local_attention_model", bool, "chunked local attention layers (Llama-4)"),
+    _model_fact("attention_chunk_size", Optional[int], "local attention chunk, tokens"),
+    _model_fact("is_encoder_decoder", bool, "encoder-decoder model (Whisper)"),
+    _model_fact("has_cross_attention", bool, "some layer attends over encoder tokens"),
+    _model_fact("is_encoder_only", bool, "every layer is bidirectional (BERT, gte-Qwen2)"),
+    _model_fact("is_multimodal", bool, "config has a vision or audio tower"),
+    _model_fact("has_softcap", bool, "attn_logit_softcapping is set"),
+    _model_fact("has_attention_sinks", bool, "learned attention sinks (gpt-oss)"),
+    _model_fact("has_dual_chunk_attention", bool, "config has dual_chunk_attention_config"),
+]
+_PLATFORM_FACTS = [
+    FactSpec("gpu_arch", FactType("str", GPU_ARCHS), "platform", "GPU architecture"),
+    FactSpec("sm_major", FactType("int"), "platform", "compute capability major"),
+]
+_DERIVED_FACTS = [
+    FactSpec("prefill_backend", FactType("str", ATTENTION_BACKENDS, True), "derived",
+             "prefill_attention_backend, else attention_backend"),
+    FactSpec("decode_backend", FactType("str", ATTENTION_BACKENDS, True), "derived",
+             "decode_attention_backend, else attention_backend"),
+]
+MODE_FACT = FactSpec("forward_mode", FactType("str", tuple(m.value for m in ForwardMode)), "mode", "forward mode of the batch")
+LAYER_FACT = FactSpec("layer_kind", FactType("str", tuple(k.value for k in LayerKind)), "layer", "kind of the attention layer")
+
+
+def _server_arg_facts() -> list[FactSpec]:
+    return [
+        FactSpec(name, FactType.from_annotation(field.annotation), "server_args", field.description or "server argument")
+        for name, field in ServerArgs.model_fields.items()
+    ]
+
+
+#: Every fact a global rule may read, by name.
+FACTS: dict[str, FactSpec] = {f.name: f for f in [*_server_arg_facts(), *_MODEL_FACTS, *_PLATFORM_FACTS, *_DERIVED_FACTS]}
+
+
+def model_facts(model: ModelFacts) -> dict[str, Any]:
+    values = {f.name: getattr(model, f.name, None) for f in _MODEL_FACTS if f.name != "has_softcap"}
+    values["has_softcap"] = model.attn_logit_softcapping is not None
+    return values
+
+
+def derived_facts(args: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "prefill_backend": args["prefill_attention_backend"] or args["attention_backend"],
+        "decode_backend": args["decode_attention_backend"] or args["attention_backend"],
+    }
+
+
+def base_facts(args: ServerArgs, model: ModelFacts, platform: Platform) -> dict[str, Any]:
+    """The fact values of one configuration (without forward_mode / layer_kind)."""
+    values = args.model_dump()
+    values.update(model_facts(model))
+    values.update(gpu_arch=platform.gpu_arch, sm_major=platform.sm_major)
+    values.update(derived_facts(values))
+    return values

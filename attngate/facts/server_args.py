@@ -1,0 +1,142 @@
+"""``ServerArgs``: the attention-relevant SGLang server arguments, with SGLang's names and defaults.
+
+Build one from CLI flags in SGLang's spelling (:meth:`ServerArgs.from_flags`), from a YAML/JSON
+args file (:meth:`ServerArgs.from_file`), or from any object carrying those attributes, such as
+SGLang's own ``ServerArgs`` (:meth:`ServerArgs.from_object`). Every problem is reported at once in a
+:class:`~attngate.errors.ServerArgsError`, naming the flag or key, with a did-you-mean suggestion.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from attngate._suggest import did_you_mean
+from attngate.errors import Problem, ServerArgsError
+from attngate.facts.choices import (
+    AttentionBackendName,
+    DisaggregationMode,
+    DraftAttentionBackendName,
+    HicacheIoBackend,
+    KvCacheDtype,
+    ModelDtype,
+    SamplingBackend,
+    SpeculativeAlgorithm,
+    SpeculativeAttentionMode,
+)
+
+
+class ServerArgs(BaseModel):
+    """Attention-relevant SGLang server arguments (field names, types and defaults as in SGLang).
+
+    ``None`` means "unset": the rules fill it (e.g. the default attention backend, R2..R8).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    attention_backend: Optional[AttentionBackendName] = None
+    prefill_attention_backend: Optional[AttentionBackendName] = None
+    decode_attention_backend: Optional[AttentionBackendName] = None
+    speculative_draft_attention_backend: Optional[DraftAttentionBackendName] = None
+    kv_cache_dtype: KvCacheDtype = "auto"
+    page_size: Optional[int] = Field(None, ge=1, description="tokens per KV page")
+    context_length: Optional[int] = Field(None, ge=1, description="tokens")
+    dtype: ModelDtype = "auto"
+    is_embedding: bool = False
+    chunked_prefill_size: Optional[int] = Field(None, ge=-1, description="tokens; -1 disables")
+    disable_radix_cache: bool = False
+    disable_chunked_prefix_cache: bool = False
+    enable_mixed_chunk: bool = False
+    disable_hybrid_swa_memory: bool = False
+    enable_hierarchical_cache: bool = False
+    hicache_io_backend: HicacheIoBackend = "kernel"
+    tp_size: int = Field(1, ge=1)
+    dp_size: int = Field(1, ge=1)
+    enable_dp_attention: bool = False
+    enable_prefill_cp: bool = False
+    speculative_algorithm: Optional[SpeculativeAlgorithm] = None
+    speculative_num_steps: Optional[int] = Field(None, ge=0)
+    speculative_eagle_topk: Optional[int] = Field(None, ge=0)
+    speculative_num_draft_tokens: Optional[int] = Field(None, ge=1)
+    speculative_draft_model_path: Optional[str] = None
+    speculative_attention_mode: SpeculativeAttentionMode = "prefill"
+    enable_deterministic_inference: bool = False
+    rl_on_policy_target: Optional[str] = None
+    disable_cuda_graph: bool = False
+    enable_piecewise_cuda_graph: bool = False
+    enable_torch_compile: bool = False
+    sampling_backend: Optional[SamplingBackend] = None
+    flashinfer_mla_disable_ragged: bool = False
+    disaggregation_mode: DisaggregationMode = "null"
+
+    # ---- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any], *, source: str = "args") -> "ServerArgs":
+        """Validate a mapping (keys in snake_case or kebab-case). Raises ServerArgsError."""
+        problems: list[Problem] = []
+        clean: dict[str, Any] = {}
+        for key, value in data.items():
+            name = str(key).replace("-", "_").lstrip("_")
+            if name not in cls.model_fields:
+                problems.append(
+                    Problem(f"{source}: {key}", "unknown server argument" + did_you_mean(name, cls.model_fields))
+                )
+            else:
+                clean[name] = value
+        return cls._validate(clean, problems, lambda n: f"{source}: {n}")
+
+    @classmethod
+    def from_flags(cls, argv: list[str]) -> "ServerArgs":
+        """Parse SGLang-style flags: ``--attention-backend fa3 --enable-dp-attention ...``.
+
+        Boolean fields are switches (``--flag``, or ``--flag=false``); others take one value.
+        Raises ServerArgsError listing every unknown flag, missing value and bad value.
+        """
+        from attngate.facts.flags import parse_flags
+
+        values, problems = parse_flags(argv, cls.model_fields)
+        return cls._validate(values, problems, lambda n: "--" + n.replace("_", "-"))
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "ServerArgs":
+        """Load a YAML or JSON mapping of server arguments. Raises ServerArgsError."""
+        path = Path(path)
+        try:
+            text = path.read_text()
+            data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        except (OSError, ValueError, yaml.YAMLError) as exc:
+            raise ServerArgsError(Problem(str(path), f"cannot read args file: {exc}")) from None
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ServerArgsError(Problem(str(path), "an args file must hold a mapping of argument names to values"))
+        return cls.from_mapping(data, source=str(path))
+
+    @classmethod
+    def from_object(cls, obj: object) -> "ServerArgs":
+        """Read every known field from ``obj``'s attributes (e.g. SGLang's ServerArgs); extras ignored."""
+        missing = object()
+        data = {n: v for n in cls.model_fields if (v := getattr(obj, n, missing)) is not missing}
+        return cls._validate(data, [], lambda n: f"{type(obj).__name__}.{n}")
+
+    @classmethod
+    def _validate(cls, data: dict[str, Any], problems: list[Problem], where) -> "ServerArgs":
+        try:
+            args = cls.model_validate(data)
+        except ValidationError as exc:
+            for err in exc.errors():
+                name = str(err["loc"][0]) if err["loc"] else "?"
+                problems.append(Problem(where(name), f"{err['msg']} (got {err.get('input')!r})"))
+            raise ServerArgsError(problems) from None
+        if problems:
+            raise ServerArgsError(problems)
+        return args
+
+    def non_defaults(self) -> dict[str, Any]:
+        """The arguments that differ from SGLang's defaults."""
+        return {k: v for k, v in self.model_dump().items() if v != type(self).model_fields[k].default}

@@ -1,0 +1,168 @@
+"""The Plan: every attention decision, resolved once at start-up, frozen, typed and fingerprinted.
+
+Gates are grouped by consumer (``plan.flashattention``, ``plan.flashinfer``, ``plan.common``) and by
+scope: *global* gates hold for the whole server; *mode* gates form one table per forward mode
+(``plan.mode(ForwardMode.DECODE)``); *layer* gates one table per layer kind
+(``plan.layer(LayerKind.SLIDING_WINDOW)``). A rule names a gate as ``<group>.<field>``, e.g.
+``fa.skip_kv_cache``; the gate's type and default come from the field below.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field
+
+from attngate.errors import AttngateError, Problem
+from attngate.facts.choices import AttentionBackendName
+from attngate.facts.modes import ForwardMode, LayerKind
+
+
+def gate(default: Any, doc: str, *, from_fact: str | None = None) -> Any:
+    """Declare a gate: its default, what it means, and (``from_fact``) a fact that supplies the default."""
+    extra = {"from_fact": from_fact} if from_fact else None
+    return Field(default, description=doc, json_schema_extra=extra)
+
+
+class _Group(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+KvExtent = Literal["prefix_plus_new", "prefix", "none"]
+
+
+# ---- global gates --------------------------------------------------------------------------------
+
+class FlashAttentionGates(_Group):
+    """Read by the FA3/FA4 backend."""
+
+    skip_kv_cache: bool = gate(False, "Embedding fast path: attend on the raw K/V; neither write nor read the paged cache. One value for both sides.")
+    precompute_scheduler_metadata: bool = gate(True, "Compute FA3 scheduler_metadata once per decode batch (and at CUDA-graph capture/replay).")
+    num_splits: int = gate(0, "split-KV count passed to every FA call; 0 = the kernel chooses.")
+
+
+class FlashInferGates(_Group):
+    """Read by the FlashInfer backend; every wrapper kind (single, sliding window, cross attention) takes the split settings."""
+
+    wrapper_dispatch: Literal["single", "sliding_window", "cross_attention"] = gate("single", "Wrapper sets: one, or two split by sliding-window vs full layers, or by self vs cross attention.")
+    use_ragged_prefill: bool = gate(True, "EXTEND: new tokens through the ragged wrapper, cached prefix through the paged wrapper, merged with merge_state.")
+    prefill_fixed_split_size: Optional[int] = gate(None, "fixed_split_size (tokens) of every prefill plan; None = FlashInfer chooses.")
+    decode_fixed_split_size: Optional[int] = gate(None, "fixed_split_size (tokens) of every eager decode plan; None = FlashInfer chooses.")
+    cuda_graph_disable_split_kv: bool = gate(False, "disable_split_kv of every CUDA-graph decode plan.")
+    decode_use_tensor_cores: bool = gate(False, "use_tensor_cores of every decode wrapper.")
+    workspace_size_mb: int = gate(384, "float workspace buffer, MiB.")
+
+
+class CommonGates(_Group):
+    """Read by every backend."""
+
+    page_size: int = gate(1, "tokens per KV page", from_fact="page_size")
+    kv_cache_dtype: str = gate("auto", "KV cache storage dtype", from_fact="kv_cache_dtype")
+    cuda_graph: bool = gate(True, "CUDA graphs are captured at all.")
+    mla_chunked_prefix_cache: bool = gate(True, "MLA prefill attends to the cached prefix in chunks (MHA over decompressed KV).")
+
+
+# ---- per-forward-mode gates ----------------------------------------------------------------------
+
+class FlashAttentionModeGates(_Group):
+    kv_extent: KvExtent = gate("prefix_plus_new", "What seqused_k / cache_seqlens cover, in eager runs and CUDA-graph replay alike.")
+
+
+class FlashInferModeGates(_Group):
+    paged_kv_extent: KvExtent = gate("prefix_plus_new", "What the paged wrapper's kv_indptr covers.")
+
+
+class CommonModeGates(_Group):
+    capture_cuda_graph: bool = gate(False, "This mode is captured and replayed as a CUDA graph.")
+
+
+class ModeGates(_Group):
+    """The gates of one forward mode."""
+
+    flashattention: FlashAttentionModeGates = FlashAttentionModeGates()
+    flashinfer: FlashInferModeGates = FlashInferModeGates()
+    common: CommonModeGates = CommonModeGates()
+
+
+# ---- per-layer-kind gates ------------------------------------------------------------------------
+
+class FlashInferLayerGates(_Group):
+    wrapper_index: int = gate(0, "Which wrapper of the set a layer of this kind runs through.")
+
+
+class CommonLayerGates(_Group):
+    causal: bool = gate(True, "Queries attend only to earlier positions.")
+    use_window: bool = gate(False, "The layer's sliding window (window_left) applies; every pass over the layer (ragged and paged) receives it.")
+    write_kv_cache: bool = gate(True, "The layer's K/V are written to the paged cache.")
+
+
+class LayerGates(_Group):
+    """The gates of one layer kind."""
+
+    flashinfer: FlashInferLayerGates = FlashInferLayerGates()
+    common: CommonLayerGates = CommonLayerGates()
+
+
+def _table(name: str, keys: list[str], row: type[BaseModel]) -> type[BaseModel]:
+    fields = {k: (row, row()) for k in keys}
+    from pydantic import create_model
+
+    return create_model(name, __base__=_Group, **fields)  # type: ignore[call-overload]
+
+
+ModeTable = _table("ModeTable", [m.value for m in ForwardMode], ModeGates)
+LayerTable = _table("LayerTable", [k.value for k in LayerKind], LayerGates)
+
+
+class PlanLoadError(AttngateError):
+    title = "invalid plan JSON"
+
+
+class Plan(_Group):
+    """The resolved attention plan. Backends read it and nothing else.
+
+    ``fingerprint`` (sha256 of the canonical JSON) lets every rank of a distributed server check
+    that it resolved the same plan.
+    """
+
+    prefill_backend: AttentionBackendName
+    decode_backend: AttentionBackendName
+    flashattention: FlashAttentionGates = FlashAttentionGates()
+    flashinfer: FlashInferGates = FlashInferGates()
+    common: CommonGates = CommonGates()
+    modes: ModeTable = ModeTable()  # type: ignore[valid-type]
+    layers: LayerTable = LayerTable()  # type: ignore[valid-type]
+
+    def mode(self, mode: ForwardMode | str) -> ModeGates:
+        return getattr(self.modes, ForwardMode(mode).value)
+
+    def layer(self, kind: LayerKind | str) -> LayerGates:
+        return getattr(self.layers, LayerKind(kind).value)
+
+    def canonical_json(self) -> str:
+        body = self.model_dump(mode="json", exclude={"fingerprint"})
+        return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def fingerprint(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return self.model_dump_json(indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        """Load a plan; a ``fingerprint`` in the JSON must match its content. Raises PlanLoadError."""
+        try:
+            data = json.loads(text)
+            claimed = data.pop("fingerprint", None) if isinstance(data, dict) else None
+            plan = cls.model_validate(data)
+        except ValueError as exc:
+            errors = exc.errors() if isinstance(exc, ValidationError) else [{"loc": (), "msg": str(exc)}]
+            raise PlanLoadError([Problem(".".join(map(str, e["loc"])) or None, e["msg"]) for e in errors]) from None
+        if claimed is not None and claimed != plan.fingerprint:
+            raise PlanLoadError(Problem("fingerprint", f"{claimed} does not match the plan's content ({plan.fingerprint})"))
+        return plan

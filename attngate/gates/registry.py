@@ -1,0 +1,62 @@
+"""The gate registry: every gate a rule may set, with its scope, type, default and location in the Plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from attngate.facts.schema import FactType
+from attngate.gates.plan import CommonGates, FlashAttentionGates, FlashInferGates, LayerGates, ModeGates
+
+Scope = Literal["global", "mode", "layer"]
+
+#: Rule-file prefix of each consumer group, and the Plan attribute it lives under.
+GROUP_PREFIX = {"flashattention": "fa", "flashinfer": "flashinfer", "common": "common"}
+
+
+@dataclass(frozen=True, slots=True)
+class GateSpec:
+    name: str  # e.g. "fa.skip_kv_cache"
+    scope: Scope
+    group: str  # Plan attribute: flashattention | flashinfer | common
+    field: str
+    type: FactType
+    default: Any
+    from_fact: str | None
+    doc: str
+
+
+def _specs(scope: Scope, groups: dict[str, type[BaseModel]]) -> list[GateSpec]:
+    out = []
+    for group, model in groups.items():
+        for field, info in model.model_fields.items():
+            extra = info.json_schema_extra or {}
+            out.append(GateSpec(
+                name=f"{GROUP_PREFIX[group]}.{field}", scope=scope, group=group, field=field,
+                type=FactType.from_annotation(info.annotation), default=info.default,
+                from_fact=extra.get("from_fact"), doc=info.description or "",
+            ))
+    return out
+
+
+def _group_models(row: type[BaseModel]) -> dict[str, type[BaseModel]]:
+    return {name: info.annotation for name, info in row.model_fields.items()}  # type: ignore[misc]
+
+
+def _build() -> dict[str, GateSpec]:
+    specs = [
+        *_specs("global", {"flashattention": FlashAttentionGates, "flashinfer": FlashInferGates, "common": CommonGates}),
+        *_specs("mode", _group_models(ModeGates)),
+        *_specs("layer", _group_models(LayerGates)),
+    ]
+    registry: dict[str, GateSpec] = {}
+    for spec in specs:
+        if spec.name in registry:
+            raise AssertionError(f"gate {spec.name} declared twice")
+        registry[spec.name] = spec
+    return registry
+
+
+GATES: dict[str, GateSpec] = _build()
