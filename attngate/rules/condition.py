@@ -1,0 +1,263 @@
+"""Rule conditions: a safe subset of Python expression syntax, parsed with ``ast``, type-checked, compiled once.
+
+Allowed: ``and``, ``or``, ``not``, comparisons (``== != < <= > >=``, ``in``, ``not in``, ``is None``,
+``is not None``), fact names, and literals (int, str, bool, None, tuples of them). Per-mode and
+per-layer rules may also read a resolved global gate as ``<group>.<field>`` (``fa.skip_kv_cache``),
+so that a table never restates a global decision's condition. Anything else (calls, subscripts,
+arithmetic, other attributes) is rejected before compilation, so evaluating a condition can only
+read facts.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from attngate._suggest import did_you_mean
+from attngate.facts.schema import FactType
+
+_NO_BUILTINS: dict[str, Any] = {"__builtins__": {}}
+_GATE_PREFIX = "__gate__"
+_ORDER_OPS = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
+
+
+class ConditionError(Exception):
+    """One problem in a condition, at a column (0-based) of the condition text."""
+
+    def __init__(self, col: int, message: str):
+        self.col = col
+        self.message = message
+        super().__init__(message)
+
+
+def gate_key(name: str) -> str:
+    """The name under which a gate's value is visible to compiled conditions."""
+    return _GATE_PREFIX + name.replace(".", "__")
+
+
+@dataclass(frozen=True, slots=True)
+class Conjunct:
+    """One top-level ``and`` operand: what ``explain`` lists when a candidate rule did not match."""
+
+    text: str
+    code: Any
+
+    def holds(self, facts: dict[str, Any]) -> bool:
+        return bool(eval(self.code, _NO_BUILTINS, facts))  # noqa: S307 - whitelisted AST, see module doc
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    text: str
+    code: Any
+    conjuncts: tuple[Conjunct, ...]
+    reads: tuple[str, ...]  # fact names (and gate names) the condition reads, in first-use order
+    tree: ast.Expression = field(repr=False, compare=False)
+
+    def __call__(self, facts: dict[str, Any]) -> bool:
+        return bool(eval(self.code, _NO_BUILTINS, facts))  # noqa: S307 - whitelisted AST, see module doc
+
+    def failed(self, facts: dict[str, Any]) -> list[str]:
+        """The top-level conjuncts that are false for ``facts``."""
+        return [c.text for c in self.conjuncts if not c.holds(facts)]
+
+
+class _Checker:
+    """Whitelist and type-check a parsed condition; collects every problem."""
+
+    def __init__(self, facts: dict[str, FactType], gates: dict[str, FactType], hints: dict[str, str]):
+        self.facts = facts
+        self.hints = hints
+        self.gates = gates
+        self.errors: list[ConditionError] = []
+        self.reads: list[str] = []
+
+    def fail(self, node: ast.AST, message: str) -> None:
+        self.errors.append(ConditionError(getattr(node, "col_offset", 0), message))
+
+    # A boolean expression: what `and`/`or`/`not` combine and what a rule's `when` must be.
+    def boolean(self, node: ast.expr) -> None:
+        if isinstance(node, ast.BoolOp):
+            for value in node.values:
+                self.boolean(value)
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            self.boolean(node.operand)
+        elif isinstance(node, ast.Compare):
+            self.compare(node)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, bool):
+            pass
+        elif isinstance(node, (ast.Name, ast.Attribute)):
+            ftype = self.ref(node)
+            if ftype is not None and (ftype.base != "bool" or ftype.optional):
+                self.fail(node, f"{self.ref_name(node)} is {ftype.describe()}, not a bool; compare it explicitly")
+        else:
+            self.fail(node, f"{_describe(node)} is not allowed in a condition")
+
+    def ref_name(self, node: ast.expr) -> str:
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            return f"{node.value.id}.{node.attr}"
+        return node.id if isinstance(node, ast.Name) else "?"
+
+    def ref(self, node: ast.expr) -> FactType | None:
+        """Type of a fact or gate reference; records the read."""
+        if isinstance(node, ast.Attribute):
+            if not isinstance(node.value, ast.Name):
+                self.fail(node, "only <group>.<gate> attribute references are allowed")
+                return None
+            name = self.ref_name(node)
+            if name not in self.gates:
+                hint = did_you_mean(name, self.gates) if self.gates else " (gate values are readable only by per-mode and per-layer rules)"
+                self.fail(node, f"unknown gate {name!r}{hint}")
+                return None
+            self.reads.append(name)
+            return self.gates[name]
+        assert isinstance(node, ast.Name)
+        if node.id not in self.facts:
+            hint = self.hints.get(node.id) or did_you_mean(node.id, self.facts)
+            self.fail(node, f"unknown fact {node.id!r}{hint}")
+            return None
+        self.reads.append(node.id)
+        return self.facts[node.id]
+
+    def operand(self, node: ast.expr) -> tuple[str, Any]:
+        """("ref", FactType|None) for a fact/gate, ("lit", value) for a literal, ("bad", None) otherwise."""
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            return "ref", self.ref(node)
+        try:
+            value = ast.literal_eval(node) if _is_literal(node) else _NOT_LITERAL
+        except ValueError:
+            value = _NOT_LITERAL
+        if value is _NOT_LITERAL:
+            self.fail(node, f"{_describe(node)} is not allowed in a comparison")
+            return "bad", None
+        return "lit", value
+
+    def compare(self, node: ast.Compare) -> None:
+        left = node.left
+        for op, right in zip(node.ops, node.comparators):
+            self.pair(node, left, op, right)
+            left = right
+
+    def pair(self, node: ast.Compare, left: ast.expr, op: ast.cmpop, right: ast.expr) -> None:
+        lk, lv = self.operand(left)
+        rk, rv = self.operand(right)
+        if "bad" in (lk, rk):
+            return
+        if lk == "lit" and rk == "lit":
+            self.fail(node, "compares two constants")
+            return
+        if lk == "ref" and rk == "ref":
+            if lv is not None and rv is not None and (lv.base != rv.base or isinstance(op, (ast.In, ast.NotIn, ast.Is, ast.IsNot))):
+                self.fail(node, f"cannot compare {self.ref_name(left)} ({lv.describe()}) with {self.ref_name(right)} ({rv.describe()}) using {_op(op)}")
+            return
+        ftype, literal, fnode, lnode = (lv, rv, left, right) if lk == "ref" else (rv, lv, right, left)
+        if ftype is None:
+            return
+        name = self.ref_name(fnode)
+        if isinstance(op, (ast.Is, ast.IsNot)):
+            if literal is not None:
+                self.fail(node, f"'{_op(op)}' is only for None; use == or !=")
+            elif not ftype.optional:
+                self.fail(node, f"{name} is never None ({ftype.describe()})")
+        elif isinstance(op, (ast.In, ast.NotIn)):
+            if lk != "ref" or not isinstance(literal, tuple):
+                self.fail(node, f"'{_op(op)}' needs a fact on the left and a tuple of literals on the right")
+            else:
+                for item, item_node in zip(literal, lnode.elts):  # type: ignore[attr-defined]
+                    self.literal_fits(item_node, name, ftype, item)
+        elif literal is None:
+            self.fail(node, f"compare with None using 'is None' / 'is not None', not {_op(op)}")
+        elif isinstance(op, _ORDER_OPS) and ftype.base not in ("int", "float"):
+            self.fail(node, f"{name} is {ftype.describe()}; {_op(op)} needs a number")
+        else:
+            self.literal_fits(lnode, name, ftype, literal)
+
+    def literal_fits(self, node: ast.AST, name: str, ftype: FactType, value: Any) -> None:
+        if value is None and ftype.optional:
+            return
+        if ftype.accepts(value) or (ftype.base == "float" and isinstance(value, int)):
+            return
+        if ftype.choices and isinstance(value, str):
+            choices = f"{len(ftype.choices)} choices" if len(ftype.choices) > 8 else ftype.describe()
+            self.fail(node, f"{value!r} is not a value of {name} ({choices})" + did_you_mean(value, map(str, ftype.choices)))
+        else:
+            self.fail(node, f"{name} is {ftype.describe()}, compared with {value!r}")
+
+
+_NOT_LITERAL = object()
+
+
+def _is_literal(node: ast.expr) -> bool:
+    if isinstance(node, ast.Constant):
+        return node.value is None or isinstance(node.value, (bool, int, str))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return isinstance(node.operand, ast.Constant) and type(node.operand.value) is int
+    if isinstance(node, ast.Tuple):
+        return all(_is_literal(e) and not isinstance(e, ast.Tuple) for e in node.elts)
+    return False
+
+
+def _describe(node: ast.AST) -> str:
+    names = {ast.Call: "a call", ast.Subscript: "a subscript", ast.BinOp: "arithmetic", ast.Lambda: "a lambda",
+             ast.List: "a list (use a tuple)", ast.Dict: "a dict", ast.Set: "a set (use a tuple)",
+             ast.IfExp: "a conditional expression", ast.NamedExpr: "an assignment"}
+    for cls, text in names.items():
+        if isinstance(node, cls):
+            return text
+    if isinstance(node, ast.Constant):
+        return f"the constant {node.value!r}"
+    return f"'{type(node).__name__}'"
+
+
+def _op(op: ast.cmpop) -> str:
+    return {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=",
+            ast.In: "in", ast.NotIn: "not in", ast.Is: "is", ast.IsNot: "is not"}[type(op)]
+
+
+class _GateRefRewriter(ast.NodeTransformer):
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        assert isinstance(node.value, ast.Name)
+        return ast.copy_location(ast.Name(id=gate_key(f"{node.value.id}.{node.attr}"), ctx=ast.Load()), node)
+
+
+def _compile(tree: ast.Expression, label: str) -> Any:
+    tree = ast.fix_missing_locations(_GateRefRewriter().visit(tree))
+    return compile(tree, label, "eval")
+
+
+def compile_condition(text: str, facts: dict[str, FactType], gates: dict[str, FactType] | None = None,
+                      hints: dict[str, str] | None = None) -> Condition:
+    """Parse, whitelist, type-check and compile ``text``.
+
+    ``facts`` are the readable facts and their types; ``gates`` the readable gates (per-mode and
+    per-layer rules only); ``hints`` explain why a known name is unreadable here. Raises
+    :class:`ConditionErrors` with every problem.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise ConditionErrors([ConditionError(0, "a condition must be a non-empty expression")])
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as exc:
+        raise ConditionErrors([ConditionError(max((exc.offset or 1) - 1, 0), f"syntax error: {exc.msg}")]) from None
+    checker = _Checker(facts, gates or {}, hints or {})
+    checker.boolean(tree.body)
+    if checker.errors:
+        raise ConditionErrors(checker.errors)
+    source = text.strip()
+    parts = tree.body.values if isinstance(tree.body, ast.BoolOp) and isinstance(tree.body.op, ast.And) else [tree.body]
+    conjuncts = tuple(
+        Conjunct(ast.get_source_segment(source, p) or ast.unparse(p), _compile(ast.Expression(body=p), "<condition>"))
+        for p in parts
+    )
+    reads = tuple(dict.fromkeys(checker.reads))
+    return Condition(source, _compile(tree, "<condition>"), conjuncts, reads, tree)
+
+
+class ConditionErrors(Exception):
+    def __init__(self, errors: list[ConditionError]):
+        self.errors = errors
+        super().__init__("; ".join(e.message for e in errors))
+
+
+Evaluator = Callable[[dict[str, Any]], bool]

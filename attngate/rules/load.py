@@ -1,0 +1,234 @@
+"""Load and type-check a rules file into a :class:`RuleSet`; every problem is reported with ``file:line:col``."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from attngate._suggest import did_you_mean
+from attngate.errors import Problem, RulesError
+from attngate.facts.schema import FACTS, LAYER_FACT, MODE_FACT, FactType
+from attngate.facts.server_args import ServerArgs
+from attngate.gates.registry import GATES, Scope
+from attngate.rules.condition import Condition, ConditionErrors, compile_condition
+from attngate.rules.spec import RuleFileSpec, RuleKind, RuleSpec
+from attngate.rules.yaml_source import YamlDocument, load_yaml
+
+_GLOBAL_FACT_TYPES = {name: spec.type for name, spec in FACTS.items()}
+_ADJUSTABLE = {name: FACTS[name].type for name in ServerArgs.model_fields}
+_GLOBAL_GATE_TYPES = {name: g.type for name, g in GATES.items() if g.scope == "global"}
+_SCOPE_FACTS: dict[Scope, dict[str, FactType]] = {
+    "global": _GLOBAL_FACT_TYPES,
+    "mode": {**_GLOBAL_FACT_TYPES, MODE_FACT.name: MODE_FACT.type},
+    "layer": {**_GLOBAL_FACT_TYPES, LAYER_FACT.name: LAYER_FACT.type},
+}
+_SCOPE_HINTS = {
+    MODE_FACT.name: " (readable only by rules that set per-mode gates)",
+    LAYER_FACT.name: " (readable only by rules that set per-layer gates)",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """A loaded, type-checked rule. ``where`` is its ``file:line:col``."""
+
+    id: str
+    kind: RuleKind
+    summary: str
+    why: str
+    source: str
+    where: str
+    condition: Condition
+    scope: Scope
+    sets: dict[str, Any]  # gate -> value (kind set)
+    adjusts: dict[str, Any]  # server arg -> value (kind adjust; known_failure fallback)
+    message: str | None
+    issue: str | None
+    backends: tuple[str, ...]
+
+    def matches(self, facts: dict[str, Any]) -> bool:
+        return self.condition(facts)
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    rules: tuple[Rule, ...]
+    filename: str
+
+    def of_kind(self, *kinds: RuleKind) -> list[Rule]:
+        return [r for r in self.rules if r.kind in kinds]
+
+    def by_id(self, rule_id: str) -> Rule:
+        for rule in self.rules:
+            if rule.id == rule_id:
+                return rule
+        raise KeyError(rule_id)
+
+
+def shipped_rules_path() -> Path:
+    """``rules.yaml`` inside the installed package, else at the root of a source checkout."""
+    packaged = resources.files("attngate") / "rules.yaml"
+    if packaged.is_file():
+        return Path(str(packaged))
+    return Path(__file__).resolve().parents[2] / "rules.yaml"
+
+
+@functools.lru_cache(maxsize=8)
+def _load_cached(path: str, mtime_ns: int) -> RuleSet:
+    return parse_rules(Path(path).read_text(), path)
+
+
+def load_rules(path: str | Path | None = None) -> RuleSet:
+    """Load a rules file (default: the shipped ``rules.yaml``). Raises RulesError listing every problem."""
+    path = Path(path) if path is not None else shipped_rules_path()
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        raise RulesError(Problem(str(path), f"cannot read rules file: {exc.strerror}")) from None
+    return _load_cached(str(path), stat.st_mtime_ns)
+
+
+def parse_rules(text: str, filename: str = "rules.yaml") -> RuleSet:
+    """Parse and type-check rules from text. Raises RulesError listing every problem."""
+    doc, problems = load_yaml(text, filename)
+    rules: list[Rule] = []
+    if doc is not None:
+        rules = _check_document(doc, problems)
+    if problems:
+        raise RulesError(problems)
+    return RuleSet(tuple(rules), filename)
+
+
+def _check_document(doc: YamlDocument, problems: list[Problem]) -> list[Rule]:
+    data = doc.data
+    if not isinstance(data, dict):
+        problems.append(Problem(doc.where(()), "a rules file is a mapping with 'version: 1' and 'rules: [...]'"))
+        return []
+    try:
+        RuleFileSpec.model_validate({**data, "rules": []})
+    except ValidationError as exc:
+        _pydantic_problems(exc, doc, (), problems)
+    raw_rules = data.get("rules")
+    if not isinstance(raw_rules, list):
+        if "rules" in data:
+            problems.append(Problem(doc.where(("rules",)), "'rules' must be a list"))
+        return []
+    rules: list[Rule] = []
+    seen: dict[str, str] = {}
+    for index, raw in enumerate(raw_rules):
+        path = ("rules", index)
+        spec = _validate_spec(raw, doc, path, problems)
+        if spec is None:
+            continue
+        if spec.id in seen:
+            problems.append(Problem(doc.where(path + ("id",)), f"duplicate rule id {spec.id!r} (first at {seen[spec.id]})"))
+        seen.setdefault(spec.id, doc.where(path + ("id",)))
+        rule = _check_rule(spec, doc, path, problems)
+        if rule is not None:
+            rules.append(rule)
+    return rules
+
+
+def _validate_spec(raw: Any, doc: YamlDocument, path: tuple, problems: list[Problem]) -> RuleSpec | None:
+    """Validate one rule; unknown keys are reported and dropped so the rest is still checked."""
+    try:
+        return RuleSpec.model_validate(raw)
+    except ValidationError as exc:
+        _pydantic_problems(exc, doc, path, problems)
+        unknown = {e["loc"][0] for e in exc.errors() if e["type"] == "extra_forbidden"}
+        if not unknown or len(unknown) != len(exc.errors()):
+            return None
+    try:
+        return RuleSpec.model_validate({k: v for k, v in raw.items() if k not in unknown})
+    except ValidationError:
+        return None
+
+
+def _pydantic_problems(exc: ValidationError, doc: YamlDocument, base: tuple, problems: list[Problem]) -> None:
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        if err["type"] == "extra_forbidden":
+            name = loc[-1]
+            known = [f.alias or n for n, f in RuleSpec.model_fields.items()]
+            problems.append(Problem(doc.where(base + loc), f"unknown key {name!r}" + did_you_mean(str(name), known)))
+        else:
+            loc = tuple(p for p in loc if not (isinstance(p, str) and p in ("str", "bool")))
+            label = ".".join(map(str, loc)) or "rule"
+            problems.append(Problem(doc.where(base + loc), f"{label}: {err['msg']}"))
+
+
+_KIND_FIELDS: dict[str, tuple[set[str], set[str]]] = {  # kind -> (required, allowed-extra)
+    "set": ({"set_"}, {"message"}),
+    "adjust": ({"adjust", "message"}, set()),
+    "forbid": ({"message"}, set()),
+    "known_failure": ({"message", "issue"}, {"fallback"}),
+}
+_OPTIONAL = {"set_", "adjust", "fallback", "message", "issue"}
+
+
+def _check_rule(spec: RuleSpec, doc: YamlDocument, path: tuple, problems: list[Problem]) -> Rule | None:
+    start = len(problems)
+    required, extra = _KIND_FIELDS[spec.kind]
+    for name in sorted(_OPTIONAL):
+        key = "set" if name == "set_" else name
+        present = getattr(spec, name) is not None
+        if name in required and not present:
+            problems.append(Problem(doc.where(path), f"rule {spec.id!r}: kind {spec.kind} needs '{key}'"))
+        elif present and name not in required | extra:
+            problems.append(Problem(doc.where(path + (key,)), f"rule {spec.id!r}: '{key}' does not belong to kind {spec.kind}"))
+    scope = _scope_of(spec, doc, path, problems)
+    sets = _check_values(spec.set_ or {}, GATES_TYPES.get(scope, {}), "gate", doc, path + ("set",), problems)
+    adjusts = _check_values({**(spec.adjust or {}), **(spec.fallback or {})}, _ADJUSTABLE, "server argument",
+                            doc, path + ("adjust" if spec.adjust else "fallback",), problems)
+    condition = _check_condition(spec, scope, doc, path, problems)
+    if len(problems) > start or condition is None:
+        return None
+    return Rule(spec.id, spec.kind, spec.summary, spec.why, spec.source, doc.where(path), condition, scope,
+                sets, adjusts, spec.message, spec.issue, tuple(spec.backends or ()))
+
+
+def _scope_of(spec: RuleSpec, doc: YamlDocument, path: tuple, problems: list[Problem]) -> Scope:
+    scopes = {GATES[name].scope for name in (spec.set_ or {}) if name in GATES}
+    if len(scopes) > 1:
+        problems.append(Problem(doc.where(path + ("set",)), f"rule {spec.id!r} sets gates of different scopes {sorted(scopes)}; split it"))
+    return scopes.pop() if len(scopes) == 1 else "global"
+
+
+GATES_TYPES: dict[Scope, dict[str, FactType]] = {
+    scope: {n: g.type for n, g in GATES.items() if g.scope == scope} for scope in ("global", "mode", "layer")
+}
+
+
+def _check_values(values: dict[str, Any], types: dict[str, FactType], what: str, doc: YamlDocument,
+                  path: tuple, problems: list[Problem]) -> dict[str, Any]:
+    for name, value in values.items():
+        where = doc.where(path + (name,))
+        ftype = types.get(name)
+        if ftype is None:
+            other = GATES.get(name)
+            hint = f" ({name} is a {other.scope} gate)" if other and what == "gate" else did_you_mean(str(name), types)
+            problems.append(Problem(where, f"unknown {what} {name!r}{hint}"))
+        elif not ftype.accepts(value):
+            problems.append(Problem(where, f"{name} is {ftype.describe()}, got {value!r}" + (did_you_mean(value, map(str, ftype.choices)) if ftype.choices and isinstance(value, str) else "")))
+    return dict(values)
+
+
+def _check_condition(spec: RuleSpec, scope: Scope, doc: YamlDocument, path: tuple, problems: list[Problem]) -> Condition | None:
+    text = spec.when if isinstance(spec.when, str) else str(spec.when)
+    if spec.backends:
+        names = ", ".join(repr(b) for b in spec.backends)
+        text = f"(prefill_backend in ({names},) or decode_backend in ({names},)) and ({text})"
+    gates = _GLOBAL_GATE_TYPES if scope != "global" else None
+    try:
+        return compile_condition(text, _SCOPE_FACTS[scope], gates, _SCOPE_HINTS)
+    except ConditionErrors as exc:
+        shift = len(text) - len(spec.when if isinstance(spec.when, str) else text)
+        for err in exc.errors:
+            offset = err.col - shift - 1 if spec.backends else err.col
+            problems.append(Problem(doc.where(path + ("when",), max(offset, 0)), f"rule {spec.id!r}: {err.message}"))
+        return None

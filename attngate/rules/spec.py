@@ -1,0 +1,39 @@
+"""The schema of a rules file (pydantic); ``attngate schema`` prints it as JSON Schema for editors."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from attngate.facts.choices import AttentionBackendName
+
+RuleKind = Literal["set", "adjust", "forbid", "known_failure"]
+
+
+class RuleSpec(BaseModel):
+    """One rule as written in the file (before its condition and values are type-checked)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.\-]*$", description="unique, kebab-case; dots group related rules")
+    kind: RuleKind = Field("set", description="set: gate values; adjust: rewrite server arguments (a warning); forbid: configuration error; known_failure: a known-broken combination (error, or `fallback` adjustments)")
+    summary: str = Field(min_length=1, description="one line: what the rule decides")
+    when: Union[str, bool] = Field(description="condition over facts, a safe Python expression subset")
+    backends: Optional[list[AttentionBackendName]] = Field(None, description="applies only when the prefill or the decode backend is one of these")
+    set_: Optional[dict[str, Any]] = Field(None, alias="set", description="kind set: {gate: value}")
+    adjust: Optional[dict[str, Any]] = Field(None, description="kind adjust: {server_arg: value}")
+    fallback: Optional[dict[str, Any]] = Field(None, description="kind known_failure: {server_arg: value} applied instead of an error")
+    message: Optional[str] = Field(None, description="shown to the user (required for adjust, forbid, known_failure)")
+    issue: Optional[str] = Field(None, description="kind known_failure: the issue that tracks it")
+    why: str = Field(min_length=1, description="the reason, for the reader of the plan")
+    source: str = Field(min_length=1, description="where SGLang (or a PR/issue) makes this decision")
+
+
+class RuleFileSpec(BaseModel):
+    """A rules file: ``version: 1`` and a list of rules."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: Literal[1]
+    rules: list[RuleSpec]

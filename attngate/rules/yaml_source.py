@@ -1,0 +1,97 @@
+"""Load YAML safely into plain Python while remembering where every value came from.
+
+PyYAML's safe loader composes the node tree (no tags beyond the safe set, no object construction);
+this module walks it, rejects duplicate keys, and records each value's ``line:col`` by path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from attngate.errors import Problem
+
+Path = tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    line: int  # 1-based
+    col: int  # 1-based
+    plain: bool  # a single-line plain or quoted scalar: columns inside it map 1:1 to the file
+    quoted: bool
+
+
+@dataclass
+class YamlDocument:
+    data: Any
+    marks: dict[Path, Mark]
+    filename: str
+
+    def where(self, path: Path, offset: int | None = None) -> str:
+        """``file:line:col`` of the value at ``path`` (or its nearest located ancestor)."""
+        while path not in self.marks and path:
+            path = path[:-1]
+        mark = self.marks.get(path, Mark(1, 1, False, False))
+        col = mark.col
+        if offset is not None and mark.plain:
+            col += offset + (1 if mark.quoted else 0)
+        elif offset is not None:
+            return f"{self.filename}:{mark.line}:{col} (column {offset + 1} of the expression)"
+        return f"{self.filename}:{mark.line}:{col}"
+
+
+def load_yaml(text: str, filename: str) -> tuple[YamlDocument | None, list[Problem]]:
+    """Parse ``text``; returns the document (None when it does not parse) and every problem found."""
+    problems: list[Problem] = []
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{filename}:{mark.line + 1}:{mark.column + 1}" if mark else filename
+        reason = getattr(exc, "problem", None) or str(exc)
+        return None, [Problem(where, f"YAML syntax error: {reason}")]
+    finally:
+        loader.dispose()
+    doc = YamlDocument(None, {}, filename)
+    if node is None:
+        return doc, problems
+    doc.data = _walk(node, (), doc, loader, problems)
+    return doc, problems
+
+
+_STANDARD_TAGS = {yaml.MappingNode: "tag:yaml.org,2002:map", yaml.SequenceNode: "tag:yaml.org,2002:seq"}
+
+
+def _walk(node: yaml.Node, path: Path, doc: YamlDocument, loader: yaml.SafeLoader, problems: list[Problem]) -> Any:
+    start = node.start_mark
+    single_line = node.end_mark.line == start.line
+    style = getattr(node, "style", None)
+    doc.marks[path] = Mark(start.line + 1, start.column + 1, single_line and style in (None, "'", '"'), style in ("'", '"'))
+    expected = _STANDARD_TAGS.get(type(node))
+    if expected is not None and node.tag != expected:
+        problems.append(Problem(doc.where(path), f"unsupported YAML tag {node.tag!r}"))
+        return None
+    if isinstance(node, yaml.MappingNode):
+        out: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            key = _walk(key_node, path + ("<key>",), doc, loader, problems)
+            if isinstance(key, (list, dict)):
+                problems.append(Problem(doc.where(path + ("<key>",)), "a mapping key must be a scalar"))
+                continue
+            if key in out:
+                mark = key_node.start_mark
+                problems.append(Problem(f"{doc.filename}:{mark.line + 1}:{mark.column + 1}", f"duplicate key {key!r}"))
+                continue
+            out[key] = _walk(value_node, path + (key,), doc, loader, problems)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_walk(item, path + (i,), doc, loader, problems) for i, item in enumerate(node.value)]
+    try:
+        return loader.construct_object(node, deep=True)
+    except yaml.YAMLError as exc:
+        problems.append(Problem(doc.where(path), f"bad scalar: {getattr(exc, 'problem', exc)}"))
+        return None
