@@ -245,13 +245,20 @@ def compile_condition(text: str, facts: dict[str, FactType], gates: dict[str, Fa
     if checker.errors:
         raise ConditionErrors(checker.errors)
     source = text.strip()
-    parts = tree.body.values if isinstance(tree.body, ast.BoolOp) and isinstance(tree.body.op, ast.And) else [tree.body]
+    parts = _conjuncts(tree.body)
     conjuncts = tuple(
         Conjunct(ast.get_source_segment(source, p) or ast.unparse(p), _compile(ast.Expression(body=p), "<condition>"))
         for p in parts
     )
     reads = tuple(dict.fromkeys(checker.reads))
     return Condition(source, _compile(tree, "<condition>"), conjuncts, reads, tree)
+
+
+def _conjuncts(node: ast.expr) -> list[ast.expr]:
+    """Top-level ``and`` operands, flattening parenthesised ``and`` groups."""
+    if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And):
+        return [part for value in node.values for part in _conjuncts(value)]
+    return [node]
 
 
 class ConditionErrors(Exception):

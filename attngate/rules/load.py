@@ -55,10 +55,29 @@ class Rule:
         return self.condition(facts)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
+class Predicate:
+    """A named condition (``predicates:`` in the file), evaluated before rules and read like a bool fact."""
+
+    name: str
+    condition: Condition
+    where: str
+
+
+@dataclass(frozen=True, eq=False)  # identity hash: a loaded rule set is cached by identity
 class RuleSet:
     rules: tuple[Rule, ...]
     filename: str
+    predicates: tuple[Predicate, ...] = ()
+
+    def with_predicates(self, facts: dict[str, Any]) -> dict[str, Any]:
+        """``facts`` plus the value of every predicate (each may read the ones before it)."""
+        if not self.predicates:
+            return facts
+        facts = dict(facts)
+        for p in self.predicates:
+            facts[p.name] = p.condition(facts)
+        return facts
 
     def of_kind(self, *kinds: RuleKind) -> list[Rule]:
         return [r for r in self.rules if r.kind in kinds]
@@ -97,27 +116,30 @@ def parse_rules(text: str, filename: str = "rules.yaml") -> RuleSet:
     """Parse and type-check rules from text. Raises RulesError listing every problem."""
     doc, problems = load_yaml(text, filename)
     rules: list[Rule] = []
+    predicates: list[Predicate] = []
     if doc is not None:
-        rules = _check_document(doc, problems)
+        rules, predicates = _check_document(doc, problems)
     if problems:
         raise RulesError(problems)
-    return RuleSet(tuple(rules), filename)
+    return RuleSet(tuple(rules), filename, tuple(predicates))
 
 
-def _check_document(doc: YamlDocument, problems: list[Problem]) -> list[Rule]:
+def _check_document(doc: YamlDocument, problems: list[Problem]) -> tuple[list[Rule], list[Predicate]]:
     data = doc.data
     if not isinstance(data, dict):
         problems.append(Problem(doc.where(()), "a rules file is a mapping with 'version: 1' and 'rules: [...]'"))
-        return []
+        return [], []
     try:
         RuleFileSpec.model_validate({**data, "rules": []})
     except ValidationError as exc:
         _pydantic_problems(exc, doc, (), problems)
+    predicates = _check_predicates(data.get("predicates"), doc, problems)
+    fact_types = {p.name: FactType("bool") for p in predicates}
     raw_rules = data.get("rules")
     if not isinstance(raw_rules, list):
         if "rules" in data:
             problems.append(Problem(doc.where(("rules",)), "'rules' must be a list"))
-        return []
+        return [], predicates
     rules: list[Rule] = []
     seen: dict[str, str] = {}
     for index, raw in enumerate(raw_rules):
@@ -128,10 +150,34 @@ def _check_document(doc: YamlDocument, problems: list[Problem]) -> list[Rule]:
         if spec.id in seen:
             problems.append(Problem(doc.where(path + ("id",)), f"duplicate rule id {spec.id!r} (first at {seen[spec.id]})"))
         seen.setdefault(spec.id, doc.where(path + ("id",)))
-        rule = _check_rule(spec, doc, path, problems)
+        rule = _check_rule(spec, doc, path, problems, fact_types)
         if rule is not None:
             rules.append(rule)
-    return rules
+    return rules, predicates
+
+
+def _check_predicates(raw: Any, doc: YamlDocument, problems: list[Problem]) -> list[Predicate]:
+    if not isinstance(raw, dict):
+        return []  # a wrong type was already reported by the file schema
+    predicates: list[Predicate] = []
+    readable = dict(_GLOBAL_FACT_TYPES)
+    for name, text in raw.items():
+        path = ("predicates", name)
+        if not isinstance(name, str) or not name.isidentifier():
+            problems.append(Problem(doc.where(path), f"predicate name {name!r} must be an identifier"))
+            continue
+        if name in readable:
+            problems.append(Problem(doc.where(path), f"predicate {name!r} shadows a fact or an earlier predicate"))
+            continue
+        try:
+            condition = compile_condition(text, readable, None, _SCOPE_HINTS)
+        except ConditionErrors as exc:
+            for err in exc.errors:
+                problems.append(Problem(doc.where(path, err.col), f"predicate {name!r}: {err.message}"))
+            continue
+        readable[name] = FactType("bool")
+        predicates.append(Predicate(name, condition, doc.where(path)))
+    return predicates
 
 
 def _validate_spec(raw: Any, doc: YamlDocument, path: tuple, problems: list[Problem]) -> RuleSpec | None:
@@ -171,7 +217,8 @@ _KIND_FIELDS: dict[str, tuple[set[str], set[str]]] = {  # kind -> (required, all
 _OPTIONAL = {"set_", "adjust", "fallback", "message", "issue"}
 
 
-def _check_rule(spec: RuleSpec, doc: YamlDocument, path: tuple, problems: list[Problem]) -> Rule | None:
+def _check_rule(spec: RuleSpec, doc: YamlDocument, path: tuple, problems: list[Problem],
+                predicate_types: dict[str, FactType]) -> Rule | None:
     start = len(problems)
     required, extra = _KIND_FIELDS[spec.kind]
     for name in sorted(_OPTIONAL):
@@ -185,7 +232,7 @@ def _check_rule(spec: RuleSpec, doc: YamlDocument, path: tuple, problems: list[P
     sets = _check_values(spec.set_ or {}, GATES_TYPES.get(scope, {}), "gate", doc, path + ("set",), problems)
     adjusts = _check_values({**(spec.adjust or {}), **(spec.fallback or {})}, _ADJUSTABLE, "server argument",
                             doc, path + ("adjust" if spec.adjust else "fallback",), problems)
-    condition = _check_condition(spec, scope, doc, path, problems)
+    condition = _check_condition(spec, scope, doc, path, problems, predicate_types)
     if len(problems) > start or condition is None:
         return None
     return Rule(spec.id, spec.kind, spec.summary, spec.why, spec.source, doc.where(path), condition, scope,
@@ -218,17 +265,18 @@ def _check_values(values: dict[str, Any], types: dict[str, FactType], what: str,
     return dict(values)
 
 
-def _check_condition(spec: RuleSpec, scope: Scope, doc: YamlDocument, path: tuple, problems: list[Problem]) -> Condition | None:
+def _check_condition(spec: RuleSpec, scope: Scope, doc: YamlDocument, path: tuple, problems: list[Problem],
+                     predicate_types: dict[str, FactType]) -> Condition | None:
     text = spec.when if isinstance(spec.when, str) else str(spec.when)
     if spec.backends:
-        names = ", ".join(repr(b) for b in spec.backends)
-        text = f"(prefill_backend in ({names},) or decode_backend in ({names},)) and ({text})"
+        names = ", ".join(f'"{b}"' for b in spec.backends) + ("," if len(spec.backends) == 1 else "")
+        text = f"(prefill_backend in ({names}) or decode_backend in ({names})) and ({text})"
     gates = _GLOBAL_GATE_TYPES if scope != "global" else None
     try:
-        return compile_condition(text, _SCOPE_FACTS[scope], gates, _SCOPE_HINTS)
+        return compile_condition(text, {**_SCOPE_FACTS[scope], **predicate_types}, gates, _SCOPE_HINTS)
     except ConditionErrors as exc:
         shift = len(text) - len(spec.when if isinstance(spec.when, str) else text)
         for err in exc.errors:
-            offset = err.col - shift - 1 if spec.backends else err.col
+            offset = err.col - (shift - 1) if spec.backends else err.col  # text = prefix + "(" + when + ")"
             problems.append(Problem(doc.where(path + ("when",), max(offset, 0)), f"rule {spec.id!r}: {err.message}"))
         return None

@@ -36,4 +36,5 @@ class RuleFileSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     version: Literal[1]
+    predicates: dict[str, str] = Field(default_factory=dict, description="named boolean conditions that rules read like facts; each may read earlier ones")
     rules: list[RuleSpec]

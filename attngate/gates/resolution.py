@@ -1,0 +1,115 @@
+"""What resolve() returns besides the Plan: adjustments, violations, and the explanation of every value."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from attngate.errors import AttngateError, Problem
+from attngate.facts.model import ModelFacts
+from attngate.facts.platform import Platform
+from attngate.facts.server_args import ServerArgs
+from attngate.gates.plan import Plan
+
+
+@dataclass(frozen=True, slots=True)
+class Adjustment:
+    """A server argument rewritten by an ``adjust`` rule (or a ``known_failure`` fallback); always a warning."""
+
+    rule: str
+    field: str
+    old: Any
+    new: Any
+    message: str
+    issue: str | None = None
+
+    @property
+    def fills_default(self) -> bool:
+        """True when the argument was unset (None) and the rule chose its value."""
+        return self.old is None
+
+    def __str__(self) -> str:
+        tail = f" [{self.issue}]" if self.issue else ""
+        return f"{self.field}: {self.old!r} -> {self.new!r} ({self.rule}: {self.message}){tail}"
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """Why a configuration cannot be resolved: a forbid / known_failure rule, a conflict, or an oscillation."""
+
+    rule: str
+    message: str
+    kind: str = "forbid"
+    facts: dict[str, Any] = field(default_factory=dict)
+    issue: str | None = None
+
+
+class PlanError(AttngateError):
+    """The configuration is invalid. ``violations`` holds every reason; ``server_args`` the adjusted args."""
+
+    title = "invalid configuration"
+
+    def __init__(self, violations: list[Violation], server_args: dict[str, Any] | None = None,
+                 adjustments: list[Adjustment] | None = None):
+        self.violations = violations
+        self.server_args = server_args
+        self.adjustments = adjustments or []
+        super().__init__([Problem(v.rule, v.message + (f" [{v.issue}]" if v.issue else "")) for v in violations])
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A rule that could have set a gate but did not match, with its conjuncts that were false."""
+
+    rule: str
+    failed: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class GateExplanation:
+    """Where a gate's value came from: rule id(s), ``default``, or ``fact:<name>``."""
+
+    value: Any
+    origin: str
+    rules: list[str]
+    facts: dict[str, Any]  # values of every fact the deciding (or candidate) conditions read
+    candidates: list[Candidate]
+
+
+@dataclass(frozen=True, slots=True)
+class BackendVerdict:
+    """A candidate backend evaluated for this configuration: chosen, accepted, or rejected with every reason."""
+
+    backend: str
+    status: str  # "chosen" | "accepted" | "rejected"
+    reasons: list[str]
+
+
+@dataclass(frozen=True)
+class Explanation:
+    gates: dict[str, GateExplanation]
+    modes: dict[str, dict[str, GateExplanation]]
+    layers: dict[str, dict[str, GateExplanation]]
+    backends: list[BackendVerdict]
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """The result of :func:`attngate.resolve`: the Plan plus everything needed to explain it."""
+
+    plan: Plan
+    server_args: ServerArgs  # after adjustment
+    requested_args: ServerArgs
+    model: ModelFacts
+    platform: Platform
+    adjustments: list[Adjustment]
+    _explain: Any = field(repr=False, compare=False)  # builds the Explanation on first use
+
+    @property
+    def warnings(self) -> list[str]:
+        """Adjustments that rewrote a value the user set (or an earlier rule chose)."""
+        return [str(a) for a in self.adjustments if not a.fills_default]
+
+    @property
+    def explanation(self) -> Explanation:
+        return self._explain()

@@ -1,0 +1,253 @@
+"""``resolve()``: server args + model facts + platform + rules -> a frozen, explained Plan.
+
+Semantics (DESIGN.md, "Resolution semantics"):
+
+1. ``adjust`` rules (and ``known_failure`` rules with a ``fallback``) run to a fixed point. Every
+   iteration evaluates all of them on the same state and applies their changes together, so the
+   order of rules in the file cannot change the result. Two rules asking one argument for different
+   values is a conflict; a state that repeats is an oscillation; both name the rules involved.
+2. ``forbid`` and ``known_failure`` rules are checked on the adjusted arguments; every violation is
+   collected into one :class:`PlanError`.
+3. Each gate takes the value its matching ``set`` rules give it (two different values: a conflict),
+   else its default. Global gates first; then per-mode and per-layer tables, whose rules may read the
+   resolved global gates.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Iterable
+
+from attngate.facts.choices import CANDIDATE_BACKENDS
+from attngate.facts.model import ModelFacts
+from attngate.facts.modes import ForwardMode, LayerKind
+from attngate.facts.platform import Platform
+from attngate.facts.schema import base_facts, derived_facts
+from attngate.facts.server_args import ServerArgs
+from attngate.gates.plan import LayerGates, LayerTable, ModeGates, ModeTable, Plan
+from attngate.gates.registry import GATES, GateSpec
+from attngate.gates.resolution import (
+    Adjustment,
+    BackendVerdict,
+    Candidate,
+    Explanation,
+    GateExplanation,
+    PlanError,
+    Resolution,
+    Violation,
+)
+from attngate.rules.condition import gate_key
+from attngate.rules.load import Rule, RuleSet, load_rules
+
+MAX_ADJUST_ROUNDS = 32
+_BACKEND_ARGS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
+
+
+def resolve(server_args: ServerArgs, model: ModelFacts, platform: Platform, rules: RuleSet | None = None) -> Resolution:
+    """Resolve the attention Plan for one server configuration.
+
+    Args:
+        server_args: the requested arguments (``None`` fields are filled by rules).
+        model: facts read from the model's config.json.
+        platform: the GPU architecture.
+        rules: a loaded RuleSet; default: the shipped ``rules.yaml``.
+
+    Returns a :class:`Resolution` (``.plan``, adjusted ``.server_args``, ``.adjustments``,
+    ``.explanation``). Raises :class:`PlanError` with every violation when the configuration is invalid.
+    """
+    rules = rules or load_rules()
+    index = _index(rules)
+    fixed = base_facts(server_args, model, platform)
+    args_state, adjustments = _adjust(server_args.model_dump(), fixed, index)
+    facts = index.facts(fixed, args_state)
+    violations = _violations(facts, index)
+    if violations:
+        raise PlanError(violations, args_state, adjustments)
+    adjusted = ServerArgs.model_validate(args_state)
+
+    global_values, global_hits = _resolve_scope(index.global_set, facts, GLOBAL_SPECS, violations)
+    scoped = {**facts, **{gate_key(n): v for n, v in global_values.items()}}
+    modes = {m.value: _resolve_scope(index.mode_set, {**scoped, "forward_mode": m.value}, MODE_SPECS, violations) for m in ForwardMode}
+    layers = {k.value: _resolve_scope(index.layer_set, {**scoped, "layer_kind": k.value}, LAYER_SPECS, violations) for k in LayerKind}
+    if violations:
+        raise PlanError(violations, args_state, adjustments)
+
+    plan = Plan(
+        prefill_backend=facts["prefill_backend"],
+        decode_backend=facts["decode_backend"],
+        **_groups(global_values),
+        modes=ModeTable(**{m: ModeGates(**_groups(v)) for m, (v, _) in modes.items()}),
+        layers=LayerTable(**{k: LayerGates(**_groups(v)) for k, (v, _) in layers.items()}),
+    )
+
+    def explain() -> Explanation:
+        return Explanation(
+            gates=_explain_scope(global_values, global_hits, index.global_set, facts, GLOBAL_SPECS),
+            modes={m: _explain_scope(v, h, index.mode_set, {**scoped, "forward_mode": m}, MODE_SPECS) for m, (v, h) in modes.items()},
+            layers={k: _explain_scope(v, h, index.layer_set, {**scoped, "layer_kind": k}, LAYER_SPECS) for k, (v, h) in layers.items()},
+            backends=_backend_verdicts(facts, index),
+        )
+
+    return Resolution(plan, adjusted, server_args, model, platform, adjustments, functools.cache(explain))
+
+
+# ---- rule index ----------------------------------------------------------------------------------
+
+GLOBAL_SPECS = [g for g in GATES.values() if g.scope == "global"]
+MODE_SPECS = [g for g in GATES.values() if g.scope == "mode"]
+LAYER_SPECS = [g for g in GATES.values() if g.scope == "layer"]
+
+
+class _Index:
+    def __init__(self, rules: RuleSet):
+        self.rules = rules
+        self.adjust = [r for r in rules.rules if r.adjusts]
+        self.checks = [r for r in rules.rules if r.kind == "forbid" or (r.kind == "known_failure" and not r.adjusts)]
+        sets = [r for r in rules.rules if r.kind == "set"]
+        self.global_set = [r for r in sets if r.scope == "global"]
+        self.mode_set = [r for r in sets if r.scope == "mode"]
+        self.layer_set = [r for r in sets if r.scope == "layer"]
+
+    def facts(self, fixed: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
+        """Model/platform facts + server args + derived facts + the rule file's predicates."""
+        return self.rules.with_predicates({**fixed, **args, **derived_facts(args)})
+
+
+@functools.lru_cache(maxsize=8)
+def _index(rules: RuleSet) -> _Index:
+    return _Index(rules)
+
+
+# ---- 1. adjust to a fixed point ------------------------------------------------------------------
+
+def _adjust(state: dict[str, Any], fixed: dict[str, Any], index: _Index) -> tuple[dict[str, Any], list[Adjustment]]:
+    rounds: list[list[Adjustment]] = []
+    seen = {_freeze(state): 0}  # state -> number of rounds after which it held
+    while len(rounds) < MAX_ADJUST_ROUNDS:
+        facts = index.facts(fixed, state)
+        wanted: dict[str, dict[Any, list[Rule]]] = {}
+        for rule in index.adjust:
+            if rule.matches(facts):
+                for name, value in rule.adjusts.items():
+                    wanted.setdefault(name, {}).setdefault(value, []).append(rule)
+        done = [a for r in rounds for a in r]
+        conflicts = [
+            Violation(" vs ".join(r.id for rs in by_value.values() for r in rs),
+                      f"adjust rules disagree on {name}: " + ", ".join(f"{rs[0].id} wants {v!r}" for v, rs in by_value.items()),
+                      kind="conflict")
+            for name, by_value in wanted.items() if len(by_value) > 1
+        ]
+        if conflicts:
+            raise PlanError(conflicts, state, done)
+        round_ = [Adjustment(rules[0].id, name, state[name], value, rules[0].message or "", rules[0].issue)
+                  for name, by_value in wanted.items() for value, rules in by_value.items() if state[name] != value]
+        if not round_:
+            return state, done
+        state = {**state, **{a.field: a.new for a in round_}}
+        rounds.append(round_)
+        key = _freeze(state)
+        if key in seen:
+            cycle = [a for r in rounds[seen[key]:] for a in r]
+            names = ", ".join(sorted({a.rule for a in cycle}))
+            raise PlanError([Violation(names, "adjust rules never settle; they rewrite in a cycle: " + "; ".join(map(str, cycle)),
+                                       kind="oscillation")], state, done + round_)
+        seen[key] = len(rounds)
+    raise PlanError([Violation("adjust", f"adjust rules did not settle within {MAX_ADJUST_ROUNDS} rounds", kind="oscillation")],
+                    state, [a for r in rounds for a in r])
+
+
+def _freeze(state: dict[str, Any]) -> tuple:
+    return tuple(sorted(state.items()))
+
+
+# ---- 2. forbid / known_failure -------------------------------------------------------------------
+
+def _violations(facts: dict[str, Any], index: _Index) -> list[Violation]:
+    out = [
+        Violation(r.id, r.message or r.summary, kind=r.kind, facts=_read(r, facts), issue=r.issue)
+        for r in index.checks if r.matches(facts)
+    ]
+    for side in ("prefill_backend", "decode_backend"):
+        if facts[side] is None:
+            out.append(Violation("attngate", f"no rule chose a {side.replace('_', ' ')}; pass --attention-backend", kind="forbid"))
+    return out
+
+
+def _read(rule: Rule, facts: dict[str, Any]) -> dict[str, Any]:
+    return {name: facts.get(gate_key(name) if "." in name else name) for name in rule.condition.reads}
+
+
+# ---- 3. gates ------------------------------------------------------------------------------------
+
+def _resolve_scope(rules: list[Rule], facts: dict[str, Any], specs: list[GateSpec],
+                   violations: list[Violation]) -> tuple[dict[str, Any], dict[str, list[Rule]]]:
+    hits: dict[str, list[Rule]] = {}
+    for rule in rules:
+        if rule.matches(facts):
+            for name in rule.sets:
+                hits.setdefault(name, []).append(rule)
+    values: dict[str, Any] = {}
+    for spec in specs:
+        matched = hits.get(spec.name)
+        if not matched:
+            values[spec.name] = facts[spec.from_fact] if spec.from_fact else spec.default
+            continue
+        distinct = {repr(r.sets[spec.name]) for r in matched}
+        if len(distinct) > 1:
+            where = f" for forward_mode={facts['forward_mode']}" if "forward_mode" in facts else ""
+            where += f" for layer_kind={facts['layer_kind']}" if "layer_kind" in facts else ""
+            violations.append(Violation(
+                " vs ".join(r.id for r in matched),
+                f"set rules disagree on {spec.name}{where}: " + ", ".join(f"{r.id} sets {r.sets[spec.name]!r}" for r in matched),
+                kind="conflict"))
+        values[spec.name] = matched[0].sets[spec.name]
+    return values, hits
+
+
+def _groups(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    groups: dict[str, dict[str, Any]] = {}
+    for name, value in values.items():
+        spec = GATES[name]
+        groups.setdefault(spec.group, {})[spec.field] = value
+    return groups
+
+
+# ---- explanation ---------------------------------------------------------------------------------
+
+def _explain_scope(values: dict[str, Any], hits: dict[str, list[Rule]], rules: list[Rule],
+                   facts: dict[str, Any], specs: list[GateSpec]) -> dict[str, GateExplanation]:
+    out = {}
+    for spec in specs:
+        matched = hits.get(spec.name, [])
+        others = [r for r in rules if spec.name in r.sets and r not in matched]
+        read: dict[str, Any] = {}
+        for rule in matched or others:
+            read.update(_read(rule, facts))
+        if matched:
+            origin = " + ".join(r.id for r in matched)
+        else:
+            origin = f"fact:{spec.from_fact}" if spec.from_fact else "default"
+        out[spec.name] = GateExplanation(
+            value=values[spec.name], origin=origin, rules=[r.id for r in matched], facts=read,
+            candidates=[Candidate(r.id, r.condition.failed(facts)) for r in others],
+        )
+    return out
+
+
+def _backend_verdicts(facts: dict[str, Any], index: _Index) -> list[BackendVerdict]:
+    """Every candidate backend, tried alone for prefill and decode, with all the rules that reject it."""
+    chosen = {facts["prefill_backend"], facts["decode_backend"]}
+    verdicts = []
+    for backend in CANDIDATE_BACKENDS:
+        args = {**facts, "attention_backend": backend, "prefill_attention_backend": None, "decode_attention_backend": None}
+        trial = index.facts(args, args)
+        reasons = [f"{r.id}: {r.message or r.summary}" for r in index.checks if r.matches(trial)]
+        reasons += [f"{r.id}: {r.message}" for r in _switches_away(index.adjust, trial, backend)]
+        status = "chosen" if backend in chosen else ("rejected" if reasons else "accepted")
+        verdicts.append(BackendVerdict(backend, status, reasons))
+    return verdicts
+
+
+def _switches_away(rules: Iterable[Rule], facts: dict[str, Any], backend: str) -> list[Rule]:
+    return [r for r in rules if r.matches(facts)
+            and any(r.adjusts.get(arg, backend) != backend for arg in _BACKEND_ARGS)]
