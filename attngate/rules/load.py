@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from importlib import resources
@@ -273,10 +274,14 @@ def _check_condition(spec: RuleSpec, scope: Scope, doc: YamlDocument, path: tupl
         text = f"(prefill_backend in ({names}) or decode_backend in ({names})) and ({text})"
     gates = _GLOBAL_GATE_TYPES if scope != "global" else None
     try:
-        return compile_condition(text, {**_SCOPE_FACTS[scope], **predicate_types}, gates, _SCOPE_HINTS)
+        condition = compile_condition(text, {**_SCOPE_FACTS[scope], **predicate_types}, gates, _SCOPE_HINTS)
     except ConditionErrors as exc:
         shift = len(text) - len(spec.when if isinstance(spec.when, str) else text)
         for err in exc.errors:
             offset = err.col - (shift - 1) if spec.backends else err.col  # text = prefix + "(" + when + ")"
             problems.append(Problem(doc.where(path + ("when",), max(offset, 0)), f"rule {spec.id!r}: {err.message}"))
         return None
+    if spec.backends:  # show the synthesized conjunct as the user wrote it
+        first = dataclasses.replace(condition.conjuncts[0], text=f"backends: [{', '.join(spec.backends)}]")
+        condition = dataclasses.replace(condition, conjuncts=(first, *condition.conjuncts[1:]))
+    return condition

@@ -1,0 +1,30 @@
+"""attngate: declarative attention gating for LLM inference servers.
+
+At server start-up::
+
+    from attngate import ModelFacts, Platform, ServerArgs, resolve
+
+    resolution = resolve(ServerArgs.from_object(sglang_server_args),
+                         ModelFacts.from_hf_config(model_path), Platform.detect())
+    plan = resolution.plan  # frozen; hand it to the attention backend
+
+Nothing here imports torch or a kernel package.
+"""
+
+from __future__ import annotations
+
+from attngate.errors import AttngateError, ModelConfigError, PlatformError, RulesError, ServerArgsError
+from attngate.facts.model import ModelFacts
+from attngate.facts.modes import ForwardMode, LayerKind
+from attngate.facts.platform import Platform
+from attngate.facts.server_args import ServerArgs
+from attngate.gates.plan import Plan
+from attngate.gates.resolution import PlanError, Resolution
+from attngate.gates.resolve import resolve
+from attngate.rules.load import RuleSet, load_rules
+
+__all__ = [
+    "AttngateError", "ForwardMode", "LayerKind", "ModelConfigError", "ModelFacts", "Plan", "PlanError",
+    "Platform", "PlatformError", "Resolution", "RuleSet", "RulesError", "ServerArgs", "ServerArgsError",
+    "load_rules", "resolve",
+]

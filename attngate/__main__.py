@@ -1,0 +1,3 @@
+from attngate.cli import main
+
+main()

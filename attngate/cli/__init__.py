@@ -1,0 +1,145 @@
+"""The ``attngate`` command line: explain, lint, matrix, schema.
+
+Exit codes: 0 resolved (warnings allowed); 1 the configuration is invalid (or lint found a
+problem in rules that load); 2 bad usage, a bad rules file, bad server arguments or a bad model config.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Resolve, explain and lint attention-backend gates (SGLang-style servers).")
+
+EXIT_INVALID_CONFIG = 1
+EXIT_BAD_INPUT = 2
+
+
+class OutputFormat(str, Enum):
+    table = "table"
+    json = "json"
+
+
+def _fail(err: Exception, code: int = EXIT_BAD_INPUT) -> "typer.Exit":
+    typer.echo(str(err), err=True)
+    return typer.Exit(code)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def explain(
+    ctx: typer.Context,
+    model: Path = typer.Option(..., "--model", help="config.json of the model, or its folder"),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU architecture: sm80, sm90, sm100, sm120 (default: detect via torch)"),
+    args_file: Optional[Path] = typer.Option(None, "--args-file", help="YAML/JSON mapping of server arguments; flags override it"),
+    rules: Optional[Path] = typer.Option(None, "--rules", help="rules file (default: the shipped rules.yaml)"),
+    mode: Optional[str] = typer.Option(None, "--mode", help="show only this forward mode's table"),
+    output: OutputFormat = typer.Option(OutputFormat.table, "--format", help="table or json"),
+) -> None:
+    """Resolve the attention plan for SGLang flags (e.g. --attention-backend fa3) and explain every value."""
+    from attngate.errors import AttngateError
+    from attngate.facts.model import ModelFacts
+    from attngate.facts.modes import ForwardMode
+    from attngate.facts.platform import Platform
+    from attngate.facts.server_args import ServerArgs
+    from attngate.gates.resolution import PlanError
+    from attngate.gates.resolve import resolve
+    from attngate.rules.load import load_rules
+    from attngate.cli.report import error_report, resolution_report
+
+    if mode is not None and mode not in {m.value for m in ForwardMode}:
+        raise typer.BadParameter(f"{mode!r} is not a forward mode: {', '.join(m.value for m in ForwardMode)}", param_hint="--mode")
+    try:
+        args = _server_args(ctx.args, args_file)
+        facts = ModelFacts.from_hf_config(model)
+        platform = Platform.from_name(gpu) if gpu else Platform.detect()
+        rule_set = load_rules(rules)
+    except AttngateError as err:
+        raise _fail(err) from None
+    try:
+        resolution = resolve(args, facts, platform, rule_set)
+    except PlanError as err:
+        if output is OutputFormat.json:
+            typer.echo(json.dumps(error_report(err), indent=2, default=str))
+        else:
+            from attngate.cli.render import render_error
+
+            render_error(err)
+        raise typer.Exit(EXIT_INVALID_CONFIG) from None
+    report = resolution_report(resolution)
+    if output is OutputFormat.json:
+        if mode:
+            report["modes"] = {mode: report["modes"][mode]}
+        typer.echo(json.dumps(report, indent=2, default=str))
+    else:
+        from attngate.cli.render import render_resolution
+
+        render_resolution(resolution, mode)
+
+
+def _server_args(flags: list[str], args_file: Path | None):
+    from attngate.facts.flags import parse_flags
+    from attngate.facts.server_args import ServerArgs
+
+    if args_file is None:
+        return ServerArgs.from_flags(flags)
+    base = ServerArgs.from_file(args_file).model_dump(exclude_unset=True)
+    values, problems = parse_flags(flags, ServerArgs.model_fields)
+    return ServerArgs._validate({**base, **values}, problems, lambda n: "--" + n.replace("_", "-"))
+
+
+@app.command()
+def lint(file: Optional[Path] = typer.Argument(None, help="rules file (default: the shipped rules.yaml)")) -> None:
+    """Report every load, schema and type error of a rules file, then its static findings (conflicts, dead rules)."""
+    from attngate.errors import RulesError
+    from attngate.rules.load import load_rules
+
+    try:
+        rule_set = load_rules(file)
+    except RulesError as err:
+        raise _fail(err) from None
+    from attngate.rules.lint import lint_rules
+
+    findings = lint_rules(rule_set)
+    for finding in findings:
+        typer.echo(str(finding))
+    typer.echo(f"{rule_set.filename}: {len(rule_set.rules)} rules, {len(rule_set.predicates)} predicates, {len(findings)} finding(s)")
+    if findings:
+        raise typer.Exit(EXIT_INVALID_CONFIG)
+
+
+@app.command()
+def matrix(
+    models: list[Path] = typer.Argument(..., help="config.json files (or folders of them)"),
+    gpu: str = typer.Option(..., "--gpu", help="GPU architecture"),
+    rules: Optional[Path] = typer.Option(None, "--rules", help="rules file"),
+) -> None:
+    """Print the support matrix: which candidate backend each model can run on this GPU, and why not."""
+    from attngate.errors import AttngateError
+    from attngate.cli.render import render_matrix
+
+    try:
+        render_matrix(models, gpu, rules)
+    except AttngateError as err:
+        raise _fail(err) from None
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of rules.yaml (for editors)."""
+    from attngate.rules.spec import RuleFileSpec
+
+    typer.echo(json.dumps(RuleFileSpec.model_json_schema(), indent=2))
+
+
+def main() -> None:
+    app(prog_name="attngate")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

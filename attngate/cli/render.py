@@ -1,0 +1,110 @@
+"""Rich rendering of explanations, errors and the support matrix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from attngate.gates.resolution import GateExplanation, PlanError, Resolution
+
+console = Console()
+
+
+def _facts(facts: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in facts.items())
+
+
+def _why(e: GateExplanation) -> str:
+    lines = []
+    if e.rules:
+        lines.append(_facts(e.facts))
+    for c in e.candidates:
+        lines.append(f"[dim]{c.rule}: failed {'; '.join(c.failed)}[/dim]")
+    if not e.rules and e.facts:
+        lines.append(f"[dim]read {_facts(e.facts)}[/dim]")
+    return "\n".join(lines)
+
+
+def _gate_table(title: str, gates: dict[str, GateExplanation]) -> Table:
+    table = Table(title=title, show_lines=True, title_justify="left")
+    table.add_column("gate", style="bold")
+    table.add_column("value")
+    table.add_column("origin")
+    table.add_column("facts read / candidates that did not match")
+    for name, e in gates.items():
+        origin = f"[green]{e.origin}[/green]" if e.rules else f"[dim]{e.origin}[/dim]"
+        table.add_row(name, repr(e.value), origin, _why(e))
+    return table
+
+
+def render_resolution(r: Resolution, mode: str | None) -> None:
+    plan, e = r.plan, r.explanation
+    console.print(f"[bold]attention plan[/bold]  model={r.model.source}  gpu={r.platform.gpu_arch}")
+    console.print(f"  prefill_backend=[bold]{plan.prefill_backend}[/bold]  decode_backend=[bold]{plan.decode_backend}[/bold]  fingerprint={plan.fingerprint[:16]}")
+    console.print(_gate_table("global gates", e.gates))
+    for m, gates in e.modes.items():
+        if mode in (None, m):
+            console.print(_gate_table(f"forward mode {m}", gates))
+    if mode is None:
+        for kind, gates in e.layers.items():
+            console.print(_gate_table(f"layer kind {kind}", gates))
+    if r.adjustments:
+        table = Table(title="adjustments", title_justify="left")
+        for col in ("server argument", "from", "to", "rule", "message"):
+            table.add_column(col)
+        for a in r.adjustments:
+            style = "" if a.fills_default else "yellow"
+            table.add_row(a.field, repr(a.old), repr(a.new), a.rule, a.message, style=style)
+        console.print(table)
+    for w in r.warnings:
+        console.print(f"[yellow]warning:[/yellow] {w}")
+    table = Table(title="candidate backends", title_justify="left")
+    table.add_column("backend")
+    table.add_column("status")
+    table.add_column("reasons")
+    for b in e.backends:
+        color = {"chosen": "green", "accepted": "cyan", "rejected": "red"}[b.status]
+        table.add_row(b.backend, f"[{color}]{b.status}[/{color}]", "\n".join(b.reasons))
+    console.print(table)
+
+
+def render_error(err: PlanError) -> None:
+    console.print(f"[red bold]invalid configuration[/red bold] ({len(err.violations)} reason(s)):")
+    for v in err.violations:
+        facts = f"  [dim]({_facts(v.facts)})[/dim]" if v.facts else ""
+        issue = f" [{v.issue}]" if v.issue else ""
+        console.print(f"  [red]-[/red] {v.rule}: {v.message}{issue}{facts}")
+    for a in err.adjustments:
+        console.print(f"  [dim]adjusted {a}[/dim]")
+
+
+def render_matrix(paths: list[Path], gpu: str, rules_path: Path | None) -> None:
+    from attngate.facts.choices import CANDIDATE_BACKENDS
+    from attngate.facts.model import ModelFacts
+    from attngate.facts.platform import Platform
+    from attngate.facts.server_args import ServerArgs
+    from attngate.gates.resolution import PlanError
+    from attngate.gates.resolve import resolve
+    from attngate.rules.load import load_rules
+
+    files = [p for path in paths for p in (sorted(path.glob("*.json")) if path.is_dir() else [path])]
+    platform, rule_set = Platform.from_name(gpu), load_rules(rules_path)
+    table = Table(title=f"support matrix on {platform.gpu_arch}", show_lines=True, title_justify="left")
+    table.add_column("model")
+    for b in CANDIDATE_BACKENDS:
+        table.add_column(b)
+    for file in files:
+        model = ModelFacts.from_hf_config(file)
+        cells = []
+        for backend in CANDIDATE_BACKENDS:
+            try:
+                r = resolve(ServerArgs(attention_backend=backend), model, platform, rule_set)
+                moved = r.plan.prefill_backend != backend or r.plan.decode_backend != backend
+                cells.append(f"[yellow]-> {r.plan.prefill_backend}/{r.plan.decode_backend}[/yellow]" if moved else "[green]ok[/green]")
+            except PlanError as err:
+                cells.append("[red]no[/red]: " + "; ".join(v.rule for v in err.violations))
+        table.add_row(file.stem, *cells)
+    console.print(table)

@@ -1,0 +1,1 @@
+"""Inputs: ServerArgs, ModelFacts, Platform, ForwardMode/LayerKind and the fact namespace."""

@@ -1,0 +1,1 @@
+"""Outputs and the engine: the Plan, resolve(), the Explanation."""
