@@ -11,6 +11,7 @@ read facts.
 from __future__ import annotations
 
 import ast
+import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -222,7 +223,7 @@ class _GateRefRewriter(ast.NodeTransformer):
 
 
 def _compile(tree: ast.Expression, label: str) -> Any:
-    tree = ast.fix_missing_locations(_GateRefRewriter().visit(tree))
+    tree = ast.fix_missing_locations(_GateRefRewriter().visit(copy.deepcopy(tree)))
     return compile(tree, label, "eval")
 
 

@@ -1,0 +1,187 @@
+"""Static analysis of a loaded rule set with the z3 SMT solver.
+
+Findings (each names the rules and a witness configuration):
+
+- two ``set`` rules of one gate with different values that can match together (and no forbid
+  rule rejects that configuration): a conflict that would otherwise surface only when some
+  configuration meets it;
+- two ``adjust`` rules that can ask one server argument for different values in the same round
+  (again unless a forbid rule rejects every such configuration);
+- a rule (or predicate) whose condition can never be true.
+
+Facts are encoded exactly as the conditions read them: bools, integers and strings, each optional
+fact with a "is None" flag; ``prefill_backend``/``decode_backend`` follow from the three backend
+arguments; ``gpu_arch`` and ``sm_major`` agree. Model facts are otherwise free, so a finding can be
+a combination no real config has: the witness shows it.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Any
+
+import z3
+
+from attngate.facts.choices import GPU_ARCHS
+from attngate.facts.schema import FACTS, LAYER_FACT, MODE_FACT, FactType
+from attngate.gates.registry import GATES
+from attngate.rules.load import Rule, RuleSet
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    where: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
+
+
+class _Encoder:
+    def __init__(self, rules: RuleSet):
+        self.types: dict[str, FactType] = {n: f.type for n, f in FACTS.items()}
+        self.types[MODE_FACT.name] = MODE_FACT.type
+        self.types[LAYER_FACT.name] = LAYER_FACT.type
+        self.types.update({n: g.type for n, g in GATES.items() if g.scope == "global"})
+        self.vars: dict[str, tuple[Any, Any]] = {}  # name -> (value, is_none)
+        self.axioms: list[Any] = []
+        self.predicates = {p.name: p.condition.tree.body for p in rules.predicates}
+        self._derive_backends()
+        self._link_gpu_arch()
+
+    def var(self, name: str) -> tuple[Any, Any]:
+        if name not in self.vars:
+            t = self.types[name]
+            make = {"bool": z3.Bool, "int": z3.Int, "float": z3.Real, "str": z3.String}[t.base]
+            value = make(name)
+            none = z3.Bool(f"{name}?none") if t.optional else z3.BoolVal(False)
+            if t.choices:
+                self.axioms.append(z3.Or(none, *[value == _lit(c) for c in t.choices]))
+            self.vars[name] = (value, none)
+        return self.vars[name]
+
+    def _derive_backends(self) -> None:
+        for derived, phase in (("prefill_backend", "prefill_attention_backend"), ("decode_backend", "decode_attention_backend")):
+            d, d_none = self.var(derived)
+            p, p_none = self.var(phase)
+            a, a_none = self.var("attention_backend")
+            self.axioms.append(z3.If(p_none, z3.And(d_none == a_none, d == a), z3.And(z3.Not(d_none), d == p)))
+
+    def _link_gpu_arch(self) -> None:
+        arch, _ = self.var("gpu_arch")
+        major, _ = self.var("sm_major")
+        self.axioms.append(z3.Or(*[z3.And(arch == z3.StringVal(a), major == int(a[2:-1])) for a in GPU_ARCHS]))
+
+    def encode(self, node: ast.expr) -> Any:
+        if isinstance(node, ast.BoolOp):
+            parts = [self.encode(v) for v in node.values]
+            return z3.And(*parts) if isinstance(node.op, ast.And) else z3.Or(*parts)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            return z3.Not(self.encode(node.operand))
+        if isinstance(node, ast.Constant):
+            return z3.BoolVal(bool(node.value))
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            name = _name(node)
+            if name in self.predicates:
+                return self.encode(self.predicates[name])
+            value, none = self.var(name)
+            return z3.And(z3.Not(none), value)
+        assert isinstance(node, ast.Compare)
+        out, left = [], node.left
+        for op, right in zip(node.ops, node.comparators):
+            out.append(self.compare(left, op, right))
+            left = right
+        return z3.And(*out)
+
+    def operand(self, node: ast.expr) -> tuple[Any, Any, bool]:
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            value, none = self.var(_name(node))
+            return value, none, True
+        return ast.literal_eval(node), None, False
+
+    def compare(self, left: ast.expr, op: ast.cmpop, right: ast.expr) -> Any:
+        lv, ln, lref = self.operand(left)
+        rv, rn, rref = self.operand(right)
+        if lref and rref:
+            eq = z3.Or(z3.And(ln, rn), z3.And(z3.Not(ln), z3.Not(rn), lv == rv))
+            return {ast.Eq: eq, ast.NotEq: z3.Not(eq)}.get(type(op)) or _order(op, lv, rv, z3.And(z3.Not(ln), z3.Not(rn)))
+        value, none, literal = (lv, ln, rv) if lref else (rv, rn, lv)
+        if isinstance(op, (ast.Is, ast.IsNot)):
+            return none if isinstance(op, ast.Is) else z3.Not(none)
+        if isinstance(op, (ast.In, ast.NotIn)):
+            member = z3.Or(*[none if item is None else z3.And(z3.Not(none), value == _lit(item)) for item in literal]) if literal else z3.BoolVal(False)
+            return member if isinstance(op, ast.In) else z3.Not(member)
+        if isinstance(op, (ast.Eq, ast.NotEq)):
+            eq = z3.And(z3.Not(none), value == _lit(literal))
+            return eq if isinstance(op, ast.Eq) else z3.Not(eq)
+        a, b = (value, _lit(literal)) if lref else (_lit(literal), value)
+        return _order(op, a, b, z3.Not(none))
+
+
+def _order(op: ast.cmpop, a: Any, b: Any, defined: Any) -> Any:
+    rel = {ast.Lt: a < b, ast.LtE: a <= b, ast.Gt: a > b, ast.GtE: a >= b}[type(op)]
+    return z3.And(defined, rel)
+
+
+def _lit(value: Any) -> Any:
+    if isinstance(value, bool):
+        return z3.BoolVal(value)
+    if isinstance(value, int):
+        return z3.IntVal(value)
+    if isinstance(value, float):
+        return z3.RealVal(value)
+    return z3.StringVal(value)
+
+
+def _name(node: ast.expr) -> str:
+    if isinstance(node, ast.Attribute):
+        return f"{node.value.id}.{node.attr}"  # type: ignore[attr-defined]
+    return node.id  # type: ignore[attr-defined]
+
+
+def lint_rules(rules: RuleSet) -> list[Finding]:
+    """Every static finding of ``rules`` (see the module doc)."""
+    enc = _Encoder(rules)
+    cond = {r.id: enc.encode(r.condition.tree.body) for r in rules.rules}
+    allowed = z3.And(*enc.axioms, *[z3.Not(cond[r.id]) for r in rules.rules if r.kind in ("forbid", "known_failure") and not r.adjusts])
+    solver = z3.Solver()
+    solver.add(*enc.axioms)
+
+    def witness(*terms: Any, base: Any = None) -> str | None:
+        solver.push()
+        solver.add(*terms, *([base] if base is not None else []))
+        try:
+            if solver.check() != z3.sat:
+                return None
+            model = solver.model()
+            shown = [f"{d.name()}={model[d]}" for d in sorted(model.decls(), key=lambda d: d.name()) if not d.name().endswith("?none")]
+            return ", ".join(shown[:12]) + (" ..." if len(shown) > 12 else "")
+        finally:
+            solver.pop()
+
+    findings: list[Finding] = []
+    for p in rules.predicates:
+        if witness(enc.encode(p.condition.tree.body)) is None:
+            findings.append(Finding(p.where, f"predicate {p.name!r} can never be true"))
+    for rule in rules.rules:
+        if witness(cond[rule.id]) is None:
+            findings.append(Finding(rule.where, f"rule {rule.id!r} can never match"))
+    for a, b in _pairs(rules.of_kind("set"), lambda r: r.sets):
+        w = witness(cond[a.id], cond[b.id], base=allowed)
+        if w is not None:
+            gates = [g for g in a.sets if g in b.sets and a.sets[g] != b.sets[g]]
+            findings.append(Finding(b.where, f"set rules {a.id!r} and {b.id!r} can both match and disagree on {', '.join(gates)}; e.g. {w}"))
+    for a, b in _pairs([r for r in rules.rules if r.adjusts], lambda r: r.adjusts):
+        w = witness(cond[a.id], cond[b.id], base=allowed)
+        if w is not None:
+            fields = [f for f in a.adjusts if f in b.adjusts and a.adjusts[f] != b.adjusts[f]]
+            findings.append(Finding(b.where, f"adjust rules {a.id!r} and {b.id!r} can both match and disagree on {', '.join(fields)}; e.g. {w}"))
+    return findings
+
+
+def _pairs(rules: list[Rule], values) -> list[tuple[Rule, Rule]]:
+    """Pairs of rules (same scope) that assign some name different values."""
+    return [(a, b) for a, b in combinations(rules, 2)
+            if a.scope == b.scope and any(k in values(b) and values(a)[k] != values(b)[k] for k in values(a))]
