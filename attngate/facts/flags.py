@@ -30,6 +30,8 @@ def parse_flags(argv: list[str], fields: dict[str, FieldInfo]) -> tuple[dict[str
         field = fields.get(name)
         if field is None:
             problems.append(Problem(flag, "unknown server argument" + did_you_mean(flag, known_flags)))
+            if not eq and i < len(argv) and not argv[i].startswith("--"):
+                i += 1  # its value: do not report it a second time as a stray argument
             continue
         if field.annotation is bool:
             if not eq:

@@ -53,7 +53,10 @@ class Rule:
     backends: tuple[str, ...]
 
     def matches(self, facts: dict[str, Any]) -> bool:
-        return self.condition(facts)
+        try:
+            return self.condition(facts)
+        except TypeError as exc:  # an order comparison met None: the condition lacks a guard
+            raise RulesError(Problem(self.where, f"rule {self.id!r}: {exc}; guard the fact with 'is not None'")) from None
 
 
 @dataclass(frozen=True, slots=True)

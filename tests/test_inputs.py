@@ -1,0 +1,77 @@
+"""ServerArgs from flags, files and objects; Platform."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from attngate import Platform, PlatformError, ServerArgs, ServerArgsError
+
+
+def test_flags_in_sglang_spelling():
+    args = ServerArgs.from_flags("--attention-backend fa3 --chunked-prefill-size -1 --enable-dp-attention --dp-size 2 --page-size=16".split())
+    assert (args.attention_backend, args.chunked_prefill_size, args.enable_dp_attention, args.dp_size, args.page_size) == ("fa3", -1, True, 2, 16)
+    assert ServerArgs.from_flags(["--disable-radix-cache=false"]).disable_radix_cache is False
+
+
+def test_defaults_are_sglangs():
+    args = ServerArgs()
+    assert args.attention_backend is None and args.kv_cache_dtype == "auto" and args.page_size is None
+    assert args.hicache_io_backend == "kernel" and args.tp_size == 1 and not args.enable_deterministic_inference
+
+
+def test_every_flag_problem_is_reported_at_once():
+    with pytest.raises(ServerArgsError) as err:
+        ServerArgs.from_flags("--attention-backnd fa3 --kv-cache-dtype fp9 --page-size --tp-size x".split())
+    text = str(err.value)
+    assert "--attention-backnd" in text and "did you mean '--attention-backend'" in text
+    assert "--page-size" in text and "expects a value" in text
+    assert {p.where for p in err.value.problems} == {"--attention-backnd", "--kv-cache-dtype", "--page-size", "--tp-size"}
+
+
+def test_value_errors_are_all_reported():
+    with pytest.raises(ServerArgsError) as err:
+        ServerArgs.from_flags("--kv-cache-dtype fp9 --tp-size x --attention-backend fa5".split())
+    wheres = {p.where for p in err.value.problems}
+    assert wheres == {"--kv-cache-dtype", "--tp-size", "--attention-backend"}
+
+
+def test_args_file_yaml_and_json(tmp_path):
+    y = tmp_path / "args.yaml"
+    y.write_text("attention-backend: flashinfer\nenable_deterministic_inference: true\n")
+    assert ServerArgs.from_file(y).enable_deterministic_inference
+    j = tmp_path / "args.json"
+    j.write_text('{"page_size": 16, "attention_bakend": "fa3"}')
+    with pytest.raises(ServerArgsError, match="did you mean 'attention_backend'"):
+        ServerArgs.from_file(j)
+
+
+def test_from_object_ignores_extra_attributes():
+    sglang_like = SimpleNamespace(attention_backend="fa4", page_size=128, model_path="/x", mem_fraction_static=0.8)
+    args = ServerArgs.from_object(sglang_like)
+    assert (args.attention_backend, args.page_size) == ("fa4", 128)
+
+
+def test_frozen():
+    with pytest.raises(Exception):
+        ServerArgs().page_size = 3  # type: ignore[misc]
+
+
+def test_platform():
+    assert Platform.from_name("SM90").sm_major == 9
+    assert Platform.from_name("10.0").gpu_arch == "sm100"
+    with pytest.raises(PlatformError, match="--gpu"):
+        Platform.from_name("sm95")
+
+
+def test_platform_detect_without_cuda_says_pass_gpu():
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("a CUDA device is present; detection succeeds here")
+    except ImportError:
+        pass
+    with pytest.raises(PlatformError, match="pass --gpu"):
+        Platform.detect()

@@ -1,0 +1,101 @@
+"""ModelFacts on every real config: the facts each must yield."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from attngate import ModelConfigError, ModelFacts
+from attngate.facts.modes import LayerKind as K
+
+from conftest import MODELS
+
+# name: (arch, q heads, kv heads, head_dim, v_head_dim, window, chunk, layer kind counts, sinks, softcap, enc-dec)
+EXPECTED = {
+    "Llama-3.1-8B": ("mha", 32, 8, 128, 128, None, None, {K.FULL: 32}, False, None, False),
+    "Qwen3-8B": ("mha", 32, 8, 128, 128, None, None, {K.FULL: 36}, False, None, False),
+    "Qwen3-Embedding-8B": ("mha", 32, 8, 128, 128, None, None, {K.FULL: 36}, False, None, False),
+    "Qwen3-30B-A3B": ("mha", 32, 4, 128, 128, None, None, {K.FULL: 48}, False, None, False),
+    "Qwen2.5-7B-Instruct": ("mha", 28, 4, 128, 128, None, None, {K.FULL: 28}, False, None, False),
+    "Mistral-7B-v0.1": ("mha", 32, 8, 128, 128, 4096, None, {K.SLIDING_WINDOW: 32}, False, None, False),
+    "Mixtral-8x7B-v0.1": ("mha", 32, 8, 128, 128, None, None, {K.FULL: 32}, False, None, False),
+    "e5-mistral-7b-instruct": ("mha", 32, 8, 128, 128, 4096, None, {K.SLIDING_WINDOW: 32}, False, None, False),
+    "gte-Qwen2-7B-instruct": ("mha", 28, 4, 128, 128, None, None, {K.ENCODER_ONLY: 28}, False, None, False),
+    "all-MiniLM-L6-v2": ("mha", 12, 12, 32, 32, None, None, {K.ENCODER_ONLY: 6}, False, None, False),
+    "DeepSeek-V2-Lite": ("mla", 16, 16, 192, 128, None, None, {K.FULL: 27}, False, None, False),
+    "DeepSeek-V3": ("mla", 128, 128, 192, 128, None, None, {K.FULL: 61}, False, None, False),
+    "Kimi-K2-Instruct": ("mla", 64, 64, 192, 128, None, None, {K.FULL: 61}, False, None, False),
+    "gemma-2-9b": ("mha", 16, 8, 256, 256, 4096, None, {K.SLIDING_WINDOW: 21, K.FULL: 21}, False, 50.0, False),
+    "gemma-2-9b-it": ("mha", 16, 8, 256, 256, 4096, None, {K.SLIDING_WINDOW: 21, K.FULL: 21}, False, 50.0, False),
+    "gemma-3-1b-it": ("mha", 4, 1, 256, 256, 512, None, {K.SLIDING_WINDOW: 22, K.FULL: 4}, False, None, False),
+    "gemma-3-27b-it": ("mha", 32, 16, 128, 128, 1024, None, {K.SLIDING_WINDOW: 52, K.FULL: 10}, False, None, False),
+    "gpt-oss-20b": ("mha", 64, 8, 64, 64, 128, None, {K.SLIDING_WINDOW: 12, K.FULL: 12}, True, None, False),
+    "gpt-oss-120b": ("mha", 64, 8, 64, 64, 128, None, {K.SLIDING_WINDOW: 18, K.FULL: 18}, True, None, False),
+    "Llama-3.2-11B-Vision-Instruct": ("mha", 32, 8, 128, 128, None, None, {K.FULL: 32, K.CROSS_ATTENTION: 8}, False, None, False),
+    "whisper-large-v3-turbo": ("mha", 20, 20, 64, 64, None, None, {K.ENCODER_ONLY: 32, K.FULL: 4, K.CROSS_ATTENTION: 4}, False, None, True),
+    "Llama-4-Scout-17B-16E-Instruct": ("mha", 40, 8, 128, 128, None, 8192, {K.CHUNKED_LOCAL: 36, K.FULL: 12}, False, None, False),
+}
+
+
+def test_every_real_config_is_covered():
+    assert {p.stem for p in MODELS.glob("*.json")} == set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_facts_of_real_config(name):
+    arch, heads, kv, hd, vhd, window, chunk, kinds, sinks, softcap, enc_dec = EXPECTED[name]
+    m = ModelFacts.from_hf_config(MODELS / f"{name}.json")
+    assert (m.attention_arch, m.num_attention_heads, m.num_key_value_heads, m.head_dim, m.v_head_dim) == (arch, heads, kv, hd, vhd)
+    assert (m.sliding_window, m.attention_chunk_size) == (window, chunk)
+    assert Counter(m.layer_kinds) == kinds
+    assert (m.has_attention_sinks, m.attn_logit_softcapping, m.is_encoder_decoder) == (sinks, softcap, enc_dec)
+
+
+def test_layer_patterns_are_in_the_right_places():
+    assert ModelFacts.from_hf_config(MODELS / "gemma-2-9b.json").layer_kinds[:2] == (K.SLIDING_WINDOW, K.FULL)
+    g3 = ModelFacts.from_hf_config(MODELS / "gemma-3-1b-it.json").layer_kinds
+    assert [i for i, k in enumerate(g3) if k == K.FULL] == [5, 11, 17, 23]
+    mllama = ModelFacts.from_hf_config(MODELS / "Llama-3.2-11B-Vision-Instruct.json").layer_kinds
+    assert [i for i, k in enumerate(mllama) if k == K.CROSS_ATTENTION] == [3, 8, 13, 18, 23, 28, 33, 38]
+    llama4 = ModelFacts.from_hf_config(MODELS / "Llama-4-Scout-17B-16E-Instruct.json").layer_kinds
+    assert [i for i, k in enumerate(llama4) if k == K.FULL][:3] == [3, 7, 11]
+
+
+def test_derived_facts():
+    ds = ModelFacts.from_hf_config(MODELS / "DeepSeek-V2-Lite.json")
+    assert ds.use_mla and ds.kv_lora_rank == 512 and ds.has_asymmetric_kv
+    g = ModelFacts.from_hf_config(MODELS / "gemma-3-27b-it.json")
+    assert g.is_hybrid_swa and g.is_multimodal and not g.use_mla
+    assert ModelFacts.from_hf_config(MODELS / "all-MiniLM-L6-v2.json").is_encoder_only
+
+
+def test_folder_path_reads_config_json(tmp_path):
+    (tmp_path / "config.json").write_text((MODELS / "Qwen3-8B.json").read_text())
+    assert ModelFacts.from_hf_config(tmp_path).num_key_value_heads == 8
+
+
+def test_malformed_configs_name_every_bad_key(tmp_path):
+    bad = json.loads((MODELS / "gpt-oss-20b.json").read_text())
+    bad["num_key_value_heads"] = 7
+    bad["layer_types"][3] = "linear_attention"
+    bad["sliding_window"] = "wide"
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ModelConfigError) as err:
+        ModelFacts.from_hf_config(path)
+    text = str(err.value)
+    assert "num_key_value_heads" in text and "layer_types[3]" in text and "sliding_window" in text
+    assert len(err.value.problems) == 3
+
+
+def test_not_json_and_missing(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text("{not json")
+    with pytest.raises(ModelConfigError, match=r"config.json:1:2"):
+        ModelFacts.from_hf_config(path)
+    with pytest.raises(ModelConfigError, match="cannot read"):
+        ModelFacts.from_hf_config(tmp_path / "missing.json")
+    with pytest.raises(ModelConfigError, match="num_attention_heads"):
+        ModelFacts.from_hf_dict({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64})
