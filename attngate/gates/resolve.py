@@ -191,6 +191,9 @@ def _resolve_scope(rules: list[Rule], facts: dict[str, Any], specs: list[GateSpe
         matched = hits.get(spec.name)
         if not matched:
             values[spec.name] = facts[spec.from_fact] if spec.from_fact else spec.default
+            if not spec.type.accepts(values[spec.name]):
+                violations.append(Violation("attngate", f"gate {spec.name} takes its value from {spec.from_fact}, which is "
+                                            f"{values[spec.name]!r}; no rule filled it ({spec.type.describe()} needed)"))
             continue
         distinct = {repr(r.sets[spec.name]) for r in matched}
         if len(distinct) > 1:

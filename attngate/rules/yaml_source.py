@@ -46,8 +46,9 @@ class YamlDocument:
 def load_yaml(text: str, filename: str) -> tuple[YamlDocument | None, list[Problem]]:
     """Parse ``text``; returns the document (None when it does not parse) and every problem found."""
     problems: list[Problem] = []
-    loader = yaml.SafeLoader(text)
+    loader = None
     try:
+        loader = yaml.SafeLoader(text)
         node = loader.get_single_node()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -55,7 +56,8 @@ def load_yaml(text: str, filename: str) -> tuple[YamlDocument | None, list[Probl
         reason = getattr(exc, "problem", None) or str(exc)
         return None, [Problem(where, f"YAML syntax error: {reason}")]
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     doc = YamlDocument(None, {}, filename)
     if node is None:
         return doc, problems

@@ -1,0 +1,187 @@
+"""The rule language: every kind of error with its location; fuzzing; order independence; conflicts."""
+
+from __future__ import annotations
+
+import random
+import textwrap
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from attngate import PlanError, RulesError, resolve
+from attngate.rules.load import RuleSet, parse_rules
+from conftest import ROOT, model, resolve_flags
+from attngate import Platform, ServerArgs
+
+HEAD = "version: 1\nrules:\n"
+
+
+def rule(**fields) -> str:
+    base = {"id": "r", "summary": "s", "why": "w", "source": "s", "when": "True"}
+    base.update(fields)
+    return "  - " + yaml.safe_dump(base, sort_keys=False, width=1000).replace("\n", "\n    ").rstrip() + "\n"
+
+
+def problems(text: str) -> list[str]:
+    with pytest.raises(RulesError) as err:
+        parse_rules(text, "rules.yaml")
+    return [str(p) for p in err.value.problems]
+
+
+@pytest.mark.parametrize("when, expected", [
+    ("is_embeding", "rules.yaml:7:11: rule 'r': unknown fact 'is_embeding' (did you mean 'is_embedding'?)"),
+    ("page_size == 'x'", "rules.yaml:7:24: rule 'r': page_size is int or None, compared with 'x'"),
+    ("attention_backend == 'fa33'", "rules.yaml:7:32: rule 'r': 'fa33' is not a value of attention_backend (25 choices) (did you mean 'fa3'?)"),
+    ("page_size", "rules.yaml:7:11: rule 'r': page_size is int or None, not a bool; compare it explicitly"),
+    ("__import__('os').system('x')", "rules.yaml:7:11: rule 'r': a call is not allowed in a condition"),
+    ("page_size + 1 > 2", "rules.yaml:7:11: rule 'r': arithmetic is not allowed in a comparison"),
+    ("is_embedding and (", "syntax error"),
+    ("forward_mode == 'decode'", "readable only by rules that set per-mode gates"),
+    ("fa.skip_kv_cache", "readable only by per-mode and per-layer rules"),
+    ("page_size is 3", "'is' is only for None"),
+    ("use_mla is None", "use_mla is never None"),
+    ("kv_cache_dtype < 'x'", "needs a number"),
+])
+def test_condition_errors_have_locations(when, expected):
+    found = problems(HEAD + rule(when=when, set={"fa.skip_kv_cache": True}))
+    assert any(expected in p for p in found), found
+
+
+def test_every_error_of_a_file_in_one_run():
+    text = HEAD + rule(id="a", when="is_embeding", set={"fa.skip_kv_cache": 3, "fa.bogus": True}) \
+        + rule(id="a", kind="adjust", when="True", adjust={"attention_backend": "trion"}, message="m") \
+        + rule(id="c", kind="forbid", when="True") \
+        + "  - {id: d, summary: s, why: w, source: s, when: 'True', set: {fa.num_splits: 1}, colour: red}\n"
+    found = "\n".join(problems(text))
+    for expected in ["unknown fact 'is_embeding'", "fa.skip_kv_cache is bool, got 3", "unknown gate 'fa.bogus'",
+                     "duplicate rule id 'a'", "did you mean 'triton'", "kind forbid needs 'message'", "unknown key 'colour'"]:
+        assert expected in found, expected
+    assert found.count("rules.yaml:") >= 7
+
+
+def test_yaml_errors_duplicate_keys_and_tags():
+    assert any("duplicate key 'when'" in p for p in problems(HEAD + "  - {id: r, when: 'True', when: 'False'}\n"))
+    assert any("YAML syntax error" in p for p in problems("version: 1\nrules: [\n"))
+    assert any("unsupported YAML tag" in p for p in problems("!!python/object:os.system {}\n"))
+    assert any("rules.yaml:1:1" in p for p in problems("- just a list\n"))
+
+
+def test_scope_and_kind_errors():
+    found = "\n".join(problems(HEAD + rule(when="True", set={"fa.skip_kv_cache": True, "fa.kv_extent": "none"})
+                                + rule(id="b", kind="adjust", when="True", adjust={"prefill_backend": "fa3"}, message="m")))
+    assert "different scopes" in found and "unknown server argument 'prefill_backend'" in found
+
+
+class _Boom(Exception):
+    pass
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.text(max_size=200))
+def test_random_text_never_escapes(text):
+    try:
+        parse_rules(text, "fuzz.yaml")
+    except RulesError:
+        pass
+
+
+_yaml_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=30)
+    | st.sampled_from(["__import__('os').system('touch /tmp/attngate-pwned')", "is_embedding and not use_mla",
+                       "fa.skip_kv_cache", "(lambda: 1)()", "page_size > 1"]),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(
+        st.sampled_from(["id", "kind", "when", "set", "adjust", "summary", "why", "source", "message", "x"]) | st.text(max_size=8),
+        children, max_size=6),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.lists(_yaml_values, max_size=4), st.booleans())
+def test_random_yaml_never_escapes_nor_executes(rules, with_version):
+    doc = {"version": 1, "rules": rules} if with_version else {"rules": rules}
+    try:
+        parse_rules(yaml.safe_dump(doc), "fuzz.yaml")
+    except RulesError:
+        pass
+    import os
+
+    assert not os.path.exists("/tmp/attngate-pwned")
+
+
+def test_shuffling_rules_never_changes_the_plan(rules):
+    text = (ROOT / "rules.yaml").read_text()
+    data = yaml.safe_load(text)
+    configs = [
+        ("--attention-backend fa3 --is-embedding --chunked-prefill-size -1 --disable-radix-cache", "Qwen3-Embedding-8B", "sm90"),
+        ("--enable-deterministic-inference", "gemma-2-9b", "sm100"),
+        ("--speculative-algorithm NEXTN", "DeepSeek-V3", "sm90"),
+        ("", "gpt-oss-20b", "sm90"),
+        ("--enable-hierarchical-cache --attention-backend fa3", "Llama-3.1-8B", "sm90"),
+    ]
+    baseline = [resolve(ServerArgs.from_flags(f.split()), model(m), Platform.from_name(g), rules) for f, m, g in configs]
+    rng = random.Random(0)
+    for _ in range(5):
+        rng.shuffle(data["rules"])
+        shuffled = parse_rules(yaml.safe_dump(data, sort_keys=False), "shuffled.yaml")
+        for (f, m, g), base in zip(configs, baseline):
+            again = resolve(ServerArgs.from_flags(f.split()), model(m), Platform.from_name(g), shuffled)
+            assert again.plan == base.plan and again.server_args == base.server_args
+
+
+def _mini(extra: str) -> RuleSet:
+    return parse_rules(HEAD + textwrap.dedent(extra), "mini.yaml")
+
+
+def test_conflicting_set_rules_are_an_error():
+    rs = _mini("""\
+      - {id: a, summary: s, why: w, source: s, when: "True", set: {fa.num_splits: 1}}
+      - {id: b, summary: s, why: w, source: s, when: "use_mla", set: {fa.num_splits: 2}}
+      - {id: fill, kind: adjust, summary: s, why: w, source: s, when: attention_backend is None, adjust: {attention_backend: fa3, page_size: 1}, message: m}
+    """)
+    ok = resolve(ServerArgs(), model("Llama-3.1-8B"), Platform.from_name("sm90"), rs)
+    assert ok.plan.flashattention.num_splits == 1
+    with pytest.raises(PlanError) as err:
+        resolve(ServerArgs(), model("DeepSeek-V2-Lite"), Platform.from_name("sm90"), rs)
+    assert err.value.violations[0].kind == "conflict" and "a sets 1, b sets 2" in err.value.violations[0].message
+    from attngate.rules.lint import lint_rules
+
+    assert any("'a' and 'b' can both match" in str(f) for f in lint_rules(rs))
+
+
+def test_oscillating_adjust_rules_are_named():
+    rs = _mini("""\
+      - {id: to-fa3, kind: adjust, summary: s, why: w, source: s, when: attention_backend == "triton", adjust: {attention_backend: fa3}, message: m}
+      - {id: to-triton, kind: adjust, summary: s, why: w, source: s, when: attention_backend == "fa3", adjust: {attention_backend: triton}, message: m}
+    """)
+    with pytest.raises(PlanError) as err:
+        resolve(ServerArgs(attention_backend="fa3"), model("Llama-3.1-8B"), Platform.from_name("sm90"), rs)
+    v = err.value.violations[0]
+    assert v.kind == "oscillation" and "to-fa3" in v.rule and "to-triton" in v.rule
+
+
+def test_adjust_rules_disagreeing_in_one_round_are_a_conflict():
+    rs = _mini("""\
+      - {id: x, kind: adjust, summary: s, why: w, source: s, when: page_size is None, adjust: {page_size: 16}, message: m}
+      - {id: y, kind: adjust, summary: s, why: w, source: s, when: page_size is None, adjust: {page_size: 64}, message: m}
+    """)
+    with pytest.raises(PlanError, match="adjust rules disagree on page_size"):
+        resolve(ServerArgs(attention_backend="fa3"), model("Llama-3.1-8B"), Platform.from_name("sm90"), rs)
+
+
+def test_all_forbid_violations_are_collected():
+    with pytest.raises(PlanError) as err:
+        resolve_flags("--attention-backend flashinfer --enable-deterministic-inference --kv-cache-dtype mxfp8", "gpt-oss-20b", "sm90")
+    rules = {v.rule for v in err.value.violations}
+    assert {"flashinfer.no-attention-sinks", "kv-dtype.mxfp8-blackwell", "gpt-oss.backends"} <= rules
+
+
+def test_unguarded_order_comparison_is_a_clear_error():
+    rs = _mini("""\
+      - {id: g, summary: s, why: w, source: s, when: "page_size > 1", set: {fa.num_splits: 1}}
+      - {id: fill, kind: adjust, summary: s, why: w, source: s, when: attention_backend is None, adjust: {attention_backend: fa3}, message: m}
+    """)
+    with pytest.raises(RulesError, match="guard the fact with 'is not None'"):
+        resolve(ServerArgs(), model("Llama-3.1-8B"), Platform.from_name("sm90"), rs)
