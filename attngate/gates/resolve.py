@@ -137,8 +137,8 @@ def _adjust(state: dict[str, Any], fixed: dict[str, Any], index: _Index) -> tupl
                       kind="conflict")
             for name, by_value in wanted.items() if len(by_value) > 1
         ]
-        if conflicts:
-            raise PlanError(conflicts, state, done)
+        if conflicts:  # forbid rules that already match usually say why, so report them too
+            raise PlanError([*_rule_violations(facts, index), *conflicts], state, done)
         round_ = [Adjustment(rules[0].id, name, state[name], value, rules[0].message or "", rules[0].issue)
                   for name, by_value in wanted.items() for value, rules in by_value.items() if state[name] != value]
         if not round_:
@@ -162,11 +162,13 @@ def _freeze(state: dict[str, Any]) -> tuple:
 
 # ---- 2. forbid / known_failure -------------------------------------------------------------------
 
+def _rule_violations(facts: dict[str, Any], index: _Index) -> list[Violation]:
+    return [Violation(r.id, r.message or r.summary, kind=r.kind, facts=_read(r, facts), issue=r.issue)
+            for r in index.checks if r.matches(facts)]
+
+
 def _violations(facts: dict[str, Any], index: _Index) -> list[Violation]:
-    out = [
-        Violation(r.id, r.message or r.summary, kind=r.kind, facts=_read(r, facts), issue=r.issue)
-        for r in index.checks if r.matches(facts)
-    ]
+    out = _rule_violations(facts, index)
     for side in ("prefill_backend", "decode_backend"):
         if facts[side] is None:
             out.append(Violation("attngate", f"no rule chose a {side.replace('_', ' ')}; pass --attention-backend", kind="forbid"))

@@ -1,0 +1,300 @@
+"""The shipped rules.yaml: the five required behaviours, exhaustively over the facts they name,
+and every rule's truth table (the compiled condition against an independent z3 encoding)."""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import random
+
+import pytest
+import z3
+
+from attngate import Platform, PlanError, ServerArgs, resolve
+from attngate.facts.schema import FACTS, base_facts
+from attngate.gates.registry import GATES
+from attngate.rules.condition import gate_key
+from attngate.rules.lint import _Encoder, lint_rules
+from conftest import MODELS, model
+
+FA_GPU = {"fa3": "sm90", "fa4": "sm100", "flashinfer": "sm90"}
+
+
+def test_shipped_rules_lint_clean_and_documented(rules):
+    assert lint_rules(rules) == []
+    assert len(rules.rules) >= 35
+    for r in rules.rules:
+        assert r.summary and r.why and r.source, r.id
+
+
+# ---- 1. fa.skip_kv_cache ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["fa3", "fa4", "flashinfer"])
+@pytest.mark.parametrize("name", ["Qwen3-Embedding-8B", "DeepSeek-V2-Lite"])
+def test_skip_kv_cache_exhaustive(backend, name):
+    m = model(name)
+    for is_emb, cps, no_radix in itertools.product([False, True], [-1, None, 8192], [False, True]):
+        args = ServerArgs(attention_backend=backend, is_embedding=is_emb, chunked_prefill_size=cps, disable_radix_cache=no_radix)
+        try:
+            r = resolve(args, m, Platform.from_name(FA_GPU[backend]))
+        except PlanError as err:
+            assert backend == "fa4" and m.use_mla is False or backend == "fa4", err
+            continue
+        expected = backend in ("fa3", "fa4") and is_emb and cps == -1 and no_radix and not m.use_mla
+        assert r.plan.flashattention.skip_kv_cache is expected
+        # the read side reads the same decision: EXTEND then reads no cache at all
+        assert (r.plan.mode("extend").flashattention.kv_extent == "none") is expected
+        e = r.explanation.gates["fa.skip_kv_cache"]
+        assert e.origin == ("fa.skip-kv-cache-for-embedding" if expected else "default")
+        assert e.facts["use_mla"] is m.use_mla
+
+
+def test_no_rule_can_combine_mla_with_skip_kv_cache(rules):
+    enc = _Encoder(rules)
+    solver = z3.Solver()
+    solver.add(*enc.axioms)
+    use_mla, _ = enc.var("use_mla")
+    setters = [r for r in rules.rules if r.sets.get("fa.skip_kv_cache") is True]
+    assert setters
+    for r in setters:
+        assert solver.check(enc.encode(r.condition.tree.body), use_mla) == z3.unsat, r.id
+
+
+# ---- 2. fa.precompute_scheduler_metadata --------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["Llama-3.1-8B", "DeepSeek-V2-Lite"])
+def test_precompute_scheduler_metadata_exhaustive(name):
+    m = model(name)
+    for dp, cp in itertools.product([False, True], [False, True]):
+        args = ServerArgs(attention_backend="fa3", enable_dp_attention=dp, dp_size=2 if dp else 1, enable_prefill_cp=cp)
+        r = resolve(args, m, Platform.from_name("sm90"))
+        assert r.plan.flashattention.precompute_scheduler_metadata is not (dp or cp or m.use_mla)
+
+
+def test_dp_attention_without_dp_size_is_switched_off_with_a_warning():
+    r = resolve(ServerArgs(attention_backend="fa3", enable_dp_attention=True), model("Llama-3.1-8B"), Platform.from_name("sm90"))
+    assert r.plan.flashattention.precompute_scheduler_metadata and not r.server_args.enable_dp_attention
+    assert any("dp-attention.needs-dp-size" in w for w in r.warnings)
+
+
+# ---- 3. deterministic inference -----------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["Llama-3.1-8B", "gemma-2-9b", "whisper-large-v3-turbo"])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_deterministic_flashinfer_every_wrapper_kind(name, deterministic):
+    r = resolve(ServerArgs(attention_backend="flashinfer", enable_deterministic_inference=deterministic), model(name), Platform.from_name("sm90"))
+    fi = r.plan.flashinfer
+    assert fi.wrapper_dispatch == {"Llama-3.1-8B": "single", "gemma-2-9b": "sliding_window", "whisper-large-v3-turbo": "cross_attention"}[name]
+    if deterministic:
+        assert (fi.prefill_fixed_split_size, fi.decode_fixed_split_size) == (4096, 2048)
+        assert fi.cuda_graph_disable_split_kv and fi.decode_use_tensor_cores and not fi.use_ragged_prefill
+        assert r.server_args.sampling_backend == "pytorch"
+    else:
+        assert (fi.prefill_fixed_split_size, fi.decode_fixed_split_size, fi.cuda_graph_disable_split_kv) == (None, None, False)
+        assert fi.use_ragged_prefill is not m_is_multimodal(name)
+
+
+def m_is_multimodal(name: str) -> bool:
+    return model(name).is_multimodal
+
+
+@pytest.mark.parametrize("backend, gpu", [("fa3", "sm90"), ("fa4", "sm100")])
+def test_deterministic_fa_num_splits(backend, gpu):
+    for det in (False, True):
+        r = resolve(ServerArgs(attention_backend=backend, enable_deterministic_inference=det), model("Llama-3.1-8B"), Platform.from_name(gpu))
+        assert r.plan.flashattention.num_splits == (1 if det else 0)
+    r = resolve(ServerArgs(attention_backend="fa4"), model("Llama-3.1-8B"), Platform.from_name("sm90"))
+    assert r.plan.flashattention.num_splits == 1  # FA4 cannot split KV on SM90
+
+
+def test_deterministic_rejects_other_backends_and_defaults_by_arch():
+    with pytest.raises(PlanError, match="support deterministic inference"):
+        resolve(ServerArgs(attention_backend="torch_native", enable_deterministic_inference=True), model("Llama-3.1-8B"), Platform.from_name("sm90"))
+    for gpu, name, expected in [("sm90", "Llama-3.1-8B", "fa3"), ("sm100", "Llama-3.1-8B", "flashinfer"), ("sm100", "DeepSeek-V2-Lite", "triton")]:
+        r = resolve(ServerArgs(enable_deterministic_inference=True), model(name), Platform.from_name(gpu))
+        assert r.plan.prefill_backend == expected
+
+
+# ---- 4. wrapper dispatch and the per-layer window ------------------------------------------------
+
+@pytest.mark.parametrize("path", sorted(MODELS.glob("*.json")), ids=lambda p: p.stem)
+def test_wrapper_dispatch_from_model_facts(path):
+    m = model(path.stem)
+    try:
+        r = resolve(ServerArgs(attention_backend="flashinfer"), m, Platform.from_name("sm90"))
+    except PlanError:
+        assert m.has_attention_sinks or m.model_type == "llama4"
+        return
+    expected = "sliding_window" if (m.has_sliding_window or m.is_local_attention_model) else "cross_attention" if m.has_cross_attention else "single"
+    assert r.plan.flashinfer.wrapper_dispatch == expected
+    assert r.plan.layer("sliding_window").common.use_window and not r.plan.layer("full").common.use_window
+    full_index = r.plan.layer("full").flashinfer.wrapper_index
+    assert full_index == (1 if expected == "sliding_window" else 0)
+    assert r.plan.layer("cross_attention").flashinfer.wrapper_index == (1 if expected == "cross_attention" else 0)
+
+
+def test_ragged_extend_pages_only_the_prefix():
+    r = resolve(ServerArgs(attention_backend="flashinfer"), model("Mistral-7B-v0.1"), Platform.from_name("sm90"))
+    assert r.plan.mode("extend").flashinfer.paged_kv_extent == "prefix"
+    assert r.plan.mode("decode").flashinfer.paged_kv_extent == "prefix_plus_new"
+
+
+# ---- 5. DRAFT_EXTEND_V2 -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend, gpu", [("fa3", "sm90"), ("fa4", "sm100")])
+@pytest.mark.parametrize("cuda_graph", [True, False])
+def test_draft_extend_v2_reads_prefix_plus_new(backend, gpu, cuda_graph):
+    args = ServerArgs(attention_backend=backend, speculative_algorithm="EAGLE", disable_cuda_graph=not cuda_graph)
+    r = resolve(args, model("Llama-3.1-8B"), Platform.from_name(gpu))
+    de = r.plan.mode("draft_extend_v2")
+    assert de.flashattention.kv_extent == "prefix_plus_new"
+    assert de.common.capture_cuda_graph is cuda_graph  # replay reads the same kv_extent as eager
+    assert r.explanation.modes["draft_extend_v2"]["fa.kv_extent"].origin == "fa.draft-extend-v2-reads-prefix-plus-new"
+    assert r.plan.mode("idle").flashattention.kv_extent == "none"
+
+
+# ---- other shipped rules, end to end -------------------------------------------------------------
+
+@pytest.mark.parametrize("flags, name, gpu, check", [
+    ("", "Llama-3.1-8B", "sm90", lambda r: r.plan.prefill_backend == "fa3" and r.server_args.page_size == 1),
+    ("", "Llama-3.1-8B", "sm100", lambda r: r.plan.prefill_backend == "trtllm_mha" and r.server_args.page_size == 64),
+    ("", "Llama-3.1-8B", "sm80", lambda r: r.plan.prefill_backend == "flashinfer"),
+    ("", "DeepSeek-V2-Lite", "sm100", lambda r: r.plan.prefill_backend == "flashinfer"),
+    ("", "DeepSeek-V3", "sm100", lambda r: r.plan.prefill_backend == "trtllm_mla" and r.server_args.page_size == 64),
+    ("", "gpt-oss-20b", "sm80", lambda r: r.plan.prefill_backend == "triton"),
+    ("", "whisper-large-v3-turbo", "sm90", lambda r: r.plan.prefill_backend == "flashinfer" and r.server_args.disable_radix_cache),
+    ("--speculative-algorithm EAGLE", "Llama-3.1-8B", "sm90",  # issue 36554: topk filled first, then the backend
+     lambda r: r.server_args.speculative_eagle_topk == 4 and r.plan.prefill_backend == "flashinfer"),
+    ("--speculative-algorithm NEXTN", "DeepSeek-V3", "sm90", lambda r: r.server_args.speculative_algorithm == "EAGLE" and r.plan.prefill_backend == "fa3"),
+    ("--attention-backend fa3 --kv-cache-dtype fp8_e5m2", "Llama-3.1-8B", "sm90",
+     lambda r: r.plan.prefill_backend == "triton" and any("fa3.fp8-e5m2" in w for w in r.warnings)),
+    ("--attention-backend torch_native", "Llama-3.1-8B", "sm90", lambda r: not r.plan.common.cuda_graph and not r.plan.mode("decode").common.capture_cuda_graph),
+    ("--attention-backend fa4", "Llama-3.1-8B", "sm100", lambda r: r.plan.common.page_size == 128),
+    ("--enable-hierarchical-cache --attention-backend fa3", "Llama-3.1-8B", "sm90", lambda r: r.plan.decode_backend == "flashinfer"),
+    ("--enable-hierarchical-cache --decode-attention-backend fa3 --attention-backend fa3", "Llama-3.1-8B", "sm90",
+     lambda r: r.server_args.hicache_io_backend == "direct" and r.plan.decode_backend == "fa3"),
+    ("--attention-backend flashinfer --kv-cache-dtype fp8_e4m3", "Llama-3.1-8B", "sm90", lambda r: r.plan.flashinfer.decode_use_tensor_cores),
+    ("--attention-backend flashinfer", "gemma-2-9b", "sm90", lambda r: not r.plan.flashinfer.decode_use_tensor_cores and r.server_args.disable_hybrid_swa_memory),
+    ("--attention-backend flashinfer", "gemma-3-1b-it", "sm90", lambda r: r.plan.flashinfer.decode_use_tensor_cores),  # MQA: group of 4
+    ("--attention-backend fa4 --speculative-algorithm EAGLE", "Llama-3.1-8B", "sm100",  # topk 4 exempts FA4 from 128-token pages
+     lambda r: r.server_args.speculative_eagle_topk == 4 and r.plan.common.page_size == 1),
+    ("--attention-backend flashinfer", "Qwen3-8B", "sm90", lambda r: r.plan.flashinfer.workspace_size_mb == 512),
+    ("--attention-backend fa3", "DeepSeek-V2-Lite", "sm90", lambda r: r.plan.common.mla_chunked_prefix_cache),
+    ("--attention-backend triton", "DeepSeek-V2-Lite", "sm90", lambda r: not r.plan.common.mla_chunked_prefix_cache),
+    ("--rl-on-policy-target fsdp", "Llama-3.1-8B", "sm90", lambda r: r.server_args.enable_deterministic_inference and r.plan.flashattention.num_splits == 1),
+])
+def test_rule_outcomes(flags, name, gpu, check):
+    r = resolve(ServerArgs.from_flags(flags.split()), model(name), Platform.from_name(gpu))
+    assert check(r), r.plan
+
+
+@pytest.mark.parametrize("flags, name, gpu, rule", [
+    ("--attention-backend fa3", "Llama-3.1-8B", "sm100", "fa3.requires-sm80-or-sm90"),
+    ("--attention-backend fa3", "DeepSeek-V2-Lite", "sm80", "fa3.requires-sm80-or-sm90"),
+    ("--attention-backend fa4", "DeepSeek-V2-Lite", "sm90", "fa4.mla-not-on-sm90"),
+    ("--attention-backend triton", "whisper-large-v3-turbo", "sm90", "triton.no-encoder-decoder"),
+    ("--attention-backend flashinfer", "gpt-oss-20b", "sm90", "flashinfer.no-attention-sinks"),
+    ("--attention-backend trtllm_mha", "DeepSeek-V2-Lite", "sm100", "trtllm-mha.mha-only"),
+    ("--attention-backend trtllm_mla", "Llama-3.1-8B", "sm100", "mla-backends.mla-only"),
+    ("--attention-backend trtllm_mla", "DeepSeek-V2-Lite", "sm90", "trtllm-mla.blackwell-only"),
+    ("--attention-backend flex_attention --speculative-algorithm EAGLE", "Llama-3.1-8B", "sm90", "flex-attention.no-speculative"),
+    ("--prefill-attention-backend fa3 --attention-backend triton --kv-cache-dtype fp8_e5m2", "Llama-3.1-8B", "sm90", "fa3.fp8-e5m2-kv-explicit-phase"),
+    ("--enable-hierarchical-cache --disable-radix-cache", "Llama-3.1-8B", "sm90", "hicache.needs-radix-cache"),
+    ("--attention-backend trtllm_mha --speculative-algorithm EAGLE --speculative-eagle-topk 4 --speculative-num-steps 3 --speculative-num-draft-tokens 8", "Llama-3.1-8B", "sm100", "spec.trtllm-mha-topk-one"),
+    ("--attention-backend flashinfer --speculative-algorithm EAGLE --speculative-eagle-topk 2 --speculative-num-steps 3 --speculative-num-draft-tokens 4", "DeepSeek-V2-Lite", "sm90", "flashinfer.mla-topk-one"),
+    ("--attention-backend flashinfer --speculative-algorithm STANDALONE --enable-dp-attention --dp-size 2", "Llama-3.1-8B", "sm90", "spec.standalone-no-dp-attention"),
+    ("--kv-cache-dtype nvfp4", "Llama-3.1-8B", "sm90", "kv-dtype.nvfp4-blackwell"),
+    ("--attention-backend flashinfer", "Llama-4-Scout-17B-16E-Instruct", "sm90", "llama4.backends"),
+    ("--enable-deterministic-inference --attention-backend flashinfer", "DeepSeek-V2-Lite", "sm90", "deterministic.deepseek-backend"),
+    ("--prefill-attention-backend fa4 --decode-attention-backend flashmla --attention-backend fa4", "Llama-3.1-8B", "sm100", "page-size.incompatible-backends"),
+])
+def test_rule_rejections(flags, name, gpu, rule):
+    with pytest.raises(PlanError) as err:
+        resolve(ServerArgs.from_flags(flags.split()), model(name), Platform.from_name(gpu))
+    assert rule in {v.rule for v in err.value.violations}, err.value
+
+
+# ---- every rule's truth table --------------------------------------------------------------------
+
+def _domain(name: str, literals: set) -> list:
+    t = (GATES[name].type if name in GATES else FACTS[name].type) if name not in ("forward_mode", "layer_kind") else None
+    if t is None:
+        from attngate.facts.schema import LAYER_FACT, MODE_FACT
+
+        t = MODE_FACT.type if name == "forward_mode" else LAYER_FACT.type
+    values: list = []
+    if t.base == "bool":
+        values = [False, True]
+    elif t.choices and len(t.choices) <= 6:
+        values = list(t.choices)
+    elif t.choices:
+        values = [v for v in t.choices if v in literals] + [next(v for v in t.choices if v not in literals)]
+    elif t.base == "int":
+        values = sorted({x + d for x in literals if isinstance(x, int) for d in (-1, 0, 1)} | {0})
+    else:
+        values = [v for v in literals if isinstance(v, str)] + ["<other>"]
+    return values + ([None] if t.optional else [])
+
+
+def _reads(node: ast.AST, predicates: dict) -> tuple[set[str], set]:
+    names, literals = set(), set()
+    groups = {id(a.value) for a in ast.walk(node) if isinstance(a, ast.Attribute)}
+    for sub in ast.walk(node):
+        if id(sub) in groups:
+            continue
+        if isinstance(sub, ast.Name) and sub.id in predicates:
+            n, l = _reads(predicates[sub.id], predicates)
+            names |= n
+            literals |= l
+        elif isinstance(sub, ast.Name):
+            names.add(sub.id)
+        elif isinstance(sub, ast.Attribute):
+            names.add(f"{sub.value.id}.{sub.attr}")
+        elif isinstance(sub, ast.Constant) and not isinstance(sub.value, bool):
+            literals.add(sub.value)
+        elif isinstance(sub, ast.UnaryOp) and isinstance(sub.op, ast.USub) and isinstance(sub.operand, ast.Constant):
+            literals.add(-sub.operand.value)
+    return names, literals
+
+
+def test_every_rule_truth_table_matches_an_independent_encoding(rules):
+    """The compiled Python condition and the z3 encoding agree on every (sampled) assignment."""
+    enc = _Encoder(rules)
+    predicates = {p.name: p.condition.tree.body for p in rules.predicates}
+    base = rules.with_predicates(base_facts(ServerArgs(attention_backend="fa3"), model("Llama-3.1-8B"), Platform.from_name("sm90")))
+    rng = random.Random(0)
+    checked = 0
+    for rule in rules.rules:
+        names, literals = _reads(rule.condition.tree.body, predicates)
+        domains = {n: _domain(n, literals) for n in sorted(names)}
+        combos = list(itertools.product(*domains.values()))
+        rng.shuffle(combos)
+        formula = enc.encode(rule.condition.tree.body)
+        seen = {True: 0, False: 0}
+        for combo in combos[:48]:
+            assignment = dict(zip(domains, combo))
+            facts = dict(base)
+            for n, v in assignment.items():
+                facts[gate_key(n) if "." in n else n] = v
+            facts = rules.with_predicates(facts)
+            try:
+                py = rule.matches(facts)
+            except Exception:
+                continue
+            solver = z3.Solver()
+            for n, v in assignment.items():
+                value, none = enc.var(n)
+                solver.add(none if v is None else z3.And(z3.Not(none), value == _z3(v)))
+            assert solver.check(formula if py else z3.Not(formula)) == z3.sat, (rule.id, assignment)
+            seen[py] += 1
+            checked += 1
+        assert seen[True] or seen[False], rule.id
+    assert checked > 1000
+
+
+def _z3(v):
+    if isinstance(v, bool):
+        return z3.BoolVal(v)
+    if isinstance(v, int):
+        return z3.IntVal(v)
+    return z3.StringVal(v)
