@@ -10,7 +10,9 @@ from rich.table import Table
 
 from attngate.gates.resolution import GateExplanation, PlanError, Resolution
 
-console = Console()
+
+def _console() -> Console:
+    return Console()  # per call, so that COLUMNS and the output stream are read when rendering
 
 
 def _facts(facts: dict[str, Any]) -> str:
@@ -41,6 +43,7 @@ def _gate_table(title: str, gates: dict[str, GateExplanation]) -> Table:
 
 
 def render_resolution(r: Resolution, mode: str | None) -> None:
+    console = _console()
     plan, e = r.plan, r.explanation
     console.print(f"[bold]attention plan[/bold]  model={r.model.source}  gpu={r.platform.gpu_arch}")
     console.print(f"  prefill_backend=[bold]{plan.prefill_backend}[/bold]  decode_backend=[bold]{plan.decode_backend}[/bold]  fingerprint={plan.fingerprint[:16]}")
@@ -72,6 +75,7 @@ def render_resolution(r: Resolution, mode: str | None) -> None:
 
 
 def render_error(err: PlanError) -> None:
+    console = _console()
     console.print(f"[red bold]invalid configuration[/red bold] ({len(err.violations)} reason(s)):")
     for v in err.violations:
         facts = f"  [dim]({_facts(v.facts)})[/dim]" if v.facts else ""
@@ -90,6 +94,7 @@ def render_matrix(paths: list[Path], gpu: str, rules_path: Path | None) -> None:
     from attngate.gates.resolve import resolve
     from attngate.rules.load import load_rules
 
+    console = _console()
     files = [p for path in paths for p in (sorted(path.glob("*.json")) if path.is_dir() else [path])]
     platform, rule_set = Platform.from_name(gpu), load_rules(rules_path)
     table = Table(title=f"support matrix on {platform.gpu_arch}", show_lines=True, title_justify="left")

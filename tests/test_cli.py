@@ -1,0 +1,117 @@
+"""The CLI through typer's test runner, on real configs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from attngate.cli import app
+from conftest import MODELS
+
+runner = CliRunner(env={"COLUMNS": "240"})
+EMBED = ["--is-embedding", "--chunked-prefill-size", "-1", "--disable-radix-cache", "--attention-backend", "fa3", "--gpu", "sm90"]
+
+
+def explain(*args: str):
+    return runner.invoke(app, ["explain", *args])
+
+
+def test_qwen3_embedding_json_skip_kv_cache_true():
+    res = explain("--model", str(MODELS / "Qwen3-Embedding-8B.json"), *EMBED, "--format", "json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    gate = out["gates"]["fa.skip_kv_cache"]
+    assert gate["value"] is True and gate["origin"] == "fa.skip-kv-cache-for-embedding"
+    assert gate["facts"] == {"prefill_backend": "fa3", "decode_backend": "fa3", "is_embedding": True,
+                             "chunked_prefill_size": -1, "disable_radix_cache": True, "use_mla": False}
+    assert set(out) >= {"plan", "server_args", "gates", "modes", "adjustments", "warnings", "errors"}
+    assert out["plan"]["prefill_backend"] == "fa3" and len(out["plan"]["fingerprint"]) == 64
+    assert out["modes"]["extend"]["fa.kv_extent"]["value"] == "none"
+    for name in ["fa.precompute_scheduler_metadata", "fa.num_splits", "flashinfer.prefill_fixed_split_size",
+                 "flashinfer.decode_fixed_split_size", "flashinfer.cuda_graph_disable_split_kv",
+                 "flashinfer.decode_use_tensor_cores", "flashinfer.use_ragged_prefill", "flashinfer.wrapper_dispatch"]:
+        assert name in out["gates"]
+
+
+def test_deepseek_json_skip_kv_cache_false_names_use_mla():
+    res = explain("--model", str(MODELS / "DeepSeek-V2-Lite.json"), *EMBED, "--format", "json")
+    assert res.exit_code == 0, res.output
+    gate = json.loads(res.stdout)["gates"]["fa.skip_kv_cache"]
+    assert gate["value"] is False and gate["origin"] == "default" and gate["facts"]["use_mla"] is True
+    assert gate["candidates"] == [{"rule": "fa.skip-kv-cache-for-embedding", "failed": ["not use_mla"]}]
+
+
+def test_table_output_and_mode_filter():
+    res = explain("--model", str(MODELS / "Qwen3-Embedding-8B.json"), *EMBED, "--mode", "decode")
+    assert res.exit_code == 0, res.output
+    assert "fa.skip-kv-cache-for-embedding" in res.stdout and "forward mode decode" in res.stdout
+    assert "forward mode extend" not in res.stdout and "candidate backends" in res.stdout
+
+
+def test_invalid_configuration_exit_1_json_still_printed():
+    res = explain("--model", str(MODELS / "gpt-oss-20b.json"), "--attention-backend", "flashinfer", "--gpu", "sm90", "--format", "json")
+    assert res.exit_code == 1
+    out = json.loads(res.stdout)
+    assert out["plan"] is None and {"flashinfer.no-attention-sinks", "gpt-oss.backends"} <= {e["rule"] for e in out["errors"]}
+    table = explain("--model", str(MODELS / "gpt-oss-20b.json"), "--attention-backend", "flashinfer", "--gpu", "sm90")
+    assert table.exit_code == 1 and "flashinfer.no-attention-sinks" in table.stdout
+
+
+def test_warnings_still_exit_0():
+    res = explain("--model", str(MODELS / "Llama-3.1-8B.json"), "--attention-backend", "fa3", "--kv-cache-dtype", "fp8_e5m2", "--gpu", "sm90", "--format", "json")
+    assert res.exit_code == 0
+    assert any("fa3.fp8-e5m2-kv-falls-back-to-triton" in w for w in json.loads(res.stdout)["warnings"])
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--model", "nope.json", "--gpu", "sm90"], "cannot read"),
+    (["--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm95"], "unknown GPU architecture"),
+    (["--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm90", "--attention-backnd", "fa3"], "did you mean '--attention-backend'"),
+    (["--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm90", "--mode", "prefill"], "not a forward mode"),
+])
+def test_bad_input_exit_2(args, needle):
+    res = explain(*args)
+    assert res.exit_code == 2
+    assert needle in res.output
+
+
+def test_bad_rules_file_exit_2(tmp_path):
+    bad = tmp_path / "rules.yaml"
+    bad.write_text("version: 1\nrules:\n  - {id: a, summary: s, why: w, source: s, when: is_embeding, set: {fa.skip_kv_cache: true}}\n")
+    res = explain("--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm90", "--rules", str(bad))
+    assert res.exit_code == 2 and "did you mean 'is_embedding'" in res.output
+    lint = runner.invoke(app, ["lint", str(bad)])
+    assert lint.exit_code == 2 and f"{bad}:3:" in lint.output
+
+
+def test_args_file_with_flag_override(tmp_path):
+    args = tmp_path / "args.yaml"
+    args.write_text("attention_backend: flashinfer\nenable_deterministic_inference: true\n")
+    res = explain("--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm90", "--args-file", str(args), "--attention-backend", "fa3", "--format", "json")
+    out = json.loads(res.stdout)
+    assert out["plan"]["prefill_backend"] == "fa3" and out["gates"]["fa.num_splits"]["value"] == 1
+
+
+def test_lint_shipped_rules_clean():
+    res = runner.invoke(app, ["lint"])
+    assert res.exit_code == 0 and "0 finding(s)" in res.output
+
+
+def test_lint_finds_conflict_exit_1(tmp_path):
+    f = tmp_path / "r.yaml"
+    f.write_text("version: 1\nrules:\n"
+                 "  - {id: a, summary: s, why: w, source: s, when: use_mla, set: {fa.num_splits: 1}}\n"
+                 "  - {id: b, summary: s, why: w, source: s, when: is_embedding, set: {fa.num_splits: 2}}\n"
+                 "  - {id: c, summary: s, why: w, source: s, when: use_mla and not use_mla, set: {fa.num_splits: 1}}\n")
+    res = runner.invoke(app, ["lint", str(f)])
+    assert res.exit_code == 1
+    assert "'a' and 'b' can both match" in res.output and "'c' can never match" in res.output
+
+
+def test_schema_and_matrix():
+    schema = json.loads(runner.invoke(app, ["schema"]).stdout)
+    assert "rules" in schema["properties"] and "RuleSpec" in schema["$defs"]
+    res = runner.invoke(app, ["matrix", str(MODELS / "gpt-oss-20b.json"), str(MODELS / "DeepSeek-V2-Lite.json"), "--gpu", "sm90"])
+    assert res.exit_code == 0 and "flashinfer.no-attention-sinks" in res.stdout

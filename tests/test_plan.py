@@ -1,0 +1,54 @@
+"""The Plan: frozen, JSON round trip, stable fingerprint across processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from attngate import Plan
+from attngate.gates.plan import PlanLoadError
+from conftest import ROOT, resolve_flags
+
+SCRIPT = """
+from attngate import ModelFacts, Platform, ServerArgs, resolve
+r = resolve(ServerArgs.from_flags("--attention-backend flashinfer --enable-deterministic-inference".split()),
+            ModelFacts.from_hf_config("examples/models/gemma-2-9b.json"), Platform.from_name("sm90"))
+print(r.plan.fingerprint)
+"""
+
+
+def test_fingerprint_identical_across_processes():
+    prints = set()
+    for seed in ("0", "1", "12345"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+        prints.add(out.stdout.strip())
+    in_process = resolve_flags("--attention-backend flashinfer --enable-deterministic-inference", "gemma-2-9b").plan.fingerprint
+    assert prints == {in_process}
+
+
+def test_json_round_trip_and_tamper_detection():
+    plan = resolve_flags("--attention-backend fa3", "gpt-oss-20b").plan
+    again = Plan.from_json(plan.to_json())
+    assert again == plan and again.fingerprint == plan.fingerprint
+    tampered = plan.to_json().replace('"num_splits": 0', '"num_splits": 3')
+    with pytest.raises(PlanLoadError, match="does not match"):
+        Plan.from_json(tampered)
+    with pytest.raises(PlanLoadError, match="prefill_backend"):
+        Plan.from_json('{"decode_backend": "fa3"}')
+
+
+def test_plan_is_frozen_and_fingerprint_tracks_content():
+    a = resolve_flags("--attention-backend fa3", "Llama-3.1-8B").plan
+    b = resolve_flags("--attention-backend fa3 --enable-deterministic-inference", "Llama-3.1-8B").plan
+    assert a.fingerprint != b.fingerprint
+    with pytest.raises(Exception):
+        a.flashattention.num_splits = 4  # type: ignore[misc]
+
+
+def test_core_never_imports_torch():
+    code = "import sys, attngate, attngate.cli, attngate.rules.lint; import attngate.cli.render; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
