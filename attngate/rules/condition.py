@@ -37,15 +37,26 @@ def gate_key(name: str) -> str:
     return _GATE_PREFIX + name.replace(".", "__")
 
 
-@dataclass(frozen=True, slots=True)
 class Conjunct:
-    """One top-level ``and`` operand: what ``explain`` lists when a candidate rule did not match."""
+    """One top-level ``and`` operand: what ``explain`` lists when a candidate rule did not match.
 
-    text: str
-    code: Any
+    Compiled on first use: only explanations evaluate conjuncts one by one.
+    """
+
+    __slots__ = ("text", "node", "_code")
+
+    def __init__(self, text: str, node: ast.expr):
+        self.text = text
+        self.node = node
+        self._code: Any = None
 
     def holds(self, facts: dict[str, Any]) -> bool:
-        return bool(eval(self.code, _NO_BUILTINS, facts))  # noqa: S307 - whitelisted AST, see module doc
+        if self._code is None:
+            self._code = _compile(ast.Expression(body=self.node), "<condition>")
+        return bool(eval(self._code, _NO_BUILTINS, facts))  # noqa: S307 - whitelisted AST, see module doc
+
+    def with_text(self, text: str) -> "Conjunct":
+        return Conjunct(text, self.node)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +234,8 @@ class _GateRefRewriter(ast.NodeTransformer):
 
 
 def _compile(tree: ast.Expression, label: str) -> Any:
-    tree = ast.fix_missing_locations(_GateRefRewriter().visit(copy.deepcopy(tree)))
+    if any(isinstance(n, ast.Attribute) for n in ast.walk(tree)):  # the rewrite mutates: keep the original intact
+        tree = ast.fix_missing_locations(_GateRefRewriter().visit(copy.deepcopy(tree)))
     return compile(tree, label, "eval")
 
 
@@ -247,10 +259,7 @@ def compile_condition(text: str, facts: dict[str, FactType], gates: dict[str, Fa
         raise ConditionErrors(checker.errors)
     source = text.strip()
     parts = _conjuncts(tree.body)
-    conjuncts = tuple(
-        Conjunct(ast.get_source_segment(source, p) or ast.unparse(p), _compile(ast.Expression(body=p), "<condition>"))
-        for p in parts
-    )
+    conjuncts = tuple(Conjunct(ast.get_source_segment(source, p) or ast.unparse(p), p) for p in parts)
     reads = tuple(dict.fromkeys(checker.reads))
     return Condition(source, _compile(tree, "<condition>"), conjuncts, reads, tree)
 

@@ -285,6 +285,6 @@ def _check_condition(spec: RuleSpec, scope: Scope, doc: YamlDocument, path: tupl
             problems.append(Problem(doc.where(path + ("when",), max(offset, 0)), f"rule {spec.id!r}: {err.message}"))
         return None
     if spec.backends:  # show the synthesized conjunct as the user wrote it
-        first = dataclasses.replace(condition.conjuncts[0], text=f"backends: [{', '.join(spec.backends)}]")
+        first = condition.conjuncts[0].with_text(f"backends: [{', '.join(spec.backends)}]")
         condition = dataclasses.replace(condition, conjuncts=(first, *condition.conjuncts[1:]))
     return condition
