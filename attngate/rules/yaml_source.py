@@ -75,7 +75,7 @@ def _walk(node: yaml.Node, path: Path, doc: YamlDocument, loader: Any, problems:
     start = node.start_mark
     single_line = node.end_mark.line == start.line
     style = getattr(node, "style", None)
-    doc.marks[path] = Mark(start.line + 1, start.column + 1, single_line and style in (None, "'", '"'), style in ("'", '"'))
+    doc.marks[path] = Mark(start.line + 1, start.column + 1, single_line and style in (None, "", "'", '"'), style in ("'", '"'))
     expected = _STANDARD_TAGS.get(type(node))
     if expected is not None and node.tag != expected:
         problems.append(Problem(doc.where(path), f"unsupported YAML tag {node.tag!r}"))
