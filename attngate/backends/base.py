@@ -1,0 +1,105 @@
+"""``AttentionBackend``: what every backend implements, and the metadata checks they share."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from attngate.backends.errors import BatchMetadataError
+from attngate.backends.forward_batch import ForwardBatch
+from attngate.backends.layer import AttentionLayer
+from attngate.errors import Problem
+from attngate.facts.modes import ForwardMode
+from attngate.gates.plan import Plan
+
+
+class AttentionBackend(ABC):
+    """Built from a Plan, the KV pool, the request table and the layer specs; reads no server argument.
+
+    ``forward(q, k, v, layer, batch)`` takes ``q: [num_tokens, num_q_heads, head_dim]``,
+    ``k: [num_tokens, num_kv_heads, head_dim]``, ``v: [num_tokens, num_kv_heads, v_head_dim]`` and
+    returns ``[num_tokens, num_q_heads, v_head_dim]`` in q's dtype.
+    """
+
+    def __init__(self, plan: Plan, kv_pool, req_to_token: torch.Tensor, layers: list[AttentionLayer],
+                 device: torch.device | str = "cpu"):
+        self.plan = plan
+        self.kv_pool = kv_pool
+        self.req_to_token = req_to_token
+        self.layers = layers
+        self.device = torch.device(device)
+
+    @abstractmethod
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        """Prepare per-batch metadata once; every layer's forward of this batch reuses it."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer: AttentionLayer,
+                batch: ForwardBatch, save_kv_cache: bool = True) -> torch.Tensor:
+        if batch.forward_mode == ForwardMode.IDLE:
+            return q.new_empty((0, layer.num_q_heads, layer.v_head_dim))
+        if batch.forward_mode == ForwardMode.DECODE:
+            return self.forward_decode(q, k, v, layer, batch, save_kv_cache)
+        return self.forward_extend(q, k, v, layer, batch, save_kv_cache)
+
+    @abstractmethod
+    def forward_extend(self, q, k, v, layer: AttentionLayer, batch: ForwardBatch, save_kv_cache: bool) -> torch.Tensor: ...
+
+    @abstractmethod
+    def forward_decode(self, q, k, v, layer: AttentionLayer, batch: ForwardBatch, save_kv_cache: bool) -> torch.Tensor: ...
+
+    # ---- CUDA graphs: declared here, implemented by GPU backends ----------------------------------
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        """Allocate the static metadata buffers that captured graphs read."""
+        raise NotImplementedError(f"{type(self).__name__} does not capture CUDA graphs")
+
+    def init_forward_metadata_capture_cuda_graph(self, bs: int, num_tokens: int, req_pool_indices: torch.Tensor,
+                                                 seq_lens: torch.Tensor, encoder_lens: torch.Tensor | None,
+                                                 forward_mode: ForwardMode) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not capture CUDA graphs")
+
+    def init_forward_metadata_replay_cuda_graph(self, bs: int, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                                                seq_lens_cpu: torch.Tensor, encoder_lens: torch.Tensor | None,
+                                                forward_mode: ForwardMode) -> None:
+        """Update the static buffers in place before a replay."""
+        raise NotImplementedError(f"{type(self).__name__} does not capture CUDA graphs")
+
+    def get_cuda_graph_seq_len_fill_value(self) -> int:
+        return 1
+
+
+def check_batch(batch: ForwardBatch, req_to_token: torch.Tensor, num_slots: int) -> None:
+    """Validate a batch against the pool and the request table; raise BatchMetadataError listing every problem.
+
+    Shared by every backend's checked mode (costs host syncs; the reference backend always runs it).
+    """
+    problems: list[Problem] = []
+    b = batch.batch_size
+    for name in ("req_pool_indices", "seq_lens", "extend_prefix_lens", "extend_seq_lens"):
+        if getattr(batch, name).shape[0] != b:
+            problems.append(Problem(name, f"has {getattr(batch, name).shape[0]} entries for batch_size {b}"))
+    if problems:
+        raise BatchMetadataError(problems)
+    seq_lens, prefix, ext = batch.seq_lens.cpu(), batch.extend_prefix_lens.cpu(), batch.extend_seq_lens.cpu()
+    enc = batch.encoder_lens.cpu() if batch.encoder_lens is not None else torch.zeros_like(seq_lens)
+    width = req_to_token.shape[1]
+    if b and int(seq_lens.max()) > width:
+        problems.append(Problem("seq_lens", f"max {int(seq_lens.max())} exceeds the req_to_token width {width}"))
+    rows = batch.req_pool_indices.cpu()
+    if b and (int(rows.min()) < 0 or int(rows.max()) >= req_to_token.shape[0]):
+        problems.append(Problem("req_pool_indices", f"rows outside req_to_token's {req_to_token.shape[0]} rows"))
+    if not torch.equal(enc + prefix + ext, seq_lens):
+        problems.append(Problem("seq_lens", "must equal encoder_lens + extend_prefix_lens + extend_seq_lens (post-write lengths)"))
+    if int(ext.sum()) != batch.num_tokens:
+        problems.append(Problem("out_cache_loc", f"has {batch.num_tokens} slots for {int(ext.sum())} new tokens"))
+    for name, loc in (("out_cache_loc", batch.out_cache_loc), ("encoder_out_cache_loc", batch.encoder_out_cache_loc)):
+        if loc is not None and loc.numel() and (int(loc.min()) < 0 or int(loc.max()) >= num_slots):
+            bad = loc[(loc < 0) | (loc >= num_slots)][:4].tolist()
+            problems.append(Problem(name, f"slot indices {bad} lie outside the pool of {num_slots} slots"))
+    if not problems and b:
+        used = torch.cat([req_to_token[int(r), : int(s)].cpu() for r, s in zip(rows, seq_lens)])
+        if used.numel() and (int(used.min()) < 0 or int(used.max()) >= num_slots):
+            problems.append(Problem("req_to_token", f"rows of this batch hold slots outside the pool of {num_slots} slots"))
+    if problems:
+        raise BatchMetadataError(problems)

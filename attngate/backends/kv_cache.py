@@ -1,0 +1,111 @@
+"""Paged KV cache pools, the request-to-token table, and a page allocator (SGLang's layout).
+
+Slots are token-granular indices into per-layer buffers; slot ``s`` lies in page ``s // page_size``.
+A request's tokens are listed, in order, in ``req_to_token[req_pool_index, :seq_len]``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attngate.backends.errors import BatchMetadataError, KVCacheExhausted
+from attngate.errors import Problem
+
+
+class PageAllocator:
+    """Hands out whole pages of ``page_size`` slots and takes them back.
+
+    ``order`` (optional) fixes the order pages are handed out in, e.g. a shuffled order so that a
+    request's pages are not contiguous.
+    """
+
+    def __init__(self, num_pages: int, page_size: int, order: list[int] | None = None):
+        if page_size < 1 or num_pages < 1:
+            raise ValueError(f"num_pages ({num_pages}) and page_size ({page_size}) must be >= 1")
+        self.page_size = page_size
+        self.num_pages = num_pages
+        self._free: list[int] = list(order) if order is not None else list(range(num_pages))
+        if sorted(self._free) != list(range(num_pages)):
+            raise ValueError("order must be a permutation of range(num_pages)")
+        self._free.reverse()  # pop() from the end hands pages out in `order`
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    def alloc_pages(self, n: int) -> list[int]:
+        """``n`` page indices. Raises KVCacheExhausted when fewer are free."""
+        if n > len(self._free):
+            raise KVCacheExhausted(Problem("kv pool", f"need {n} pages of {self.page_size} tokens, {len(self._free)} of {self.num_pages} free"))
+        return [self._free.pop() for _ in range(n)]
+
+    def free(self, pages: list[int]) -> None:
+        self._free.extend(reversed(pages))
+
+
+class ReqToTokenPool:
+    """``req_to_token: [max_requests, max_context_len]`` int32: each request's slots, in token order."""
+
+    def __init__(self, max_requests: int, max_context_len: int, device: torch.device | str = "cpu"):
+        self.req_to_token = torch.zeros((max_requests, max_context_len), dtype=torch.int32, device=device)
+        self._free = list(range(max_requests - 1, -1, -1))
+
+    @property
+    def max_context_len(self) -> int:
+        return self.req_to_token.shape[1]
+
+    def alloc(self) -> int:
+        if not self._free:
+            raise KVCacheExhausted(Problem("req_to_token", f"all {self.req_to_token.shape[0]} request slots are in use"))
+        return self._free.pop()
+
+    def free(self, index: int) -> None:
+        self._free.append(index)
+
+
+class _PoolBase:
+    num_slots: int
+
+    def check_loc(self, loc: torch.Tensor, what: str = "out_cache_loc") -> None:
+        """Raise BatchMetadataError when a slot index lies outside the pool (costs a host sync)."""
+        if loc.numel() and (int(loc.min()) < 0 or int(loc.max()) >= self.num_slots):
+            bad = loc[(loc < 0) | (loc >= self.num_slots)][:4].tolist()
+            raise BatchMetadataError(Problem(what, f"slot indices {bad} lie outside the pool of {self.num_slots} slots"))
+
+
+class MHATokenToKVPool(_PoolBase):
+    """Per-layer K and V buffers: ``k: [num_slots, num_kv_heads, head_dim]``, ``v: [num_slots, num_kv_heads, v_head_dim]``."""
+
+    def __init__(self, num_slots: int, page_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
+                 v_head_dim: int | None = None, dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu"):
+        self.num_slots, self.page_size, self.dtype = num_slots, page_size, dtype
+        v_head_dim = v_head_dim or head_dim
+        self.k_buffer = [torch.zeros((num_slots, num_kv_heads, head_dim), dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffer = [torch.zeros((num_slots, num_kv_heads, v_head_dim), dtype=dtype, device=device) for _ in range(num_layers)]
+
+    def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write ``k: [n, num_kv_heads, head_dim]`` and ``v`` into slots ``loc: [n]`` int64."""
+        self.k_buffer[layer_id][loc] = k.to(self.dtype)
+        self.v_buffer[layer_id][loc] = v.to(self.dtype)
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k_buffer[layer_id], self.v_buffer[layer_id]
+
+
+class MLATokenToKVPool(_PoolBase):
+    """One buffer per layer: ``[num_slots, 1, kv_lora_rank + qk_rope_head_dim]``, the compressed latent then the rope part."""
+
+    def __init__(self, num_slots: int, page_size: int, num_layers: int, kv_lora_rank: int, qk_rope_head_dim: int,
+                 dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu"):
+        self.num_slots, self.page_size, self.dtype = num_slots, page_size, dtype
+        self.kv_lora_rank, self.qk_rope_head_dim = kv_lora_rank, qk_rope_head_dim
+        self.kv_buffer = [torch.zeros((num_slots, 1, kv_lora_rank + qk_rope_head_dim), dtype=dtype, device=device) for _ in range(num_layers)]
+
+    def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
+        """Write ``k: [n, 1, kv_lora_rank + qk_rope_head_dim]`` (latent ++ rope) into slots ``loc``; ``v`` is unused."""
+        self.kv_buffer[layer_id][loc] = k.to(self.dtype)
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(K, V) views: K is latent ++ rope, V is the latent."""
+        buf = self.kv_buffer[layer_id]
+        return buf, buf[..., : self.kv_lora_rank]

@@ -1,0 +1,136 @@
+"""The reference backend: plain PyTorch, float32 accumulation, CPU or GPU; the oracle of every backend test.
+
+Semantics (the project's specification of attention):
+
+- Request r's new tokens sit at positions ``[extend_prefix_lens[r], extend_prefix_lens[r] + extend_seq_lens[r])``
+  of its own sequence (decoder positions; encoder tokens, if any, come first in ``req_to_token``).
+- A causal layer's query at position p sees keys at positions ``<= p``; a sliding-window layer only
+  those ``>= p - sliding_window_size`` (SGLang's convention: the window counts earlier tokens); a
+  chunked-local layer only those in p's chunk of ``attention_chunk_size``; cross-attention layers
+  see every encoder token; encoder-only layers every token of the request.
+- Scores are ``scaling * q.k``, then ``logit_cap * tanh(s / logit_cap)``; a learned sink adds one
+  logit per head to the softmax denominator. GQA maps query head h to KV head ``h // (H / H_kv)``.
+- KV is written at ``out_cache_loc`` and read back through ``req_to_token`` unless the plan says the
+  layer keeps no cache (``fa.skip_kv_cache``, or ``write_kv_cache`` false for its kind): then the
+  write side and the read side both use the raw K/V of this forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attngate.backends.base import AttentionBackend, check_batch
+from attngate.backends.errors import BatchMetadataError
+from attngate.backends.forward_batch import ForwardBatch
+from attngate.backends.layer import AttentionLayer
+from attngate.errors import Problem
+from attngate.facts.modes import LayerKind
+
+
+@dataclass
+class _Metadata:
+    q_start: list[int]  # first row of each request in the token dimension
+    prefix: list[int]
+    new: list[int]
+    encoder: list[int]
+    rows: list[int]
+
+
+class ReferenceBackend(AttentionBackend):
+    """Plain PyTorch attention over the paged pool; see the module docstring for the semantics."""
+
+    def __init__(self, plan, kv_pool, req_to_token, layers, device="cpu"):
+        super().__init__(plan, kv_pool, req_to_token, layers, device)
+        self.skip_kv_cache = plan.flashattention.skip_kv_cache  # one value for the write and the read side
+        self._md: _Metadata | None = None
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        check_batch(batch, self.req_to_token, self.kv_pool.num_slots)
+        new = batch.extend_seq_lens.tolist()
+        starts = [0]
+        for n in new[:-1]:
+            starts.append(starts[-1] + n)
+        enc = batch.encoder_lens.tolist() if batch.encoder_lens is not None else [0] * batch.batch_size
+        self._md = _Metadata(starts, batch.extend_prefix_lens.tolist(), new, enc, batch.req_pool_indices.tolist())
+
+    def forward_decode(self, q, k, v, layer, batch, save_kv_cache):
+        return self.forward_extend(q, k, v, layer, batch, save_kv_cache)
+
+    def forward_extend(self, q, k, v, layer: AttentionLayer, batch: ForwardBatch, save_kv_cache: bool) -> torch.Tensor:
+        md = self._md
+        if md is None:
+            raise BatchMetadataError(Problem("init_forward_metadata", "call init_forward_metadata(batch) before forward"))
+        gates = self.plan.layer(layer.kind).common
+        cached = gates.write_kv_cache and not self.skip_kv_cache
+        if layer.kind == LayerKind.CROSS_ATTENTION:
+            return self._cross(q, k, v, layer, batch, save_kv_cache, md)
+        if save_kv_cache and cached:
+            if k is None:
+                raise BatchMetadataError(Problem(f"layer {layer.layer_id}", "k/v are needed to write the cache"))
+            self.kv_pool.set_kv_buffer(layer.layer_id, batch.out_cache_loc, k, v)
+        k_buf, v_buf = self.kv_pool.get_kv_buffer(layer.layer_id) if cached else (None, None)
+        out = q.new_empty((q.shape[0], layer.num_q_heads, layer.v_head_dim))
+        for r in range(batch.batch_size):
+            rows = slice(md.q_start[r], md.q_start[r] + md.new[r])
+            q_pos = torch.arange(md.prefix[r], md.prefix[r] + md.new[r], device=q.device)
+            if cached:
+                slots = self.req_to_token[md.rows[r], md.encoder[r] : md.encoder[r] + md.prefix[r] + md.new[r]].long()
+                keys, values = k_buf[slots], v_buf[slots]
+                k_pos = torch.arange(0, md.prefix[r] + md.new[r], device=q.device)
+            else:
+                if md.prefix[r]:
+                    raise BatchMetadataError(Problem(f"request {r}", "a layer without KV cache cannot attend to a cached prefix"))
+                keys, values = k[rows], (v[rows] if v is not None else k[rows][..., : layer.v_head_dim])
+                k_pos = q_pos
+            out[rows] = attend(q[rows], keys, values, q_pos, k_pos, layer, causal=gates.causal,
+                               window=layer.sliding_window_size if gates.use_window else None).to(q.dtype)
+        return out
+
+    def _cross(self, q, k, v, layer, batch, save_kv_cache, md) -> torch.Tensor:
+        if k is not None and save_kv_cache:
+            if batch.encoder_out_cache_loc is None:
+                raise BatchMetadataError(Problem("encoder_out_cache_loc", "needed to write the encoder K/V of a cross-attention layer"))
+            self.kv_pool.set_kv_buffer(layer.layer_id, batch.encoder_out_cache_loc, k, v)
+        k_buf, v_buf = self.kv_pool.get_kv_buffer(layer.layer_id)
+        out = q.new_empty((q.shape[0], layer.num_q_heads, layer.v_head_dim))
+        for r in range(batch.batch_size):
+            rows = slice(md.q_start[r], md.q_start[r] + md.new[r])
+            slots = self.req_to_token[md.rows[r], : md.encoder[r]].long()
+            q_pos = torch.arange(md.new[r], device=q.device)
+            k_pos = torch.arange(md.encoder[r], device=q.device)
+            out[rows] = attend(q[rows], k_buf[slots], v_buf[slots], q_pos, k_pos, layer, causal=False, window=None).to(q.dtype)
+        return out
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
+           layer: AttentionLayer, *, causal: bool, window: int | None) -> torch.Tensor:
+    """Dense attention of one request in float32.
+
+    ``q: [Tq, H, D]``, ``k: [Tk, Hkv, D]``, ``v: [Tk, Hkv, Dv]``, positions ``[Tq]`` / ``[Tk]``;
+    returns ``[Tq, H, Dv]`` float32. A query that sees no key (possible only with a window smaller
+    than a gap) gets zeros.
+    """
+    heads, kv_heads = q.shape[1], k.shape[1]
+    group = heads // kv_heads
+    kf = k.float().repeat_interleave(group, dim=1)
+    vf = v.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), kf) * layer.scaling
+    if layer.logit_cap:
+        scores = layer.logit_cap * torch.tanh(scores / layer.logit_cap)
+    visible = torch.ones((q.shape[0], k.shape[0]), dtype=torch.bool, device=q.device)
+    if causal:
+        visible &= k_pos[None, :] <= q_pos[:, None]
+    if window is not None and window >= 0:
+        visible &= k_pos[None, :] >= q_pos[:, None] - window
+    if layer.attention_chunk_size:
+        visible &= (k_pos[None, :] // layer.attention_chunk_size) == (q_pos[:, None] // layer.attention_chunk_size)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    if layer.sinks is not None:
+        sink = layer.sinks.float().to(q.device).view(heads, 1, 1).expand(heads, q.shape[0], 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    probs = torch.nan_to_num(probs, nan=0.0)
+    return torch.einsum("hqk,khd->qhd", probs, vf)

@@ -1,0 +1,188 @@
+"""attngate as a Hugging Face transformers attention implementation.
+
+``register()`` adds ``"attngate"`` to transformers' ``AttentionInterface``; a model built with
+``attn_implementation="attngate"`` and bound to an :class:`AttngateRuntime` then runs every
+attention call through an attngate backend (the reference backend by default) over attngate's own
+paged KV cache, with a Plan resolved from the model's config::
+
+    from attngate.integrations.transformers import AttngateRuntime, register
+    register()
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="attngate")
+    rt = AttngateRuntime(model, page_size=16)
+    req = rt.add_request()
+    logits = rt.extend({req: prompt_ids[:10]})        # EXTEND, no prefix
+    logits = rt.extend({req: prompt_ids[10:]})        # EXTEND over the cached prefix
+    logits = rt.decode({req: next_id})                # DECODE through the paged cache
+
+Like SGLang, the tokens of all requests of a forward are flattened into one sequence (batch dim 1)
+with explicit ``position_ids``; transformers runs with ``use_cache=False`` and builds no mask, and
+the backend takes every masking decision from the Plan and the layer specs.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from attngate.backends.base import AttentionBackend
+from attngate.backends.forward_batch import ForwardBatch
+from attngate.backends.kv_cache import MHATokenToKVPool, PageAllocator, ReqToTokenPool
+from attngate.backends.layer import AttentionLayer, layers_from_model
+from attngate.backends.reference import ReferenceBackend
+from attngate.facts.model import ModelFacts
+from attngate.facts.modes import ForwardMode
+from attngate.facts.platform import Platform
+from attngate.facts.server_args import ServerArgs
+from attngate.gates.plan import Plan
+from attngate.gates.resolve import resolve
+
+ATTN_IMPLEMENTATION = "attngate"
+_ACTIVE: contextvars.ContextVar["AttngateRuntime | None"] = contextvars.ContextVar("attngate_runtime", default=None)
+
+
+def register() -> None:
+    """Register ``"attngate"`` in transformers' AttentionInterface (idempotent)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, attngate_attention)
+
+
+def attngate_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                       **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function signature: ``query: [1, H, T, D]``, ``key``/``value: [1, H_kv, T, D]``;
+    returns ``([1, T, H, Dv], None)``. Raises RuntimeError outside an AttngateRuntime forward."""
+    runtime = _ACTIVE.get()
+    if runtime is None:
+        raise RuntimeError("attn_implementation='attngate' runs inside AttngateRuntime.extend()/decode(); bind the model with AttngateRuntime(model)")
+    layer = runtime.layer_for(module, scaling, kwargs.get("s_aux"))
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+    out = runtime.backend.forward(q, k, v, layer, runtime.batch)
+    return out.unsqueeze(0), None
+
+
+@dataclass
+class _Request:
+    row: int
+    seq_len: int = 0
+    pages: list[int] = field(default_factory=list)
+
+
+class AttngateRuntime:
+    """Binds a transformers model to an attngate backend, KV pool and request table.
+
+    Args:
+        model: a transformers model built with ``attn_implementation="attngate"``.
+        server_args: resolved with the model's facts into the Plan (default: SGLang's defaults).
+        platform: the plan's GPU; default: detected when CUDA is present, else sm90 (the reference
+            backend's semantics do not depend on it).
+        page_size, num_slots, max_requests, max_context_len: KV pool geometry (tokens).
+        backend_cls: the backend to run (default: the reference backend).
+    """
+
+    def __init__(self, model: torch.nn.Module, *, server_args: ServerArgs | None = None, platform: Platform | None = None,
+                 page_size: int = 1, num_slots: int = 4096, max_requests: int = 16, max_context_len: int = 2048,
+                 backend_cls: type[AttentionBackend] = ReferenceBackend):
+        register()
+        self.model = model
+        config = model.config
+        self.facts = ModelFacts.from_hf_dict(config.to_dict(), source=type(model).__name__)
+        if platform is None:
+            platform = Platform.detect() if torch.cuda.is_available() else Platform.from_name("sm90")
+        args = server_args or ServerArgs(page_size=page_size)
+        self.resolution = resolve(args, self.facts, platform)
+        self.plan: Plan = self.resolution.plan
+        device = next(model.parameters()).device
+        dtype = next(model.parameters()).dtype
+        self.layers: list[AttentionLayer] = layers_from_model(self.facts)
+        self._bound: set[int] = set()
+        self.page_size = page_size
+        self.pool = MHATokenToKVPool(num_slots, page_size, len(self.layers), self.facts.num_key_value_heads,
+                                     self.facts.head_dim, self.facts.v_head_dim, dtype=dtype, device=device)
+        self.allocator = PageAllocator(num_slots // page_size, page_size, _scattered(num_slots // page_size))
+        self.req_to_token_pool = ReqToTokenPool(max_requests, max_context_len, device)
+        self.backend = backend_cls(self.plan, self.pool, self.req_to_token_pool.req_to_token, self.layers, device)
+        self.batch: ForwardBatch | None = None
+        self._requests: dict[int, _Request] = {}
+        self.device = device
+
+    # ---- requests ----------------------------------------------------------------------------------
+
+    def add_request(self) -> int:
+        row = self.req_to_token_pool.alloc()
+        self._requests[row] = _Request(row)
+        return row
+
+    def free_request(self, req: int) -> None:
+        r = self._requests.pop(req)
+        self.allocator.free(r.pages)
+        self.req_to_token_pool.free(r.row)
+
+    # ---- forward passes ------------------------------------------------------------------------------
+
+    def extend(self, new_tokens: dict[int, torch.Tensor], mode: ForwardMode = ForwardMode.EXTEND) -> torch.Tensor:
+        """Run the new tokens of each request (``{req: ids [n]}``) as one forward; returns ``[num_tokens, ...]`` outputs."""
+        return self._forward(mode, new_tokens)
+
+    def decode(self, next_tokens: dict[int, int | torch.Tensor]) -> torch.Tensor:
+        """One token per request as a DECODE forward; returns ``[batch_size, ...]`` outputs."""
+        return self._forward(ForwardMode.DECODE, {r: torch.as_tensor(t).reshape(1) for r, t in next_tokens.items()})
+
+    def _forward(self, mode: ForwardMode, new_tokens: dict[int, torch.Tensor]) -> torch.Tensor:
+        reqs = [self._requests[r] for r in new_tokens]
+        prefix = [r.seq_len for r in reqs]
+        lens = [int(t.numel()) for t in new_tokens.values()]
+        locs = [self._grow(r, n) for r, n in zip(reqs, lens)]
+        as_i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device=self.device)  # noqa: E731
+        seq = [p + n for p, n in zip(prefix, lens)]
+        self.batch = ForwardBatch(
+            forward_mode=mode, batch_size=len(reqs),
+            req_pool_indices=torch.tensor([r.row for r in reqs], dtype=torch.int64, device=self.device),
+            seq_lens=as_i32(seq), seq_lens_cpu=torch.tensor(seq, dtype=torch.int32),
+            extend_prefix_lens=as_i32(prefix), extend_seq_lens=as_i32(lens),
+            out_cache_loc=torch.cat(locs).to(self.device),
+        )
+        self.backend.init_forward_metadata(self.batch)
+        ids = torch.cat([t.reshape(-1) for t in new_tokens.values()]).to(self.device)[None]
+        positions = torch.cat([torch.arange(p, p + n) for p, n in zip(prefix, lens)]).to(self.device)[None]
+        token = _ACTIVE.set(self)
+        try:
+            with torch.no_grad():
+                out = self.model(input_ids=ids, position_ids=positions, **self._call_kwargs())
+        finally:
+            _ACTIVE.reset(token)
+        result = out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+        return result[0]
+
+    def _call_kwargs(self) -> dict[str, Any]:
+        return {"use_cache": False} if getattr(self.model.config, "use_cache", None) is not None else {}
+
+    def _grow(self, r: _Request, n: int) -> torch.Tensor:
+        """Allocate slots for ``n`` more tokens of ``r`` (new pages as needed); returns their slots."""
+        end = r.seq_len + n
+        need = -(-end // self.page_size) - len(r.pages)
+        if need > 0:
+            r.pages += self.allocator.alloc_pages(need)
+        slots = torch.tensor([r.pages[i // self.page_size] * self.page_size + i % self.page_size for i in range(r.seq_len, end)], dtype=torch.int64)
+        self.req_to_token_pool.req_to_token[r.row, r.seq_len:end] = slots.to(torch.int32).to(self.req_to_token_pool.req_to_token.device)
+        r.seq_len = end
+        return slots
+
+    def layer_for(self, module: torch.nn.Module, scaling: float | None, sinks: torch.Tensor | None) -> AttentionLayer:
+        """The layer spec of a transformers attention module; HF's scaling and sink weights are bound on first use."""
+        layer = self.layers[module.layer_idx]
+        if module.layer_idx not in self._bound:
+            if scaling is not None:
+                layer.scaling = float(scaling)
+            if sinks is not None:
+                layer.sinks = sinks.detach()
+            self._bound.add(module.layer_idx)
+        return layer
+
+
+def _scattered(num_pages: int) -> list[int]:
+    """A fixed, non-monotonic page order (odd pages descending, then even ones), so request pages are scattered."""
+    return list(range(num_pages - 1, -1, -2)) + list(range(num_pages - 2, -1, -2))
