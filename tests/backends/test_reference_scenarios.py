@@ -1,0 +1,212 @@
+"""Scenario tests of the runtime and the reference backend against an independent dense computation
+(torch's scaled_dot_product_attention with an explicit mask)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from attngate import ForwardMode, LayerKind, ModelFacts, Platform, ServerArgs, resolve  # noqa: E402
+from attngate.backends.batch_builder import build_batch  # noqa: E402
+from attngate.backends.errors import BatchMetadataError, KVCacheExhausted  # noqa: E402
+from attngate.backends.kv_cache import MHATokenToKVPool, MLATokenToKVPool, PageAllocator  # noqa: E402
+from attngate.backends.layer import AttentionLayer  # noqa: E402
+from attngate.backends.reference import ReferenceBackend  # noqa: E402
+from conftest import MODELS  # noqa: E402
+
+H, HKV, D = 8, 2, 16
+PLAN = resolve(ServerArgs(attention_backend="fa3"), ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json"), Platform.from_name("sm90")).plan
+
+
+def dense(q, k, v, q_pos, k_pos, *, scaling, causal=True, window=None, chunk=None, softcap=0.0, sinks=None):
+    """Independent oracle: SDPA over an explicit boolean mask, sinks as an extra zero-value key."""
+    mask = torch.ones(len(q_pos), len(k_pos), dtype=torch.bool)
+    if causal:
+        mask &= k_pos[None] <= q_pos[:, None]
+    if window is not None:
+        mask &= k_pos[None] >= q_pos[:, None] - window
+    if chunk:
+        mask &= (k_pos[None] // chunk) == (q_pos[:, None] // chunk)
+    qh, kh, vh = q.double().transpose(0, 1), k.double().transpose(0, 1), v.double().transpose(0, 1)
+    kh = kh.repeat_interleave(q.shape[1] // k.shape[1], 0)
+    vh = vh.repeat_interleave(q.shape[1] // k.shape[1], 0)
+    if softcap or sinks is not None:  # softcap and sinks are outside SDPA: write the softmax out
+        s = qh @ kh.transpose(1, 2) * scaling
+        if softcap:
+            s = softcap * torch.tanh(s / softcap)
+        s = s.masked_fill(~mask, -math.inf)
+        if sinks is not None:
+            s = torch.cat([s, sinks.double().view(-1, 1, 1).expand(-1, s.shape[1], 1)], -1)
+        p = torch.softmax(s, -1)[..., : kh.shape[1]]
+        return (p @ vh).transpose(0, 1).float()
+    return torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scaling).transpose(0, 1).float()
+
+
+def setup(requests, mode, page_size, *, layer=None, plan=PLAN, dtype=torch.float32, encoder_lens=None, seed=0):
+    layer = layer or AttentionLayer(0, H, HKV, D, D, D ** -0.5)
+    pool = MHATokenToKVPool(1024, page_size, 1, layer.num_kv_heads, layer.head_dim, layer.v_head_dim, dtype=dtype)
+    s = build_batch(requests, mode, page_size=page_size, num_slots=1024, max_context_len=256, encoder_lens=encoder_lens, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    full_k, full_v = [], []
+    for (prefix, new), slots, enc in zip(requests, s.slots, encoder_lens or [0] * len(requests)):
+        k = torch.randn(enc + prefix + new, layer.num_kv_heads, layer.head_dim, generator=gen)
+        v = torch.randn(enc + prefix + new, layer.num_kv_heads, layer.v_head_dim, generator=gen)
+        pool.set_kv_buffer(0, slots[: enc + prefix], k[: enc + prefix], v[: enc + prefix])
+        full_k.append(k)
+        full_v.append(v)
+    backend = ReferenceBackend(plan, pool, s.req_to_token_pool.req_to_token, [layer])
+    return s, pool, backend, full_k, full_v, gen
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("mode", [ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2, ForwardMode.DECODE])
+def test_uneven_batch_matches_dense(page_size, mode):
+    lens = [1, page_size - 1 or 2, page_size, page_size + 1, 61]
+    if mode == ForwardMode.DECODE:
+        requests = [(n, 1) for n in lens]
+    elif mode in (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2):
+        requests = [(n, 4) for n in lens]  # a fixed number of draft / new tokens per request
+    else:
+        requests = [(0, lens[0]), (lens[1], lens[2]), (lens[3], 7), (0, lens[4]), (lens[4], lens[3])]
+    s, pool, backend, full_k, full_v, gen = setup(requests, mode, page_size)
+    q = torch.randn(s.batch.num_tokens, H, D, generator=gen)
+    new_k = torch.cat([k[p:] for k, (p, _) in zip(full_k, requests)])
+    new_v = torch.cat([v[p:] for v, (p, _) in zip(full_v, requests)])
+    backend.init_forward_metadata(s.batch)
+    out = backend.forward(q, new_k, new_v, backend.layers[0], s.batch)
+    row = 0
+    for (prefix, new), k, v in zip(requests, full_k, full_v):
+        expected = dense(q[row:row + new], k, v, torch.arange(prefix, prefix + new), torch.arange(prefix + new), scaling=D ** -0.5)
+        torch.testing.assert_close(out[row:row + new], expected, atol=1e-5, rtol=1e-5)
+        row += new
+    # the new tokens' K/V landed at out_cache_loc
+    torch.testing.assert_close(pool.k_buffer[0][s.batch.out_cache_loc], new_k)
+
+
+@pytest.mark.parametrize("kind, kwargs", [
+    (LayerKind.SLIDING_WINDOW, {"sliding_window_size": 6}),
+    (LayerKind.CHUNKED_LOCAL, {"attention_chunk_size": 8}),
+    (LayerKind.FULL, {"logit_cap": 5.0}),
+    (LayerKind.FULL, {"sinks": torch.linspace(-1, 2, H)}),
+    (LayerKind.SLIDING_WINDOW, {"sliding_window_size": 3, "logit_cap": 30.0, "sinks": torch.zeros(H)}),
+])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_layer_features_match_dense(kind, kwargs, page_size):
+    layer = AttentionLayer(0, H, HKV, D, D, D ** -0.5, kind=kind, **kwargs)
+    requests = [(20, 5), (0, 13), (33, 1)]
+    s, _, backend, full_k, full_v, gen = setup(requests, ForwardMode.EXTEND, page_size, layer=layer)
+    q = torch.randn(s.batch.num_tokens, H, D, generator=gen)
+    backend.init_forward_metadata(s.batch)
+    out = backend.forward(q, torch.cat([k[p:] for k, (p, _) in zip(full_k, requests)]),
+                          torch.cat([v[p:] for v, (p, _) in zip(full_v, requests)]), layer, s.batch)
+    row = 0
+    window = kwargs.get("sliding_window_size") if kind == LayerKind.SLIDING_WINDOW else None
+    for (prefix, new), k, v in zip(requests, full_k, full_v):
+        expected = dense(q[row:row + new], k, v, torch.arange(prefix, prefix + new), torch.arange(prefix + new), scaling=D ** -0.5,
+                         window=window, chunk=kwargs.get("attention_chunk_size"), softcap=kwargs.get("logit_cap", 0.0), sinks=kwargs.get("sinks"))
+        torch.testing.assert_close(out[row:row + new], expected, atol=1e-5, rtol=1e-5)
+        row += new
+
+
+def test_cross_attention_over_encoder_tokens():
+    facts = ModelFacts.from_hf_config(MODELS / "whisper-large-v3-turbo.json")
+    plan = resolve(ServerArgs(), facts, Platform.from_name("sm90")).plan
+    layer = AttentionLayer(0, H, H, D, D, D ** -0.5, kind=LayerKind.CROSS_ATTENTION)
+    requests, enc = [(0, 3), (5, 2)], [7, 11]
+    s, _, backend, full_k, full_v, gen = setup(requests, ForwardMode.EXTEND, 16, layer=layer, plan=plan, encoder_lens=enc)
+    q = torch.randn(s.batch.num_tokens, H, D, generator=gen)
+    backend.init_forward_metadata(s.batch)
+    out = backend.forward(q, None, None, layer, s.batch)  # encoder K/V already cached
+    row = 0
+    for (prefix, new), k, v, e in zip(requests, full_k, full_v, enc):
+        expected = dense(q[row:row + new], k[:e], v[:e], torch.arange(new), torch.arange(e), scaling=D ** -0.5, causal=False)
+        torch.testing.assert_close(out[row:row + new], expected, atol=1e-5, rtol=1e-5)
+        row += new
+
+
+def test_idle_batch():
+    s, _, backend, *_ = setup([(3, 1)], ForwardMode.IDLE, 1)
+    backend.init_forward_metadata(s.batch)
+    out = backend.forward(torch.empty(0, H, D), torch.empty(0, HKV, D), torch.empty(0, HKV, D), backend.layers[0], s.batch)
+    assert out.shape == (0, H, D)
+
+
+def test_embedding_fast_path_equals_paged_path_and_writes_nothing():
+    facts = ModelFacts.from_hf_config(MODELS / "Qwen3-Embedding-8B.json")
+    fast = resolve(ServerArgs.from_flags("--attention-backend fa3 --is-embedding --chunked-prefill-size -1 --disable-radix-cache".split()),
+                   facts, Platform.from_name("sm90")).plan
+    assert fast.flashattention.skip_kv_cache
+    requests = [(0, 9), (0, 17), (0, 1)]
+    s1, pool1, paged, full_k, full_v, gen = setup(requests, ForwardMode.EXTEND, 16)
+    s2, pool2, skip, *_ = setup(requests, ForwardMode.EXTEND, 16, plan=fast)
+    q = torch.randn(s1.batch.num_tokens, H, D, generator=gen)
+    k, v = torch.cat(full_k), torch.cat(full_v)
+    for backend, s in ((paged, s1), (skip, s2)):
+        backend.init_forward_metadata(s.batch)
+    torch.testing.assert_close(skip.forward(q, k, v, skip.layers[0], s2.batch), paged.forward(q, k, v, paged.layers[0], s1.batch))
+    assert pool2.k_buffer[0].abs().sum() == 0 and pool2.v_buffer[0].abs().sum() == 0
+
+
+def test_absorbed_mla_equals_decompressed_attention():
+    """MLA in its absorbed form over the latent cache equals MHA over the decompressed K/V."""
+    gen = torch.Generator().manual_seed(3)
+    heads, rank, rope, nope, vdim = 4, 32, 8, 16, 16
+    w_uk = torch.randn(heads, nope, rank, generator=gen) / rank ** 0.5  # latent -> per-head k_nope
+    w_uv = torch.randn(heads, vdim, rank, generator=gen) / rank ** 0.5  # latent -> per-head v
+    requests = [(11, 4), (0, 6)]
+    scaling = (nope + rope) ** -0.5
+    layer = AttentionLayer(0, heads, 1, rank + rope, rank, scaling, is_mla=True)
+    pool = MLATokenToKVPool(256, 16, 1, rank, rope, dtype=torch.float32)
+    s = build_batch(requests, ForwardMode.EXTEND, page_size=16, num_slots=256, max_context_len=64)
+    latents = [torch.randn(p + n, 1, rank + rope, generator=gen) for p, n in requests]
+    for (p, _), slots, lat in zip(requests, s.slots, latents):
+        pool.set_kv_buffer(0, slots[:p], lat[:p])
+    q_nope = torch.randn(s.batch.num_tokens, heads, nope, generator=gen)
+    q_rope = torch.randn(s.batch.num_tokens, heads, rope, generator=gen)
+    q_absorbed = torch.cat([torch.einsum("thn,hnr->thr", q_nope, w_uk), q_rope], -1)
+    backend = ReferenceBackend(PLAN, pool, s.req_to_token_pool.req_to_token, [layer])
+    backend.init_forward_metadata(s.batch)
+    out_latent = backend.forward(q_absorbed, torch.cat([lat[p:] for lat, (p, _) in zip(latents, requests)]), None, layer, s.batch)
+    out = torch.einsum("thr,hvr->thv", out_latent, w_uv)
+    row = 0
+    for (p, n), lat in zip(requests, latents):
+        c, k_rope = lat[:, 0, :rank], lat[:, 0, rank:]
+        k = torch.cat([torch.einsum("tr,hnr->thn", c, w_uk), k_rope[:, None].expand(-1, heads, -1)], -1)
+        v = torch.einsum("tr,hvr->thv", c, w_uv)
+        q = torch.cat([q_nope[row:row + n], q_rope[row:row + n]], -1)
+        expected = dense(q, k, v, torch.arange(p, p + n), torch.arange(p + n), scaling=scaling)
+        torch.testing.assert_close(out[row:row + n], expected, atol=1e-4, rtol=1e-4)
+        row += n
+
+
+def test_pool_exhaustion_is_a_clear_error():
+    allocator = PageAllocator(4, 16)
+    allocator.alloc_pages(3)
+    with pytest.raises(KVCacheExhausted, match="need 2 pages of 16 tokens, 1 of 4 free"):
+        allocator.alloc_pages(2)
+    with pytest.raises(KVCacheExhausted):
+        build_batch([(60, 10), (60, 10)], ForwardMode.EXTEND, page_size=16, num_slots=128, max_context_len=128)
+
+
+def test_bad_metadata_is_a_clear_error():
+    s, _, backend, *_ = setup([(5, 3), (0, 4)], ForwardMode.EXTEND, 16)
+    bad = s.batch
+    bad.out_cache_loc = bad.out_cache_loc.clone()
+    bad.out_cache_loc[2] = 5000
+    with pytest.raises(BatchMetadataError, match=r"out_cache_loc: slot indices \[5000\] lie outside the pool of 1024 slots"):
+        backend.init_forward_metadata(bad)
+    s, _, backend, *_ = setup([(5, 1)], ForwardMode.DECODE, 16)
+    s.batch.seq_lens = s.batch.seq_lens + 300
+    s.batch.extend_prefix_lens = s.batch.extend_prefix_lens + 300
+    with pytest.raises(BatchMetadataError, match="exceeds the req_to_token width 256"):
+        backend.init_forward_metadata(s.batch)
+
+
+def test_seq_lens_must_be_post_write_lengths():
+    s, _, backend, *_ = setup([(5, 4)], ForwardMode.DRAFT_EXTEND_V2, 16)
+    s.batch.seq_lens = s.batch.extend_prefix_lens.clone()  # the prefix-only convention SGLang's tests once used
+    with pytest.raises(BatchMetadataError, match="post-write lengths"):
+        backend.init_forward_metadata(s.batch)
