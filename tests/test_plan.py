@@ -15,7 +15,7 @@ from conftest import ROOT, resolve_flags
 SCRIPT = """
 from attngate import ModelFacts, Platform, ServerArgs, resolve
 r = resolve(ServerArgs.from_flags("--attention-backend flashinfer --enable-deterministic-inference".split()),
-            ModelFacts.from_hf_config("examples/models/gemma-2-9b.json"), Platform.from_name("sm90"))
+            ModelFacts.from_hf_config("examples/models/gemma-2-9b.json"), Platform.from_name("sm90", has_flash_attn_interface=True))
 print(r.plan.fingerprint)
 """
 

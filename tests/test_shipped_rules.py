@@ -15,7 +15,7 @@ from attngate.facts.schema import FACTS, base_facts
 from attngate.gates.registry import GATES
 from attngate.rules.condition import gate_key
 from attngate.rules.lint import _Encoder, lint_rules
-from conftest import MODELS, model
+from conftest import MODELS, fa3_gpu, model
 
 FA_GPU = {"fa3": "sm90", "fa4": "sm100", "flashinfer": "sm90"}
 
@@ -101,10 +101,13 @@ def m_is_multimodal(name: str) -> bool:
 @pytest.mark.parametrize("backend, gpu", [("fa3", "sm90"), ("fa4", "sm100")])
 def test_deterministic_fa_num_splits(backend, gpu):
     for det in (False, True):
-        r = resolve(ServerArgs(attention_backend=backend, enable_deterministic_inference=det), model("Llama-3.1-8B"), Platform.from_name(gpu))
+        r = resolve(ServerArgs(attention_backend=backend, enable_deterministic_inference=det), model("Llama-3.1-8B"), fa3_gpu(gpu))
         assert r.plan.flashattention.num_splits == (1 if det else 0)
-    r = resolve(ServerArgs(attention_backend="fa4"), model("Llama-3.1-8B"), Platform.from_name("sm90"))
-    assert r.plan.flashattention.num_splits == 1  # FA4 cannot split KV on SM90
+    for backend, fa3_installed in (("fa4", True), ("fa3", False)):  # FA4's flash_attn.cute cannot split KV on SM90
+        r = resolve(ServerArgs(attention_backend=backend), model("Llama-3.1-8B"), Platform.from_name("sm90", has_flash_attn_interface=fa3_installed))
+        assert r.plan.flashattention.num_splits == 1 and r.plan.flashattention.provider == "flash_attn.cute"
+    r = resolve(ServerArgs(attention_backend="fa3"), model("Llama-3.1-8B"), fa3_gpu())
+    assert r.plan.flashattention.provider == "flash_attn_interface"
 
 
 def test_deterministic_rejects_other_backends_and_defaults_by_arch():

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import get_args
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from attngate._suggest import did_you_mean
 from attngate.errors import PlatformError, Problem
@@ -18,6 +19,8 @@ class Platform(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     gpu_arch: GpuArch
+    #: FlashAttention-3's ``flash_attn_interface`` is importable (found without importing it).
+    has_flash_attn_interface: bool = Field(default_factory=lambda: importlib.util.find_spec("flash_attn_interface") is not None)
 
     @property
     def sm_major(self) -> int:
@@ -25,12 +28,12 @@ class Platform(BaseModel):
         return int(self.gpu_arch[2:-1])
 
     @classmethod
-    def from_name(cls, name: str) -> "Platform":
-        """Parse ``sm90`` (also ``SM90``, ``90``, ``9.0``). Raises PlatformError."""
+    def from_name(cls, name: str, **facts: bool) -> "Platform":
+        """Parse ``sm90`` (also ``SM90``, ``90``, ``9.0``); ``facts`` override detected ones. Raises PlatformError."""
         text = name.strip().lower().removeprefix("sm_").removeprefix("sm").replace(".", "")
         arch = f"sm{text}"
         try:
-            return cls(gpu_arch=arch)
+            return cls(gpu_arch=arch, **facts)
         except ValidationError:
             raise PlatformError(
                 Problem("--gpu", f"unknown GPU architecture {name!r}; one of {', '.join(GPU_ARCHS)}" + did_you_mean(arch, get_args(GpuArch)))

@@ -102,6 +102,7 @@ _MODEL_FACTS = [
 _PLATFORM_FACTS = [
     FactSpec("gpu_arch", FactType("str", GPU_ARCHS), "platform", "GPU architecture"),
     FactSpec("sm_major", FactType("int"), "platform", "compute capability major"),
+    FactSpec("has_flash_attn_interface", FactType("bool"), "platform", "FlashAttention-3 (flash_attn_interface) is installed"),
 ]
 _DERIVED_FACTS = [
     FactSpec("prefill_backend", FactType("str", ATTENTION_BACKENDS, True), "derived",
@@ -141,6 +142,6 @@ def base_facts(args: ServerArgs, model: ModelFacts, platform: Platform) -> dict[
     """The fact values of one configuration (without forward_mode / layer_kind)."""
     values = args.model_dump()
     values.update(model_facts(model))
-    values.update(gpu_arch=platform.gpu_arch, sm_major=platform.sm_major)
+    values.update(gpu_arch=platform.gpu_arch, sm_major=platform.sm_major, has_flash_attn_interface=platform.has_flash_attn_interface)
     values.update(derived_facts(values))
     return values

@@ -41,6 +41,7 @@ class FlashAttentionGates(_Group):
     skip_kv_cache: bool = gate(False, "Embedding fast path: attend on the raw K/V; neither write nor read the paged cache. One value for both sides.")
     precompute_scheduler_metadata: bool = gate(True, "Compute FA3 scheduler_metadata once per decode batch (and at CUDA-graph capture/replay).")
     num_splits: int = gate(0, "split-KV count passed to every FA call; 0 = the kernel chooses.")
+    provider: Literal["flash_attn.cute", "flash_attn_interface"] = gate("flash_attn.cute", "The FlashAttention package the backend calls: FA4 (flash_attn.cute) or FA3 (flash_attn_interface).")
 
 
 class FlashInferGates(_Group):
