@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from attngate.cli import app
-from conftest import MODELS
+from helpers import MODELS
 
 runner = CliRunner(env={"COLUMNS": "240"})
 EMBED = ["--is-embedding", "--chunked-prefill-size", "-1", "--disable-radix-cache", "--attention-backend", "fa3", "--gpu", "sm90"]

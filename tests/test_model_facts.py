@@ -10,7 +10,7 @@ import pytest
 from attngate import ModelConfigError, ModelFacts
 from attngate.facts.modes import LayerKind as K
 
-from conftest import MODELS
+from helpers import MODELS
 
 # name: (arch, q heads, kv heads, head_dim, v_head_dim, window, chunk, layer kind counts, sinks, softcap, enc-dec)
 EXPECTED = {

@@ -10,7 +10,7 @@ import pytest
 
 from attngate import Plan
 from attngate.gates.plan import PlanLoadError
-from conftest import ROOT, resolve_flags
+from helpers import ROOT, resolve_flags
 
 SCRIPT = """
 from attngate import ModelFacts, Platform, ServerArgs, resolve

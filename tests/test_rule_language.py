@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from attngate import PlanError, RulesError, resolve
 from attngate.rules.load import RuleSet, parse_rules
-from conftest import ROOT, model, resolve_flags
+from helpers import ROOT, model, resolve_flags
 from attngate import Platform, ServerArgs
 
 HEAD = "version: 1\nrules:\n"

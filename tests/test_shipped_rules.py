@@ -15,7 +15,7 @@ from attngate.facts.schema import FACTS, base_facts
 from attngate.gates.registry import GATES
 from attngate.rules.condition import gate_key
 from attngate.rules.lint import _Encoder, lint_rules
-from conftest import MODELS, fa3_gpu, model
+from helpers import MODELS, fa3_gpu, model
 
 FA_GPU = {"fa3": "sm90", "fa4": "sm100", "flashinfer": "sm90"}
 

@@ -7,7 +7,7 @@ import ast
 import pytest
 
 from attngate import ForwardMode, ModelFacts, Platform, ServerArgs, resolve
-from conftest import MODELS, ROOT
+from helpers import MODELS, ROOT
 
 BACKENDS = ROOT / "attngate" / "backends"
 

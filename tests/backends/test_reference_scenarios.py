@@ -15,7 +15,7 @@ from attngate.backends.errors import BatchMetadataError, KVCacheExhausted  # noq
 from attngate.backends.kv_cache import MHATokenToKVPool, MLATokenToKVPool, PageAllocator  # noqa: E402
 from attngate.backends.layer import AttentionLayer  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
-from conftest import MODELS  # noqa: E402
+from helpers import MODELS  # noqa: E402
 
 H, HKV, D = 8, 2, 16
 PLAN = resolve(ServerArgs(attention_backend="fa3"), ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json"), Platform.from_name("sm90")).plan

@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers")
 
 from attngate.facts.modes import LayerKind  # noqa: E402
 from attngate.integrations.transformers import AttngateRuntime, register  # noqa: E402
-from conftest import MODELS  # noqa: E402
+from helpers import MODELS  # noqa: E402
 
 ATOL = 2e-4
 SMALL = {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 8, "num_key_value_heads": 2,

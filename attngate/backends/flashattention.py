@@ -1,0 +1,209 @@
+"""The FlashAttention backend (serves ``attention_backend`` fa3 and fa4), taking every decision from the Plan.
+
+Provider (``plan.flashattention.provider``): FA4's ``flash_attn.cute.flash_attn_varlen_func`` with
+``cu_seqlens_q``, ``seqused_k`` and ``page_table``, or FA3's ``flash_attn_interface`` where installed.
+
+Per batch (``init_forward_metadata``): ``cu_seqlens_q [bs+1]`` int32, ``seqused_k [bs]`` int32 (what
+``plan.mode(mode).flashattention.kv_extent`` says the kernel reads: post-write ``seq_lens`` for
+prefix + new tokens, in eager runs and CUDA-graph replay alike), and ``page_table [bs, max_pages]``
+int32 (``req_to_token`` rows, one slot per page, divided by ``page_size``). Per layer: the write and
+the read of the KV cache both follow ``fa.skip_kv_cache`` (and the layer kind's ``write_kv_cache``);
+``causal`` / ``use_window`` come from the layer-kind table; ``num_splits`` from ``fa.num_splits``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import torch
+
+from attngate.backends.base import AttentionBackend, check_batch
+from attngate.backends.errors import BatchMetadataError
+from attngate.backends.forward_batch import ForwardBatch
+from attngate.backends.layer import AttentionLayer
+from attngate.errors import Problem
+from attngate.facts.modes import ForwardMode, LayerKind
+from attngate.gates.plan import Plan
+
+_GRAPH_MODES = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2, ForwardMode.IDLE)
+
+
+@dataclass
+class _Metadata:
+    cu_seqlens_q: torch.Tensor  # [bs + 1] int32
+    max_seqlen_q: int
+    seqused_k: torch.Tensor | None  # [bs] int32, decoder tokens the kernel reads (None: raw K/V only)
+    page_table: torch.Tensor | None  # [bs, max_pages] int32
+    encoder_seqused_k: torch.Tensor | None = None  # cross attention: encoder tokens
+    encoder_page_table: torch.Tensor | None = None
+    scheduler_metadata: object | None = None
+
+
+class _Fa4Kernel:
+    """``flash_attn.cute`` (FlashAttention-4)."""
+
+    def __init__(self) -> None:
+        self.varlen = importlib.import_module("flash_attn.cute").flash_attn_varlen_func
+
+    def __call__(self, q, k, v, *, cu_seqlens_q, max_seqlen_q, seqused_k=None, page_table=None, cu_seqlens_k=None,
+                 max_seqlen_k=None, layer: AttentionLayer, causal: bool, window: tuple, num_splits: int,
+                 scheduler_metadata=None) -> torch.Tensor:
+        out = self.varlen(
+            q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+            max_seqlen_k=max_seqlen_k, seqused_k=seqused_k, page_table=page_table, softmax_scale=layer.scaling,
+            causal=causal, window_size=window, learnable_sink=layer.sinks, softcap=layer.logit_cap,
+            num_splits=num_splits, scheduler_metadata=scheduler_metadata,  # 0: the kernel's split heuristic
+        )
+        return out[0] if isinstance(out, tuple) else out
+
+
+class _Fa3Kernel:
+    """``flash_attn_interface`` (FlashAttention-3): paged reads through ``flash_attn_with_kvcache``."""
+
+    def __init__(self) -> None:
+        self.fa3 = importlib.import_module("flash_attn_interface")
+
+    def __call__(self, q, k, v, *, cu_seqlens_q, max_seqlen_q, seqused_k=None, page_table=None, cu_seqlens_k=None,
+                 max_seqlen_k=None, layer: AttentionLayer, causal: bool, window: tuple, num_splits: int,
+                 scheduler_metadata=None) -> torch.Tensor:
+        if layer.sinks is not None:
+            raise NotImplementedError("flash_attn_interface has no learned attention sinks; run the fa4 provider")
+        window = tuple(-1 if w is None else w for w in window)
+        if page_table is None:
+            out = self.fa3.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                  softmax_scale=layer.scaling, causal=causal, window_size=window,
+                                                  softcap=layer.logit_cap, num_splits=num_splits)
+        else:
+            out = self.fa3.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqused_k, page_table=page_table,
+                                                   cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+                                                   softmax_scale=layer.scaling, causal=causal, window_size=window,
+                                                   softcap=layer.logit_cap, num_splits=num_splits,
+                                                   scheduler_metadata=scheduler_metadata)
+        return out[0] if isinstance(out, tuple) else out
+
+
+class FlashAttentionBackend(AttentionBackend):
+    """FA3/FA4 over the paged pool. ``checked=True`` validates every batch before a kernel launch
+    (indices inside the pool, lengths inside req_to_token) and raises BatchMetadataError instead of
+    an illegal memory access; off by default, no cost when off."""
+
+    def __init__(self, plan: Plan, kv_pool, req_to_token: torch.Tensor, layers: list[AttentionLayer],
+                 device: torch.device | str = "cuda", *, checked: bool = False):
+        super().__init__(plan, kv_pool, req_to_token, layers, device)
+        fa = plan.flashattention
+        self.skip_kv_cache = fa.skip_kv_cache  # the write side and the read side both read this
+        self.num_splits = fa.num_splits
+        self.precompute_scheduler_metadata = fa.precompute_scheduler_metadata
+        self.page_size = plan.common.page_size
+        if kv_pool.page_size != self.page_size:
+            raise ValueError(f"the KV pool has page_size {kv_pool.page_size}, the plan {self.page_size}")
+        self.kernel = _Fa3Kernel() if fa.provider == "flash_attn_interface" else _Fa4Kernel()
+        self.checked = checked
+        self._strided = torch.arange(0, req_to_token.shape[1], self.page_size, device=req_to_token.device)
+        self.md: _Metadata | None = None
+        self._graph: dict[str, torch.Tensor] | None = None
+
+    # ---- metadata ----------------------------------------------------------------------------------
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        if self.checked:
+            check_batch(batch, self.req_to_token, self.kv_pool.num_slots)
+        if batch.forward_mode == ForwardMode.IDLE:
+            self.md = None
+            return
+        cu = torch.zeros(batch.batch_size + 1, dtype=torch.int32, device=self.device)
+        torch.cumsum(batch.extend_seq_lens, 0, out=cu[1:])
+        self.md = _Metadata(cu, int(batch.extend_seq_lens.max()), None, None)
+        self._fill_kv_metadata(self.md, batch.forward_mode, batch.req_pool_indices, batch.seq_lens,
+                               batch.extend_seq_lens, batch.encoder_lens)
+
+    def _fill_kv_metadata(self, md: _Metadata, mode: ForwardMode, rows: torch.Tensor, seq_lens: torch.Tensor,
+                          extend_seq_lens: torch.Tensor, encoder_lens: torch.Tensor | None, *, in_place: bool = False) -> None:
+        extent = self.plan.mode(mode).flashattention.kv_extent
+        if extent == "none":
+            return
+        enc = encoder_lens if encoder_lens is not None else torch.zeros_like(seq_lens)
+        seqused = seq_lens - enc if extent == "prefix_plus_new" else seq_lens - enc - extend_seq_lens
+        table = self._page_table(rows, enc)
+        if in_place:
+            md.seqused_k.copy_(seqused)
+            md.page_table.copy_(table)
+        else:
+            md.seqused_k, md.page_table = seqused.to(torch.int32), table
+        if encoder_lens is not None:
+            md.encoder_seqused_k = encoder_lens.to(torch.int32)
+            md.encoder_page_table = self._page_table(rows, torch.zeros_like(enc))
+
+    def _page_table(self, rows: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+        """``[bs, max_pages]`` int32: the page of each page-aligned position, starting at ``offset`` tokens."""
+        if self.page_size > 1 and bool((offset % self.page_size).any()):
+            raise BatchMetadataError(Problem("encoder_lens", f"must be multiples of page_size {self.page_size} on the FA backend"))
+        width = self.req_to_token.shape[1]
+        cols = (offset[:, None].long() + self._strided[None, :]).clamp_(max=width - 1)
+        return (torch.gather(self.req_to_token[rows], 1, cols) // self.page_size).to(torch.int32)
+
+    # ---- forward -----------------------------------------------------------------------------------
+
+    def forward_decode(self, q, k, v, layer, batch, save_kv_cache):
+        return self.forward_extend(q, k, v, layer, batch, save_kv_cache)
+
+    def forward_extend(self, q, k, v, layer: AttentionLayer, batch: ForwardBatch, save_kv_cache: bool) -> torch.Tensor:
+        if layer.is_mla or layer.kind == LayerKind.CHUNKED_LOCAL:
+            raise NotImplementedError(f"the FA backend runs no {'MLA' if layer.is_mla else 'chunked-local'} layers yet")
+        md = self.md
+        gates = self.plan.layer(layer.kind).common
+        cached = gates.write_kv_cache and not self.skip_kv_cache
+        cross = layer.kind == LayerKind.CROSS_ATTENTION
+        if save_kv_cache and cached and k is not None:
+            loc = batch.encoder_out_cache_loc if cross else batch.out_cache_loc
+            self.kv_pool.set_kv_buffer(layer.layer_id, loc, k, v)
+        w = layer.sliding_window_size
+        window = (w, 0 if gates.causal else w) if gates.use_window else (None, None)
+        common = dict(layer=layer, causal=gates.causal, window=window, num_splits=self.num_splits,
+                      cu_seqlens_q=md.cu_seqlens_q, max_seqlen_q=md.max_seqlen_q)
+        if not cached:  # the embedding fast path / encoder-only layers: attend on the raw K/V of this forward
+            return self.kernel(q, k, v, cu_seqlens_k=md.cu_seqlens_q, max_seqlen_k=md.max_seqlen_q, **common)
+        if md.seqused_k is None:
+            raise BatchMetadataError(Problem(f"forward mode {batch.forward_mode.value}", "the plan reads no KV cache in this mode"))
+        k_cache, v_cache = self.kv_pool.get_kv_buffer(layer.layer_id)
+        pages = k_cache.shape[0] // self.page_size
+        k_cache = k_cache.view(pages, self.page_size, *k_cache.shape[1:])
+        v_cache = v_cache.view(pages, self.page_size, *v_cache.shape[1:])
+        if cross:
+            return self.kernel(q, k_cache, v_cache, seqused_k=md.encoder_seqused_k, page_table=md.encoder_page_table, **common)
+        return self.kernel(q, k_cache, v_cache, seqused_k=md.seqused_k, page_table=md.page_table,
+                           scheduler_metadata=md.scheduler_metadata, **common)
+
+    # ---- CUDA graphs -------------------------------------------------------------------------------
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        max_pages = self._strided.numel()
+        self._graph = {
+            "cu_seqlens_q": torch.zeros(max_bs + 1, dtype=torch.int32, device=self.device),
+            "seqused_k": torch.zeros(max_bs, dtype=torch.int32, device=self.device),
+            "page_table": torch.zeros(max_bs, max_pages, dtype=torch.int32, device=self.device),
+        }
+
+    def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode):
+        if forward_mode not in _GRAPH_MODES or not self.plan.mode(forward_mode).common.capture_cuda_graph:
+            raise ValueError(f"the plan captures no CUDA graph for forward mode {forward_mode.value}")
+        if self._graph is None:
+            raise RuntimeError("call init_cuda_graph_state first")
+        g = self._graph
+        per_req = num_tokens // max(bs, 1)
+        g["cu_seqlens_q"][: bs + 1].copy_(torch.arange(0, bs + 1, device=self.device, dtype=torch.int32) * per_req)
+        self.md = _Metadata(g["cu_seqlens_q"][: bs + 1], per_req, g["seqused_k"][:bs], g["page_table"][:bs])
+        extend = torch.full((bs,), per_req, dtype=torch.int32, device=self.device)
+        self._fill_kv_metadata(self.md, forward_mode, req_pool_indices, seq_lens, extend, encoder_lens, in_place=True)
+
+    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode):
+        md = self.md
+        per_req = md.max_seqlen_q
+        if self.checked:
+            n = bs * per_req
+            check_batch(ForwardBatch(forward_mode, bs, req_pool_indices, seq_lens, seq_lens_cpu, seq_lens - per_req,
+                                     torch.full_like(seq_lens, per_req), torch.zeros(n, dtype=torch.int64, device=self.device)),
+                        self.req_to_token, self.kv_pool.num_slots)
+        extend = torch.full((bs,), per_req, dtype=torch.int32, device=self.device)
+        self._fill_kv_metadata(md, forward_mode, req_pool_indices, seq_lens, extend, encoder_lens, in_place=True)

@@ -1,0 +1,196 @@
+"""The FlashAttention backend against the reference backend on the GPU (bf16, GQA 32/8, head_dim 128)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("flash_attn.cute")
+
+from attngate import ForwardMode, LayerKind  # noqa: E402
+from attngate.backends.errors import BatchMetadataError  # noqa: E402
+from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
+from attngate.backends.forward_batch import ForwardBatch  # noqa: E402
+from cases import D, DTYPE, H, HKV, TOL, layer_of, make_case, plan_for, reference_out  # noqa: E402
+
+PAGE_SIZES = [1, 128]
+M = ForwardMode
+REQUESTS = {
+    "extend": [(0, 1), (0, 127), (0, 129), (0, 300)],
+    "extend_prefix": [(5, 1), (127, 17), (128, 128), (700, 45), (1, 260)],
+    "decode": [(0, 1), (126, 1), (127, 1), (128, 1), (2000, 1)],
+    "target_verify": [(3, 4), (127, 4), (500, 4)],
+    "draft_extend_v2": [(9, 3), (128, 3), (1024, 3)],
+}
+MODE_OF = {"extend": M.EXTEND, "extend_prefix": M.EXTEND, "decode": M.DECODE, "target_verify": M.TARGET_VERIFY,
+           "draft_extend_v2": M.DRAFT_EXTEND_V2}
+
+
+def run(backend: FlashAttentionBackend, case, layer, k=None, v=None):
+    backend.init_forward_metadata(case.setup.batch)
+    return backend.forward(case.q, case.k if k is None else k, case.v if v is None else v, layer, case.setup.batch)
+
+
+def fa_backend(plan, case, layer, **kw) -> FlashAttentionBackend:
+    return FlashAttentionBackend(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], "cuda", **kw)
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+@pytest.mark.parametrize("kind", [LayerKind.FULL, LayerKind.SLIDING_WINDOW])
+@pytest.mark.parametrize("shape", sorted(REQUESTS))
+def test_modes_and_layer_kinds_match_reference(shape, kind, page_size):
+    plan = plan_for(page_size=page_size)
+    layer = layer_of(kind, sliding_window_size=100 if kind == LayerKind.SLIDING_WINDOW else -1)
+    case = make_case(REQUESTS[shape], MODE_OF[shape], page_size)
+    expected = reference_out(case, plan, layer)
+    got = run(fa_backend(plan, case, layer), case, layer)
+    assert (got.float() - expected.float()).abs().max().item() < TOL
+    # the write side stored the new tokens where the reference did
+    assert torch.equal(case.pools[0].k_buffer[0][case.setup.batch.out_cache_loc], case.pools[1].k_buffer[0][case.setup.batch.out_cache_loc])
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_softcap_and_sinks_match_reference(page_size):
+    plan = plan_for(page_size=page_size)
+    layer = layer_of(LayerKind.SLIDING_WINDOW, sliding_window_size=64, logit_cap=30.0,
+                     sinks=torch.linspace(-1, 1, H, device="cuda", dtype=torch.float32))
+    case = make_case(REQUESTS["extend_prefix"], M.EXTEND, page_size)
+    expected = reference_out(case, plan, layer)
+    assert (run(fa_backend(plan, case, layer), case, layer).float() - expected.float()).abs().max().item() < TOL
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+@pytest.mark.parametrize("mode", [M.EXTEND, M.DECODE])
+def test_cross_attention_matches_reference(mode, page_size):
+    plan = plan_for(page_size=page_size)
+    layer = layer_of(LayerKind.CROSS_ATTENTION)
+    enc = [128, 256, 128] if page_size > 1 else [37, 100, 1]
+    requests = [(0, 5), (3, 1), (10, 7)] if mode == M.EXTEND else [(4, 1), (0, 1), (9, 1)]
+    case = make_case(requests, mode, page_size, encoder_lens=enc)
+    from attngate.backends.reference import ReferenceBackend
+
+    ref = ReferenceBackend(plan, case.pools[1], case.setup.req_to_token_pool.req_to_token, [layer], "cuda")
+    ref.init_forward_metadata(case.setup.batch)
+    expected = ref.forward(case.q, None, None, layer, case.setup.batch)
+    fa = fa_backend(plan, case, layer)
+    fa.init_forward_metadata(case.setup.batch)
+    got = fa.forward(case.q, None, None, layer, case.setup.batch)
+    assert (got.float() - expected.float()).abs().max().item() < TOL
+
+
+def test_encoder_only_matches_reference_and_writes_nothing():
+    plan = plan_for(page_size=1)
+    layer = layer_of(LayerKind.ENCODER_ONLY)
+    case = make_case(REQUESTS["extend"], M.EXTEND, 1)
+    expected = reference_out(case, plan, layer)
+    got = run(fa_backend(plan, case, layer), case, layer)
+    assert (got.float() - expected.float()).abs().max().item() < TOL
+    assert not torch.any(case.pools[0].k_buffer[0][case.setup.batch.out_cache_loc])
+
+
+def test_idle_batch():
+    plan = plan_for()
+    layer = layer_of(LayerKind.FULL)
+    case = make_case([(3, 1)], M.IDLE, 1)
+    fa = fa_backend(plan, case, layer)
+    fa.init_forward_metadata(case.setup.batch)
+    out = fa.forward(torch.empty(0, H, D, device="cuda", dtype=DTYPE), None, None, layer, case.setup.batch)
+    assert out.shape == (0, H, D)
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_embedding_fast_path_equals_paged_path_and_reference(page_size):
+    fast = plan_for(page_size=page_size, is_embedding=True, chunked_prefill_size=-1, disable_radix_cache=True)
+    paged = plan_for(page_size=page_size)
+    assert fast.flashattention.skip_kv_cache and not paged.flashattention.skip_kv_cache
+    layer = layer_of(LayerKind.FULL)
+    case = make_case(REQUESTS["extend"], M.EXTEND, page_size)
+    before = case.pools[0].k_buffer[0].clone()
+    got_fast = run(fa_backend(fast, case, layer), case, layer)
+    assert torch.equal(case.pools[0].k_buffer[0], before)  # nothing written
+    got_paged = run(fa_backend(paged, case, layer), case, layer)
+    expected = reference_out(case, paged, layer)
+    assert (got_fast.float() - got_paged.float()).abs().max().item() < TOL
+    assert (got_fast.float() - expected.float()).abs().max().item() < TOL
+
+
+@pytest.mark.parametrize("mode", [M.DRAFT_EXTEND_V2, M.TARGET_VERIFY, M.DECODE])
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_cuda_graph_replay_equals_eager_and_reference(mode, page_size):
+    plan = plan_for(page_size=page_size, speculative_algorithm="EAGLE", speculative_eagle_topk=1,
+                    speculative_num_steps=3, speculative_num_draft_tokens=4)
+    assert plan.mode(mode).common.capture_cuda_graph and plan.mode(mode).flashattention.kv_extent == "prefix_plus_new"
+    layer = layer_of(LayerKind.FULL)
+    bs, per_req = 4, (1 if mode == M.DECODE else 4)
+    rounds = [[(p, per_req) for p in prefixes] for prefixes in ([5, 300, 127, 64], [1000, 2, 129, 255], [17, 17, 900, 3])]
+    first = make_case(rounds[0], mode, page_size, seed=0)
+    rtt = first.setup.req_to_token_pool.req_to_token
+    fa = fa_backend(plan, first, layer)
+    fa.init_cuda_graph_state(bs, bs * per_req)
+    static = {name: getattr(first, name).clone() for name in ("q", "k", "v")}
+    b = first.setup.batch
+    static_batch = ForwardBatch(mode, bs, b.req_pool_indices.clone(), b.seq_lens.clone(), b.seq_lens_cpu.clone(),
+                                b.extend_prefix_lens.clone(), b.extend_seq_lens.clone(), b.out_cache_loc.clone())
+    fa.init_forward_metadata_capture_cuda_graph(bs, bs * per_req, static_batch.req_pool_indices, static_batch.seq_lens, None, mode)
+    fa.forward(static["q"], static["k"], static["v"], layer, static_batch)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = fa.forward(static["q"], static["k"], static["v"], layer, static_batch)
+    for i, requests in enumerate(rounds):
+        case = make_case(requests, mode, page_size, seed=i + 1)
+        # move this round into the captured pool and request table
+        fa.kv_pool.k_buffer[0].copy_(case.pools[0].k_buffer[0])
+        fa.kv_pool.v_buffer[0].copy_(case.pools[0].v_buffer[0])
+        rtt.copy_(case.setup.req_to_token_pool.req_to_token[: rtt.shape[0]])
+        for name in ("q", "k", "v"):
+            static[name].copy_(getattr(case, name))
+        cb = case.setup.batch
+        for name in ("req_pool_indices", "seq_lens", "out_cache_loc"):
+            getattr(static_batch, name).copy_(getattr(cb, name))
+        fa.init_forward_metadata_replay_cuda_graph(bs, static_batch.req_pool_indices, static_batch.seq_lens, cb.seq_lens_cpu, None, mode)
+        graph.replay()
+        replayed = static_out.clone()
+        expected = reference_out(case, plan, layer)
+        eager = FlashAttentionBackend(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], "cuda")
+        eager_out = run(eager, case, layer)
+        assert (replayed.float() - expected.float()).abs().max().item() < TOL, f"round {i}"
+        assert torch.equal(replayed, eager_out), f"round {i}: replay differs from eager"
+
+
+@pytest.mark.parametrize("mode", [M.DECODE, M.EXTEND])
+def test_deterministic_batch_invariance(mode):
+    plan = plan_for(page_size=1, enable_deterministic_inference=True)
+    assert plan.flashattention.num_splits == 1
+    layer = layer_of(LayerKind.FULL)
+    target = (1500, 1) if mode == M.DECODE else (700, 40)
+    outs = []
+    for others in (0, 7, 63):
+        gen = torch.Generator().manual_seed(others)
+        filler = [(int(torch.randint(0, 3000, (1,), generator=gen)), target[1] if mode == M.DECODE else int(torch.randint(1, 80, (1,), generator=gen)))
+                  for _ in range(others)]
+        requests = filler[: others // 2] + [target] + filler[others // 2:]
+        case = make_case(requests, mode, 1, seed=5, num_slots=1 << 18)
+        # the target request gets the same K/V and q in every batch
+        ref_case = make_case([target], mode, 1, seed=99)
+        idx = others // 2
+        start = sum(n for _, n in requests[:idx])
+        slots = case.setup.slots[idx].cuda()
+        case.pools[0].set_kv_buffer(0, slots[: target[0]], ref_case.pools[0].k_buffer[0][ref_case.setup.slots[0][: target[0]].cuda()],
+                                    ref_case.pools[0].v_buffer[0][ref_case.setup.slots[0][: target[0]].cuda()])
+        case.q[start:start + target[1]] = ref_case.q
+        case.k[start:start + target[1]] = ref_case.k
+        case.v[start:start + target[1]] = ref_case.v
+        out = run(fa_backend(plan, case, layer), case, layer)
+        outs.append(out[start:start + target[1]].clone())
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def test_checked_mode_catches_out_of_range_page():
+    plan = plan_for(page_size=128)
+    layer = layer_of(LayerKind.FULL)
+    case = make_case(REQUESTS["decode"], M.DECODE, 128)
+    row = int(case.setup.batch.req_pool_indices[2])
+    case.setup.req_to_token_pool.req_to_token[row, 0] = 10 ** 8  # a planted slot far outside the pool
+    with pytest.raises(BatchMetadataError, match="outside the pool"):
+        fa_backend(plan, case, layer, checked=True).init_forward_metadata(case.setup.batch)
