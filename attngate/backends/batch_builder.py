@@ -67,5 +67,6 @@ def build_batch(requests: list[tuple[int, int]], mode: ForwardMode, *, page_size
         out_cache_loc=(torch.cat(new_locs) if requests else torch.empty(0, dtype=torch.int64)).to(device),
         encoder_lens=as_i32(encoder_lens[: len(requests)]) if any(encoder_lens) else None,
         encoder_out_cache_loc=torch.cat(enc_locs).to(device) if any(encoder_lens) and requests else None,
+        extend_seq_lens_cpu=[n for _, n in requests],
     )
     return BatchSetup(batch, rtp, allocator, slots)

@@ -100,6 +100,7 @@ class FlashAttentionBackend(AttentionBackend):
             raise ValueError(f"the KV pool has page_size {kv_pool.page_size}, the plan {self.page_size}")
         self.kernel = _Fa3Kernel() if fa.provider == "flash_attn_interface" else _Fa4Kernel()
         self.checked = checked
+        self._layer_gates = {kind: plan.layer(kind).common for kind in LayerKind}
         self._strided = torch.arange(0, req_to_token.shape[1], self.page_size, device=req_to_token.device)
         self.md: _Metadata | None = None
         self._graph: dict[str, torch.Tensor] | None = None
@@ -114,18 +115,27 @@ class FlashAttentionBackend(AttentionBackend):
             return
         cu = torch.zeros(batch.batch_size + 1, dtype=torch.int32, device=self.device)
         torch.cumsum(batch.extend_seq_lens, 0, out=cu[1:])
-        self.md = _Metadata(cu, int(batch.extend_seq_lens.max()), None, None)
+        if batch.forward_mode == ForwardMode.DECODE:
+            max_q = 1
+        elif batch.extend_seq_lens_cpu is not None:
+            max_q = max(batch.extend_seq_lens_cpu)
+        else:
+            max_q = int(batch.extend_seq_lens.max())  # a device-to-host copy; pass extend_seq_lens_cpu to avoid it
+        self.md = _Metadata(cu, max_q, None, None)
+        pages = -(-int(batch.seq_lens_cpu.max()) // self.page_size)  # host lengths: the table needs no more columns
         self._fill_kv_metadata(self.md, batch.forward_mode, batch.req_pool_indices, batch.seq_lens,
-                               batch.extend_seq_lens, batch.encoder_lens)
+                               batch.extend_seq_lens, batch.encoder_lens, pages=pages)
 
     def _fill_kv_metadata(self, md: _Metadata, mode: ForwardMode, rows: torch.Tensor, seq_lens: torch.Tensor,
-                          extend_seq_lens: torch.Tensor, encoder_lens: torch.Tensor | None, *, in_place: bool = False) -> None:
+                          extend_seq_lens: torch.Tensor, encoder_lens: torch.Tensor | None, *, in_place: bool = False,
+                          pages: int | None = None) -> None:
         extent = self.plan.mode(mode).flashattention.kv_extent
         if extent == "none":
             return
-        enc = encoder_lens if encoder_lens is not None else torch.zeros_like(seq_lens)
-        seqused = seq_lens - enc if extent == "prefix_plus_new" else seq_lens - enc - extend_seq_lens
-        table = self._page_table(rows, enc)
+        seqused = seq_lens if encoder_lens is None else seq_lens - encoder_lens
+        if extent == "prefix":
+            seqused = seqused - extend_seq_lens
+        table = self._page_table(rows, encoder_lens, pages)
         if in_place:
             md.seqused_k.copy_(seqused)
             md.page_table.copy_(table)
@@ -133,14 +143,17 @@ class FlashAttentionBackend(AttentionBackend):
             md.seqused_k, md.page_table = seqused.to(torch.int32), table
         if encoder_lens is not None:
             md.encoder_seqused_k = encoder_lens.to(torch.int32)
-            md.encoder_page_table = self._page_table(rows, torch.zeros_like(enc))
+            md.encoder_page_table = self._page_table(rows, None, pages)
 
-    def _page_table(self, rows: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-        """``[bs, max_pages]`` int32: the page of each page-aligned position, starting at ``offset`` tokens."""
+    def _page_table(self, rows: torch.Tensor, offset: torch.Tensor | None, pages: int | None) -> torch.Tensor:
+        """``[bs, pages]`` int32: the page of each page-aligned position, starting ``offset`` tokens into the row."""
+        strided = self._strided if pages is None else self._strided[:pages]
+        if offset is None:
+            return (self.req_to_token[rows[:, None], strided[None, :]] // self.page_size).to(torch.int32)
         if self.page_size > 1 and bool((offset % self.page_size).any()):
             raise BatchMetadataError(Problem("encoder_lens", f"must be multiples of page_size {self.page_size} on the FA backend"))
         width = self.req_to_token.shape[1]
-        cols = (offset[:, None].long() + self._strided[None, :]).clamp_(max=width - 1)
+        cols = (offset[:, None].long() + strided[None, :]).clamp_(max=width - 1)
         return (torch.gather(self.req_to_token[rows], 1, cols) // self.page_size).to(torch.int32)
 
     # ---- forward -----------------------------------------------------------------------------------
@@ -152,7 +165,7 @@ class FlashAttentionBackend(AttentionBackend):
         if layer.is_mla or layer.kind == LayerKind.CHUNKED_LOCAL:
             raise NotImplementedError(f"the FA backend runs no {'MLA' if layer.is_mla else 'chunked-local'} layers yet")
         md = self.md
-        gates = self.plan.layer(layer.kind).common
+        gates = self._layer_gates[layer.kind]
         cached = gates.write_kv_cache and not self.skip_kv_cache
         cross = layer.kind == LayerKind.CROSS_ATTENTION
         if save_kv_cache and cached and k is not None:

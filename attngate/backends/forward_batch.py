@@ -28,6 +28,8 @@ class ForwardBatch:
             ``req_to_token``, or None for decoder-only models.
         encoder_out_cache_loc: ``[num_encoder_tokens]`` int64, slots the encoder K/V of cross-attention
             layers are written to when this forward carries them, else None.
+        extend_seq_lens_cpu: the new-token counts on the host (lets GPU backends size kernels
+            without a device-to-host copy), or None.
     """
 
     forward_mode: ForwardMode
@@ -40,6 +42,7 @@ class ForwardBatch:
     out_cache_loc: torch.Tensor
     encoder_lens: torch.Tensor | None = None
     encoder_out_cache_loc: torch.Tensor | None = None
+    extend_seq_lens_cpu: list[int] | None = None
 
     @property
     def num_tokens(self) -> int:

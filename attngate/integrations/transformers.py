@@ -143,7 +143,7 @@ class AttngateRuntime:
             req_pool_indices=torch.tensor([r.row for r in reqs], dtype=torch.int64, device=self.device),
             seq_lens=as_i32(seq), seq_lens_cpu=torch.tensor(seq, dtype=torch.int32),
             extend_prefix_lens=as_i32(prefix), extend_seq_lens=as_i32(lens),
-            out_cache_loc=torch.cat(locs).to(self.device),
+            out_cache_loc=torch.cat(locs).to(self.device), extend_seq_lens_cpu=lens,
         )
         self.backend.init_forward_metadata(self.batch)
         ids = torch.cat([t.reshape(-1) for t in new_tokens.values()]).to(self.device)[None]
