@@ -44,7 +44,18 @@ class _Fa4Kernel:
     """``flash_attn.cute`` (FlashAttention-4)."""
 
     def __init__(self) -> None:
-        self.varlen = importlib.import_module("flash_attn.cute").flash_attn_varlen_func
+        module = importlib.import_module("flash_attn.cute")
+        self.varlen = module.flash_attn_varlen_func
+        self._scheduler = getattr(module, "get_scheduler_metadata", None) or getattr(
+            importlib.import_module("flash_attn.cute.interface"), "get_scheduler_metadata", None)
+
+    def scheduler_metadata(self, md: _Metadata, layer: AttentionLayer, max_seqlen_k: int, num_splits: int):
+        """The decode tile scheduler's metadata, computed once per batch (None where FA4 offers none)."""
+        if self._scheduler is None:
+            return None
+        return self._scheduler(md.max_seqlen_q, max_seqlen_k, layer.num_q_heads, layer.num_kv_heads, layer.head_dim,
+                               num_splits, headdim_v=layer.v_head_dim, causal=True, cu_seqlens_q=md.cu_seqlens_q,
+                               seqused_k=md.seqused_k)
 
     def __call__(self, q, k, v, *, cu_seqlens_q, max_seqlen_q, seqused_k=None, page_table=None, cu_seqlens_k=None,
                  max_seqlen_k=None, layer: AttentionLayer, causal: bool, window: tuple, num_splits: int,
@@ -63,6 +74,9 @@ class _Fa3Kernel:
 
     def __init__(self) -> None:
         self.fa3 = importlib.import_module("flash_attn_interface")
+
+    def scheduler_metadata(self, md: _Metadata, layer: AttentionLayer, max_seqlen_k: int, num_splits: int):
+        return None  # FA3's precompute takes the paged geometry too; not wired here yet (see the closing note)
 
     def __call__(self, q, k, v, *, cu_seqlens_q, max_seqlen_q, seqused_k=None, page_table=None, cu_seqlens_k=None,
                  max_seqlen_k=None, layer: AttentionLayer, causal: bool, window: tuple, num_splits: int,
@@ -101,6 +115,8 @@ class FlashAttentionBackend(AttentionBackend):
         self.kernel = _Fa3Kernel() if fa.provider == "flash_attn_interface" else _Fa4Kernel()
         self.checked = checked
         self._layer_gates = {kind: plan.layer(kind).common for kind in LayerKind}
+        # the scheduler metadata is planned for full-attention layers; window and cross layers never take it
+        self._scheduled = next((lay for lay in layers if lay.kind == LayerKind.FULL and not lay.is_mla), None)
         self._strided = torch.arange(0, req_to_token.shape[1], self.page_size, device=req_to_token.device)
         self.md: _Metadata | None = None
         self._graph: dict[str, torch.Tensor] | None = None
@@ -122,9 +138,11 @@ class FlashAttentionBackend(AttentionBackend):
         else:
             max_q = int(batch.extend_seq_lens.max())  # a device-to-host copy; pass extend_seq_lens_cpu to avoid it
         self.md = _Metadata(cu, max_q, None, None)
-        pages = -(-int(batch.seq_lens_cpu.max()) // self.page_size)  # host lengths: the table needs no more columns
+        max_k = int(batch.seq_lens_cpu.max())
         self._fill_kv_metadata(self.md, batch.forward_mode, batch.req_pool_indices, batch.seq_lens,
-                               batch.extend_seq_lens, batch.encoder_lens, pages=pages)
+                               batch.extend_seq_lens, batch.encoder_lens, pages=-(-max_k // self.page_size))
+        if batch.forward_mode == ForwardMode.DECODE and self.precompute_scheduler_metadata and self._scheduled is not None:
+            self.md.scheduler_metadata = self.kernel.scheduler_metadata(self.md, self._scheduled, max_k, self.num_splits)
 
     def _fill_kv_metadata(self, md: _Metadata, mode: ForwardMode, rows: torch.Tensor, seq_lens: torch.Tensor,
                           extend_seq_lens: torch.Tensor, encoder_lens: torch.Tensor | None, *, in_place: bool = False,
@@ -185,8 +203,9 @@ class FlashAttentionBackend(AttentionBackend):
         v_cache = v_cache.view(pages, self.page_size, *v_cache.shape[1:])
         if cross:
             return self.kernel(q, k_cache, v_cache, seqused_k=md.encoder_seqused_k, page_table=md.encoder_page_table, **common)
+        scheduled = md.scheduler_metadata if layer.kind == LayerKind.FULL and _same_shape(layer, self._scheduled) else None
         return self.kernel(q, k_cache, v_cache, seqused_k=md.seqused_k, page_table=md.page_table,
-                           scheduler_metadata=md.scheduler_metadata, **common)
+                           scheduler_metadata=scheduled, **common)
 
     # ---- CUDA graphs -------------------------------------------------------------------------------
 
@@ -220,3 +239,7 @@ class FlashAttentionBackend(AttentionBackend):
                         self.req_to_token, self.kv_pool.num_slots)
         extend = torch.full((bs,), per_req, dtype=torch.int32, device=self.device)
         self._fill_kv_metadata(md, forward_mode, req_pool_indices, seq_lens, extend, encoder_lens, in_place=True)
+
+
+def _same_shape(a: AttentionLayer, b: AttentionLayer | None) -> bool:
+    return b is not None and (a.num_q_heads, a.num_kv_heads, a.head_dim, a.v_head_dim) == (b.num_q_heads, b.num_kv_heads, b.head_dim, b.v_head_dim)

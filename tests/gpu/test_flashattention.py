@@ -194,3 +194,20 @@ def test_checked_mode_catches_out_of_range_page():
     case.setup.req_to_token_pool.req_to_token[row, 0] = 10 ** 8  # a planted slot far outside the pool
     with pytest.raises(BatchMetadataError, match="outside the pool"):
         fa_backend(plan, case, layer, checked=True).init_forward_metadata(case.setup.batch)
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_scheduler_metadata_precompute_follows_the_plan(page_size):
+    on = plan_for(page_size=page_size)
+    off = plan_for(page_size=page_size, enable_dp_attention=True, dp_size=2)
+    assert on.flashattention.precompute_scheduler_metadata and not off.flashattention.precompute_scheduler_metadata
+    layer = layer_of(LayerKind.FULL)
+    outs = []
+    for plan in (on, off):
+        case = make_case(REQUESTS["decode"], M.DECODE, page_size)
+        fa = fa_backend(plan, case, layer)
+        outs.append(run(fa, case, layer))
+        assert (fa.md.scheduler_metadata is not None) is plan.flashattention.precompute_scheduler_metadata
+    expected = reference_out(make_case(REQUESTS["decode"], M.DECODE, page_size), on, layer)
+    for out in outs:
+        assert (out.float() - expected.float()).abs().max().item() < TOL
