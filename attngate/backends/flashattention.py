@@ -120,6 +120,7 @@ class FlashAttentionBackend(AttentionBackend):
         self._strided = torch.arange(0, req_to_token.shape[1], self.page_size, device=req_to_token.device)
         self.md: _Metadata | None = None
         self._graph: dict[str, torch.Tensor] | None = None
+        self._graph_md: dict[int, _Metadata] = {}  # per captured batch size: views of the static buffers
 
     # ---- metadata ----------------------------------------------------------------------------------
 
@@ -225,12 +226,12 @@ class FlashAttentionBackend(AttentionBackend):
         g = self._graph
         per_req = num_tokens // max(bs, 1)
         g["cu_seqlens_q"][: bs + 1].copy_(torch.arange(0, bs + 1, device=self.device, dtype=torch.int32) * per_req)
-        self.md = _Metadata(g["cu_seqlens_q"][: bs + 1], per_req, g["seqused_k"][:bs], g["page_table"][:bs])
+        self.md = self._graph_md[bs] = _Metadata(g["cu_seqlens_q"][: bs + 1], per_req, g["seqused_k"][:bs], g["page_table"][:bs])
         extend = torch.full((bs,), per_req, dtype=torch.int32, device=self.device)
         self._fill_kv_metadata(self.md, forward_mode, req_pool_indices, seq_lens, extend, encoder_lens, in_place=True)
 
     def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode):
-        md = self.md
+        md = self.md = self._graph_md[bs]  # eager batches in between replaced self.md
         per_req = md.max_seqlen_q
         if self.checked:
             n = bs * per_req
