@@ -18,8 +18,8 @@ DTYPE = torch.bfloat16
 TOL = 2e-2  # bf16 kernels against the float32 reference (measured differences are about 1e-2)
 
 
-def plan_for(backend: str = "fa4", page_size: int = 1, **args):
-    facts = ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json")
+def plan_for(backend: str = "fa4", page_size: int = 1, model: str = "Llama-3.1-8B", **args):
+    facts = ModelFacts.from_hf_config(MODELS / f"{model}.json")
     return resolve(ServerArgs(attention_backend=backend, page_size=page_size, **args), facts, Platform.detect()).plan
 
 

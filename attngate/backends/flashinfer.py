@@ -1,0 +1,318 @@
+"""The FlashInfer backend, taking every decision from ``plan.flashinfer`` and the per-mode and per-layer tables.
+
+Wrapper sets (``flashinfer.wrapper_dispatch``): one; or two for sliding-window models (wrapper 0
+serves window layers with a KV range trimmed to the window, wrapper 1 full layers); or two for
+cross attention (wrapper 0 self attention after the encoder tokens, wrapper 1 the encoder tokens).
+A layer's wrapper is ``plan.layer(kind).flashinfer.wrapper_index``.
+
+EXTEND with ``use_ragged_prefill``: new tokens through the ragged wrapper, the cached prefix through
+the paged wrapper, merged with ``merge_state``; a window (``window_left``) applies to both halves,
+and on the paged half a custom mask places each query after the prefix. Without ragged, and for
+TARGET_VERIFY and DRAFT_EXTEND_V2: the new K/V are written first, then one causal paged pass.
+
+Every plan() call is built by :meth:`FlashInferBackend._plan_kwargs`, so the deterministic settings
+(``prefill_fixed_split_size``, ``decode_fixed_split_size``, ``cuda_graph_disable_split_kv``) reach
+every wrapper kind through one place.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import torch
+
+from attngate.backends.base import AttentionBackend, check_batch
+from attngate.backends.errors import BatchMetadataError
+from attngate.backends.forward_batch import ForwardBatch
+from attngate.backends.layer import AttentionLayer
+from attngate.errors import Problem
+from attngate.facts.modes import ForwardMode, LayerKind
+from attngate.gates.plan import Plan
+
+
+@dataclass
+class _WrapperSpec:
+    """What every layer served by one wrapper of the set shares."""
+
+    index: int
+    causal: bool
+    window_left: int  # -1: no window
+    logits_soft_cap: float
+    sm_scale: float
+    cross: bool  # KV = the encoder tokens
+
+
+@dataclass
+class _KvRange:
+    """Host-side page ranges of one wrapper for one batch: pages [first, last) of each request."""
+
+    indptr: torch.Tensor  # [bs + 1] int32, cpu
+    first_page: torch.Tensor  # [bs] int64, cpu
+    counts: torch.Tensor  # [bs] int64, cpu
+    last_page_len: torch.Tensor  # [bs] int32, cpu
+    start_token: torch.Tensor  # [bs] int64, cpu: token position of the first page's first slot
+    kv_len: torch.Tensor  # [bs] int64, cpu: tokens from start_token the kernel reads
+
+
+class FlashInferBackend(AttentionBackend):
+    """FlashInfer over the paged pool. ``checked=True`` validates every batch before a kernel launch
+    (shared with the FA backend); off by default, no cost when off."""
+
+    def __init__(self, plan: Plan, kv_pool, req_to_token: torch.Tensor, layers: list[AttentionLayer],
+                 device: torch.device | str = "cuda", *, checked: bool = False):
+        super().__init__(plan, kv_pool, req_to_token, layers, device)
+        self.fi = importlib.import_module("flashinfer")
+        gates = plan.flashinfer
+        self.use_ragged = gates.use_ragged_prefill
+        self.prefill_fixed_split_size = gates.prefill_fixed_split_size
+        self.decode_fixed_split_size = gates.decode_fixed_split_size
+        self.cuda_graph_disable_split_kv = gates.cuda_graph_disable_split_kv
+        self.decode_use_tensor_cores = gates.decode_use_tensor_cores
+        self.page_size = plan.common.page_size
+        if kv_pool.page_size != self.page_size:
+            raise ValueError(f"the KV pool has page_size {kv_pool.page_size}, the plan {self.page_size}")
+        self.checked = checked
+        self.layer_gates = {kind: plan.layer(kind) for kind in LayerKind}
+        self.specs = self._wrapper_specs(gates.wrapper_dispatch)
+        self.workspace = torch.empty(gates.workspace_size_mb << 20, dtype=torch.uint8, device=self.device)
+        n = len(self.specs)
+        # fa2 kernels for every prefill wrapper: one JIT family, as SGLang's paged/verify wrappers
+        self.decode_wrappers = [self.fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=self.decode_use_tensor_cores) for _ in range(n)]
+        self.paged_wrappers = [self.fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2") for _ in range(n)]
+        self.ragged_wrappers = [self.fi.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend="fa2") for _ in range(n)]
+        self._active_decode, self._active_paged = self.decode_wrappers, self.paged_wrappers  # graph replays swap these
+        self._graphs: dict[tuple[ForwardMode, int], list] = {}
+        self._graph_per_req: dict[tuple[ForwardMode, int], int] = {}
+        self._batch_path: str = "none"
+        self._dtype = kv_pool.dtype
+
+    # ---- static layout --------------------------------------------------------------------------
+
+    def _wrapper_specs(self, dispatch: str) -> list[_WrapperSpec]:
+        count = 1 if dispatch == "single" else 2
+        specs: list[_WrapperSpec | None] = [None] * count
+        for layer in self.layers:
+            gates = self.layer_gates[layer.kind]
+            i = gates.flashinfer.wrapper_index
+            if i >= count:
+                raise ValueError(f"layer {layer.layer_id} ({layer.kind.value}) maps to wrapper {i} of {count}")
+            if layer.sinks is not None or layer.is_mla or layer.kind == LayerKind.CHUNKED_LOCAL:
+                raise NotImplementedError(f"layer {layer.layer_id}: the FlashInfer backend runs no attention sinks, MLA or chunked-local layers")
+            spec = _WrapperSpec(i, gates.common.causal, layer.sliding_window_size if gates.common.use_window else -1,
+                                layer.logit_cap, layer.scaling, layer.kind == LayerKind.CROSS_ATTENTION)
+            if specs[i] is None:
+                specs[i] = spec
+            elif specs[i] != spec:
+                raise ValueError(f"layers of wrapper {i} disagree ({specs[i]} vs {spec}); one wrapper serves one kind of layer")
+        head = self.layers[0]
+        return [s or _WrapperSpec(i, True, -1, head.logit_cap, head.scaling, False) for i, s in enumerate(specs)]
+
+    def _plan_kwargs(self, spec: _WrapperSpec, kind: str, *, cuda_graph: bool = False) -> dict:
+        """The plan() keywords every wrapper kind shares; the only place split settings are applied."""
+        kw = dict(q_data_type=self._dtype, kv_data_type=self._dtype, sm_scale=spec.sm_scale,
+                  logits_soft_cap=spec.logits_soft_cap or None, window_left=spec.window_left)
+        if kind == "decode":
+            if cuda_graph:
+                kw.update(disable_split_kv=self.cuda_graph_disable_split_kv)
+            elif self.decode_fixed_split_size is not None:
+                kw.update(fixed_split_size=max(self.decode_fixed_split_size // self.page_size, 1))
+        else:
+            if cuda_graph:
+                kw.update(disable_split_kv=self.cuda_graph_disable_split_kv)
+            elif self.prefill_fixed_split_size is not None:
+                tokens_per_page = 1 if kind == "ragged" else self.page_size
+                kw.update(fixed_split_size=max(self.prefill_fixed_split_size // tokens_per_page, 1))
+        return kw
+
+    # ---- per batch ------------------------------------------------------------------------------
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        if self.checked:
+            check_batch(batch, self.req_to_token, self.kv_pool.num_slots)
+        mode = batch.forward_mode
+        self._active_decode, self._active_paged = self.decode_wrappers, self.paged_wrappers
+        if mode == ForwardMode.IDLE:
+            self._batch_path = "none"
+            return
+        lens = self._host_lengths(batch)
+        if mode == ForwardMode.DECODE:
+            self._batch_path = "decode"
+            for spec, wrapper in zip(self.specs, self.decode_wrappers):
+                self._plan_decode(wrapper, spec, batch.req_pool_indices, lens, cuda_graph=False)
+            return
+        has_prefix = bool((lens["prefix"] > 0).any())
+        ragged = mode == ForwardMode.EXTEND and self.use_ragged
+        self._batch_path = ("ragged_paged" if has_prefix else "ragged") if ragged else "paged"
+        qo_indptr = _indptr(lens["new"])
+        for spec, paged, rag in zip(self.specs, self.paged_wrappers, self.ragged_wrappers):
+            if spec.cross or not ragged:
+                rng = self._kv_range(spec, lens, prefix_only=False)
+                self._plan_paged(paged, spec, qo_indptr, rng, batch.req_pool_indices, lens, causal=spec.causal and not spec.cross)
+                continue
+            rag.plan(qo_indptr.to(self.device), qo_indptr.to(self.device), *self._heads(), causal=spec.causal,
+                     **self._plan_kwargs(spec, "ragged"))
+            if has_prefix:
+                rng = self._kv_range(spec, lens, prefix_only=True)
+                self._plan_paged(paged, spec, qo_indptr, rng, batch.req_pool_indices, lens, causal=False,
+                                 window_mask=spec.window_left >= 0)
+
+    def _host_lengths(self, batch: ForwardBatch) -> dict[str, torch.Tensor]:
+        seq = batch.seq_lens_cpu.long()
+        new = torch.tensor(batch.extend_seq_lens_cpu) if batch.extend_seq_lens_cpu is not None else batch.extend_seq_lens.cpu()
+        enc = batch.encoder_lens.cpu().long() if batch.encoder_lens is not None else torch.zeros_like(seq)
+        if self.page_size > 1 and bool((enc % self.page_size).any()):
+            raise BatchMetadataError(Problem("encoder_lens", f"must be multiples of page_size {self.page_size} on the FlashInfer backend"))
+        return {"seq": seq, "new": new.long(), "enc": enc, "prefix": seq - enc - new.long()}
+
+    def _heads(self) -> tuple[int, int, int]:
+        layer = self.layers[0]
+        return layer.num_q_heads, layer.num_kv_heads, layer.head_dim
+
+    def _kv_range(self, spec: _WrapperSpec, lens: dict, *, prefix_only: bool) -> _KvRange:
+        ps = self.page_size
+        if spec.cross:
+            start, end = torch.zeros_like(lens["enc"]), lens["enc"]
+        else:
+            start = lens["enc"]
+            end = lens["enc"] + lens["prefix"] + (0 if prefix_only else lens["new"])
+            if spec.window_left >= 0:  # the first key any query of the request can see
+                start = torch.maximum(start, lens["enc"] + lens["prefix"] - spec.window_left)
+        first = start // ps
+        last = torch.where(end > 0, (end + ps - 1) // ps, first)
+        counts = (last - first).clamp(min=0)
+        kv_len = (end - first * ps).clamp(min=0)
+        last_len = torch.where(counts > 0, kv_len - (counts - 1) * ps, torch.zeros_like(kv_len))
+        return _KvRange(_indptr(counts), first, counts, last_len.to(torch.int32), first * ps, kv_len)
+
+    def _indices(self, rows: torch.Tensor, rng: _KvRange) -> torch.Tensor:
+        counts = rng.counts.to(self.device)
+        rows_rep = torch.repeat_interleave(rows, counts)
+        first_rep = torch.repeat_interleave(rng.first_page.to(self.device), counts)
+        within = torch.arange(int(rng.indptr[-1]), device=self.device) - torch.repeat_interleave(rng.indptr[:-1].to(self.device).long(), counts)
+        return (self.req_to_token[rows_rep, (first_rep + within) * self.page_size] // self.page_size).to(torch.int32)
+
+    def _plan_decode(self, wrapper, spec: _WrapperSpec, rows: torch.Tensor, lens: dict, *, cuda_graph: bool) -> None:
+        rng = self._kv_range(spec, lens, prefix_only=False)
+        q_heads, kv_heads, head_dim = self._heads()
+        wrapper.plan(rng.indptr.to(self.device), self._indices(rows, rng), rng.last_page_len.to(self.device),
+                     q_heads, kv_heads, head_dim, self.page_size, **self._plan_kwargs(spec, "decode", cuda_graph=cuda_graph))
+
+    def _plan_paged(self, wrapper, spec: _WrapperSpec, qo_indptr: torch.Tensor, rng: _KvRange, rows: torch.Tensor,
+                    lens: dict, *, causal: bool, window_mask: bool = False, cuda_graph: bool = False) -> None:
+        kw = self._plan_kwargs(spec, "paged", cuda_graph=cuda_graph)
+        if window_mask:  # paged half of a ragged+paged window layer: queries sit after the prefix
+            kw["custom_mask"] = self._prefix_window_mask(spec, rng, lens)
+            kw["window_left"] = -1
+        wrapper.plan(qo_indptr.to(self.device), rng.indptr.to(self.device), self._indices(rows, rng),
+                     rng.last_page_len.to(self.device), *self._heads(), self.page_size, causal=causal, **kw)
+
+    def _prefix_window_mask(self, spec: _WrapperSpec, rng: _KvRange, lens: dict) -> torch.Tensor:
+        """Flattened ``[sum(new_i * kv_len_i)]`` bool: key at ``start + j`` is visible to the query at ``prefix + i``
+        when ``start + j >= prefix + i - window``."""
+        parts = []
+        for b in range(len(rng.counts)):
+            q_pos = lens["enc"][b] + lens["prefix"][b] + torch.arange(int(lens["new"][b]))
+            k_pos = rng.start_token[b] + torch.arange(int(rng.kv_len[b]))
+            parts.append((k_pos[None, :] >= q_pos[:, None] - spec.window_left).reshape(-1))
+        return torch.cat(parts).to(self.device)
+
+    # ---- forward --------------------------------------------------------------------------------
+
+    def _wrapper_of(self, layer: AttentionLayer) -> tuple[int, _WrapperSpec]:
+        i = self.layer_gates[layer.kind].flashinfer.wrapper_index
+        return i, self.specs[i]
+
+    def _caches(self, layer: AttentionLayer) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = self.kv_pool.get_kv_buffer(layer.layer_id)
+        pages = k.shape[0] // self.page_size
+        return k.view(pages, self.page_size, *k.shape[1:]), v.view(pages, self.page_size, *v.shape[1:])
+
+    def _write(self, layer, batch, k, v, spec: _WrapperSpec, save: bool) -> None:
+        if save and k is not None and self.layer_gates[layer.kind].common.write_kv_cache:
+            loc = batch.encoder_out_cache_loc if spec.cross else batch.out_cache_loc
+            self.kv_pool.set_kv_buffer(layer.layer_id, loc, k, v)
+
+    def forward_decode(self, q, k, v, layer, batch, save_kv_cache):
+        i, spec = self._wrapper_of(layer)
+        self._write(layer, batch, k, v, spec, save_kv_cache)
+        return self._active_decode[i].run(q, self._caches(layer))
+
+    def forward_extend(self, q, k, v, layer, batch, save_kv_cache):
+        i, spec = self._wrapper_of(layer)
+        path = self._batch_path if not spec.cross else "paged"
+        if path == "paged":
+            self._write(layer, batch, k, v, spec, save_kv_cache)
+            return self._active_paged[i].run(q, self._caches(layer))
+        if path == "ragged":
+            out = self.ragged_wrappers[i].run(q, k, v)
+        else:
+            o_new, s_new = self.ragged_wrappers[i].run(q, k, v, return_lse=True)  # lse: [tokens, heads]
+            o_pre, s_pre = self._active_paged[i].run(q, self._caches(layer), return_lse=True)
+            out, _ = self.fi.merge_state(o_pre, s_pre, o_new, s_new)
+        self._write(layer, batch, k, v, spec, save_kv_cache)  # after attention: the paged half reads the prefix only
+        return out
+
+    # ---- CUDA graphs ----------------------------------------------------------------------------
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        self._graph_max = (max_bs, max_num_tokens)  # wrappers and their static buffers are made per captured batch size
+
+    def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode):
+        if not self.plan.mode(forward_mode).common.capture_cuda_graph or forward_mode == ForwardMode.EXTEND:
+            raise ValueError(f"the plan captures no CUDA graph for forward mode {forward_mode.value}")
+        if bs > self._graph_max[0]:
+            raise ValueError(f"batch size {bs} exceeds the {self._graph_max[0]} of init_cuda_graph_state")
+        max_pages = self.req_to_token.shape[1] // self.page_size + 1
+        per_req = num_tokens // max(bs, 1)
+        wrappers = []
+        for _spec in self.specs:
+            indptr = torch.zeros(bs + 1, dtype=torch.int32, device=self.device)
+            indices = torch.zeros(bs * max_pages, dtype=torch.int32, device=self.device)
+            last = torch.zeros(bs, dtype=torch.int32, device=self.device)
+            if forward_mode == ForwardMode.DECODE:
+                wrappers.append(self.fi.BatchDecodeWithPagedKVCacheWrapper(
+                    self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.decode_use_tensor_cores,
+                    paged_kv_indptr_buffer=indptr, paged_kv_indices_buffer=indices, paged_kv_last_page_len_buffer=last))
+            else:
+                qo = torch.arange(0, (bs + 1) * per_req, per_req, dtype=torch.int32, device=self.device)
+                wrappers.append(self.fi.BatchPrefillWithPagedKVCacheWrapper(
+                    self.workspace, "NHD", use_cuda_graph=True, qo_indptr_buf=qo, paged_kv_indptr_buf=indptr,
+                    paged_kv_indices_buf=indices, paged_kv_last_page_len_buf=last))
+        self._graphs[(forward_mode, bs)] = wrappers
+        self._replan_graph(bs, req_pool_indices, seq_lens.cpu(), per_req, encoder_lens, forward_mode)
+
+    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode):
+        per_req = self._graph_per_req[(forward_mode, bs)]
+        if self.checked:
+            n = bs * per_req
+            check_batch(ForwardBatch(forward_mode, bs, req_pool_indices, seq_lens, seq_lens_cpu, seq_lens - per_req,
+                                     torch.full_like(seq_lens, per_req), torch.zeros(n, dtype=torch.int64, device=self.device)),
+                        self.req_to_token, self.kv_pool.num_slots)
+        self._replan_graph(bs, req_pool_indices, seq_lens_cpu, per_req, encoder_lens, forward_mode)
+
+    def _replan_graph(self, bs, rows, seq_lens_cpu, per_req, encoder_lens, mode) -> None:
+        """Plan the captured wrappers of ``bs`` for new lengths: plan() refills their static buffers in place."""
+        self._graph_per_req[(mode, bs)] = per_req
+        seq = seq_lens_cpu.long()
+        enc = encoder_lens.cpu().long() if encoder_lens is not None else torch.zeros_like(seq)
+        new = torch.full_like(seq, per_req)
+        lens = {"seq": seq, "new": new, "enc": enc, "prefix": seq - enc - new}
+        wrappers = self._graphs[(mode, bs)]
+        for spec, wrapper in zip(self.specs, wrappers):
+            if mode == ForwardMode.DECODE:
+                self._plan_decode(wrapper, spec, rows, lens, cuda_graph=True)
+            else:
+                rng = self._kv_range(spec, lens, prefix_only=False)
+                self._plan_paged(wrapper, spec, _indptr(new), rng, rows, lens, causal=spec.causal and not spec.cross, cuda_graph=True)
+        if mode == ForwardMode.DECODE:
+            self._active_decode = wrappers
+        else:
+            self._active_paged = wrappers
+        self._batch_path = "decode" if mode == ForwardMode.DECODE else "paged"
+
+
+def _indptr(counts: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros(len(counts) + 1, dtype=torch.int32)
+    out[1:] = torch.cumsum(counts, 0)
+    return out

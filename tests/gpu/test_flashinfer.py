@@ -1,0 +1,200 @@
+"""The FlashInfer backend against the reference backend on the GPU (bf16, GQA 32/8, head_dim 128)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("flashinfer")
+
+from attngate import ForwardMode, LayerKind  # noqa: E402
+from attngate.backends.errors import BatchMetadataError  # noqa: E402
+from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
+from attngate.backends.forward_batch import ForwardBatch  # noqa: E402
+from attngate.backends.reference import ReferenceBackend  # noqa: E402
+from cases import D, DTYPE, H, TOL, layer_of, make_case, plan_for, reference_out  # noqa: E402
+
+M = ForwardMode
+PAGE_SIZES = [1, 16]
+REQUESTS = {
+    "extend": [(0, 1), (0, 15), (0, 17), (0, 300)],
+    "extend_prefix": [(5, 1), (15, 17), (16, 16), (700, 45), (0, 260)],
+    "decode": [(0, 1), (14, 1), (15, 1), (16, 1), (2000, 1)],
+    "target_verify": [(3, 4), (15, 4), (500, 4)],
+    "draft_extend_v2": [(9, 3), (16, 3), (1024, 3)],
+}
+MODE_OF = {"extend": M.EXTEND, "extend_prefix": M.EXTEND, "decode": M.DECODE, "target_verify": M.TARGET_VERIFY,
+           "draft_extend_v2": M.DRAFT_EXTEND_V2}
+# layer kind -> (model whose plan dispatches it, layer kwargs)
+KINDS = {
+    LayerKind.FULL: ("Llama-3.1-8B", {}),
+    LayerKind.SLIDING_WINDOW: ("Mistral-7B-v0.1", {"sliding_window_size": 100}),
+}
+
+
+def fi_backend(plan, case, layer, **kw) -> FlashInferBackend:
+    return FlashInferBackend(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], "cuda", **kw)
+
+
+def run(backend, case, layer, k="new", v="new"):
+    backend.init_forward_metadata(case.setup.batch)
+    return backend.forward(case.q, case.k if k == "new" else k, case.v if v == "new" else v, layer, case.setup.batch)
+
+
+def max_diff(a, b) -> float:
+    return (a.float() - b.float()).abs().max().item()
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+@pytest.mark.parametrize("kind", sorted(KINDS, key=lambda k: k.value))
+@pytest.mark.parametrize("shape", sorted(REQUESTS))
+def test_modes_and_layer_kinds_match_reference(shape, kind, page_size):
+    model, kw = KINDS[kind]
+    plan = plan_for("flashinfer", page_size, model)
+    layer = layer_of(kind, **kw)
+    case = make_case(REQUESTS[shape], MODE_OF[shape], page_size)
+    expected = reference_out(case, plan, layer)
+    assert max_diff(run(fi_backend(plan, case, layer), case, layer), expected) < TOL
+    loc = case.setup.batch.out_cache_loc
+    assert torch.equal(case.pools[0].k_buffer[0][loc], case.pools[1].k_buffer[0][loc])
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_sliding_window_prefix_longer_than_window_through_ragged_and_paged(page_size):
+    plan = plan_for("flashinfer", page_size, "Mistral-7B-v0.1")
+    assert plan.flashinfer.use_ragged_prefill and plan.flashinfer.wrapper_dispatch == "sliding_window"
+    layer = layer_of(LayerKind.SLIDING_WINDOW, sliding_window_size=48)
+    case = make_case([(300, 20), (49, 70), (47, 3), (1000, 100)], M.EXTEND, page_size)
+    backend = fi_backend(plan, case, layer)
+    out = run(backend, case, layer)
+    assert backend._batch_path == "ragged_paged"
+    assert max_diff(out, reference_out(case, plan, layer)) < TOL
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_softcap_matches_reference(page_size):
+    plan = plan_for("flashinfer", page_size, "gemma-2-9b")
+    layer = layer_of(LayerKind.SLIDING_WINDOW, sliding_window_size=64, logit_cap=30.0)
+    case = make_case(REQUESTS["extend_prefix"], M.EXTEND, page_size)
+    assert max_diff(run(fi_backend(plan, case, layer), case, layer), reference_out(case, plan, layer)) < TOL
+
+
+@pytest.mark.parametrize("mode", [M.EXTEND, M.DECODE])
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_cross_attention_matches_reference(mode, page_size):
+    plan = plan_for("flashinfer", page_size, "whisper-large-v3-turbo")
+    assert plan.flashinfer.wrapper_dispatch == "cross_attention"
+    layer = layer_of(LayerKind.CROSS_ATTENTION)
+    enc = [32, 64, 16] if page_size > 1 else [37, 100, 1]
+    requests = [(0, 5), (3, 1), (10, 7)] if mode == M.EXTEND else [(4, 1), (0, 1), (9, 1)]
+    case = make_case(requests, mode, page_size, encoder_lens=enc)
+    ref = ReferenceBackend(plan, case.pools[1], case.setup.req_to_token_pool.req_to_token, [layer], "cuda")
+    ref.init_forward_metadata(case.setup.batch)
+    expected = ref.forward(case.q, None, None, layer, case.setup.batch)
+    assert max_diff(run(fi_backend(plan, case, layer), case, layer, k=None, v=None), expected) < TOL
+
+
+def test_idle_batch():
+    plan = plan_for("flashinfer")
+    layer = layer_of(LayerKind.FULL)
+    case = make_case([(3, 1)], M.IDLE, 1)
+    backend = fi_backend(plan, case, layer)
+    backend.init_forward_metadata(case.setup.batch)
+    assert backend.forward(torch.empty(0, H, D, device="cuda", dtype=DTYPE), None, None, layer, case.setup.batch).shape == (0, H, D)
+
+
+def _target_in_batches(plan, kind, mode, others: int, layer, page_size=1, encoder=None):
+    """The output rows of one fixed request placed in the middle of a batch of `others` other requests."""
+    target = (3000, 1) if mode == M.DECODE else (2000, 60)
+    gen = torch.Generator().manual_seed(others)
+    filler = [(int(torch.randint(0, 4000, (1,), generator=gen)), 1 if mode == M.DECODE else int(torch.randint(1, 90, (1,), generator=gen)))
+              for _ in range(others)]
+    idx = others // 2
+    requests = filler[:idx] + [target] + filler[idx:]
+    enc_lens = [encoder] * len(requests) if encoder else None
+    case = make_case(requests, mode, page_size, seed=5, num_slots=1 << 19, encoder_lens=enc_lens)
+    solo = make_case([target], mode, page_size, seed=99, encoder_lens=[encoder] if encoder else None)
+    pre = (encoder or 0) + target[0]
+    case.pools[0].set_kv_buffer(0, case.setup.slots[idx][:pre].cuda(), solo.pools[0].k_buffer[0][solo.setup.slots[0][:pre].cuda()],
+                                solo.pools[0].v_buffer[0][solo.setup.slots[0][:pre].cuda()])
+    start = sum(n for _, n in requests[:idx])
+    for name in ("q", "k", "v"):
+        getattr(case, name)[start:start + target[1]] = getattr(solo, name)
+    kv = (None, None) if kind == LayerKind.CROSS_ATTENTION else ("new", "new")
+    out = run(fi_backend(plan, case, layer), case, layer, *kv)
+    return out[start:start + target[1]].clone()
+
+
+@pytest.mark.parametrize("kind, model, kw", [
+    (LayerKind.FULL, "Llama-3.1-8B", {}),
+    (LayerKind.SLIDING_WINDOW, "Mistral-7B-v0.1", {"sliding_window_size": 1000}),
+    (LayerKind.CROSS_ATTENTION, "whisper-large-v3-turbo", {}),
+])
+@pytest.mark.parametrize("mode", [M.DECODE, M.EXTEND])
+def test_deterministic_batch_invariance_every_wrapper_kind(kind, model, kw, mode):
+    plan = plan_for("flashinfer", 1, model, enable_deterministic_inference=True)
+    assert (plan.flashinfer.prefill_fixed_split_size, plan.flashinfer.decode_fixed_split_size) == (4096, 2048)
+    layer = layer_of(kind, **kw)
+    encoder = 1500 if kind == LayerKind.CROSS_ATTENTION else None
+    outs = [_target_in_batches(plan, kind, mode, others, layer, encoder=encoder) for others in (0, 7, 63)]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def test_without_deterministic_mode_batch_invariance_is_not_guaranteed():
+    plan = plan_for("flashinfer", 1, "Llama-3.1-8B")
+    assert plan.flashinfer.decode_fixed_split_size is None
+    layer = layer_of(LayerKind.FULL)
+    outs = [_target_in_batches(plan, LayerKind.FULL, M.DECODE, others, layer) for others in (0, 63)]
+    # a lone long request is split across many CTAs, inside a full batch it is not: the reduction order differs
+    assert not torch.equal(outs[0], outs[1])
+    assert max_diff(outs[0], outs[1]) < TOL
+
+
+@pytest.mark.parametrize("mode", [M.DECODE, M.TARGET_VERIFY, M.DRAFT_EXTEND_V2])
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_cuda_graph_replay_equals_eager(mode, page_size):
+    plan = plan_for("flashinfer", page_size, "Llama-3.1-8B", speculative_algorithm="EAGLE", speculative_eagle_topk=1,
+                    speculative_num_steps=3, speculative_num_draft_tokens=4)
+    assert plan.mode(mode).common.capture_cuda_graph
+    layer = layer_of(LayerKind.FULL)
+    bs, per_req = 4, (1 if mode == M.DECODE else 4)
+    rounds = [[(p, per_req) for p in prefixes] for prefixes in ([5, 300, 127, 64], [1000, 2, 129, 255], [17, 17, 900, 3])]
+    first = make_case(rounds[0], mode, page_size, seed=0)
+    rtt = first.setup.req_to_token_pool.req_to_token
+    fi = fi_backend(plan, first, layer)
+    fi.init_cuda_graph_state(bs, bs * per_req)
+    static = {name: getattr(first, name).clone() for name in ("q", "k", "v")}
+    b = first.setup.batch
+    static_batch = ForwardBatch(mode, bs, b.req_pool_indices.clone(), b.seq_lens.clone(), b.seq_lens_cpu.clone(),
+                                b.extend_prefix_lens.clone(), b.extend_seq_lens.clone(), b.out_cache_loc.clone())
+    fi.init_forward_metadata_capture_cuda_graph(bs, bs * per_req, static_batch.req_pool_indices, static_batch.seq_lens, None, mode)
+    fi.forward(static["q"], static["k"], static["v"], layer, static_batch)  # JIT outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = fi.forward(static["q"], static["k"], static["v"], layer, static_batch)
+    for i, requests in enumerate(rounds):
+        case = make_case(requests, mode, page_size, seed=i + 1)
+        fi.kv_pool.k_buffer[0].copy_(case.pools[0].k_buffer[0])
+        fi.kv_pool.v_buffer[0].copy_(case.pools[0].v_buffer[0])
+        rtt.copy_(case.setup.req_to_token_pool.req_to_token[: rtt.shape[0]])
+        for name in ("q", "k", "v"):
+            static[name].copy_(getattr(case, name))
+        cb = case.setup.batch
+        for name in ("req_pool_indices", "seq_lens", "out_cache_loc"):
+            getattr(static_batch, name).copy_(getattr(cb, name))
+        fi.init_forward_metadata_replay_cuda_graph(bs, static_batch.req_pool_indices, static_batch.seq_lens, cb.seq_lens_cpu, None, mode)
+        graph.replay()
+        replayed = static_out.clone()
+        assert max_diff(replayed, reference_out(case, plan, layer)) < TOL, f"round {i}"
+        eager = FlashInferBackend(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], "cuda")
+        assert max_diff(replayed, run(eager, case, layer)) < TOL, f"round {i}"
+
+
+def test_checked_mode_catches_out_of_range_slot():
+    plan = plan_for("flashinfer", 16)
+    layer = layer_of(LayerKind.FULL)
+    case = make_case(REQUESTS["decode"], M.DECODE, 16)
+    case.setup.batch.out_cache_loc[1] = 10 ** 9  # a planted slot far outside the pool
+    with pytest.raises(BatchMetadataError, match="outside the pool"):
+        fi_backend(plan, case, layer, checked=True).init_forward_metadata(case.setup.batch)
