@@ -182,7 +182,8 @@ class FlashInferBackend(AttentionBackend):
         last = torch.where(end > 0, (end + ps - 1) // ps, first)
         counts = (last - first).clamp(min=0)
         kv_len = (end - first * ps).clamp(min=0)
-        last_len = torch.where(counts > 0, kv_len - (counts - 1) * ps, torch.zeros_like(kv_len))
+        # FlashInfer derives kv_len = (pages - 1) * page_size + last_page_len: a request without pages needs page_size
+        last_len = torch.where(counts > 0, kv_len - (counts - 1) * ps, torch.full_like(kv_len, ps))
         return _KvRange(_indptr(counts), first, counts, last_len.to(torch.int32), first * ps, kv_len)
 
     def _indices(self, rows: torch.Tensor, rng: _KvRange) -> torch.Tensor:
