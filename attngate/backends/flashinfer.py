@@ -187,10 +187,13 @@ class FlashInferBackend(AttentionBackend):
         return _KvRange(_indptr(counts), first, counts, last_len.to(torch.int32), first * ps, kv_len)
 
     def _indices(self, rows: torch.Tensor, rng: _KvRange) -> torch.Tensor:
-        counts = rng.counts.to(self.device)
-        rows_rep = torch.repeat_interleave(rows, counts)
-        first_rep = torch.repeat_interleave(rng.first_page.to(self.device), counts)
-        within = torch.arange(int(rng.indptr[-1]), device=self.device) - torch.repeat_interleave(rng.indptr[:-1].to(self.device).long(), counts)
+        """``[total_pages]`` int32 page ids, request by request; sized on the host, so no device sync."""
+        total = int(rng.indptr[-1])
+        counts = rng.counts.to(self.device, non_blocking=True)
+        rep = lambda t: torch.repeat_interleave(t, counts, dim=0, output_size=total)  # noqa: E731
+        per_req = torch.stack([rows, rng.first_page.to(self.device, non_blocking=True), rng.indptr[:-1].to(self.device, non_blocking=True).long()])
+        rows_rep, first_rep, start_rep = rep(per_req.T).T if total else per_req[:, :0]
+        within = torch.arange(total, device=self.device) - start_rep
         return (self.req_to_token[rows_rep, (first_rep + within) * self.page_size] // self.page_size).to(torch.int32)
 
     def _plan_decode(self, wrapper, spec: _WrapperSpec, rows: torch.Tensor, lens: dict, *, cuda_graph: bool) -> None:
