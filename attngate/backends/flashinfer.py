@@ -5,7 +5,7 @@ serves window layers with a KV range trimmed to the window, wrapper 1 full layer
 cross attention (wrapper 0 self attention after the encoder tokens, wrapper 1 the encoder tokens).
 A layer's wrapper is ``plan.layer(kind).flashinfer.wrapper_index``.
 
-EXTEND with ``use_ragged_prefill``: new tokens through the ragged wrapper, the cached prefix through
+EXTEND with ``use_ragged_prefill`` (the mode table's ``paged_kv_extent`` is then ``prefix``): new tokens through the ragged wrapper, the cached prefix through
 the paged wrapper, merged with ``merge_state``; a window (``window_left``) applies to both halves,
 and on the paged half a custom mask places each query after the prefix. Without ragged, and for
 TARGET_VERIFY and DRAFT_EXTEND_V2: the new K/V are written first, then one causal paged pass.
@@ -64,7 +64,6 @@ class FlashInferBackend(AttentionBackend):
         super().__init__(plan, kv_pool, req_to_token, layers, device)
         self.fi = importlib.import_module("flashinfer")
         gates = plan.flashinfer
-        self.use_ragged = gates.use_ragged_prefill
         self.prefill_fixed_split_size = gates.prefill_fixed_split_size
         self.decode_fixed_split_size = gates.decode_fixed_split_size
         self.cuda_graph_disable_split_kv = gates.cuda_graph_disable_split_kv
@@ -142,7 +141,8 @@ class FlashInferBackend(AttentionBackend):
                 self._plan_decode(wrapper, spec, batch.req_pool_indices, lens, cuda_graph=False)
             return
         has_prefix = bool((lens["prefix"] > 0).any())
-        ragged = mode == ForwardMode.EXTEND and self.use_ragged
+        # the mode table decides: under ragged prefill the paged wrapper covers only the cached prefix
+        ragged = self.plan.mode(mode).flashinfer.paged_kv_extent == "prefix"
         self._batch_path = ("ragged_paged" if has_prefix else "ragged") if ragged else "paged"
         qo_indptr = _indptr(lens["new"])
         for spec, paged, rag in zip(self.specs, self.paged_wrappers, self.ragged_wrappers):
