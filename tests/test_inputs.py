@@ -70,7 +70,7 @@ def test_platform_detect_without_cuda_says_pass_gpu():
         import torch
 
         if torch.cuda.is_available():
-            pytest.skip("a CUDA device is present; detection succeeds here")
+            pytest.skip(reason="a CUDA device is present; detection succeeds here")
     except ImportError:
         pass
     with pytest.raises(PlatformError, match="pass --gpu"):

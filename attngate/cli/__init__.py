@@ -46,7 +46,6 @@ def explain(
     from attngate.facts.model import ModelFacts
     from attngate.facts.modes import ForwardMode
     from attngate.facts.platform import Platform
-    from attngate.facts.server_args import ServerArgs
     from attngate.gates.resolution import PlanError
     from attngate.gates.resolve import resolve
     from attngate.rules.load import load_rules

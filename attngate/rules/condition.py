@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import copy
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from attngate._suggest import did_you_mean
 from attngate.facts.schema import FactType
@@ -276,5 +276,3 @@ class ConditionErrors(Exception):
         self.errors = errors
         super().__init__("; ".join(e.message for e in errors))
 
-
-Evaluator = Callable[[dict[str, Any]], bool]

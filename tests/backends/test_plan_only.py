@@ -34,7 +34,7 @@ def _rule_reads() -> set[str]:
 def test_arguments_no_rule_reads_cannot_change_what_a_backend_sees():
     torch = pytest.importorskip("torch")
     from attngate.backends.reference import ReferenceBackend
-    from tests.backends.test_reference_scenarios import H, HKV, D, setup
+    from tests.backends.test_reference_scenarios import H, D, setup
 
     unread = set(ServerArgs.model_fields) - _rule_reads()
     assert {"context_length", "speculative_draft_model_path", "tp_size"} <= unread

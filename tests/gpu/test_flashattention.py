@@ -11,7 +11,7 @@ from attngate import ForwardMode, LayerKind  # noqa: E402
 from attngate.backends.errors import BatchMetadataError  # noqa: E402
 from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
 from attngate.backends.forward_batch import ForwardBatch  # noqa: E402
-from cases import D, DTYPE, H, HKV, TOL, layer_of, make_case, plan_for, reference_out  # noqa: E402
+from cases import D, DTYPE, H, TOL, layer_of, make_case, plan_for, reference_out  # noqa: E402
 
 PAGE_SIZES = [1, 128]
 M = ForwardMode
