@@ -103,3 +103,15 @@ def check_batch(batch: ForwardBatch, req_to_token: torch.Tensor, num_slots: int)
             problems.append(Problem("req_to_token", f"rows of this batch hold slots outside the pool of {num_slots} slots"))
     if problems:
         raise BatchMetadataError(problems)
+
+
+def check_graph_batch(backend: AttentionBackend, bs: int, per_req: int, req_pool_indices: torch.Tensor,
+                      seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, encoder_lens: torch.Tensor | None,
+                      forward_mode: ForwardMode) -> None:
+    """``check_batch`` for a CUDA-graph replay: ``per_req`` new tokens per request (their slots are in the
+    graph's static buffers, so only lengths, rows and ``req_to_token`` are checked)."""
+    new = torch.full_like(seq_lens, per_req)
+    prefix = seq_lens - new - (encoder_lens if encoder_lens is not None else 0)
+    no_slots = torch.zeros(bs * per_req, dtype=torch.int64, device=seq_lens.device)
+    batch = ForwardBatch(forward_mode, bs, req_pool_indices, seq_lens, seq_lens_cpu, prefix, new, no_slots, encoder_lens)
+    check_batch(batch, backend.req_to_token, backend.kv_pool.num_slots)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attngate.backends.base import AttentionBackend, check_batch
+from attngate.backends.base import AttentionBackend, check_batch, check_graph_batch
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.layer import AttentionLayer
@@ -234,10 +234,7 @@ class FlashAttentionBackend(AttentionBackend):
         md = self.md = self._graph_md[bs]  # eager batches in between replaced self.md
         per_req = md.max_seqlen_q
         if self.checked:
-            n = bs * per_req
-            check_batch(ForwardBatch(forward_mode, bs, req_pool_indices, seq_lens, seq_lens_cpu, seq_lens - per_req,
-                                     torch.full_like(seq_lens, per_req), torch.zeros(n, dtype=torch.int64, device=self.device)),
-                        self.req_to_token, self.kv_pool.num_slots)
+            check_graph_batch(self, bs, per_req, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode)
         extend = torch.full((bs,), per_req, dtype=torch.int32, device=self.device)
         self._fill_kv_metadata(md, forward_mode, req_pool_indices, seq_lens, extend, encoder_lens, in_place=True)
 

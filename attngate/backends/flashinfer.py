@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attngate.backends.base import AttentionBackend, check_batch
+from attngate.backends.base import AttentionBackend, check_batch, check_graph_batch
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.layer import AttentionLayer
@@ -158,12 +158,16 @@ class FlashInferBackend(AttentionBackend):
                                  window_mask=spec.window_left >= 0)
 
     def _host_lengths(self, batch: ForwardBatch) -> dict[str, torch.Tensor]:
-        seq = batch.seq_lens_cpu.long()
         new = torch.tensor(batch.extend_seq_lens_cpu) if batch.extend_seq_lens_cpu is not None else batch.extend_seq_lens.cpu()
-        enc = batch.encoder_lens.cpu().long() if batch.encoder_lens is not None else torch.zeros_like(seq)
+        return self._lengths(batch.seq_lens_cpu, new, batch.encoder_lens)
+
+    def _lengths(self, seq_cpu: torch.Tensor, new_cpu: torch.Tensor, encoder_lens: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """Host lengths per request: seq (post-write), new, enc (encoder tokens first in the row), prefix."""
+        seq, new = seq_cpu.long(), new_cpu.long()
+        enc = encoder_lens.cpu().long() if encoder_lens is not None else torch.zeros_like(seq)
         if self.page_size > 1 and bool((enc % self.page_size).any()):
             raise BatchMetadataError(Problem("encoder_lens", f"must be multiples of page_size {self.page_size} on the FlashInfer backend"))
-        return {"seq": seq, "new": new.long(), "enc": enc, "prefix": seq - enc - new.long()}
+        return {"seq": seq, "new": new, "enc": enc, "prefix": seq - enc - new}
 
     def _heads(self) -> tuple[int, int, int]:
         layer = self.layers[0]
@@ -289,19 +293,14 @@ class FlashInferBackend(AttentionBackend):
     def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode):
         per_req = self._graph_per_req[(forward_mode, bs)]
         if self.checked:
-            n = bs * per_req
-            check_batch(ForwardBatch(forward_mode, bs, req_pool_indices, seq_lens, seq_lens_cpu, seq_lens - per_req,
-                                     torch.full_like(seq_lens, per_req), torch.zeros(n, dtype=torch.int64, device=self.device)),
-                        self.req_to_token, self.kv_pool.num_slots)
+            check_graph_batch(self, bs, per_req, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode)
         self._replan_graph(bs, req_pool_indices, seq_lens_cpu, per_req, encoder_lens, forward_mode)
 
     def _replan_graph(self, bs, rows, seq_lens_cpu, per_req, encoder_lens, mode) -> None:
         """Plan the captured wrappers of ``bs`` for new lengths: plan() refills their static buffers in place."""
         self._graph_per_req[(mode, bs)] = per_req
-        seq = seq_lens_cpu.long()
-        enc = encoder_lens.cpu().long() if encoder_lens is not None else torch.zeros_like(seq)
-        new = torch.full_like(seq, per_req)
-        lens = {"seq": seq, "new": new, "enc": enc, "prefix": seq - enc - new}
+        lens = self._lengths(seq_lens_cpu, torch.full_like(seq_lens_cpu, per_req), encoder_lens)
+        new = lens["new"]
         wrappers = self._graphs[(mode, bs)]
         for spec, wrapper in zip(self.specs, wrappers):
             if mode == ForwardMode.DECODE:
