@@ -8,6 +8,7 @@ import torch
 
 from attngate import ForwardMode, ModelFacts, Platform, ServerArgs, resolve
 from attngate.backends.batch_builder import BatchSetup, build_batch
+from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.kv_cache import MHATokenToKVPool
 from attngate.backends.layer import AttentionLayer
 from attngate.backends.reference import ReferenceBackend
@@ -65,3 +66,69 @@ def reference_out(case: Case, plan, layer: AttentionLayer) -> torch.Tensor:
     ref = ReferenceBackend(plan, case.pools[1], case.setup.req_to_token_pool.req_to_token, [layer], "cuda")
     ref.init_forward_metadata(case.setup.batch)
     return ref.forward(case.q, case.k, case.v, layer, case.setup.batch)
+
+
+def run(backend, case: Case, layer: AttentionLayer, k="new", v="new") -> torch.Tensor:
+    """init_forward_metadata + forward of the case's batch; ``k``/``v`` default to the case's new tokens."""
+    backend.init_forward_metadata(case.setup.batch)
+    return backend.forward(case.q, case.k if k == "new" else k, case.v if v == "new" else v, layer, case.setup.batch)
+
+
+def replay_rounds(make_backend, plan, layer: AttentionLayer, mode: ForwardMode, page_size: int):
+    """Capture one CUDA graph (4 requests), then replay it for three rounds of different lengths.
+
+    ``make_backend(plan, case, layer)`` builds the backend under test. Yields ``(round, case, replayed_out)``
+    with the round's pool and request table copied into the captured ones.
+    """
+    bs, per_req = 4, (1 if mode == ForwardMode.DECODE else 4)
+    rounds = [[(p, per_req) for p in prefixes] for prefixes in ([5, 300, 127, 64], [1000, 2, 129, 255], [17, 17, 900, 3])]
+    first = make_case(rounds[0], mode, page_size, seed=0)
+    rtt = first.setup.req_to_token_pool.req_to_token
+    backend = make_backend(plan, first, layer)
+    backend.init_cuda_graph_state(bs, bs * per_req)
+    static = {name: getattr(first, name).clone() for name in ("q", "k", "v")}
+    b = first.setup.batch
+    static_batch = ForwardBatch(mode, bs, b.req_pool_indices.clone(), b.seq_lens.clone(), b.seq_lens_cpu.clone(),
+                                b.extend_prefix_lens.clone(), b.extend_seq_lens.clone(), b.out_cache_loc.clone())
+    backend.init_forward_metadata_capture_cuda_graph(bs, bs * per_req, static_batch.req_pool_indices, static_batch.seq_lens, None, mode)
+    backend.forward(static["q"], static["k"], static["v"], layer, static_batch)  # compile / JIT outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = backend.forward(static["q"], static["k"], static["v"], layer, static_batch)
+    for i, requests in enumerate(rounds):
+        case = make_case(requests, mode, page_size, seed=i + 1)
+        backend.kv_pool.k_buffer[0].copy_(case.pools[0].k_buffer[0])
+        backend.kv_pool.v_buffer[0].copy_(case.pools[0].v_buffer[0])
+        rtt.copy_(case.setup.req_to_token_pool.req_to_token[: rtt.shape[0]])
+        for name in ("q", "k", "v"):
+            static[name].copy_(getattr(case, name))
+        cb = case.setup.batch
+        for name in ("req_pool_indices", "seq_lens", "out_cache_loc"):
+            getattr(static_batch, name).copy_(getattr(cb, name))
+        backend.init_forward_metadata_replay_cuda_graph(bs, static_batch.req_pool_indices, static_batch.seq_lens, cb.seq_lens_cpu, None, mode)
+        graph.replay()
+        yield i, case, static_out.clone()
+
+
+def target_in_batch(make_backend, plan, layer: AttentionLayer, mode: ForwardMode, others: int, target: tuple[int, int],
+                    *, max_prefix: int, max_new: int, num_slots: int, encoder: int | None = None,
+                    kv_from_cache: bool = False) -> torch.Tensor:
+    """The output rows of one fixed request (same q, K/V every time) in the middle of ``others`` other requests."""
+    gen = torch.Generator().manual_seed(others)
+    filler = [(int(torch.randint(0, max_prefix, (1,), generator=gen)),
+               1 if mode == ForwardMode.DECODE else int(torch.randint(1, max_new, (1,), generator=gen)))
+              for _ in range(others)]
+    idx = others // 2
+    requests = filler[:idx] + [target] + filler[idx:]
+    case = make_case(requests, mode, 1, seed=5, num_slots=num_slots, encoder_lens=[encoder] * len(requests) if encoder else None)
+    solo = make_case([target], mode, 1, seed=99, encoder_lens=[encoder] if encoder else None)
+    pre = (encoder or 0) + target[0]
+    solo_slots = solo.setup.slots[0][:pre].cuda()
+    case.pools[0].set_kv_buffer(0, case.setup.slots[idx][:pre].cuda(), solo.pools[0].k_buffer[0][solo_slots],
+                                solo.pools[0].v_buffer[0][solo_slots])
+    start = sum(n for _, n in requests[:idx])
+    for name in ("q", "k", "v"):
+        getattr(case, name)[start:start + target[1]] = getattr(solo, name)
+    kv = (None, None) if kv_from_cache else ("new", "new")
+    return run(make_backend(plan, case, layer), case, layer, *kv)[start:start + target[1]].clone()

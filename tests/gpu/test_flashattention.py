@@ -10,8 +10,7 @@ pytest.importorskip("flash_attn.cute")
 from attngate import ForwardMode, LayerKind  # noqa: E402
 from attngate.backends.errors import BatchMetadataError  # noqa: E402
 from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
-from attngate.backends.forward_batch import ForwardBatch  # noqa: E402
-from cases import D, DTYPE, H, TOL, layer_of, make_case, plan_for, reference_out  # noqa: E402
+from cases import D, DTYPE, H, TOL, layer_of, make_case, plan_for, reference_out, replay_rounds, run, target_in_batch  # noqa: E402
 
 PAGE_SIZES = [1, 128]
 M = ForwardMode
@@ -24,11 +23,6 @@ REQUESTS = {
 }
 MODE_OF = {"extend": M.EXTEND, "extend_prefix": M.EXTEND, "decode": M.DECODE, "target_verify": M.TARGET_VERIFY,
            "draft_extend_v2": M.DRAFT_EXTEND_V2}
-
-
-def run(backend: FlashAttentionBackend, case, layer, k=None, v=None):
-    backend.init_forward_metadata(case.setup.batch)
-    return backend.forward(case.q, case.k if k is None else k, case.v if v is None else v, layer, case.setup.batch)
 
 
 def fa_backend(plan, case, layer, **kw) -> FlashAttentionBackend:
@@ -121,39 +115,9 @@ def test_cuda_graph_replay_equals_eager_and_reference(mode, page_size):
                     speculative_num_steps=3, speculative_num_draft_tokens=4)
     assert plan.mode(mode).common.capture_cuda_graph and plan.mode(mode).flashattention.kv_extent == "prefix_plus_new"
     layer = layer_of(LayerKind.FULL)
-    bs, per_req = 4, (1 if mode == M.DECODE else 4)
-    rounds = [[(p, per_req) for p in prefixes] for prefixes in ([5, 300, 127, 64], [1000, 2, 129, 255], [17, 17, 900, 3])]
-    first = make_case(rounds[0], mode, page_size, seed=0)
-    rtt = first.setup.req_to_token_pool.req_to_token
-    fa = fa_backend(plan, first, layer)
-    fa.init_cuda_graph_state(bs, bs * per_req)
-    static = {name: getattr(first, name).clone() for name in ("q", "k", "v")}
-    b = first.setup.batch
-    static_batch = ForwardBatch(mode, bs, b.req_pool_indices.clone(), b.seq_lens.clone(), b.seq_lens_cpu.clone(),
-                                b.extend_prefix_lens.clone(), b.extend_seq_lens.clone(), b.out_cache_loc.clone())
-    fa.init_forward_metadata_capture_cuda_graph(bs, bs * per_req, static_batch.req_pool_indices, static_batch.seq_lens, None, mode)
-    fa.forward(static["q"], static["k"], static["v"], layer, static_batch)  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = fa.forward(static["q"], static["k"], static["v"], layer, static_batch)
-    for i, requests in enumerate(rounds):
-        case = make_case(requests, mode, page_size, seed=i + 1)
-        # move this round into the captured pool and request table
-        fa.kv_pool.k_buffer[0].copy_(case.pools[0].k_buffer[0])
-        fa.kv_pool.v_buffer[0].copy_(case.pools[0].v_buffer[0])
-        rtt.copy_(case.setup.req_to_token_pool.req_to_token[: rtt.shape[0]])
-        for name in ("q", "k", "v"):
-            static[name].copy_(getattr(case, name))
-        cb = case.setup.batch
-        for name in ("req_pool_indices", "seq_lens", "out_cache_loc"):
-            getattr(static_batch, name).copy_(getattr(cb, name))
-        fa.init_forward_metadata_replay_cuda_graph(bs, static_batch.req_pool_indices, static_batch.seq_lens, cb.seq_lens_cpu, None, mode)
-        graph.replay()
-        replayed = static_out.clone()
+    for i, case, replayed in replay_rounds(fa_backend, plan, layer, mode, page_size):
         expected = reference_out(case, plan, layer)
-        eager = FlashAttentionBackend(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], "cuda")
-        eager_out = run(eager, case, layer)
+        eager_out = run(fa_backend(plan, case, layer), case, layer)
         assert (replayed.float() - expected.float()).abs().max().item() < TOL, f"round {i}"
         assert torch.equal(replayed, eager_out), f"round {i}: replay differs from eager"
 
@@ -164,25 +128,8 @@ def test_deterministic_batch_invariance(mode):
     assert plan.flashattention.num_splits == 1
     layer = layer_of(LayerKind.FULL)
     target = (1500, 1) if mode == M.DECODE else (700, 40)
-    outs = []
-    for others in (0, 7, 63):
-        gen = torch.Generator().manual_seed(others)
-        filler = [(int(torch.randint(0, 3000, (1,), generator=gen)), target[1] if mode == M.DECODE else int(torch.randint(1, 80, (1,), generator=gen)))
-                  for _ in range(others)]
-        requests = filler[: others // 2] + [target] + filler[others // 2:]
-        case = make_case(requests, mode, 1, seed=5, num_slots=1 << 18)
-        # the target request gets the same K/V and q in every batch
-        ref_case = make_case([target], mode, 1, seed=99)
-        idx = others // 2
-        start = sum(n for _, n in requests[:idx])
-        slots = case.setup.slots[idx].cuda()
-        case.pools[0].set_kv_buffer(0, slots[: target[0]], ref_case.pools[0].k_buffer[0][ref_case.setup.slots[0][: target[0]].cuda()],
-                                    ref_case.pools[0].v_buffer[0][ref_case.setup.slots[0][: target[0]].cuda()])
-        case.q[start:start + target[1]] = ref_case.q
-        case.k[start:start + target[1]] = ref_case.k
-        case.v[start:start + target[1]] = ref_case.v
-        out = run(fa_backend(plan, case, layer), case, layer)
-        outs.append(out[start:start + target[1]].clone())
+    outs = [target_in_batch(fa_backend, plan, layer, mode, others, target, max_prefix=3000, max_new=80, num_slots=1 << 18)
+            for others in (0, 7, 63)]
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 

@@ -10,9 +10,8 @@ pytest.importorskip("flashinfer")
 from attngate import ForwardMode, LayerKind  # noqa: E402
 from attngate.backends.errors import BatchMetadataError  # noqa: E402
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
-from attngate.backends.forward_batch import ForwardBatch  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
-from cases import D, DTYPE, H, TOL, layer_of, make_case, plan_for, reference_out  # noqa: E402
+from cases import D, DTYPE, H, TOL, layer_of, make_case, plan_for, reference_out, replay_rounds, run, target_in_batch  # noqa: E402
 
 M = ForwardMode
 PAGE_SIZES = [1, 16]
@@ -34,11 +33,6 @@ KINDS = {
 
 def fi_backend(plan, case, layer, **kw) -> FlashInferBackend:
     return FlashInferBackend(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], "cuda", **kw)
-
-
-def run(backend, case, layer, k="new", v="new"):
-    backend.init_forward_metadata(case.setup.batch)
-    return backend.forward(case.q, case.k if k == "new" else k, case.v if v == "new" else v, layer, case.setup.batch)
 
 
 def max_diff(a, b) -> float:
@@ -103,26 +97,11 @@ def test_idle_batch():
     assert backend.forward(torch.empty(0, H, D, device="cuda", dtype=DTYPE), None, None, layer, case.setup.batch).shape == (0, H, D)
 
 
-def _target_in_batches(plan, kind, mode, others: int, layer, page_size=1, encoder=None):
+def _target_in_batches(plan, kind, mode, others: int, layer, encoder=None):
     """The output rows of one fixed request placed in the middle of a batch of `others` other requests."""
     target = (3000, 1) if mode == M.DECODE else (2000, 60)
-    gen = torch.Generator().manual_seed(others)
-    filler = [(int(torch.randint(0, 4000, (1,), generator=gen)), 1 if mode == M.DECODE else int(torch.randint(1, 90, (1,), generator=gen)))
-              for _ in range(others)]
-    idx = others // 2
-    requests = filler[:idx] + [target] + filler[idx:]
-    enc_lens = [encoder] * len(requests) if encoder else None
-    case = make_case(requests, mode, page_size, seed=5, num_slots=1 << 19, encoder_lens=enc_lens)
-    solo = make_case([target], mode, page_size, seed=99, encoder_lens=[encoder] if encoder else None)
-    pre = (encoder or 0) + target[0]
-    case.pools[0].set_kv_buffer(0, case.setup.slots[idx][:pre].cuda(), solo.pools[0].k_buffer[0][solo.setup.slots[0][:pre].cuda()],
-                                solo.pools[0].v_buffer[0][solo.setup.slots[0][:pre].cuda()])
-    start = sum(n for _, n in requests[:idx])
-    for name in ("q", "k", "v"):
-        getattr(case, name)[start:start + target[1]] = getattr(solo, name)
-    kv = (None, None) if kind == LayerKind.CROSS_ATTENTION else ("new", "new")
-    out = run(fi_backend(plan, case, layer), case, layer, *kv)
-    return out[start:start + target[1]].clone()
+    return target_in_batch(fi_backend, plan, layer, mode, others, target, max_prefix=4000, max_new=90, num_slots=1 << 19,
+                           encoder=encoder, kv_from_cache=kind == LayerKind.CROSS_ATTENTION)
 
 
 @pytest.mark.parametrize("kind, model, kw", [
@@ -157,37 +136,9 @@ def test_cuda_graph_replay_equals_eager(mode, page_size):
                     speculative_num_steps=3, speculative_num_draft_tokens=4)
     assert plan.mode(mode).common.capture_cuda_graph
     layer = layer_of(LayerKind.FULL)
-    bs, per_req = 4, (1 if mode == M.DECODE else 4)
-    rounds = [[(p, per_req) for p in prefixes] for prefixes in ([5, 300, 127, 64], [1000, 2, 129, 255], [17, 17, 900, 3])]
-    first = make_case(rounds[0], mode, page_size, seed=0)
-    rtt = first.setup.req_to_token_pool.req_to_token
-    fi = fi_backend(plan, first, layer)
-    fi.init_cuda_graph_state(bs, bs * per_req)
-    static = {name: getattr(first, name).clone() for name in ("q", "k", "v")}
-    b = first.setup.batch
-    static_batch = ForwardBatch(mode, bs, b.req_pool_indices.clone(), b.seq_lens.clone(), b.seq_lens_cpu.clone(),
-                                b.extend_prefix_lens.clone(), b.extend_seq_lens.clone(), b.out_cache_loc.clone())
-    fi.init_forward_metadata_capture_cuda_graph(bs, bs * per_req, static_batch.req_pool_indices, static_batch.seq_lens, None, mode)
-    fi.forward(static["q"], static["k"], static["v"], layer, static_batch)  # JIT outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = fi.forward(static["q"], static["k"], static["v"], layer, static_batch)
-    for i, requests in enumerate(rounds):
-        case = make_case(requests, mode, page_size, seed=i + 1)
-        fi.kv_pool.k_buffer[0].copy_(case.pools[0].k_buffer[0])
-        fi.kv_pool.v_buffer[0].copy_(case.pools[0].v_buffer[0])
-        rtt.copy_(case.setup.req_to_token_pool.req_to_token[: rtt.shape[0]])
-        for name in ("q", "k", "v"):
-            static[name].copy_(getattr(case, name))
-        cb = case.setup.batch
-        for name in ("req_pool_indices", "seq_lens", "out_cache_loc"):
-            getattr(static_batch, name).copy_(getattr(cb, name))
-        fi.init_forward_metadata_replay_cuda_graph(bs, static_batch.req_pool_indices, static_batch.seq_lens, cb.seq_lens_cpu, None, mode)
-        graph.replay()
-        replayed = static_out.clone()
+    for i, case, replayed in replay_rounds(fi_backend, plan, layer, mode, page_size):
         assert max_diff(replayed, reference_out(case, plan, layer)) < TOL, f"round {i}"
-        eager = FlashInferBackend(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], "cuda")
+        eager = fi_backend(plan, case, layer)
         assert max_diff(replayed, run(eager, case, layer)) < TOL, f"round {i}"
 
 
