@@ -53,6 +53,24 @@ def host_us(fn, iters=200) -> float:
     return (t1 - t0) / iters * 1e6
 
 
+def decode_graph_replay(backend, case, layer, bs: int):
+    """Capture one DECODE forward of ``case`` as a CUDA graph; returns a replay step (metadata update + replay)."""
+    batch = case.setup.batch
+    backend.init_cuda_graph_state(bs, bs)
+    backend.init_forward_metadata_capture_cuda_graph(bs, bs, batch.req_pool_indices, batch.seq_lens, None, ForwardMode.DECODE)
+    backend.forward(case.q, case.k, case.v, layer, batch)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        backend.forward(case.q, case.k, case.v, layer, batch)
+
+    def replay():
+        backend.init_forward_metadata_replay_cuda_graph(bs, batch.req_pool_indices, batch.seq_lens, batch.seq_lens_cpu, None, ForwardMode.DECODE)
+        graph.replay()
+
+    return replay
+
+
 def backend_and_raw(requests, mode, plan):
     layer = layer_of(LayerKind.FULL)
     case = make_case(requests, mode, PS, num_slots=len(requests) * (max(p + n for p, n in requests) + PS) // PS * PS + PS,
@@ -108,19 +126,7 @@ def main() -> None:
 
     for bs in (1, 64):
         fa, case, layer, step, raw, _ = backend_and_raw([(4095, 1)] * bs, ForwardMode.DECODE, plan)
-        batch = case.setup.batch
-        fa.init_cuda_graph_state(bs, bs)
-        fa.init_forward_metadata_capture_cuda_graph(bs, bs, batch.req_pool_indices, batch.seq_lens, None, ForwardMode.DECODE)
-        fa.forward(case.q, case.k, case.v, layer, batch)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fa.forward(case.q, case.k, case.v, layer, batch)
-
-        def replay():
-            fa.init_forward_metadata_replay_cuda_graph(bs, batch.req_pool_indices, batch.seq_lens, batch.seq_lens_cpu, None, ForwardMode.DECODE)
-            graph.replay()
-
+        replay = decode_graph_replay(fa, case, layer, bs)
         out[f"host_us_decode_bs{bs}"] = {"backend_eager": round(host_us(step), 1), "raw_kernel_call": round(host_us(raw), 1),
                                          "backend_replay_incl_metadata_update": round(host_us(replay), 1)}
     print(json.dumps(out, indent=2))

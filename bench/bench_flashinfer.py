@@ -20,7 +20,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "gpu"), str
 
 from attngate import ForwardMode, LayerKind  # noqa: E402
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
-from bench_flashattention import cuda_ms, host_us  # noqa: E402
+from bench_flashattention import cuda_ms, decode_graph_replay, host_us  # noqa: E402
 from cases import D, H, HKV, layer_of, make_case, plan_for  # noqa: E402
 
 PS = 16
@@ -72,18 +72,7 @@ def main() -> None:
             fi.init_forward_metadata(batch)
             return fi.forward(case.q, case.k, case.v, layer, batch)
 
-        fi.init_cuda_graph_state(bs, bs)
-        fi.init_forward_metadata_capture_cuda_graph(bs, bs, batch.req_pool_indices, batch.seq_lens, None, ForwardMode.DECODE)
-        fi.forward(case.q, case.k, case.v, layer, batch)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fi.forward(case.q, case.k, case.v, layer, batch)
-
-        def replay():
-            fi.init_forward_metadata_replay_cuda_graph(bs, batch.req_pool_indices, batch.seq_lens, batch.seq_lens_cpu, None, ForwardMode.DECODE)
-            graph.replay()
-
+        replay = decode_graph_replay(fi, case, layer, bs)
         out[f"host_us_decode_bs{bs}"] = {"eager_metadata_plus_forward": round(host_us(eager_step, 100), 1),
                                          "eager_forward_only": round(host_us(forward, 100), 1),
                                          "replay_incl_replan": round(host_us(replay, 100), 1)}
