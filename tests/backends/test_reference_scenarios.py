@@ -210,3 +210,23 @@ def test_seq_lens_must_be_post_write_lengths():
     s.batch.seq_lens = s.batch.extend_prefix_lens.clone()  # the prefix-only convention SGLang's tests once used
     with pytest.raises(BatchMetadataError, match="post-write lengths"):
         backend.init_forward_metadata(s.batch)
+
+
+@pytest.mark.parametrize("dtype,head_dim", [(torch.bfloat16, 16), (torch.float32, 16), (torch.bfloat16, 3)])
+def test_set_kv_buffer_writes_exactly_the_given_slots(dtype, head_dim):
+    """The pool's row scatter (8-byte words where the layout allows) against plain indexing, for a
+    strided source (K/V split from one fused projection), int32 slot indices and odd row sizes."""
+    pool = MHATokenToKVPool(64, 16, 2, HKV, head_dim, dtype=dtype)
+    loc = torch.tensor([9, 0, 63, 17, 32], dtype=torch.int32)
+    kv = torch.randn(5, 2, HKV, head_dim).to(dtype)
+    k, v = kv[:, 0], kv[:, 1]  # non-contiguous views
+    pool.set_kv_buffer(1, loc, k, v)
+    k_buf, v_buf = pool.get_kv_buffer(1)
+    expected_k, expected_v = torch.zeros_like(k_buf), torch.zeros_like(v_buf)
+    expected_k[loc.long()], expected_v[loc.long()] = k, v
+    assert torch.equal(k_buf, expected_k) and torch.equal(v_buf, expected_v)
+    assert not pool.get_kv_buffer(0)[0].any()  # other layers untouched
+    mla = MLATokenToKVPool(64, 16, 1, kv_lora_rank=8, qk_rope_head_dim=4, dtype=dtype)
+    latent = torch.randn(5, 1, 12).to(dtype)
+    mla.set_kv_buffer(0, loc, latent)
+    assert torch.equal(mla.get_kv_buffer(0)[0][loc.long()], latent) and int((mla.get_kv_buffer(0)[0] != 0).any(-1).sum()) == 5
