@@ -110,6 +110,16 @@ def test_deterministic_fa_num_splits(backend, gpu):
     assert r.plan.flashattention.provider == "flash_attn_interface"
 
 
+def test_fa3_interface_never_serves_a_model_with_sinks():
+    """Upstream flash_attn_interface has no learned sinks: gpt-oss on fa3 runs flash_attn.cute, with its limits."""
+    for name in ("gpt-oss-20b", "Llama-3.1-8B"):
+        for installed in (True, False):
+            r = resolve(ServerArgs(attention_backend="fa3"), model(name), Platform.from_name("sm90", has_flash_attn_interface=installed))
+            interface = installed and not model(name).has_attention_sinks
+            assert r.plan.flashattention.provider == ("flash_attn_interface" if interface else "flash_attn.cute")
+            assert r.plan.flashattention.num_splits == (0 if interface else 1)
+
+
 def test_deterministic_rejects_other_backends_and_defaults_by_arch():
     with pytest.raises(PlanError, match="support deterministic inference"):
         resolve(ServerArgs(attention_backend="torch_native", enable_deterministic_inference=True), model("Llama-3.1-8B"), Platform.from_name("sm90"))

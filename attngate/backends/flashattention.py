@@ -49,7 +49,8 @@ class _Fa4Kernel:
         self._scheduler = getattr(module, "get_scheduler_metadata", None) or getattr(
             importlib.import_module("flash_attn.cute.interface"), "get_scheduler_metadata", None)
 
-    def scheduler_metadata(self, md: _Metadata, layer: AttentionLayer, max_seqlen_k: int, num_splits: int):
+    def scheduler_metadata(self, md: _Metadata, layer: AttentionLayer, max_seqlen_k: int, *, num_splits: int,
+                           page_size: int, dtype: torch.dtype):
         """The decode tile scheduler's metadata, computed once per batch (None where FA4 offers none)."""
         if self._scheduler is None:
             return None
@@ -75,8 +76,14 @@ class _Fa3Kernel:
     def __init__(self) -> None:
         self.fa3 = importlib.import_module("flash_attn_interface")
 
-    def scheduler_metadata(self, md: _Metadata, layer: AttentionLayer, max_seqlen_k: int, num_splits: int):
-        return None  # FA3's precompute takes the paged geometry too; not wired here yet (see the closing note)
+    def scheduler_metadata(self, md: _Metadata, layer: AttentionLayer, max_seqlen_k: int, *, num_splits: int,
+                           page_size: int, dtype: torch.dtype):
+        """FA3's tile-scheduler metadata for the paged decode call; every argument that shapes the
+        schedule must equal the kernel call's, or FA3 reads a schedule planned for another launch."""
+        return self.fa3.get_scheduler_metadata(
+            md.seqused_k.shape[0], md.max_seqlen_q, max_seqlen_k, layer.num_q_heads, layer.num_kv_heads, layer.head_dim,
+            md.seqused_k, qkv_dtype=dtype, headdim_v=layer.v_head_dim, cu_seqlens_q=md.cu_seqlens_q, page_size=page_size,
+            causal=True, has_softcap=bool(layer.logit_cap), num_splits=num_splits)
 
     def __call__(self, q, k, v, *, cu_seqlens_q, max_seqlen_q, seqused_k=None, page_table=None, cu_seqlens_k=None,
                  max_seqlen_k=None, layer: AttentionLayer, causal: bool, window: tuple, num_splits: int,
@@ -143,7 +150,8 @@ class FlashAttentionBackend(AttentionBackend):
         self._fill_kv_metadata(self.md, batch.forward_mode, batch.req_pool_indices, batch.seq_lens,
                                batch.extend_seq_lens, batch.encoder_lens, pages=-(-max_k // self.page_size))
         if batch.forward_mode == ForwardMode.DECODE and self.precompute_scheduler_metadata and self._scheduled is not None:
-            self.md.scheduler_metadata = self.kernel.scheduler_metadata(self.md, self._scheduled, max_k, self.num_splits)
+            self.md.scheduler_metadata = self.kernel.scheduler_metadata(
+                self.md, self._scheduled, max_k, num_splits=self.num_splits, page_size=self.page_size, dtype=self.kv_pool.dtype)
 
     def _fill_kv_metadata(self, md: _Metadata, mode: ForwardMode, rows: torch.Tensor, seq_lens: torch.Tensor,
                           extend_seq_lens: torch.Tensor, encoder_lens: torch.Tensor | None, *, in_place: bool = False,
