@@ -12,7 +12,9 @@ TARGET_VERIFY and DRAFT_EXTEND_V2: the new K/V are written first, then one causa
 
 Every plan() call is built by :meth:`FlashInferBackend._plan_kwargs`, so the deterministic settings
 (``prefill_fixed_split_size``, ``decode_fixed_split_size``, ``cuda_graph_disable_split_kv``) reach
-every wrapper kind through one place.
+every wrapper kind through one place. plan() gets its indptr and last_page_len arrays on the host
+(FlashInfer reads them there and copies them to the device itself): a device array would cost a
+device-to-host copy that waits for all queued GPU work, so the host could not run ahead.
 """
 
 from __future__ import annotations
@@ -150,7 +152,7 @@ class FlashInferBackend(AttentionBackend):
                 rng = self._kv_range(spec, lens, prefix_only=False)
                 self._plan_paged(paged, spec, qo_indptr, rng, batch.req_pool_indices, lens, causal=spec.causal and not spec.cross)
                 continue
-            rag.plan(qo_indptr.to(self.device), qo_indptr.to(self.device), *self._heads(), causal=spec.causal,
+            rag.plan(qo_indptr, qo_indptr, *self._heads(), causal=spec.causal,
                      **self._plan_kwargs(spec, "ragged"))
             if has_prefix:
                 rng = self._kv_range(spec, lens, prefix_only=True)
@@ -191,19 +193,23 @@ class FlashInferBackend(AttentionBackend):
         return _KvRange(_indptr(counts), first, counts, last_len.to(torch.int32), first * ps, kv_len)
 
     def _indices(self, rows: torch.Tensor, rng: _KvRange) -> torch.Tensor:
-        """``[total_pages]`` int32 page ids, request by request; sized on the host, so no device sync."""
+        """``[total_pages]`` int32 page ids, request by request; sized on the host, so no device sync.
+
+        One host-to-device copy of two ``[bs]`` arrays (each request's first page relative to its
+        indptr, and its page count); the device expands them and gathers from ``req_to_token``.
+        """
         total = int(rng.indptr[-1])
-        counts = rng.counts.to(self.device, non_blocking=True)
-        rep = lambda t: torch.repeat_interleave(t, counts, dim=0, output_size=total)  # noqa: E731
-        per_req = torch.stack([rows, rng.first_page.to(self.device, non_blocking=True), rng.indptr[:-1].to(self.device, non_blocking=True).long()])
-        rows_rep, first_rep, start_rep = rep(per_req.T).T if total else per_req[:, :0]
-        within = torch.arange(total, device=self.device) - start_rep
-        return (self.req_to_token[rows_rep, (first_rep + within) * self.page_size] // self.page_size).to(torch.int32)
+        if total == 0:
+            return torch.empty(0, dtype=torch.int32, device=self.device)
+        offset, counts = torch.stack([rng.first_page - rng.indptr[:-1], rng.counts]).to(self.device, non_blocking=True)
+        rows_rep = torch.repeat_interleave(rows, counts, output_size=total)
+        page_in_row = torch.repeat_interleave(offset, counts, output_size=total) + torch.arange(total, device=self.device)
+        return (self.req_to_token[rows_rep, page_in_row * self.page_size] // self.page_size).to(torch.int32)
 
     def _plan_decode(self, wrapper, spec: _WrapperSpec, rows: torch.Tensor, lens: dict, *, cuda_graph: bool) -> None:
         rng = self._kv_range(spec, lens, prefix_only=False)
         q_heads, kv_heads, head_dim = self._heads()
-        wrapper.plan(rng.indptr.to(self.device), self._indices(rows, rng), rng.last_page_len.to(self.device),
+        wrapper.plan(rng.indptr, self._indices(rows, rng), rng.last_page_len,
                      q_heads, kv_heads, head_dim, self.page_size, **self._plan_kwargs(spec, "decode", cuda_graph=cuda_graph))
 
     def _plan_paged(self, wrapper, spec: _WrapperSpec, qo_indptr: torch.Tensor, rng: _KvRange, rows: torch.Tensor,
@@ -212,8 +218,7 @@ class FlashInferBackend(AttentionBackend):
         if window_mask:  # paged half of a ragged+paged window layer: queries sit after the prefix
             kw["custom_mask"] = self._prefix_window_mask(spec, rng, lens)
             kw["window_left"] = -1
-        wrapper.plan(qo_indptr.to(self.device), rng.indptr.to(self.device), self._indices(rows, rng),
-                     rng.last_page_len.to(self.device), *self._heads(), self.page_size, causal=causal, **kw)
+        wrapper.plan(qo_indptr, rng.indptr, self._indices(rows, rng), rng.last_page_len, *self._heads(), self.page_size, causal=causal, **kw)
 
     def _prefix_window_mask(self, spec: _WrapperSpec, rng: _KvRange, lens: dict) -> torch.Tensor:
         """Flattened ``[sum(new_i * kv_len_i)]`` bool: key at ``start + j`` is visible to the query at ``prefix + i``
