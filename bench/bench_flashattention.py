@@ -11,64 +11,21 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "gpu")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "gpu"), str(ROOT / "bench")]
 
 from flash_attn.cute import flash_attn_varlen_func  # noqa: E402
 
 from attngate import ForwardMode, LayerKind  # noqa: E402
 from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
 from cases import D, H, HKV, layer_of, make_case, plan_for  # noqa: E402
+from common import cuda_ms, decode_graph_replay, host_us, paired_ms  # noqa: E402
 
 PS = 128
-
-
-def cuda_ms(fn, iters=30, warmup=5) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
-
-
-def host_us(fn, iters=200) -> float:
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / iters * 1e6
-
-
-def decode_graph_replay(backend, case, layer, bs: int):
-    """Capture one DECODE forward of ``case`` as a CUDA graph; returns a replay step (metadata update + replay)."""
-    batch = case.setup.batch
-    backend.init_cuda_graph_state(bs, bs)
-    backend.init_forward_metadata_capture_cuda_graph(bs, bs, batch.req_pool_indices, batch.seq_lens, None, ForwardMode.DECODE)
-    backend.forward(case.q, case.k, case.v, layer, batch)  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        backend.forward(case.q, case.k, case.v, layer, batch)
-
-    def replay():
-        backend.init_forward_metadata_replay_cuda_graph(bs, batch.req_pool_indices, batch.seq_lens, batch.seq_lens_cpu, None, ForwardMode.DECODE)
-        graph.replay()
-
-    return replay
 
 
 def backend_and_raw(requests, mode, plan):
@@ -105,7 +62,7 @@ def main() -> None:
 
     fa, case, _, step, raw, layer_forward = backend_and_raw([(4095, 1)] * 64, ForwardMode.DECODE, plan)
     kv_bytes = 64 * 4096 * HKV * D * 2 * 2
-    t_b, t_r, t_s = cuda_ms(layer_forward), cuda_ms(raw), cuda_ms(step)
+    (t_b, t_r), t_s = paired_ms(layer_forward, raw), cuda_ms(step)
     out["decode_64x4096"] = {"backend_layer_ms": round(t_b, 4), "raw_ms": round(t_r, 4), "backend_TBps": round(kv_bytes / t_b / 1e9, 3),
                              "raw_TBps": round(kv_bytes / t_r / 1e9, 3), "backend_over_raw": round(t_b / t_r, 3),
                              "metadata_plus_one_layer_ms": round(t_s, 4),
@@ -113,7 +70,7 @@ def main() -> None:
 
     fa, case, _, step, raw, layer_forward = backend_and_raw([(0, 4096)] * 8, ForwardMode.EXTEND, plan)
     flops = 8 * 4 * H * D * 4096 * 4096 / 2
-    t_b, t_r = cuda_ms(layer_forward, 10), cuda_ms(raw, 10)
+    t_b, t_r = paired_ms(layer_forward, raw, iters=10)
     out["prefill_8x4096_causal"] = {"backend_layer_ms": round(t_b, 3), "raw_ms": round(t_r, 3), "backend_TFLOPs": round(flops / t_b / 1e9, 1),
                                     "raw_TFLOPs": round(flops / t_r / 1e9, 1), "backend_over_raw": round(t_b / t_r, 3)}
 
@@ -121,7 +78,7 @@ def main() -> None:
     for name, requests in (("embedding_64x512", [(0, 512)] * 64), ("embedding_8x4096", [(0, 4096)] * 8)):
         _, _, _, paged_step, _, _ = backend_and_raw(requests, ForwardMode.EXTEND, plan)
         _, _, _, fast_step, _, _ = backend_and_raw(requests, ForwardMode.EXTEND, fast)
-        t_p, t_f = cuda_ms(paged_step, 10), cuda_ms(fast_step, 10)
+        t_p, t_f = paired_ms(paged_step, fast_step, iters=10)
         out[name] = {"paged_ms": round(t_p, 3), "fast_path_ms": round(t_f, 3), "fast_over_paged": round(t_f / t_p, 3)}
 
     for bs in (1, 64):

@@ -20,8 +20,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "gpu"), str
 
 from attngate import ForwardMode, LayerKind  # noqa: E402
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
-from bench_flashattention import cuda_ms, decode_graph_replay, host_us  # noqa: E402
 from cases import D, H, HKV, layer_of, make_case, plan_for  # noqa: E402
+from common import decode_graph_replay, host_us, paired_ms  # noqa: E402
 
 PS = 16
 
@@ -47,7 +47,7 @@ def main() -> None:
         fi, case, layer, forward = setup([(4095, 1)] * 64, ForwardMode.DECODE, plan)
         caches = fi._caches(layer)
         raw = lambda: fi._active_decode[0].run(case.q, caches)  # noqa: E731
-        t_b, t_r = cuda_ms(forward), cuda_ms(raw)
+        t_b, t_r = paired_ms(forward, raw)
         out[f"decode_64x4096_{name}"] = {"backend_ms": round(t_b, 4), "raw_run_ms": round(t_r, 4),
                                          "backend_TBps": round(kv_bytes / t_b / 1e9, 3), "raw_TBps": round(kv_bytes / t_r / 1e9, 3),
                                          "backend_over_raw": round(t_b / t_r, 3)}
@@ -57,7 +57,7 @@ def main() -> None:
         else:
             caches = fi._caches(layer)
             raw = lambda: fi._active_paged[0].run(case.q, caches)  # noqa: E731
-        t_b, t_r = cuda_ms(forward, 10), cuda_ms(raw, 10)
+        t_b, t_r = paired_ms(forward, raw, iters=10)
         out[f"prefill_8x4096_causal_{name}"] = {"path": fi._batch_path, "backend_ms": round(t_b, 3), "raw_run_ms": round(t_r, 3),
                                                 "backend_TFLOPs": round(flops / t_b / 1e9, 1), "raw_TFLOPs": round(flops / t_r / 1e9, 1),
                                                 "backend_over_raw": round(t_b / t_r, 3)}
@@ -73,9 +73,9 @@ def main() -> None:
             return fi.forward(case.q, case.k, case.v, layer, batch)
 
         replay = decode_graph_replay(fi, case, layer, bs)
-        out[f"host_us_decode_bs{bs}"] = {"eager_metadata_plus_forward": round(host_us(eager_step, 100), 1),
-                                         "eager_forward_only": round(host_us(forward, 100), 1),
-                                         "replay_incl_replan": round(host_us(replay, 100), 1)}
+        out[f"host_us_decode_bs{bs}"] = {"eager_metadata_plus_forward": round(host_us(eager_step), 1),
+                                         "eager_forward_only": round(host_us(forward), 1),
+                                         "replay_incl_replan": round(host_us(replay), 1)}
     print(json.dumps(out, indent=2))
 
 
