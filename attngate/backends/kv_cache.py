@@ -76,7 +76,7 @@ def _as_words(rows: torch.Tensor) -> torch.Tensor:
     return rows
 
 
-def scatter_rows(buf_words: torch.Tensor, loc: torch.Tensor, src: torch.Tensor) -> None:
+def _scatter_rows(buf_words: torch.Tensor, loc: torch.Tensor, src: torch.Tensor) -> None:
     """``buf[loc] = src`` for ``buf_words = _as_words(buf.flatten(1))``, ``loc: [n]`` int64 (int32 is
     widened) and ``src: [n, ...]`` of buf's dtype."""
     src_words = _as_words(src.flatten(1))
@@ -108,9 +108,9 @@ class MHATokenToKVPool(_PoolBase):
         self._v_words = [_as_words(b.flatten(1)) for b in self.v_buffer]
 
     def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write ``k: [n, num_kv_heads, head_dim]`` and ``v`` into slots ``loc: [n]`` int64."""
-        scatter_rows(self._k_words[layer_id], loc, k.to(self.dtype))
-        scatter_rows(self._v_words[layer_id], loc, v.to(self.dtype))
+        """Write ``k: [n, num_kv_heads, head_dim]`` and ``v`` into slots ``loc: [n]`` int64 (int32 is widened)."""
+        _scatter_rows(self._k_words[layer_id], loc, k.to(self.dtype))
+        _scatter_rows(self._v_words[layer_id], loc, v.to(self.dtype))
 
     def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k_buffer[layer_id], self.v_buffer[layer_id]
@@ -128,7 +128,7 @@ class MLATokenToKVPool(_PoolBase):
 
     def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
         """Write ``k: [n, 1, kv_lora_rank + qk_rope_head_dim]`` (latent ++ rope) into slots ``loc``; ``v`` is unused."""
-        scatter_rows(self._kv_words[layer_id], loc, k.to(self.dtype))
+        _scatter_rows(self._kv_words[layer_id], loc, k.to(self.dtype))
 
     def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(K, V) views: K is latent ++ rope, V is the latent."""
