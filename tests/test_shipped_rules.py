@@ -10,7 +10,7 @@ import random
 import pytest
 import z3
 
-from attngate import Platform, PlanError, ServerArgs, resolve
+from attngate import ForwardMode, LayerKind, Platform, PlanError, ServerArgs, resolve
 from attngate.facts.schema import FACTS, base_facts
 from attngate.gates.registry import GATES
 from attngate.rules.condition import gate_key
@@ -311,3 +311,16 @@ def _z3(v):
     if isinstance(v, int):
         return z3.IntVal(v)
     return z3.StringVal(v)
+
+
+@pytest.mark.parametrize("backend", ["fa3", "flashinfer"])
+@pytest.mark.parametrize("det", [False, True])
+def test_encoder_only_layers_write_the_cache_exactly_where_a_backend_reads_it(backend, det):
+    """FA and ragged FlashInfer attend on the raw K/V of encoder-only layers; FlashInfer without
+    ragged prefill (deterministic inference) reads them back through the paged wrapper."""
+    r = resolve(ServerArgs(attention_backend=backend, enable_deterministic_inference=det, is_embedding=True),
+                model("all-MiniLM-L6-v2"), fa3_gpu())
+    paged_extend = backend == "flashinfer" and r.plan.mode(ForwardMode.EXTEND).flashinfer.paged_kv_extent == "prefix_plus_new"
+    assert paged_extend is (backend == "flashinfer" and det)
+    assert r.plan.layer(LayerKind.ENCODER_ONLY).common.write_kv_cache is paged_extend
+    assert r.plan.layer(LayerKind.ENCODER_ONLY).common.causal is False

@@ -76,6 +76,11 @@ class FlashInferBackend(AttentionBackend):
         self.checked = checked
         self.layer_gates = {kind: plan.layer(kind) for kind in LayerKind}
         self.specs = self._wrapper_specs(gates.wrapper_dispatch)
+        unwritten = [lay.layer_id for lay in layers
+                     if lay.kind != LayerKind.CROSS_ATTENTION and not self.layer_gates[lay.kind].common.write_kv_cache]
+        if unwritten and plan.mode(ForwardMode.EXTEND).flashinfer.paged_kv_extent != "prefix":
+            raise ValueError(f"layers {unwritten} write no KV cache (common.write_kv_cache) but EXTEND runs through "
+                             "the paged wrapper (flashinfer.paged_kv_extent prefix_plus_new), which would read their stale slots")
         self.workspace = torch.empty(gates.workspace_size_mb << 20, dtype=torch.uint8, device=self.device)
         n = len(self.specs)
         # fa2 kernels for every prefill wrapper: one JIT family, as SGLang's paged/verify wrappers
@@ -259,6 +264,9 @@ class FlashInferBackend(AttentionBackend):
             return self._active_paged[i].run(q, self._caches(layer))
         if path == "ragged":
             out = self.ragged_wrappers[i].run(q, k, v)
+        elif not self.layer_gates[layer.kind].common.write_kv_cache:
+            raise BatchMetadataError(Problem(f"layer {layer.layer_id} ({layer.kind.value})",
+                                             "writes no KV cache, so it cannot attend to a cached prefix"))
         else:
             o_new, s_new = self.ragged_wrappers[i].run(q, k, v, return_lse=True)  # lse: [tokens, heads]
             o_pre, s_pre = self._active_paged[i].run(q, self._caches(layer), return_lse=True)

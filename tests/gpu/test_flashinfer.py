@@ -149,3 +149,25 @@ def test_checked_mode_catches_out_of_range_slot():
     case.setup.batch.out_cache_loc[1] = 10 ** 9  # a planted slot far outside the pool
     with pytest.raises(BatchMetadataError, match="outside the pool"):
         fi_backend(plan, case, layer, checked=True).init_forward_metadata(case.setup.batch)
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+@pytest.mark.parametrize("det", [False, True], ids=["default", "deterministic"])
+def test_encoder_only_layers_match_reference(det, page_size):
+    """Bidirectional layers (BERT-style embedding models): by default the ragged wrapper on the raw
+    K/V; under deterministic inference the paged wrapper reads the K/V the layer wrote first (rule
+    layer.encoder-only-writes-no-cache), where skipping the write once read stale slots."""
+    plan = plan_for("flashinfer", page_size, "all-MiniLM-L6-v2", is_embedding=True, enable_deterministic_inference=det)
+    layer = layer_of(LayerKind.ENCODER_ONLY)
+    case = make_case(REQUESTS["extend"], M.EXTEND, page_size)
+    fi = fi_backend(plan, case, layer)
+    assert max_diff(run(fi, case, layer), reference_out(case, plan, layer)) < TOL
+    assert fi._batch_path == ("paged" if det else "ragged")
+
+
+def test_encoder_only_layer_with_a_cached_prefix_is_a_clear_error():
+    plan = plan_for("flashinfer", 1, "all-MiniLM-L6-v2", is_embedding=True)
+    layer = layer_of(LayerKind.ENCODER_ONLY)
+    case = make_case([(5, 3), (0, 4)], M.EXTEND, 1)
+    with pytest.raises(BatchMetadataError, match="cannot attend to a cached prefix"):
+        run(fi_backend(plan, case, layer), case, layer)
