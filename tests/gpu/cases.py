@@ -17,6 +17,19 @@ from helpers import MODELS
 H, HKV, D = 32, 8, 128
 DTYPE = torch.bfloat16
 TOL = 2e-2  # bf16 kernels against the float32 reference (measured differences are about 1e-2)
+MODE_OF = {"extend": ForwardMode.EXTEND, "extend_prefix": ForwardMode.EXTEND, "decode": ForwardMode.DECODE,
+           "target_verify": ForwardMode.TARGET_VERIFY, "draft_extend_v2": ForwardMode.DRAFT_EXTEND_V2}
+
+
+def requests_around_page(ps: int) -> dict[str, list[tuple[int, int]]]:
+    """Per shape of MODE_OF, uneven ``(prefix_len, new_len)`` requests on both sides of a ``ps``-token page boundary."""
+    return {
+        "extend": [(0, 1), (0, ps - 1), (0, ps + 1), (0, 300)],
+        "extend_prefix": [(5, 1), (ps - 1, 17), (ps, ps), (700, 45), (0, 260), (1, 260)],
+        "decode": [(0, 1), (ps - 2, 1), (ps - 1, 1), (ps, 1), (2000, 1)],
+        "target_verify": [(3, 4), (ps - 1, 4), (500, 4)],
+        "draft_extend_v2": [(9, 3), (ps, 3), (1024, 3)],
+    }
 
 
 def plan_for(backend: str = "fa4", page_size: int = 1, model: str = "Llama-3.1-8B", **args):

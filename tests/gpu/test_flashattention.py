@@ -10,19 +10,14 @@ pytest.importorskip("flash_attn.cute")
 from attngate import ForwardMode, LayerKind  # noqa: E402
 from attngate.backends.errors import BatchMetadataError  # noqa: E402
 from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
-from cases import D, DTYPE, H, TOL, layer_of, make_case, plan_for, reference_out, replay_rounds, run, target_in_batch  # noqa: E402
+from cases import (  # noqa: E402
+    D, DTYPE, H, MODE_OF, TOL, layer_of, make_case, plan_for, reference_out, replay_rounds, requests_around_page, run,
+    target_in_batch,
+)
 
 PAGE_SIZES = [1, 128]
 M = ForwardMode
-REQUESTS = {
-    "extend": [(0, 1), (0, 127), (0, 129), (0, 300)],
-    "extend_prefix": [(5, 1), (127, 17), (128, 128), (700, 45), (1, 260)],
-    "decode": [(0, 1), (126, 1), (127, 1), (128, 1), (2000, 1)],
-    "target_verify": [(3, 4), (127, 4), (500, 4)],
-    "draft_extend_v2": [(9, 3), (128, 3), (1024, 3)],
-}
-MODE_OF = {"extend": M.EXTEND, "extend_prefix": M.EXTEND, "decode": M.DECODE, "target_verify": M.TARGET_VERIFY,
-           "draft_extend_v2": M.DRAFT_EXTEND_V2}
+REQUESTS = requests_around_page(PAGE_SIZES[-1])
 
 
 def fa_backend(plan, case, layer, **kw) -> FlashAttentionBackend:

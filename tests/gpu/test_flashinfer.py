@@ -11,19 +11,14 @@ from attngate import ForwardMode, LayerKind  # noqa: E402
 from attngate.backends.errors import BatchMetadataError  # noqa: E402
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
-from cases import D, DTYPE, H, TOL, layer_of, make_case, plan_for, reference_out, replay_rounds, run, target_in_batch  # noqa: E402
+from cases import (  # noqa: E402
+    D, DTYPE, H, MODE_OF, TOL, layer_of, make_case, plan_for, reference_out, replay_rounds, requests_around_page, run,
+    target_in_batch,
+)
 
 M = ForwardMode
 PAGE_SIZES = [1, 16]
-REQUESTS = {
-    "extend": [(0, 1), (0, 15), (0, 17), (0, 300)],
-    "extend_prefix": [(5, 1), (15, 17), (16, 16), (700, 45), (0, 260)],
-    "decode": [(0, 1), (14, 1), (15, 1), (16, 1), (2000, 1)],
-    "target_verify": [(3, 4), (15, 4), (500, 4)],
-    "draft_extend_v2": [(9, 3), (16, 3), (1024, 3)],
-}
-MODE_OF = {"extend": M.EXTEND, "extend_prefix": M.EXTEND, "decode": M.DECODE, "target_verify": M.TARGET_VERIFY,
-           "draft_extend_v2": M.DRAFT_EXTEND_V2}
+REQUESTS = requests_around_page(PAGE_SIZES[-1])
 # layer kind -> (model whose plan dispatches it, layer kwargs)
 KINDS = {
     LayerKind.FULL: ("Llama-3.1-8B", {}),
