@@ -36,11 +36,25 @@ def test_qwen3_embedding_json_skip_kv_cache_true():
 
 
 def test_deepseek_json_skip_kv_cache_false_names_use_mla():
-    res = explain("--model", str(MODELS / "DeepSeek-V2-Lite.json"), *EMBED, "--format", "json")
+    res = explain("--model", str(MODELS / "DeepSeek-V2-Lite.json"), *EMBED, "--format", "json",
+                  "--kernels", "flashinfer,flash_attn.cute,flash_attn_interface")
     assert res.exit_code == 0, res.output
     gate = json.loads(res.stdout)["gates"]["fa.skip_kv_cache"]
     assert gate["value"] is False and gate["origin"] == "default" and gate["facts"]["use_mla"] is True
     assert gate["candidates"] == [{"rule": "fa.skip-kv-cache-for-embedding", "failed": ["not use_mla"]}]
+
+
+def test_fa3_mla_without_flash_attn_interface_is_refused_with_what_would_work():
+    res = explain("--model", str(MODELS / "DeepSeek-V2-Lite.json"), *EMBED, "--format", "json")
+    assert res.exit_code == 1
+    errors = json.loads(res.stdout)["errors"]
+    assert [e["rule"] for e in errors] == ["fa.mla-needs-absorbed-kernel"]
+    assert "--attention-backend flashinfer" in errors[0]["message"]
+
+
+def test_kernels_flag_names_unknown_providers():
+    res = explain("--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm90", "--kernels", "flashinfer,flash_atn.cute")
+    assert res.exit_code == 2 and "flash_atn.cute" in res.output and "flash_attn.cute" in res.output
 
 
 def test_table_output_and_mode_filter():

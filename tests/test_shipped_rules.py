@@ -36,7 +36,7 @@ def test_skip_kv_cache_exhaustive(backend, name):
     for is_emb, cps, no_radix in itertools.product([False, True], [-1, None, 8192], [False, True]):
         args = ServerArgs(attention_backend=backend, is_embedding=is_emb, chunked_prefill_size=cps, disable_radix_cache=no_radix)
         try:
-            r = resolve(args, m, Platform.from_name(FA_GPU[backend]))
+            r = resolve(args, m, fa3_gpu(FA_GPU[backend]))
         except PlanError as err:
             assert backend == "fa4" and m.use_mla is False or backend == "fa4", err
             continue
@@ -67,7 +67,7 @@ def test_precompute_scheduler_metadata_exhaustive(name):
     m = model(name)
     for dp, cp in itertools.product([False, True], [False, True]):
         args = ServerArgs(attention_backend="fa3", enable_dp_attention=dp, dp_size=2 if dp else 1, enable_prefill_cp=cp)
-        r = resolve(args, m, Platform.from_name("sm90"))
+        r = resolve(args, m, fa3_gpu())
         assert r.plan.flashattention.precompute_scheduler_metadata is not (dp or cp or m.use_mla)
 
 
@@ -197,14 +197,14 @@ def test_draft_extend_v2_reads_prefix_plus_new(backend, gpu, cuda_graph):
     ("--rl-on-policy-target fsdp", "Llama-3.1-8B", "sm90", lambda r: r.server_args.enable_deterministic_inference and r.plan.flashattention.num_splits == 1),
 ])
 def test_rule_outcomes(flags, name, gpu, check):
-    r = resolve(ServerArgs.from_flags(flags.split()), model(name), Platform.from_name(gpu))
+    r = resolve(ServerArgs.from_flags(flags.split()), model(name), fa3_gpu(gpu))  # SGLang's hosts have FA3
     assert check(r), r.plan
 
 
 @pytest.mark.parametrize("flags, name, gpu, rule", [
     ("--attention-backend fa3", "Llama-3.1-8B", "sm100", "fa3.requires-sm80-or-sm90"),
     ("--attention-backend fa3", "DeepSeek-V2-Lite", "sm80", "fa3.requires-sm80-or-sm90"),
-    ("--attention-backend fa4", "DeepSeek-V2-Lite", "sm90", "fa4.mla-not-on-sm90"),
+    ("--attention-backend fa4", "DeepSeek-V2-Lite", "sm90", "fa.mla-needs-absorbed-kernel"),
     ("--attention-backend triton", "whisper-large-v3-turbo", "sm90", "triton.no-encoder-decoder"),
     ("--attention-backend flashinfer", "gpt-oss-20b", "sm90", "flashinfer.no-attention-sinks"),
     ("--attention-backend trtllm_mha", "DeepSeek-V2-Lite", "sm100", "trtllm-mha.mha-only"),

@@ -17,8 +17,14 @@ class AttentionLayer:
     ``sliding_window_size`` follows SGLang: the number of *earlier* tokens a query may see, i.e. the
     HF ``sliding_window`` minus 1 (a query at position p sees keys in [p - sliding_window_size, p]).
     ``logit_cap`` is the softcap (0 = none). ``sinks``: ``[num_q_heads]`` float32 learned sink
-    logits or None. For an MLA layer (absorbed form) ``head_dim`` is ``kv_lora_rank + qk_rope_head_dim``,
-    ``v_head_dim`` is ``kv_lora_rank`` and ``num_kv_heads`` is 1.
+    logits or None; ``has_sinks`` says the model has them before they are bound.
+
+    MLA layers (``is_mla``): ``head_dim`` is q's head dim ``qk_nope_head_dim + qk_rope_head_dim``,
+    ``v_head_dim`` the output's, ``num_kv_heads`` is 1 (the latent is shared by all heads), and the
+    cache holds ``kv_lora_rank + qk_rope_head_dim`` values per token (ckv ++ kpe). ``w_kc:
+    [num_q_heads, qk_nope_head_dim, kv_lora_rank]`` and ``w_vc: [num_q_heads, kv_lora_rank,
+    v_head_dim]`` are kv_b_proj's two halves (SGLang's names); a backend uses them to absorb q_nope
+    into the latent (absorbed form) or to decompress the latent into K/V (non-absorbed form).
     """
 
     layer_id: int
@@ -32,27 +38,40 @@ class AttentionLayer:
     attention_chunk_size: int | None = None
     logit_cap: float = 0.0
     sinks: torch.Tensor | None = None
+    has_sinks: bool = False
     is_mla: bool = False
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    w_kc: torch.Tensor | None = None
+    w_vc: torch.Tensor | None = None
+
+    @property
+    def qk_nope_head_dim(self) -> int:
+        return self.head_dim - self.qk_rope_head_dim
+
+    @property
+    def latent_dim(self) -> int:
+        """Values per token in an MLA layer's cache: ``kv_lora_rank + qk_rope_head_dim`` (576 for DeepSeek)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
 
 
-def layers_from_model(model: ModelFacts, *, scaling: float | None = None, absorbed_mla: bool = False) -> list[AttentionLayer]:
+def layers_from_model(model: ModelFacts, *, scaling: float | None = None) -> list[AttentionLayer]:
     """One AttentionLayer per entry of ``model.layer_kinds``.
 
-    ``scaling`` defaults to ``query_pre_attn_scalar ** -0.5`` when the config has it, else ``head_dim ** -0.5``.
-    With ``absorbed_mla`` an MLA model's layers describe the absorbed form over the latent cache.
+    ``scaling`` defaults to ``query_pre_attn_scalar ** -0.5`` when the config has it, else
+    ``head_dim ** -0.5``. MLA layers carry no ``w_kc`` / ``w_vc`` yet: the caller binds them from
+    the model's weights.
     """
     if scaling is None:
         scaling = (model.query_pre_attn_scalar or model.head_dim) ** -0.5
     layers = []
     for i, kind in enumerate(model.layer_kinds):
-        heads, kv_heads, hd, vhd = model.num_attention_heads, model.num_key_value_heads, model.head_dim, model.v_head_dim
-        if model.use_mla and absorbed_mla:
-            kv_heads, hd, vhd = 1, (model.kv_lora_rank or 0) + (model.qk_rope_head_dim or 0), model.kv_lora_rank or 0
         window = (model.sliding_window - 1) if kind == LayerKind.SLIDING_WINDOW and model.sliding_window else -1
         layers.append(AttentionLayer(
-            layer_id=i, num_q_heads=heads, num_kv_heads=kv_heads, head_dim=hd, v_head_dim=vhd, scaling=scaling,
-            kind=kind, sliding_window_size=window,
+            layer_id=i, num_q_heads=model.num_attention_heads, num_kv_heads=1 if model.use_mla else model.num_key_value_heads,
+            head_dim=model.head_dim, v_head_dim=model.v_head_dim, scaling=scaling, kind=kind, sliding_window_size=window,
             attention_chunk_size=model.attention_chunk_size if kind == LayerKind.CHUNKED_LOCAL else None,
-            logit_cap=model.attn_logit_softcapping or 0.0, is_mla=model.use_mla and absorbed_mla,
+            logit_cap=model.attn_logit_softcapping or 0.0, has_sinks=model.has_attention_sinks, is_mla=model.use_mla,
+            kv_lora_rank=model.kv_lora_rank or 0, qk_rope_head_dim=(model.qk_rope_head_dim or 0) if model.use_mla else 0,
         ))
     return layers

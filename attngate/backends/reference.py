@@ -13,6 +13,10 @@ Semantics (the project's specification of attention):
 - KV is written at ``out_cache_loc`` and read back through ``req_to_token`` unless the plan says the
   layer keeps no cache (``fa.skip_kv_cache``, or ``write_kv_cache`` false for its kind): then the
   write side and the read side both use the raw K/V of this forward.
+- MLA layers take ``q: [T, H, qk_nope + qk_rope]`` and the latent ``k: [T, 1, kv_lora_rank +
+  qk_rope]`` (ckv ++ kpe, v None), write the latent, and attend in the form of the mode's
+  ``common.mla_form`` (attngate.backends.mla): absorbed over the latent rows, or non-absorbed over
+  K/V decompressed from them. Both forms are computed here, so each is the oracle of a GPU path.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from attngate.backends.base import AttentionBackend, check_batch
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.layer import AttentionLayer
+from attngate.backends.mla import absorb_q, absorbed_for_batch, check_mla_weights, decompress, project_out
 from attngate.errors import Problem
 from attngate.facts.modes import LayerKind
 
@@ -66,6 +71,9 @@ class ReferenceBackend(AttentionBackend):
         cached = gates.write_kv_cache and not self.skip_kv_cache
         if layer.kind == LayerKind.CROSS_ATTENTION:
             return self._cross(q, k, v, layer, batch, save_kv_cache, md)
+        if layer.is_mla:
+            check_mla_weights(layer)
+            absorbed = absorbed_for_batch(self.plan.mode(batch.forward_mode).common.mla_form, any(md.prefix))
         if save_kv_cache and cached:
             if k is None:
                 raise BatchMetadataError(Problem(f"layer {layer.layer_id}", "k/v are needed to write the cache"))
@@ -82,10 +90,18 @@ class ReferenceBackend(AttentionBackend):
             else:
                 if md.prefix[r]:
                     raise BatchMetadataError(Problem(f"request {r}", "a layer without KV cache cannot attend to a cached prefix"))
-                keys, values = k[rows], (v[rows] if v is not None else k[rows][..., : layer.v_head_dim])
+                keys, values = k[rows], v[rows] if v is not None else None
                 k_pos = q_pos
-            out[rows] = attend(q[rows], keys, values, q_pos, k_pos, layer, causal=gates.causal,
-                               window=layer.sliding_window_size if gates.use_window else None).to(q.dtype)
+            window = layer.sliding_window_size if gates.use_window else None
+            if not layer.is_mla:
+                out[rows] = attend(q[rows], keys, values, q_pos, k_pos, layer, causal=gates.causal, window=window).to(q.dtype)
+            elif absorbed:  # keys are latent rows; v is their ckv part
+                o = attend(absorb_q(q[rows], layer), keys, keys[..., : layer.kv_lora_rank], q_pos, k_pos, layer,
+                           causal=gates.causal, window=window)
+                out[rows] = project_out(o, layer).to(q.dtype)
+            else:
+                k_full, v_full = decompress(keys, layer, torch.float32)
+                out[rows] = attend(q[rows], k_full, v_full, q_pos, k_pos, layer, causal=gates.causal, window=window).to(q.dtype)
         return out
 
     def _cross(self, q, k, v, layer, batch, save_kv_cache, md) -> torch.Tensor:

@@ -36,6 +36,7 @@ def explain(
     ctx: typer.Context,
     model: Path = typer.Option(..., "--model", help="config.json of the model, or its folder"),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU architecture: sm80, sm90, sm100, sm120 (default: detect via torch)"),
+    kernels: Optional[str] = typer.Option(None, "--kernels", help="installed kernel providers, comma-separated: flashinfer, flash_attn.cute, flash_attn_interface (default with --gpu: flashinfer,flash_attn.cute; without --gpu: detected)"),
     args_file: Optional[Path] = typer.Option(None, "--args-file", help="YAML/JSON mapping of server arguments; flags override it"),
     rules: Optional[Path] = typer.Option(None, "--rules", help="rules file (default: the shipped rules.yaml)"),
     mode: Optional[str] = typer.Option(None, "--mode", help="show only this forward mode's table"),
@@ -56,7 +57,7 @@ def explain(
     try:
         args = _server_args(ctx.args, args_file)
         facts = ModelFacts.from_hf_config(model)
-        platform = Platform.from_name(gpu) if gpu else Platform.detect()
+        platform = _platform(gpu, kernels)
         rule_set = load_rules(rules)
     except AttngateError as err:
         raise _fail(err) from None
@@ -116,6 +117,7 @@ def lint(file: Optional[Path] = typer.Argument(None, help="rules file (default: 
 def matrix(
     models: list[Path] = typer.Argument(..., help="config.json files (or folders of them)"),
     gpu: str = typer.Option(..., "--gpu", help="GPU architecture"),
+    kernels: Optional[str] = typer.Option(None, "--kernels", help="installed kernel providers, comma-separated: flashinfer, flash_attn.cute, flash_attn_interface (default with --gpu: flashinfer,flash_attn.cute; without --gpu: detected)"),
     rules: Optional[Path] = typer.Option(None, "--rules", help="rules file"),
 ) -> None:
     """Print the support matrix: which candidate backend each model can run on this GPU, and why not."""
@@ -123,9 +125,20 @@ def matrix(
     from attngate.cli.render import render_matrix
 
     try:
-        render_matrix(models, gpu, rules)
+        render_matrix(models, _platform(gpu, kernels), rules)
     except AttngateError as err:
         raise _fail(err) from None
+
+
+def _platform(gpu: str | None, kernels: str | None):
+    """``--gpu`` and ``--kernels`` as a Platform; without ``--gpu`` both are detected (``--kernels`` still overrides)."""
+    from attngate.facts.platform import Platform
+
+    names = [k.strip() for k in kernels.split(",") if k.strip()] if kernels is not None else None
+    if gpu:
+        return Platform.from_name(gpu, kernels=names)
+    detected = Platform.detect()
+    return detected if names is None else Platform.from_name(detected.gpu_arch, kernels=names)
 
 
 @app.command()

@@ -85,10 +85,9 @@ def render_error(err: PlanError) -> None:
         console.print(f"  [dim]adjusted {a}[/dim]")
 
 
-def render_matrix(paths: list[Path], gpu: str, rules_path: Path | None) -> None:
+def render_matrix(paths: list[Path], platform, rules_path: Path | None) -> None:
     from attngate.facts.choices import CANDIDATE_BACKENDS
     from attngate.facts.model import ModelFacts
-    from attngate.facts.platform import Platform
     from attngate.facts.server_args import ServerArgs
     from attngate.gates.resolution import PlanError
     from attngate.gates.resolve import resolve
@@ -96,8 +95,8 @@ def render_matrix(paths: list[Path], gpu: str, rules_path: Path | None) -> None:
 
     console = _console()
     files = [p for path in paths for p in (sorted(path.glob("*.json")) if path.is_dir() else [path])]
-    platform, rule_set = Platform.from_name(gpu), load_rules(rules_path)
-    table = Table(title=f"support matrix on {platform.gpu_arch}", show_lines=True, title_justify="left")
+    rule_set = load_rules(rules_path)
+    table = Table(title=f"support matrix on {platform.gpu_arch} with {', '.join(platform.kernel_providers) or 'no kernel providers'}", show_lines=True, title_justify="left")
     table.add_column("model")
     for b in CANDIDATE_BACKENDS:
         table.add_column(b)

@@ -1,4 +1,9 @@
-"""``Platform``: the GPU architecture the plan is resolved for."""
+"""``Platform``: the GPU architecture the plan is resolved for, and the kernel packages installed there.
+
+The installed kernel providers are explicit facts, never probed behind the caller's back: a plan
+resolved with ``--gpu sm90`` on a laptop equals the one resolved on the server with the same
+facts. ``Platform.detect()`` is the one place that looks at the local machine.
+"""
 
 from __future__ import annotations
 
@@ -6,46 +11,91 @@ import importlib
 import importlib.util
 from typing import get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from attngate._suggest import did_you_mean
 from attngate.errors import PlatformError, Problem
-from attngate.facts.choices import GPU_ARCHS, GpuArch
+from attngate.facts.choices import GPU_ARCHS, KERNEL_PROVIDERS, GpuArch
+
+#: What ``pip install attngate[gpu]`` installs: FlashInfer and FA4's flash_attn.cute (no FA3 wheel on PyPI).
+DEFAULT_PROVIDERS: tuple[str, ...] = ("flashinfer", "flash_attn.cute")
+_PROVIDER_FIELD = {"flashinfer": "has_flashinfer", "flash_attn.cute": "has_flash_attn_cute",
+                   "flash_attn_interface": "has_flash_attn_interface"}
 
 
 class Platform(BaseModel):
-    """A CUDA GPU architecture, e.g. ``sm90`` (Hopper) or ``sm100`` (Blackwell)."""
+    """A CUDA GPU architecture, e.g. ``sm90`` (Hopper) or ``sm100`` (Blackwell), and its kernel providers.
 
-    model_config = ConfigDict(frozen=True)
+    The provider fields default to the ``gpu`` extra (FlashInfer and flash_attn.cute installed,
+    FA3's flash_attn_interface not); ``detect()`` reads them off the local machine.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     gpu_arch: GpuArch
-    #: FlashAttention-3's ``flash_attn_interface`` is importable (found without importing it).
-    has_flash_attn_interface: bool = Field(default_factory=lambda: importlib.util.find_spec("flash_attn_interface") is not None)
+    #: FlashInfer (``flashinfer``) is installed.
+    has_flashinfer: bool = True
+    #: FlashAttention-4's ``flash_attn.cute`` is installed.
+    has_flash_attn_cute: bool = True
+    #: FlashAttention-3's ``flash_attn_interface`` is installed.
+    has_flash_attn_interface: bool = False
 
     @property
     def sm_major(self) -> int:
         """Compute-capability major version: 8, 9, 10 or 12."""
         return int(self.gpu_arch[2:-1])
 
+    @property
+    def kernel_providers(self) -> tuple[str, ...]:
+        return tuple(p for p in KERNEL_PROVIDERS if getattr(self, _PROVIDER_FIELD[p]))
+
     @classmethod
-    def from_name(cls, name: str, **facts: bool) -> "Platform":
-        """Parse ``sm90`` (also ``SM90``, ``90``, ``9.0``); ``facts`` override detected ones. Raises PlatformError."""
+    def from_name(cls, name: str, *, kernels: tuple[str, ...] | list[str] | None = None, **facts: bool) -> "Platform":
+        """Parse ``sm90`` (also ``SM90``, ``90``, ``9.0``).
+
+        ``kernels`` names every installed provider (``flashinfer``, ``flash_attn.cute``,
+        ``flash_attn_interface``; default: :data:`DEFAULT_PROVIDERS`); ``facts`` override single
+        ``has_*`` fields. Raises PlatformError listing every unknown name.
+        """
         text = name.strip().lower().removeprefix("sm_").removeprefix("sm").replace(".", "")
         arch = f"sm{text}"
+        problems = []
+        if arch not in GPU_ARCHS:
+            problems.append(Problem("--gpu", f"unknown GPU architecture {name!r}; one of {', '.join(GPU_ARCHS)}"
+                                    + did_you_mean(arch, get_args(GpuArch))))
+        providers = dict.fromkeys(_PROVIDER_FIELD.values(), False)
+        for kernel in (DEFAULT_PROVIDERS if kernels is None else kernels):
+            if kernel in _PROVIDER_FIELD:
+                providers[_PROVIDER_FIELD[kernel]] = True
+            else:
+                problems.append(Problem("--kernels", f"unknown kernel provider {kernel!r}; one of {', '.join(KERNEL_PROVIDERS)}"
+                                        + did_you_mean(kernel, KERNEL_PROVIDERS)))
+        unknown = [k for k in facts if k not in providers]
+        problems += [Problem(k, f"not a platform fact; one of {', '.join(providers)}") for k in unknown]
+        if problems:
+            raise PlatformError(problems)
         try:
-            return cls(gpu_arch=arch, **facts)
-        except ValidationError:
-            raise PlatformError(
-                Problem("--gpu", f"unknown GPU architecture {name!r}; one of {', '.join(GPU_ARCHS)}" + did_you_mean(arch, get_args(GpuArch)))
-            ) from None
+            return cls(gpu_arch=arch, **{**providers, **facts})
+        except ValidationError as err:
+            raise PlatformError([Problem(".".join(map(str, e["loc"])), e["msg"]) for e in err.errors()]) from None
 
     @classmethod
     def detect(cls) -> "Platform":
-        """Detect the local GPU through torch. Raises PlatformError (pass ``--gpu``) when it cannot."""
+        """Detect the local GPU through torch and the installed kernel packages. Raises PlatformError (pass ``--gpu``)."""
         try:
             probe = importlib.import_module("attngate.integrations.torch_platform")
             major, minor = probe.cuda_capability()
         except Exception as exc:  # torch missing, no CUDA device, driver error: all mean "pass --gpu"
             reason = "torch is not installed" if isinstance(exc, ImportError) else str(exc)
             raise PlatformError(Problem("--gpu", f"cannot detect the GPU ({reason}); pass --gpu sm80|sm90|sm100|sm120")) from None
-        return cls.from_name(f"{major}{minor}")
+        return cls.from_name(f"{major}{minor}", kernels=installed_kernel_providers())
+
+
+def installed_kernel_providers() -> tuple[str, ...]:
+    """The kernel providers importable here (found without importing them)."""
+    def found(module: str) -> bool:
+        try:
+            return importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a parent package missing or broken
+            return False
+    return tuple(p for p in KERNEL_PROVIDERS if found(p))

@@ -85,6 +85,8 @@ _MODEL_FACTS = [
     _model_fact("gqa_group_size", int, "query heads per KV head"),
     _model_fact("head_dim", int, "QK head dim, elements"),
     _model_fact("v_head_dim", int, "V head dim, elements"),
+    _model_fact("kv_lora_rank", Optional[int], "MLA latent (ckv) width, elements; None without MLA"),
+    _model_fact("qk_rope_head_dim", Optional[int], "MLA rope part (kpe) of the QK head dim, elements"),
     _model_fact("has_asymmetric_kv", bool, "head_dim != v_head_dim"),
     _model_fact("sliding_window", Optional[int], "active sliding window, tokens"),
     _model_fact("has_sliding_window", bool, "some layer uses a sliding window"),
@@ -102,6 +104,8 @@ _MODEL_FACTS = [
 _PLATFORM_FACTS = [
     FactSpec("gpu_arch", FactType("str", GPU_ARCHS), "platform", "GPU architecture"),
     FactSpec("sm_major", FactType("int"), "platform", "compute capability major"),
+    FactSpec("has_flashinfer", FactType("bool"), "platform", "FlashInfer is installed"),
+    FactSpec("has_flash_attn_cute", FactType("bool"), "platform", "FlashAttention-4 (flash_attn.cute) is installed"),
     FactSpec("has_flash_attn_interface", FactType("bool"), "platform", "FlashAttention-3 (flash_attn_interface) is installed"),
 ]
 _DERIVED_FACTS = [
@@ -142,6 +146,7 @@ def base_facts(args: ServerArgs, model: ModelFacts, platform: Platform) -> dict[
     """The fact values of one configuration (without forward_mode / layer_kind)."""
     values = args.model_dump()
     values.update(model_facts(model))
-    values.update(gpu_arch=platform.gpu_arch, sm_major=platform.sm_major, has_flash_attn_interface=platform.has_flash_attn_interface)
+    values.update(gpu_arch=platform.gpu_arch, sm_major=platform.sm_major, has_flashinfer=platform.has_flashinfer,
+                  has_flash_attn_cute=platform.has_flash_attn_cute, has_flash_attn_interface=platform.has_flash_attn_interface)
     values.update(derived_facts(values))
     return values

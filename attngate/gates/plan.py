@@ -31,6 +31,7 @@ class _Group(BaseModel):
 
 
 KvExtent = Literal["prefix_plus_new", "prefix", "none"]
+MlaForm = Literal["absorbed", "non_absorbed", "non_absorbed_without_prefix"]
 
 
 # ---- global gates --------------------------------------------------------------------------------
@@ -77,6 +78,10 @@ class FlashInferModeGates(_Group):
 
 class CommonModeGates(_Group):
     capture_cuda_graph: bool = gate(False, "This mode is captured and replayed as a CUDA graph.")
+    mla_form: MlaForm = gate("absorbed", "How MLA layers attend in this mode: absorbed (q_nope absorbed into the latent, attention over the "
+                             "latent cache ckv ++ kpe), non_absorbed (K/V decompressed from the latent for prefix and new tokens, "
+                             "q/k head dim qk_nope+qk_rope, v head dim v_head_dim), or non_absorbed_without_prefix (non-absorbed "
+                             "for a batch without cached prefix, else absorbed). The latent is written before attention in every form.")
 
 
 class ModeGates(_Group):

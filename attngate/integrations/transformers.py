@@ -17,6 +17,12 @@ paged KV cache, with a Plan resolved from the model's config::
 Like SGLang, the tokens of all requests of a forward are flattened into one sequence (batch dim 1)
 with explicit ``position_ids``; transformers runs with ``use_cache=False`` and builds no mask, and
 the backend takes every masking decision from the Plan and the layer specs.
+
+MLA models (DeepSeek-V2/V3, Kimi-K2) keep only the latent in attngate's cache (``MLATokenToKVPool``:
+ckv ++ kpe, ``kv_lora_rank + qk_rope_head_dim`` values per token). transformers hands the attention
+function the decompressed K/V; the runtime takes the latent instead (ckv from a forward hook on
+``kv_a_layernorm``, kpe from the roped key) and binds kv_b_proj as ``w_kc`` / ``w_vc``, so the
+backend attends absorbed or non-absorbed as the plan's ``common.mla_form`` says.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import torch
 
 from attngate.backends.base import AttentionBackend
 from attngate.backends.forward_batch import ForwardBatch
-from attngate.backends.kv_cache import MHATokenToKVPool, PageAllocator, ReqToTokenPool
+from attngate.backends.kv_cache import MHATokenToKVPool, MLATokenToKVPool, PageAllocator, ReqToTokenPool
 from attngate.backends.layer import AttentionLayer, layers_from_model
 from attngate.backends.reference import ReferenceBackend
 from attngate.facts.model import ModelFacts
@@ -58,8 +64,11 @@ def attngate_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
     runtime = _ACTIVE.get()
     if runtime is None:
         raise RuntimeError("attn_implementation='attngate' runs inside AttngateRuntime.extend()/decode(); bind the model with AttngateRuntime(model)")
-    layer = runtime.layer_for(module, scaling, kwargs.get("s_aux"))
+    layer = runtime.layer_for(module, scaling)
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+    if layer.is_mla:  # the latent, not the decompressed K/V: ckv (hooked) ++ kpe (the roped part of every head's key)
+        ckv = runtime.take_ckv(layer.layer_id)
+        k, v = torch.cat([ckv.to(k.dtype), k[:, 0, layer.qk_nope_head_dim:]], dim=-1)[:, None, :], None
     out = runtime.backend.forward(q, k, v, layer, runtime.batch)
     return out.unsqueeze(0), None
 
@@ -89,6 +98,9 @@ class AttngateRuntime:
         register()
         self.model = model
         config = model.config
+        if getattr(config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
+            raise ValueError(f"{type(model).__name__} was built with attn_implementation={getattr(config, '_attn_implementation', None)!r}; "
+                             f"AttngateRuntime needs attn_implementation={ATTN_IMPLEMENTATION!r}, or its attention bypasses attngate's cache")
         self.facts = ModelFacts.from_hf_dict(config.to_dict(), source=type(model).__name__)
         if platform is None:
             platform = Platform.detect() if torch.cuda.is_available() else Platform.from_name("sm90")
@@ -98,10 +110,15 @@ class AttngateRuntime:
         device = next(model.parameters()).device
         dtype = next(model.parameters()).dtype
         self.layers: list[AttentionLayer] = layers_from_model(self.facts)
-        self._bound: set[int] = set()
+        self._ckv: dict[int, torch.Tensor] = {}
+        self._bind_layers(model)  # before the backend is built: backends copy scaling, sinks and MLA weights
         self.page_size = page_size
-        self.pool = MHATokenToKVPool(num_slots, page_size, len(self.layers), self.facts.num_key_value_heads,
-                                     self.facts.head_dim, self.facts.v_head_dim, dtype=dtype, device=device)
+        if self.facts.use_mla:
+            self.pool = MLATokenToKVPool(num_slots, page_size, len(self.layers), self.facts.kv_lora_rank,
+                                         self.facts.qk_rope_head_dim, dtype=dtype, device=device)
+        else:
+            self.pool = MHATokenToKVPool(num_slots, page_size, len(self.layers), self.facts.num_key_value_heads,
+                                         self.facts.head_dim, self.facts.v_head_dim, dtype=dtype, device=device)
         self.allocator = PageAllocator(num_slots // page_size, page_size, _scattered(num_slots // page_size))
         self.req_to_token_pool = ReqToTokenPool(max_requests, max_context_len, device)
         self.backend = backend_cls(self.plan, self.pool, self.req_to_token_pool.req_to_token, self.layers, device)
@@ -171,15 +188,45 @@ class AttngateRuntime:
         r.seq_len = end
         return slots
 
-    def layer_for(self, module: torch.nn.Module, scaling: float | None, sinks: torch.Tensor | None) -> AttentionLayer:
-        """The layer spec of a transformers attention module; HF's scaling and sink weights are bound on first use."""
+    def _bind_layers(self, model: torch.nn.Module) -> None:
+        """Copy each attention module's scaling, learned sinks and (MLA) kv_b_proj halves into its layer spec,
+        and hook kv_a_layernorm so the attention call can take the latent ckv."""
+        bound = set()
+        for module in model.modules():
+            idx = getattr(module, "layer_idx", None)
+            if idx is None or not hasattr(module, "scaling") or not 0 <= idx < len(self.layers):
+                continue
+            layer = self.layers[idx]
+            layer.scaling = float(module.scaling)
+            if getattr(module, "sinks", None) is not None:
+                layer.sinks = module.sinks.detach()
+            if layer.is_mla:
+                w = module.kv_b_proj.weight.detach().view(layer.num_q_heads, -1, layer.kv_lora_rank)
+                layer.w_kc = w[:, : layer.qk_nope_head_dim]  # [H, qk_nope, kv_lora_rank]
+                layer.w_vc = w[:, layer.qk_nope_head_dim:].transpose(1, 2)  # [H, kv_lora_rank, v_head_dim]
+                module.kv_a_layernorm.register_forward_hook(self._ckv_hook(idx))
+            bound.add(idx)
+        missing = [i for i in range(len(self.layers)) if i not in bound]
+        if missing:
+            raise ValueError(f"no attention module found for layers {missing} of {type(model).__name__}; AttngateRuntime cannot bind it")
+
+    def _ckv_hook(self, idx: int):
+        def hook(_module, _inputs, output: torch.Tensor) -> None:
+            self._ckv[idx] = output.reshape(-1, output.shape[-1])  # [num_tokens, kv_lora_rank]
+        return hook
+
+    def take_ckv(self, layer_id: int) -> torch.Tensor:
+        """The normalized latent ckv ``[num_tokens, kv_lora_rank]`` of this forward's tokens at an MLA layer."""
+        ckv = self._ckv.pop(layer_id, None)
+        if ckv is None:
+            raise RuntimeError(f"layer {layer_id}: no latent captured from kv_a_layernorm in this forward")
+        return ckv
+
+    def layer_for(self, module: torch.nn.Module, scaling: float | None) -> AttentionLayer:
+        """The layer spec of a transformers attention module (bound at construction)."""
         layer = self.layers[module.layer_idx]
-        if module.layer_idx not in self._bound:
-            if scaling is not None:
-                layer.scaling = float(scaling)
-            if sinks is not None:
-                layer.sinks = sinks.detach()
-            self._bound.add(module.layer_idx)
+        if scaling is not None and abs(float(scaling) - layer.scaling) > 1e-12 * max(1.0, abs(layer.scaling)):
+            raise RuntimeError(f"layer {module.layer_idx}: the model passed scaling {scaling}, the bound layer has {layer.scaling}")
         return layer
 
 

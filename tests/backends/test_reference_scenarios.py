@@ -150,36 +150,58 @@ def test_embedding_fast_path_equals_paged_path_and_writes_nothing():
     assert pool2.k_buffer[0].abs().sum() == 0 and pool2.v_buffer[0].abs().sum() == 0
 
 
-def test_absorbed_mla_equals_decompressed_attention():
-    """MLA in its absorbed form over the latent cache equals MHA over the decompressed K/V."""
+MLA_FLAGS = {  # each shipped way to a form of MLA EXTEND (FlashInfer MLA on an H100)
+    "non_absorbed": [],
+    "non_absorbed_without_prefix": ["--disable-chunked-prefix-cache"],
+    "absorbed": ["--flashinfer-mla-disable-ragged"],
+}
+
+
+@pytest.mark.parametrize("mode", [ForwardMode.EXTEND, ForwardMode.DECODE, ForwardMode.TARGET_VERIFY])
+@pytest.mark.parametrize("form", sorted(MLA_FLAGS))
+def test_mla_every_form_equals_decompressed_attention(form, mode):
+    """MLA over the latent cache (ckv ++ kpe), in the form the plan names, equals MHA over the decompressed K/V."""
+    plan = resolve(ServerArgs.from_flags(["--attention-backend", "flashinfer", *MLA_FLAGS[form]]),
+                   ModelFacts.from_hf_config(MODELS / "DeepSeek-V2-Lite.json"), Platform.from_name("sm90")).plan
+    assert plan.mode(ForwardMode.EXTEND).common.mla_form == form and plan.mode(ForwardMode.DECODE).common.mla_form == "absorbed"
     gen = torch.Generator().manual_seed(3)
-    heads, rank, rope, nope, vdim = 4, 32, 8, 16, 16
-    w_uk = torch.randn(heads, nope, rank, generator=gen) / rank ** 0.5  # latent -> per-head k_nope
-    w_uv = torch.randn(heads, vdim, rank, generator=gen) / rank ** 0.5  # latent -> per-head v
-    requests = [(11, 4), (0, 6)]
-    scaling = (nope + rope) ** -0.5
-    layer = AttentionLayer(0, heads, 1, rank + rope, rank, scaling, is_mla=True)
+    heads, rank, rope, nope, vdim = 4, 32, 8, 16, 12
+    w_kc = torch.randn(heads, nope, rank, generator=gen) / rank ** 0.5  # latent -> per-head k_nope
+    w_vc = torch.randn(heads, rank, vdim, generator=gen) / rank ** 0.5  # latent -> per-head v
+    requests = {ForwardMode.EXTEND: [(11, 4), (0, 6), (3, 9)], ForwardMode.DECODE: [(11, 1), (0, 1), (20, 1)],
+                ForwardMode.TARGET_VERIFY: [(11, 3), (5, 3)]}[mode]
+    scaling = 0.3
+    layer = AttentionLayer(0, heads, 1, nope + rope, vdim, scaling, is_mla=True, kv_lora_rank=rank, qk_rope_head_dim=rope,
+                           w_kc=w_kc, w_vc=w_vc)
     pool = MLATokenToKVPool(256, 16, 1, rank, rope, dtype=torch.float32)
-    s = build_batch(requests, ForwardMode.EXTEND, page_size=16, num_slots=256, max_context_len=64)
+    s = build_batch(requests, mode, page_size=16, num_slots=256, max_context_len=64)
     latents = [torch.randn(p + n, 1, rank + rope, generator=gen) for p, n in requests]
     for (p, _), slots, lat in zip(requests, s.slots, latents):
         pool.set_kv_buffer(0, slots[:p], lat[:p])
-    q_nope = torch.randn(s.batch.num_tokens, heads, nope, generator=gen)
-    q_rope = torch.randn(s.batch.num_tokens, heads, rope, generator=gen)
-    q_absorbed = torch.cat([torch.einsum("thn,hnr->thr", q_nope, w_uk), q_rope], -1)
-    backend = ReferenceBackend(PLAN, pool, s.req_to_token_pool.req_to_token, [layer])
+    q = torch.randn(s.batch.num_tokens, heads, nope + rope, generator=gen)
+    backend = ReferenceBackend(plan, pool, s.req_to_token_pool.req_to_token, [layer])
     backend.init_forward_metadata(s.batch)
-    out_latent = backend.forward(q_absorbed, torch.cat([lat[p:] for lat, (p, _) in zip(latents, requests)]), None, layer, s.batch)
-    out = torch.einsum("thr,hvr->thv", out_latent, w_uv)
+    out = backend.forward(q, torch.cat([lat[p:] for lat, (p, _) in zip(latents, requests)]), None, layer, s.batch)
+    assert out.shape == (s.batch.num_tokens, heads, vdim)
     row = 0
-    for (p, n), lat in zip(requests, latents):
+    for (p, n), lat, slots in zip(requests, latents, s.slots):
+        torch.testing.assert_close(pool.kv_buffer[0][slots], lat)  # the latent is written in every form
         c, k_rope = lat[:, 0, :rank], lat[:, 0, rank:]
-        k = torch.cat([torch.einsum("tr,hnr->thn", c, w_uk), k_rope[:, None].expand(-1, heads, -1)], -1)
-        v = torch.einsum("tr,hvr->thv", c, w_uv)
-        q = torch.cat([q_nope[row:row + n], q_rope[row:row + n]], -1)
-        expected = dense(q, k, v, torch.arange(p, p + n), torch.arange(p + n), scaling=scaling)
+        k = torch.cat([torch.einsum("tr,hnr->thn", c, w_kc), k_rope[:, None].expand(-1, heads, -1)], -1)
+        v = torch.einsum("tr,hrv->thv", c, w_vc)
+        expected = dense(q[row:row + n], k, v, torch.arange(p, p + n), torch.arange(p + n), scaling=scaling)
         torch.testing.assert_close(out[row:row + n], expected, atol=1e-4, rtol=1e-4)
         row += n
+
+
+def test_mla_layer_without_weights_is_a_clear_error():
+    layer = AttentionLayer(0, 4, 1, 24, 12, 0.3, is_mla=True, kv_lora_rank=32, qk_rope_head_dim=8)
+    pool = MLATokenToKVPool(64, 16, 1, 32, 8, dtype=torch.float32)
+    s = build_batch([(0, 3)], ForwardMode.EXTEND, page_size=16, num_slots=64, max_context_len=16)
+    backend = ReferenceBackend(PLAN, pool, s.req_to_token_pool.req_to_token, [layer])
+    backend.init_forward_metadata(s.batch)
+    with pytest.raises(BatchMetadataError, match="w_kc and w_vc"):
+        backend.forward(torch.zeros(3, 4, 24), torch.zeros(3, 1, 40), None, layer, s.batch)
 
 
 def test_pool_exhaustion_is_a_clear_error():

@@ -18,6 +18,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from attngate import Platform, ServerArgs  # noqa: E402
+from attngate.backends.kv_cache import MLATokenToKVPool  # noqa: E402
 from attngate.facts.modes import LayerKind  # noqa: E402
 from attngate.integrations.transformers import AttngateRuntime, register  # noqa: E402
 from helpers import MODELS  # noqa: E402
@@ -25,6 +27,9 @@ from helpers import MODELS  # noqa: E402
 ATOL = 2e-4
 SMALL = {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 8, "num_key_value_heads": 2,
          "head_dim": 8, "vocab_size": 96, "num_hidden_layers": 2}
+MLA = {"num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+       "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 4, "num_experts_per_tok": 2,
+       "moe_intermediate_size": 32, "n_shared_experts": 1, "head_dim": None}
 # name: (config file, overrides on top of SMALL, layer kinds the truncated model must have)
 MODELS_UNDER_TEST = {
     "llama": ("Llama-3.1-8B", {}, {LayerKind.FULL}),
@@ -38,10 +43,10 @@ MODELS_UNDER_TEST = {
                                       "num_experts_per_tok": 2, "experts_per_token": 2, "quantization_config": None,
                                       "layer_types": ["sliding_attention", "full_attention"] * 2},
                       {LayerKind.SLIDING_WINDOW, LayerKind.FULL}),
-    "deepseek-mla": ("DeepSeek-V2-Lite", {"num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 16,
-                                          "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8,
-                                          "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-                                          "n_shared_experts": 1, "head_dim": None}, {LayerKind.FULL}),
+    # MLA at the real latent geometry (kv_lora_rank 512 + qk_rope 64 = 576 cached values per token), fewer heads
+    "deepseek-v2-mla": ("DeepSeek-V2-Lite", MLA, {LayerKind.FULL}),
+    "deepseek-v3-mla": ("DeepSeek-V3", {**MLA, "q_lora_rank": 32, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1,
+                                        "quantization_config": None}, {LayerKind.FULL}),
 }
 PROMPTS = (23, 17)  # tokens of the two requests
 CHUNKS = (9, 6)  # first EXTEND, second EXTEND (over the cached prefix); the rest is decoded
@@ -65,9 +70,7 @@ def _pair(cfg, auto=transformers.AutoModelForCausalLM):
     return ref, ours
 
 
-@pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("name", sorted(MODELS_UNDER_TEST))
-def test_chunked_prefill_and_decode_match_transformers(name, page_size):
+def _run_and_compare(name: str, page_size: int, flags: tuple[str, ...] = ()) -> AttngateRuntime:
     file, overrides, kinds = MODELS_UNDER_TEST[name]
     ref, ours = _pair(_config(file, overrides))
     gen = torch.Generator().manual_seed(1)
@@ -75,7 +78,8 @@ def test_chunked_prefill_and_decode_match_transformers(name, page_size):
     with torch.no_grad():
         full = [ref(p[None]).logits[0] for p in prompts]
 
-    rt = AttngateRuntime(ours, page_size=page_size, num_slots=256)
+    args = ServerArgs.from_flags([*flags, "--page-size", str(page_size)])
+    rt = AttngateRuntime(ours, server_args=args, page_size=page_size, num_slots=256)
     assert kinds == set(rt.facts.layer_kinds)
     reqs = [rt.add_request() for _ in prompts]
     got: list[list[torch.Tensor]] = [[], []]
@@ -93,6 +97,48 @@ def test_chunked_prefill_and_decode_match_transformers(name, page_size):
     for k in range(2):
         diff = (torch.cat(got[k]) - full[k]).abs().max().item()
         assert diff < ATOL, f"{name}, page_size {page_size}, request {k}: max |diff| {diff:.2e}"
+    return rt
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("name", sorted(n for n in MODELS_UNDER_TEST if "mla" not in n))
+def test_chunked_prefill_and_decode_match_transformers(name, page_size):
+    _run_and_compare(name, page_size)
+
+
+@pytest.mark.parametrize("flags, extend_form", [((), "non_absorbed"),
+                                                (("--disable-chunked-prefix-cache",), "non_absorbed_without_prefix")])
+@pytest.mark.parametrize("page_size", [1, 64])
+@pytest.mark.parametrize("name", ["deepseek-v2-mla", "deepseek-v3-mla"])
+def test_mla_latent_cache_matches_transformers(name, page_size, flags, extend_form):
+    """Chunked prefill and decode of DeepSeek-V2/V3 through the latent cache: 576 values per token, absorbed decode."""
+    rt = _run_and_compare(name, page_size, flags)
+    assert isinstance(rt.pool, MLATokenToKVPool) and rt.pool.kv_buffer[0].shape[1:] == (1, 576)
+    assert rt.plan.mode("extend").common.mla_form == extend_form and rt.plan.mode("decode").common.mla_form == "absorbed"
+    assert rt.plan.decode_backend == "flashinfer"  # SM90 without FA3: FlashInfer MLA (the plan names a backend that runs)
+
+
+def test_mla_embedding_fast_path_flags_still_write_the_latent_cache():
+    """Seed 000: an MLA embedding model with the fast-path flags keeps its cache, and reads back what it wrote."""
+    ref, ours = _pair(_config("DeepSeek-V2-Lite", MLA))
+    ids = torch.randint(1, 96, (21,), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected = ref(ids[None]).logits[0]
+    fa3_host = Platform.from_name("sm90", kernels=["flashinfer", "flash_attn.cute", "flash_attn_interface"])
+    args = ServerArgs.from_flags("--attention-backend fa3 --is-embedding --chunked-prefill-size -1 --disable-radix-cache".split())
+    rt = AttngateRuntime(ours, server_args=args, platform=fa3_host, page_size=1, num_slots=64)
+    assert rt.plan.flashattention.skip_kv_cache is False
+    req = rt.add_request()
+    got = torch.cat([rt.extend({req: ids[:13]}), rt.extend({req: ids[13:]})])  # the second chunk reads the first from the cache
+    assert (got - expected).abs().max().item() < ATOL
+    slots = rt.req_to_token_pool.req_to_token[req, :21].long()
+    assert bool(rt.pool.kv_buffer[0][slots].abs().sum(-1).gt(0).all())  # every token's latent was written
+
+
+def test_runtime_refuses_a_model_built_without_attngate_attention():
+    ref, _ = _pair(_config("Llama-3.1-8B", {}))
+    with pytest.raises(ValueError, match="attn_implementation"):
+        AttngateRuntime(ref)
 
 
 def test_encoder_only_embedding_model_matches_transformers():
