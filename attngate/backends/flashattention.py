@@ -9,6 +9,12 @@ prefix + new tokens, in eager runs and CUDA-graph replay alike), and ``page_tabl
 int32 (``req_to_token`` rows, one slot per page, divided by ``page_size``). Per layer: the write and
 the read of the KV cache both follow ``fa.skip_kv_cache`` (and the layer kind's ``write_kv_cache``);
 ``causal`` / ``use_window`` come from the layer-kind table; ``num_splits`` from ``fa.num_splits``.
+
+Chunked-local layers (Llama 4, ``attention_chunk_size``) run over local virtual batches (SGLang's
+``make_local_attention_virtual_batches``): each request's queries are cut at chunk boundaries, and
+each piece is one causal varlen batch entry whose keys start at its chunk's first token (its page
+table row starts at that page, so ``attention_chunk_size`` must be a multiple of ``page_size``).
+Built on the host from the batch's CPU lengths in eager runs; CUDA graphs replay DECODE only.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from attngate.backends.base import AttentionBackend, check_batch, check_graph_ba
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.layer import AttentionLayer
+from attngate.backends.mla import absorb_q, absorbed_for_batch, check_mla_weights, decompress, project_out
 from attngate.errors import Problem
 from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.gates.plan import Plan
@@ -38,6 +45,7 @@ class _Metadata:
     encoder_seqused_k: torch.Tensor | None = None  # cross attention: encoder tokens
     encoder_page_table: torch.Tensor | None = None
     scheduler_metadata: object | None = None
+    local: "_Metadata | None" = None  # chunked-local layers: the local virtual batches
 
 
 class _Fa4Kernel:
@@ -67,6 +75,15 @@ class _Fa4Kernel:
             causal=causal, window_size=window, learnable_sink=layer.sinks, softcap=layer.logit_cap,
             num_splits=num_splits, scheduler_metadata=scheduler_metadata,  # 0: the kernel's split heuristic
         )
+        return out[0] if isinstance(out, tuple) else out
+
+
+    def mla_absorbed(self, q_rope, kpe_cache, ckv_cache, q_latent, *, md: _Metadata, layer: AttentionLayer,
+                     num_splits: int) -> torch.Tensor:
+        """Absorbed MLA over the paged latent (SM100): scores ``q_rope . kpe + q_latent . ckv``, values ckv."""
+        out = self.varlen(q_rope, kpe_cache, ckv_cache, qv=q_latent, cu_seqlens_q=md.cu_seqlens_q, max_seqlen_q=md.max_seqlen_q,
+                          seqused_k=md.seqused_k, page_table=md.page_table, softmax_scale=layer.scaling, causal=True,
+                          num_splits=num_splits)
         return out[0] if isinstance(out, tuple) else out
 
 
@@ -104,6 +121,34 @@ class _Fa3Kernel:
         return out[0] if isinstance(out, tuple) else out
 
 
+    def mla_absorbed(self, q_rope, kpe_cache, ckv_cache, q_latent, *, md: _Metadata, layer: AttentionLayer,
+                     num_splits: int) -> torch.Tensor:
+        """Absorbed MLA over the paged latent (SM90), as SGLang's FA3 MLA decode: q = q_rope against the kpe
+        cache, qv = q_latent against the ckv cache, which is also V."""
+        out = self.fa3.flash_attn_with_kvcache(q=q_rope, k_cache=kpe_cache, v_cache=ckv_cache, qv=q_latent,
+                                               page_table=md.page_table, cache_seqlens=md.seqused_k,
+                                               cu_seqlens_q=md.cu_seqlens_q, max_seqlen_q=md.max_seqlen_q,
+                                               softmax_scale=layer.scaling, causal=True, num_splits=num_splits)
+        return out[0] if isinstance(out, tuple) else out
+
+
+def fa_refusals(plan: Plan, layers: list[AttentionLayer], sm_major: int | None = None) -> list[Problem]:
+    """Why the FA backend cannot serve these layers under this plan (empty: it can). ``sm_major`` None skips
+    the architecture checks (CPU stand-ins). Needs no kernel import."""
+    provider, page_size, problems = plan.flashattention.provider, plan.common.page_size, []
+    for layer in layers:
+        where = f"layer {layer.layer_id}"
+        if (layer.has_sinks or layer.sinks is not None) and provider == "flash_attn_interface":
+            problems.append(Problem(where, "flash_attn_interface (FA3) has no learned attention sinks; the plan must pick flash_attn.cute"))
+        if layer.kind == LayerKind.CHUNKED_LOCAL and (layer.attention_chunk_size or 0) % page_size:
+            problems.append(Problem(where, f"attention_chunk_size {layer.attention_chunk_size} is not a multiple of page_size {page_size}"))
+        if layer.is_mla and sm_major is not None:
+            runs = (provider == "flash_attn_interface" and sm_major == 9) or (provider == "flash_attn.cute" and sm_major == 10)
+            if not runs:
+                problems.append(Problem(where, f"{provider} runs no absorbed MLA on SM{sm_major}x (FA3 on SM90, FA4 on SM100)"))
+    return problems
+
+
 class FlashAttentionBackend(AttentionBackend):
     """FA3/FA4 over the paged pool. ``checked=True`` validates every batch before a kernel launch
     (indices inside the pool, lengths inside req_to_token) and raises BatchMetadataError instead of
@@ -124,6 +169,13 @@ class FlashAttentionBackend(AttentionBackend):
         self._layer_gates = {kind: plan.layer(kind).common for kind in LayerKind}
         # the scheduler metadata is planned for full-attention layers; window and cross layers never take it
         self._scheduled = next((lay for lay in layers if lay.kind == LayerKind.FULL and not lay.is_mla), None)
+        self._mla = next((lay for lay in layers if lay.is_mla), None)
+        self._mla_absorbed, self._mla_kv = True, None
+        self.chunk = next((lay.attention_chunk_size for lay in layers if lay.kind == LayerKind.CHUNKED_LOCAL), None)
+        cuda = torch.device(device).type == "cuda"
+        problems = fa_refusals(plan, layers, torch.cuda.get_device_capability(device)[0] if cuda else None)
+        if problems:
+            raise BatchMetadataError(problems)
         self._strided = torch.arange(0, req_to_token.shape[1], self.page_size, device=req_to_token.device)
         self.md: _Metadata | None = None
         self._graph: dict[str, torch.Tensor] | None = None
@@ -149,6 +201,11 @@ class FlashAttentionBackend(AttentionBackend):
         max_k = int(batch.seq_lens_cpu.max())
         self._fill_kv_metadata(self.md, batch.forward_mode, batch.req_pool_indices, batch.seq_lens,
                                batch.extend_seq_lens, batch.encoder_lens, pages=-(-max_k // self.page_size))
+        if self._mla is not None:
+            self._mla_metadata(batch)
+        if self.chunk is not None:
+            new_cpu = batch.extend_seq_lens_cpu if batch.extend_seq_lens_cpu is not None else batch.extend_seq_lens.tolist()
+            self.md.local = self._local_batches(batch.req_pool_indices, batch.seq_lens_cpu.tolist(), list(new_cpu))
         if batch.forward_mode == ForwardMode.DECODE and self.precompute_scheduler_metadata and self._scheduled is not None:
             self.md.scheduler_metadata = self.kernel.scheduler_metadata(
                 self.md, self._scheduled, max_k, num_splits=self.num_splits, page_size=self.page_size, dtype=self.kv_pool.dtype)
@@ -166,11 +223,79 @@ class FlashAttentionBackend(AttentionBackend):
         if in_place:
             md.seqused_k.copy_(seqused)
             md.page_table.copy_(table)
+            if md.local is not None:
+                self._local_decode_in_place(md, rows, seqused)
         else:
             md.seqused_k, md.page_table = seqused.to(torch.int32), table
         if encoder_lens is not None:
             md.encoder_seqused_k = encoder_lens.to(torch.int32)
             md.encoder_page_table = self._page_table(rows, None, pages)
+
+    def _mla_metadata(self, batch: ForwardBatch) -> None:
+        """MLA per batch: the form, and for non-absorbed attention over a prefix, every cached token's slot and cu_seqlens_k."""
+        seq = batch.seq_lens_cpu.long()
+        new = torch.tensor(batch.extend_seq_lens_cpu) if batch.extend_seq_lens_cpu is not None else batch.extend_seq_lens.cpu()
+        has_prefix = bool((seq - new > 0).any())
+        self._mla_absorbed = absorbed_for_batch(self.plan.mode(batch.forward_mode).common.mla_form, has_prefix)
+        self._mla_kv = None
+        if not self._mla_absorbed and has_prefix:
+            cu_k = torch.zeros(len(seq) + 1, dtype=torch.int64)
+            cu_k[1:] = torch.cumsum(seq, 0)
+            total = int(cu_k[-1])
+            rows = torch.repeat_interleave(batch.req_pool_indices, seq.to(self.device), output_size=total)
+            cols = torch.arange(total, device=self.device) - torch.repeat_interleave(cu_k[:-1].to(self.device), seq.to(self.device), output_size=total)
+            self._mla_kv = (self.req_to_token[rows, cols].long(), cu_k.to(self.device, torch.int32), int(seq.max()))
+
+    def _forward_mla(self, q, k, layer: AttentionLayer, batch: ForwardBatch, md: _Metadata, gates, write: bool) -> torch.Tensor:
+        """``q: [T, H, qk_nope + qk_rope]``, ``k``: the latent ``[T, 1, kv_lora_rank + qk_rope]`` -> ``[T, H, v_head_dim]``."""
+        check_mla_weights(layer)
+        if write and k is not None:
+            self.kv_pool.set_kv_buffer(layer.layer_id, batch.out_cache_loc, k)
+        cache = self.kv_pool.kv_buffer[layer.layer_id]
+        if self._mla_absorbed:
+            paged = cache.view(-1, self.page_size, 1, cache.shape[-1])
+            q_abs = absorb_q(q, layer)
+            r = layer.kv_lora_rank
+            out = self.kernel.mla_absorbed(q_abs[..., r:], paged[..., r:], paged[..., :r], q_abs[..., :r], md=md, layer=layer,
+                                           num_splits=self.num_splits)
+            return project_out(out, layer)
+        if self._mla_kv is None:  # no prefix: this forward's latent is all there is
+            k_full, v_full = decompress(k, layer)
+            cu_k, max_k = md.cu_seqlens_q, md.max_seqlen_q
+        else:
+            slots, cu_k, max_k = self._mla_kv
+            k_full, v_full = decompress(cache[slots], layer)
+        return self.kernel(q, k_full, v_full, cu_seqlens_q=md.cu_seqlens_q, max_seqlen_q=md.max_seqlen_q, cu_seqlens_k=cu_k,
+                           max_seqlen_k=max_k, layer=layer, causal=True, window=(None, None), num_splits=self.num_splits)
+
+    def _local_batches(self, rows: torch.Tensor, seq: list[int], new: list[int]) -> _Metadata:
+        """Local virtual batches: request r's queries at positions [seq - new, seq) cut at multiples of the chunk;
+        a piece in chunk c attends causally to keys [c * chunk, its last query]. Host lengths, one copy to the device."""
+        chunk, cu, used, req, start_tok = self.chunk, [0], [], [], []
+        for r, (s, n) in enumerate(zip(seq, new)):
+            pos = s - n
+            while pos < s:
+                c0 = pos // chunk * chunk
+                end = min(s, c0 + chunk)
+                cu.append(cu[-1] + end - pos)
+                used.append(end - c0)
+                req.append(r)
+                start_tok.append(c0)
+                pos = end
+        host = torch.tensor([*cu, *used, *req, *start_tok], dtype=torch.int64)
+        dev = host.to(self.device, non_blocking=True)
+        v = len(used)
+        cu_d, used_d, req_d, start_d = dev[: v + 1], dev[v + 1: 2 * v + 1], dev[2 * v + 1: 3 * v + 1], dev[3 * v + 1:]
+        pages = -(-max(used, default=1) // self.page_size)
+        table = self._pages_from(rows[req_d], start_d, self._strided[:pages])  # starts are chunk-, hence page-aligned
+        max_q = max((b - a for a, b in zip(cu, cu[1:])), default=1)
+        return _Metadata(cu_d.to(torch.int32), max_q, used_d.to(torch.int32), table)
+
+    def _local_decode_in_place(self, md: _Metadata, rows: torch.Tensor, seqused: torch.Tensor) -> None:
+        """DECODE's local batches on the device (one query per request): the same shapes on every replay."""
+        start = (seqused.long() - 1).clamp(min=0) // self.chunk * self.chunk
+        md.local.seqused_k.copy_(seqused - start)
+        md.local.page_table.copy_(self._pages_from(rows, start, self._strided[: md.local.page_table.shape[1]]))
 
     def _page_table(self, rows: torch.Tensor, offset: torch.Tensor | None, pages: int | None) -> torch.Tensor:
         """``[bs, pages]`` int32: the page of each page-aligned position, starting ``offset`` tokens into the row."""
@@ -179,6 +304,10 @@ class FlashAttentionBackend(AttentionBackend):
             return (self.req_to_token[rows[:, None], strided[None, :]] // self.page_size).to(torch.int32)
         if self.page_size > 1 and bool((offset % self.page_size).any()):
             raise BatchMetadataError(Problem("encoder_lens", f"must be multiples of page_size {self.page_size} on the FA backend"))
+        return self._pages_from(rows, offset, strided)
+
+    def _pages_from(self, rows: torch.Tensor, offset: torch.Tensor, strided: torch.Tensor) -> torch.Tensor:
+        """Page ids of each row from the page-aligned token ``offset`` on (no alignment check, no host sync)."""
         width = self.req_to_token.shape[1]
         cols = (offset[:, None].long() + strided[None, :]).clamp_(max=width - 1)
         return (torch.gather(self.req_to_token[rows], 1, cols) // self.page_size).to(torch.int32)
@@ -189,12 +318,16 @@ class FlashAttentionBackend(AttentionBackend):
         return self.forward_extend(q, k, v, layer, batch, save_kv_cache)
 
     def forward_extend(self, q, k, v, layer: AttentionLayer, batch: ForwardBatch, save_kv_cache: bool) -> torch.Tensor:
-        if layer.is_mla or layer.kind == LayerKind.CHUNKED_LOCAL:
-            raise NotImplementedError(f"the FA backend runs no {'MLA' if layer.is_mla else 'chunked-local'} layers yet")
         md = self.md
+        if layer.kind == LayerKind.CHUNKED_LOCAL:  # the local virtual batches replace the request batch
+            if md.local is None:
+                raise BatchMetadataError(Problem(f"layer {layer.layer_id}", "chunked-local layer, but no local metadata was built"))
+            md = md.local if md.seqused_k is not None else _Metadata(md.local.cu_seqlens_q, md.local.max_seqlen_q, None, None)
         gates = self._layer_gates[layer.kind]
         cached = gates.write_kv_cache and not self.skip_kv_cache
         cross = layer.kind == LayerKind.CROSS_ATTENTION
+        if layer.is_mla:
+            return self._forward_mla(q, k, layer, batch, md, gates, cached and save_kv_cache)
         if save_kv_cache and cached and k is not None:
             loc = batch.encoder_out_cache_loc if cross else batch.out_cache_loc
             self.kv_pool.set_kv_buffer(layer.layer_id, loc, k, v)
@@ -225,6 +358,9 @@ class FlashAttentionBackend(AttentionBackend):
             "seqused_k": torch.zeros(max_bs, dtype=torch.int32, device=self.device),
             "page_table": torch.zeros(max_bs, max_pages, dtype=torch.int32, device=self.device),
         }
+        if self.chunk is not None:
+            self._graph["local_seqused_k"] = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
+            self._graph["local_page_table"] = torch.zeros(max_bs, -(-self.chunk // self.page_size), dtype=torch.int32, device=self.device)
 
     def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode):
         if forward_mode not in _GRAPH_MODES or not self.plan.mode(forward_mode).common.capture_cuda_graph:
@@ -233,13 +369,27 @@ class FlashAttentionBackend(AttentionBackend):
             raise RuntimeError("call init_cuda_graph_state first")
         g = self._graph
         per_req = num_tokens // max(bs, 1)
+        if self.chunk is not None and forward_mode != ForwardMode.DECODE:
+            raise ValueError(f"chunked-local layers replay DECODE graphs only, not {forward_mode.value}: its local batches vary in number")
+        self._graph_mla_form(forward_mode)
         g["cu_seqlens_q"][: bs + 1].copy_(torch.arange(0, bs + 1, device=self.device, dtype=torch.int32) * per_req)
         self.md = self._graph_md[bs] = _Metadata(g["cu_seqlens_q"][: bs + 1], per_req, g["seqused_k"][:bs], g["page_table"][:bs])
+        if self.chunk is not None:  # one query per request: one local batch each, the request's current chunk
+            self.md.local = _Metadata(g["cu_seqlens_q"][: bs + 1], 1, g["local_seqused_k"][:bs], g["local_page_table"][:bs])
         extend = torch.full((bs,), per_req, dtype=torch.int32, device=self.device)
         self._fill_kv_metadata(self.md, forward_mode, req_pool_indices, seq_lens, extend, encoder_lens, in_place=True)
 
+    def _graph_mla_form(self, mode: ForwardMode) -> None:
+        """Graph modes read the latent cache absorbed (their shapes are fixed; decompressing a prefix is not)."""
+        if self._mla is None:
+            return
+        if not absorbed_for_batch(self.plan.mode(mode).common.mla_form, True):
+            raise ValueError(f"the plan runs MLA non-absorbed in {mode.value}; only absorbed modes replay as CUDA graphs")
+        self._mla_absorbed, self._mla_kv = True, None
+
     def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode):
         md = self.md = self._graph_md[bs]  # eager batches in between replaced self.md
+        self._graph_mla_form(forward_mode)
         per_req = md.max_seqlen_q
         if self.checked:
             check_graph_batch(self, bs, per_req, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode)

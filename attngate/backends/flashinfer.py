@@ -27,6 +27,7 @@ import torch
 from attngate.backends.base import AttentionBackend, check_batch, check_graph_batch
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
+from attngate.backends.flashinfer_mla import FlashInferMLABackend, mla_refusals
 from attngate.backends.layer import AttentionLayer
 from attngate.errors import Problem
 from attngate.facts.modes import ForwardMode, LayerKind
@@ -57,13 +58,38 @@ class _KvRange:
     kv_len: torch.Tensor  # [bs] int64, cpu: tokens from start_token the kernel reads
 
 
+def flashinfer_refusals(layers: list[AttentionLayer]) -> list[Problem]:
+    """Why the FlashInfer backend cannot serve these layers (empty: it can). Needs no kernel import."""
+    if any(layer.is_mla for layer in layers):
+        return mla_refusals(layers)
+    problems = []
+    for layer in layers:
+        if layer.has_sinks or layer.sinks is not None:
+            problems.append(Problem(f"layer {layer.layer_id}", "FlashInfer runs no learned attention sinks"))
+        if layer.kind == LayerKind.CHUNKED_LOCAL:
+            problems.append(Problem(f"layer {layer.layer_id}", "FlashInfer runs no chunked local attention (a window would let a query see the previous chunk)"))
+    return problems
+
+
 class FlashInferBackend(AttentionBackend):
     """FlashInfer over the paged pool. ``checked=True`` validates every batch before a kernel launch
-    (shared with the FA backend); off by default, no cost when off."""
+    (shared with the FA backend); off by default, no cost when off.
+
+    Constructed with MLA layers, it builds a :class:`FlashInferMLABackend` instead (the latent
+    cache needs other wrappers), as SGLang's ``flashinfer`` name serves MLA models through flashinfer_mla.
+    """
+
+    def __new__(cls, plan: Plan, kv_pool, req_to_token: torch.Tensor, layers: list[AttentionLayer], *args, **kwargs):
+        if cls is FlashInferBackend and any(layer.is_mla for layer in layers):
+            return FlashInferMLABackend(plan, kv_pool, req_to_token, layers, *args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, plan: Plan, kv_pool, req_to_token: torch.Tensor, layers: list[AttentionLayer],
                  device: torch.device | str = "cuda", *, checked: bool = False):
         super().__init__(plan, kv_pool, req_to_token, layers, device)
+        problems = flashinfer_refusals(layers)
+        if problems:
+            raise BatchMetadataError(problems)
         self.fi = importlib.import_module("flashinfer")
         gates = plan.flashinfer
         self.prefill_fixed_split_size = gates.prefill_fixed_split_size
@@ -83,10 +109,10 @@ class FlashInferBackend(AttentionBackend):
                              "the paged wrapper (flashinfer.paged_kv_extent prefix_plus_new), which would read their stale slots")
         self.workspace = torch.empty(gates.workspace_size_mb << 20, dtype=torch.uint8, device=self.device)
         n = len(self.specs)
-        # fa2 kernels for every prefill wrapper: one JIT family, as SGLang's paged/verify wrappers
         self.decode_wrappers = [self.fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=self.decode_use_tensor_cores) for _ in range(n)]
-        self.paged_wrappers = [self.fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2") for _ in range(n)]
-        self.ragged_wrappers = [self.fi.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend="fa2") for _ in range(n)]
+        family = gates.prefill_kernel_family
+        self.paged_wrappers = [self.fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=family) for _ in range(n)]
+        self.ragged_wrappers = [self.fi.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend=family) for _ in range(n)]
         self._active_decode, self._active_paged = self.decode_wrappers, self.paged_wrappers  # graph replays swap these
         self._graphs: dict[tuple[ForwardMode, int], list] = {}
         self._graph_per_req: dict[tuple[ForwardMode, int], int] = {}
@@ -103,8 +129,6 @@ class FlashInferBackend(AttentionBackend):
             i = gates.flashinfer.wrapper_index
             if i >= count:
                 raise ValueError(f"layer {layer.layer_id} ({layer.kind.value}) maps to wrapper {i} of {count}")
-            if layer.sinks is not None or layer.is_mla or layer.kind == LayerKind.CHUNKED_LOCAL:
-                raise NotImplementedError(f"layer {layer.layer_id}: the FlashInfer backend runs no attention sinks, MLA or chunked-local layers")
             spec = _WrapperSpec(i, gates.common.causal, layer.sliding_window_size if gates.common.use_window else -1,
                                 layer.logit_cap, layer.scaling, layer.kind == LayerKind.CROSS_ATTENTION)
             if specs[i] is None:

@@ -55,6 +55,8 @@ class FlashInferGates(_Group):
     cuda_graph_disable_split_kv: bool = gate(False, "disable_split_kv of every CUDA-graph decode plan.")
     decode_use_tensor_cores: bool = gate(False, "use_tensor_cores of every decode wrapper.")
     workspace_size_mb: int = gate(384, "float workspace buffer, MiB.")
+    prefill_kernel_family: Literal["fa2", "fa3"] = gate("fa2", "Kernel family of the prefill (ragged and paged) wrappers.")
+    mla_kernel_family: Literal["fa2", "fa3"] = gate("fa2", "Kernel family of BatchMLAPagedAttentionWrapper (absorbed MLA).")
 
 
 class CommonGates(_Group):

@@ -1,0 +1,176 @@
+"""FlashInfer MLA (SGLang's flashinfer_mla): the ``flashinfer`` backend for models with multi-head latent attention.
+
+Every token keeps one latent row ``ckv ++ kpe`` (``MLATokenToKVPool``). Per batch the mode's
+``common.mla_form`` (with :func:`attngate.backends.mla.absorbed_for_batch`) picks the path, and
+the latent of the new tokens is written before attention on both paths:
+
+- absorbed: ``BatchMLAPagedAttentionWrapper`` over the paged latent cache, causal, bottom-right
+  aligned (a query at position p of a request sees keys ``<= p``); q_nope is absorbed through
+  ``w_kc`` first and the latent output projected through ``w_vc`` after. Decode, target verify,
+  draft extend and EXTEND over a prefix without the chunked prefix cache take this path.
+- non-absorbed: the latent of prefix and new tokens is decompressed into K (qk_nope + qk_rope)
+  and V (v_head_dim), and ``BatchPrefillWithRaggedKVCacheWrapper`` runs causal attention of the new
+  tokens against them (no prefix: the raw latent of this forward, no gather).
+
+Kernel families come from the plan: ``flashinfer.mla_kernel_family`` for the MLA wrapper,
+``flashinfer.prefill_kernel_family`` for the ragged wrapper. CUDA graphs: DECODE, with the MLA
+wrapper's static buffers re-planned in place before each replay.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from attngate.backends.base import AttentionBackend, check_batch, check_graph_batch
+from attngate.backends.errors import BatchMetadataError
+from attngate.backends.forward_batch import ForwardBatch
+from attngate.backends.layer import AttentionLayer
+from attngate.backends.mla import absorb_q, absorbed_for_batch, check_mla_weights, decompress, project_out
+from attngate.errors import Problem
+from attngate.facts.modes import ForwardMode, LayerKind
+from attngate.gates.plan import Plan
+
+
+def mla_refusals(layers: list[AttentionLayer]) -> list[Problem]:
+    """Why FlashInfer MLA cannot serve these layers (empty: it can). Needs no kernel import."""
+    problems = []
+    for layer in layers:
+        where = f"layer {layer.layer_id}"
+        if not layer.is_mla:
+            problems.append(Problem(where, "FlashInfer MLA serves MLA layers only; a model mixes none"))
+        elif (layer.kv_lora_rank, layer.qk_rope_head_dim) != (512, 64):
+            problems.append(Problem(where, f"FlashInfer MLA runs kv_lora_rank 512 / qk_rope_head_dim 64, not "
+                                           f"{layer.kv_lora_rank} / {layer.qk_rope_head_dim}"))
+        if layer.kind != LayerKind.FULL or layer.logit_cap or layer.has_sinks or layer.sinks is not None:
+            problems.append(Problem(where, "FlashInfer MLA runs full causal attention only (no window, chunk, soft-cap or sinks)"))
+    return problems
+
+
+class FlashInferMLABackend(AttentionBackend):
+    """FlashInfer over the latent cache; built by ``FlashInferBackend(...)`` when the layers are MLA layers."""
+
+    def __init__(self, plan: Plan, kv_pool, req_to_token: torch.Tensor, layers: list[AttentionLayer],
+                 device: torch.device | str = "cuda", *, checked: bool = False):
+        super().__init__(plan, kv_pool, req_to_token, layers, device)
+        problems = mla_refusals(layers)
+        if problems:
+            raise BatchMetadataError(problems)
+        self.fi = importlib.import_module("flashinfer")
+        self.page_size = plan.common.page_size
+        if kv_pool.page_size != self.page_size:
+            raise ValueError(f"the KV pool has page_size {kv_pool.page_size}, the plan {self.page_size}")
+        self.checked = checked
+        self._head = layers[0]
+        self._dtype = kv_pool.dtype
+        self._family = plan.flashinfer.mla_kernel_family
+        self.workspace = torch.empty(plan.flashinfer.workspace_size_mb << 20, dtype=torch.uint8, device=self.device)
+        self.mla_wrapper = self.fi.mla.BatchMLAPagedAttentionWrapper(self.workspace, backend=self._family)
+        self.ragged_wrapper = self.fi.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend=plan.flashinfer.prefill_kernel_family)
+        self._active_mla = self.mla_wrapper
+        self._graphs: dict[int, object] = {}
+        self._absorbed = True
+        self._has_prefix = False
+        self._latent_rows: torch.Tensor | None = None  # non-absorbed with prefix: slots of prefix + new tokens
+
+    # ---- metadata ----------------------------------------------------------------------------------
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        if self.checked:
+            check_batch(batch, self.req_to_token, self.kv_pool.num_slots)
+        if batch.forward_mode == ForwardMode.IDLE:
+            return
+        self._active_mla = self.mla_wrapper
+        new = torch.tensor(batch.extend_seq_lens_cpu) if batch.extend_seq_lens_cpu is not None else batch.extend_seq_lens.cpu()
+        seq = batch.seq_lens_cpu.long()
+        prefix = seq - new.long()
+        self._has_prefix = bool((prefix > 0).any())
+        self._absorbed = absorbed_for_batch(self.plan.mode(batch.forward_mode).common.mla_form, self._has_prefix)
+        qo_indptr = _indptr(new)
+        if self._absorbed:
+            self._plan_mla(self.mla_wrapper, qo_indptr, batch.req_pool_indices, seq)
+            return
+        kv_indptr = _indptr(seq)
+        self._latent_rows = self._token_slots(batch.req_pool_indices, seq, kv_indptr) if self._has_prefix else None
+        head = self._head
+        self.ragged_wrapper.plan(qo_indptr, kv_indptr, head.num_q_heads, head.num_q_heads, head.head_dim,
+                                 head_dim_vo=head.v_head_dim, causal=True, sm_scale=head.scaling,
+                                 q_data_type=self._dtype, kv_data_type=self._dtype)
+
+    def _plan_mla(self, wrapper, qo_indptr: torch.Tensor, rows: torch.Tensor, seq: torch.Tensor) -> None:
+        counts = (seq + self.page_size - 1) // self.page_size
+        kv_indptr = _indptr(counts)
+        head = self._head
+        metadata = self.fi.mla.MLAPlanMetadata.csr(qo_indptr, kv_indptr, self._page_ids(rows, counts, kv_indptr),
+                                                   seq.to(torch.int32))
+        wrapper.plan(metadata=metadata, num_heads=head.num_q_heads, head_dim_ckv=head.kv_lora_rank,
+                     head_dim_kpe=head.qk_rope_head_dim, page_size=self.page_size, causal=True, sm_scale=head.scaling,
+                     q_data_type=self._dtype, kv_data_type=self._dtype, query_layout="packed", kv_cache_layout="packed")
+
+    def _page_ids(self, rows: torch.Tensor, counts: torch.Tensor, indptr: torch.Tensor) -> torch.Tensor:
+        """``[total_pages]`` int32 page ids, request by request; sized on the host, so no device sync."""
+        return self._gather(rows, counts, indptr, stride=self.page_size) // self.page_size
+
+    def _token_slots(self, rows: torch.Tensor, seq: torch.Tensor, indptr: torch.Tensor) -> torch.Tensor:
+        """``[sum(seq)]`` int64 slots of every cached token (prefix and new), request by request."""
+        return self._gather(rows, seq, indptr, stride=1).long()
+
+    def _gather(self, rows: torch.Tensor, counts: torch.Tensor, indptr: torch.Tensor, *, stride: int) -> torch.Tensor:
+        total = int(indptr[-1])
+        if total == 0:
+            return torch.empty(0, dtype=torch.int32, device=self.device)
+        starts, counts_dev = torch.stack([indptr[:-1].long(), counts.long()]).to(self.device, non_blocking=True)
+        rows_rep = torch.repeat_interleave(rows, counts_dev, output_size=total)
+        col = torch.arange(total, device=self.device) - torch.repeat_interleave(starts, counts_dev, output_size=total)
+        return self.req_to_token[rows_rep, col * stride]
+
+    # ---- forward -----------------------------------------------------------------------------------
+
+    def forward_decode(self, q, k, v, layer, batch, save_kv_cache):
+        return self.forward_extend(q, k, v, layer, batch, save_kv_cache)
+
+    def forward_extend(self, q, k, v, layer: AttentionLayer, batch: ForwardBatch, save_kv_cache: bool) -> torch.Tensor:
+        """``q: [T, H, qk_nope + qk_rope]``, ``k: [T, 1, kv_lora_rank + qk_rope]`` (the latent) -> ``[T, H, v_head_dim]``."""
+        check_mla_weights(layer)
+        if save_kv_cache and k is not None and self.plan.layer(layer.kind).common.write_kv_cache:
+            self.kv_pool.set_kv_buffer(layer.layer_id, batch.out_cache_loc, k)
+        cache = self.kv_pool.kv_buffer[layer.layer_id]
+        if self._absorbed:
+            paged = cache.view(-1, self.page_size, cache.shape[-1])
+            out_latent = self._active_mla.run(query=absorb_q(q, layer), kv_cache=paged)
+            return project_out(out_latent, layer)
+        latent = cache[self._latent_rows] if self._has_prefix else k
+        k_full, v_full = decompress(latent, layer)
+        return self.ragged_wrapper.run(q, k_full, v_full)
+
+    # ---- CUDA graphs (DECODE) ----------------------------------------------------------------------
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        self._graph_max_bs = max_bs
+
+    def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode):
+        if forward_mode != ForwardMode.DECODE or not self.plan.mode(forward_mode).common.capture_cuda_graph:
+            raise ValueError(f"FlashInfer MLA captures DECODE graphs only, as the plan allows; not {forward_mode.value}")
+        if bs > self._graph_max_bs:
+            raise ValueError(f"batch size {bs} exceeds the {self._graph_max_bs} of init_cuda_graph_state")
+        max_pages = bs * (self.req_to_token.shape[1] // self.page_size + 1)
+        buffers = dict(qo_indptr=torch.zeros(bs + 1, dtype=torch.int32, device=self.device),
+                       kv_indptr=torch.zeros(bs + 1, dtype=torch.int32, device=self.device),
+                       kv_indices=torch.zeros(max_pages, dtype=torch.int32, device=self.device),
+                       kv_len_arr=torch.zeros(bs, dtype=torch.int32, device=self.device))
+        self._graphs[bs] = self.fi.mla.BatchMLAPagedAttentionWrapper(self.workspace, use_cuda_graph=True, backend=self._family, **buffers)
+        self.init_forward_metadata_replay_cuda_graph(bs, req_pool_indices, seq_lens, seq_lens.cpu(), encoder_lens, forward_mode)
+
+    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode):
+        if self.checked:
+            check_graph_batch(self, bs, 1, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode)
+        wrapper = self._graphs[bs]
+        self._plan_mla(wrapper, torch.arange(bs + 1, dtype=torch.int32), req_pool_indices, seq_lens_cpu.long())
+        self._active_mla, self._absorbed = wrapper, True
+
+
+def _indptr(counts: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros(len(counts) + 1, dtype=torch.int32)
+    out[1:] = torch.cumsum(counts, 0)
+    return out

@@ -1,0 +1,102 @@
+"""The plan promises only what the kernels run: over every model config x candidate backend x GPU x
+installed kernels, a plan that resolves names backends whose own ``refusals()`` accept every layer.
+
+The rules (rules.yaml, "What the installed kernels run") and the backends' refusal functions are
+written independently; this test is where they must agree.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from attngate import ModelFacts, Platform, PlanError, ServerArgs, resolve  # noqa: E402
+from attngate.backends.flashattention import fa_refusals  # noqa: E402
+from attngate.backends.flashinfer import flashinfer_refusals  # noqa: E402
+from attngate.backends.layer import layers_from_model  # noqa: E402
+from attngate.facts.choices import CANDIDATE_BACKENDS  # noqa: E402
+from helpers import MODELS  # noqa: E402
+
+KERNELS = {"gpu-extra": ["flashinfer", "flash_attn.cute"], "with-fa3": ["flashinfer", "flash_attn.cute", "flash_attn_interface"]}
+CAPABILITY_RULES = {"fa.mla-needs-absorbed-kernel", "flashinfer.no-chunked-local"}  # those real configs can trip
+
+
+def refusals(backend: str, plan, layers, sm_major: int):
+    if backend in ("fa3", "fa4"):
+        return fa_refusals(plan, layers, sm_major)
+    if backend == "flashinfer":
+        return flashinfer_refusals(layers)
+    return []  # triton, torch_native: SGLang's, not attngate's
+
+
+def test_every_resolved_plan_names_backends_that_accept_every_layer():
+    fired: set[str] = set()
+    accepted = 0
+    for path, backend, gpu, kernels in itertools.product(sorted(MODELS.glob("*.json")), CANDIDATE_BACKENDS,
+                                                         ("sm80", "sm90", "sm100"), KERNELS):
+        facts = ModelFacts.from_hf_config(path)
+        platform = Platform.from_name(gpu, kernels=KERNELS[kernels])
+        try:
+            plan = resolve(ServerArgs(attention_backend=backend), facts, platform).plan
+        except PlanError as err:
+            fired |= {v.rule for v in err.violations} & CAPABILITY_RULES
+            continue
+        layers = layers_from_model(facts)
+        for side in {plan.prefill_backend, plan.decode_backend}:
+            problems = refusals(side, plan, layers, platform.sm_major)
+            assert not problems, f"{path.stem} --attention-backend {backend} on {gpu} ({kernels}): plan names {side}, which refuses: {problems}"
+            accepted += side in ("fa3", "fa4", "flashinfer")
+    assert fired == CAPABILITY_RULES  # each capability rule keeps some configuration off a backend that would refuse it
+    assert accepted > 100
+
+
+@pytest.mark.parametrize("model, gpu, kernels, backend", [
+    ("DeepSeek-V3", "sm90", "with-fa3", "fa3"),  # FA3 runs absorbed MLA on Hopper
+    ("DeepSeek-V2-Lite", "sm100", "gpu-extra", "fa4"),  # FA4 on Blackwell
+    ("DeepSeek-V2-Lite", "sm90", "gpu-extra", "flashinfer"),  # FlashInfer MLA
+    ("Llama-4-Scout-17B-16E-Instruct", "sm90", "gpu-extra", "fa3"),  # local virtual batches through flash_attn.cute
+])
+def test_mla_and_chunked_local_models_resolve_where_a_kernel_runs_them(model, gpu, kernels, backend):
+    facts = ModelFacts.from_hf_config(MODELS / f"{model}.json")
+    plan = resolve(ServerArgs(attention_backend=backend), facts, Platform.from_name(gpu, kernels=KERNELS[kernels])).plan
+    assert plan.prefill_backend == plan.decode_backend == backend
+    assert not refusals(backend, plan, layers_from_model(facts), int(gpu[2:-1]))
+
+
+def test_default_backend_for_mla_on_hopper_follows_the_installed_kernels():
+    facts = ModelFacts.from_hf_config(MODELS / "DeepSeek-V2-Lite.json")
+    without = resolve(ServerArgs(), facts, Platform.from_name("sm90"))
+    with_fa3 = resolve(ServerArgs(), facts, Platform.from_name("sm90", kernels=KERNELS["with-fa3"]))
+    assert without.plan.decode_backend == "flashinfer" and any("flash_attn_interface" in w for w in without.warnings) is False
+    assert any(a.rule == "default-backend.mla-hopper-without-fa3" for a in without.adjustments)
+    assert with_fa3.plan.decode_backend == "fa3" and with_fa3.plan.flashattention.provider == "flash_attn_interface"
+
+
+def test_flashinfer_mla_refuses_another_latent_geometry_in_the_plan_and_in_the_backend():
+    raw = json.loads((MODELS / "DeepSeek-V2-Lite.json").read_text())
+    facts = ModelFacts.from_hf_dict({**raw, "kv_lora_rank": 256}, source="DeepSeek-V2-Lite, kv_lora_rank 256")
+    with pytest.raises(PlanError) as err:
+        resolve(ServerArgs(attention_backend="flashinfer"), facts, Platform.from_name("sm90"))
+    assert [v.rule for v in err.value.violations] == ["flashinfer.mla-head-dims"]
+    assert flashinfer_refusals(layers_from_model(facts))
+
+
+def test_a_missing_kernel_package_refuses_its_backend():
+    facts = ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json")
+    with pytest.raises(PlanError) as err:
+        resolve(ServerArgs(attention_backend="flashinfer"), facts, Platform.from_name("sm90", kernels=["flash_attn.cute"]))
+    assert [v.rule for v in err.value.violations] == ["kernels.flashinfer-installed"]
+    with pytest.raises(PlanError) as err:
+        resolve(ServerArgs(attention_backend="fa4"), facts, Platform.from_name("sm100", kernels=["flashinfer"]))
+    assert "kernels.flash-attn-installed" in [v.rule for v in err.value.violations]
+    plan = resolve(ServerArgs(attention_backend="fa3"), facts, Platform.from_name("sm90", kernels=["flash_attn_interface"])).plan
+    assert plan.flashattention.provider == "flash_attn_interface"  # FA3 alone serves fa3
+
+
+def test_the_platform_never_probes_behind_an_explicit_gpu():
+    assert Platform.from_name("sm90") == Platform.from_name("sm90", kernels=["flashinfer", "flash_attn.cute"])
+    assert Platform.from_name("sm90").kernel_providers == ("flashinfer", "flash_attn.cute")
