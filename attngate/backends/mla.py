@@ -35,22 +35,23 @@ def absorbed_for_batch(form: str, has_prefix: bool) -> bool:
 
 
 def absorb_q(q: torch.Tensor, layer: AttentionLayer) -> torch.Tensor:
-    """``q: [T, H, qk_nope + qk_rope]`` -> ``[T, H, kv_lora_rank + qk_rope]`` in q's dtype (float32 products)."""
+    """``q: [T, H, qk_nope + qk_rope]`` -> ``[T, H, kv_lora_rank + qk_rope]``, computed in q's dtype (a batched
+    matmul; bf16 on a GPU accumulates in float32; the reference passes float32)."""
     nope = layer.qk_nope_head_dim
-    q_abs = torch.einsum("thn,hnr->thr", q[..., :nope].float(), layer.w_kc.float())
-    return torch.cat([q_abs.to(q.dtype), q[..., nope:]], dim=-1)
+    q_abs = torch.einsum("thn,hnr->thr", q[..., :nope], layer.w_kc.to(q.dtype))
+    return torch.cat([q_abs, q[..., nope:]], dim=-1)
 
 
 def decompress(latent: torch.Tensor, layer: AttentionLayer, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``latent: [S, 1, kv_lora_rank + qk_rope]`` -> ``k: [S, H, qk_nope + qk_rope]``, ``v: [S, H, v_head_dim]``."""
     dtype = dtype or latent.dtype
-    ckv, kpe = latent[:, 0, : layer.kv_lora_rank].float(), latent[:, 0, layer.kv_lora_rank:]
-    k_nope = torch.einsum("sr,hnr->shn", ckv, layer.w_kc.float()).to(dtype)
-    v = torch.einsum("sr,hrv->shv", ckv, layer.w_vc.float()).to(dtype)
-    k = torch.cat([k_nope, kpe.to(dtype)[:, None, :].expand(-1, layer.num_q_heads, -1)], dim=-1)
+    ckv, kpe = latent[:, 0, : layer.kv_lora_rank].to(dtype), latent[:, 0, layer.kv_lora_rank:].to(dtype)
+    k_nope = torch.einsum("sr,hnr->shn", ckv, layer.w_kc.to(dtype))
+    v = torch.einsum("sr,hrv->shv", ckv, layer.w_vc.to(dtype))
+    k = torch.cat([k_nope, kpe[:, None, :].expand(-1, layer.num_q_heads, -1)], dim=-1)
     return k, v
 
 
 def project_out(o_latent: torch.Tensor, layer: AttentionLayer) -> torch.Tensor:
-    """``o_latent: [T, H, kv_lora_rank]`` -> ``[T, H, v_head_dim]`` in its dtype (float32 products)."""
-    return torch.einsum("thr,hrv->thv", o_latent.float(), layer.w_vc.float()).to(o_latent.dtype)
+    """``o_latent: [T, H, kv_lora_rank]`` -> ``[T, H, v_head_dim]``, computed in o_latent's dtype."""
+    return torch.einsum("thr,hrv->thv", o_latent, layer.w_vc.to(o_latent.dtype))

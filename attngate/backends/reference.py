@@ -96,7 +96,7 @@ class ReferenceBackend(AttentionBackend):
             if not layer.is_mla:
                 out[rows] = attend(q[rows], keys, values, q_pos, k_pos, layer, causal=gates.causal, window=window).to(q.dtype)
             elif absorbed:  # keys are latent rows; v is their ckv part
-                o = attend(absorb_q(q[rows], layer), keys, keys[..., : layer.kv_lora_rank], q_pos, k_pos, layer,
+                o = attend(absorb_q(q[rows].float(), layer), keys, keys[..., : layer.kv_lora_rank], q_pos, k_pos, layer,
                            causal=gates.causal, window=window)
                 out[rows] = project_out(o, layer).to(q.dtype)
             else:
