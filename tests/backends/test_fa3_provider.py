@@ -28,12 +28,15 @@ H, HKV, D = 8, 2, 16
 REQUESTS = [(0, 5), (17, 3), (40, 1), (3, 9)]
 
 
-def _dense(q, k, v, *, causal, window, softcap, scale):
-    """One request: q [Lq, H, D], k/v [Lk, HKV, D]; FA's bottom-right alignment."""
+def _dense(q, k, v, *, causal, window, softcap, scale, qv=None):
+    """One request: q [Lq, H, D], k/v [Lk, HKV, D]; FA's bottom-right alignment. ``qv [Lq, H, Dv]`` (FA3's
+    absorbed-MLA input) adds ``qv . v`` to every score."""
     lq, lk = q.shape[0], k.shape[0]
     rep = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(rep, 1).float(), v.repeat_interleave(rep, 1).float()
     s = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
+    if qv is not None:
+        s = s + torch.einsum("qhd,khd->hqk", qv.float(), v) * scale
     if softcap:
         s = softcap * torch.tanh(s / softcap)
     diag = torch.arange(lq)[:, None] + (lk - lq)
@@ -79,8 +82,9 @@ class FakeFa3(types.ModuleType):
             n = int(cache_seqlens[b])
             pages = page_table[b, : -(-n // page_size)].long()
             kb, vb = k_cache[pages].flatten(0, 1)[:n], v_cache[pages].flatten(0, 1)[:n]
-            qb = q[int(cu_seqlens_q[b]): int(cu_seqlens_q[b + 1])]
-            out.append(_dense(qb, kb, vb, causal=causal, window=window_size, softcap=softcap, scale=softmax_scale))
+            rows = slice(int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1]))
+            out.append(_dense(q[rows], kb, vb, causal=causal, window=window_size, softcap=softcap, scale=softmax_scale,
+                              qv=None if qv is None else qv[rows]))
         return torch.cat(out)
 
     def flash_attn_varlen_func(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=None,
@@ -165,3 +169,61 @@ def test_fa3_encoder_only_layers_attend_on_the_raw_kv(fa3):
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     (name, call), = fa3.calls
     assert name == "flash_attn_varlen_func" and call["causal"] is False
+
+
+# ---- chunked-local and MLA layers through the FA3 adapter ---------------------------------------
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("mode", [ForwardMode.EXTEND, ForwardMode.DECODE, ForwardMode.TARGET_VERIFY])
+def test_fa3_chunked_local_layers_run_as_local_virtual_batches(fa3, mode, page_size):
+    chunk = 16
+    layer = AttentionLayer(0, H, HKV, D, D, D ** -0.5, kind=LayerKind.CHUNKED_LOCAL, attention_chunk_size=chunk)
+    requests = [(p, 1) for p, _ in REQUESTS] if mode == ForwardMode.DECODE else REQUESTS + [(14, 37)]
+    out, ref = _run(_plan("Llama-4-Scout-17B-16E-Instruct", page_size), mode, layer, page_size, requests)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    (name, call), = fa3.calls
+    # one entry per piece of a request inside one chunk: (14, 37) covers positions 14..50, four pieces
+    pieces = sum(len(range(p // chunk, (p + n - 1) // chunk + 1)) for p, n in requests)
+    assert name == "flash_attn_with_kvcache" and call["cache_seqlens"].shape[0] == pieces
+    assert int(call["cache_seqlens"].max()) <= chunk and call["causal"] is True
+
+
+RANK, ROPE, NOPE, VDIM = 32, 8, 16, 12
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("mode, flags, kernel", [
+    (ForwardMode.EXTEND, {}, "flash_attn_varlen_func"),  # non-absorbed, the prefix decompressed
+    (ForwardMode.EXTEND, {"disable_chunked_prefix_cache": True}, "flash_attn_with_kvcache"),  # a prefix: absorbed
+    (ForwardMode.DECODE, {}, "flash_attn_with_kvcache"),  # absorbed: q_rope vs kpe, qv vs ckv
+    (ForwardMode.TARGET_VERIFY, {}, "flash_attn_with_kvcache"),
+])
+def test_fa3_mla_in_the_form_the_plan_names(fa3, mode, flags, kernel, page_size):
+    from attngate.backends.kv_cache import MLATokenToKVPool
+
+    plan = _plan("DeepSeek-V2-Lite", page_size, **flags)
+    gen = torch.Generator().manual_seed(5)
+    layer = AttentionLayer(0, H, 1, NOPE + ROPE, VDIM, 0.2, is_mla=True, kv_lora_rank=RANK, qk_rope_head_dim=ROPE,
+                           w_kc=torch.randn(H, NOPE, RANK, generator=gen) / RANK ** 0.5,
+                           w_vc=torch.randn(H, RANK, VDIM, generator=gen) / RANK ** 0.5)
+    requests = [(p, 1) for p, _ in REQUESTS] if mode == ForwardMode.DECODE else REQUESTS
+    s = build_batch(requests, mode, page_size=page_size, num_slots=1024, max_context_len=256, seed=1)
+    pools = [MLATokenToKVPool(1024, page_size, 1, RANK, ROPE, dtype=torch.float32) for _ in range(2)]
+    for (prefix, _), slots in zip(requests, s.slots):
+        latent = torch.randn(prefix, 1, RANK + ROPE, generator=gen)
+        for pool in pools:
+            pool.set_kv_buffer(0, slots[:prefix], latent)
+    q = torch.randn(s.batch.num_tokens, H, NOPE + ROPE, generator=gen)
+    latent = torch.randn(s.batch.num_tokens, 1, RANK + ROPE, generator=gen)
+    outs = []
+    for cls, pool in ((FlashAttentionBackend, pools[0]), (ReferenceBackend, pools[1])):
+        backend = cls(plan, pool, s.req_to_token_pool.req_to_token, [layer], "cpu")
+        backend.init_forward_metadata(s.batch)
+        outs.append(backend.forward(q, latent, None, layer, s.batch))
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=1e-4)
+    assert [name for name, _ in fa3.calls] == [kernel]
+    call = fa3.calls[0][1]
+    if kernel == "flash_attn_with_kvcache":
+        assert call["qv"].shape[-1] == RANK and call["q"].shape[-1] == ROPE and call["v_cache"].shape[-1] == RANK
+    else:
+        assert call["cu_seqlens_k"][-1] == sum(p + n for p, n in requests)  # prefix and new, decompressed
