@@ -33,7 +33,6 @@ from attngate.errors import Problem
 from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.gates.plan import Plan
 
-_GRAPH_MODES = (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2, ForwardMode.IDLE)
 
 
 @dataclass
@@ -363,7 +362,7 @@ class FlashAttentionBackend(AttentionBackend):
             self._graph["local_page_table"] = torch.zeros(max_bs, -(-self.chunk // self.page_size), dtype=torch.int32, device=self.device)
 
     def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode):
-        if forward_mode not in _GRAPH_MODES or not self.plan.mode(forward_mode).common.capture_cuda_graph:
+        if not self.plan.mode(forward_mode).common.capture_cuda_graph:  # the plan's table is the one source
             raise ValueError(f"the plan captures no CUDA graph for forward mode {forward_mode.value}")
         if self._graph is None:
             raise RuntimeError("call init_cuda_graph_state first")

@@ -304,7 +304,7 @@ class FlashInferBackend(AttentionBackend):
         self._graph_max = (max_bs, max_num_tokens)  # wrappers and their static buffers are made per captured batch size
 
     def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode):
-        if not self.plan.mode(forward_mode).common.capture_cuda_graph or forward_mode == ForwardMode.EXTEND:
+        if not self.plan.mode(forward_mode).common.capture_cuda_graph:  # the plan's table is the one source
             raise ValueError(f"the plan captures no CUDA graph for forward mode {forward_mode.value}")
         if bs > self._graph_max[0]:
             raise ValueError(f"batch size {bs} exceeds the {self._graph_max[0]} of init_cuda_graph_state")

@@ -13,8 +13,9 @@ the latent of the new tokens is written before attention on both paths:
   tokens against them (no prefix: the raw latent of this forward, no gather).
 
 Kernel families come from the plan: ``flashinfer.mla_kernel_family`` for the MLA wrapper,
-``flashinfer.prefill_kernel_family`` for the ragged wrapper. CUDA graphs: DECODE, with the MLA
-wrapper's static buffers re-planned in place before each replay.
+``flashinfer.prefill_kernel_family`` for the ragged wrapper. CUDA graphs: every mode the plan
+captures (DECODE, TARGET_VERIFY, DRAFT_EXTEND_V2; all absorbed), the MLA wrapper's static buffers
+re-planned in place before each replay.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class FlashInferMLABackend(AttentionBackend):
         self.mla_wrapper = self.fi.mla.BatchMLAPagedAttentionWrapper(self.workspace, backend=self._family)
         self.ragged_wrapper = self.fi.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend=plan.flashinfer.prefill_kernel_family)
         self._active_mla = self.mla_wrapper
-        self._graphs: dict[int, object] = {}
+        self._graphs: dict[tuple[ForwardMode, int], tuple[object, int]] = {}
         self._absorbed = True
         self._has_prefix = False
         self._latent_rows: torch.Tensor | None = None  # non-absorbed with prefix: slots of prefix + new tokens
@@ -144,14 +145,18 @@ class FlashInferMLABackend(AttentionBackend):
         k_full, v_full = decompress(latent, layer)
         return self.ragged_wrapper.run(q, k_full, v_full)
 
-    # ---- CUDA graphs (DECODE) ----------------------------------------------------------------------
+    # ---- CUDA graphs ---------------------------------------------------------------------------------
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         self._graph_max_bs = max_bs
 
     def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode):
-        if forward_mode != ForwardMode.DECODE or not self.plan.mode(forward_mode).common.capture_cuda_graph:
-            raise ValueError(f"FlashInfer MLA captures DECODE graphs only, as the plan allows; not {forward_mode.value}")
+        """One MLA wrapper per (mode, batch size), ``num_tokens // bs`` queries per request (1 for DECODE; the
+        draft tokens of TARGET_VERIFY / DRAFT_EXTEND_V2), its static buffers re-planned in place before each replay."""
+        if not self.plan.mode(forward_mode).common.capture_cuda_graph:
+            raise ValueError(f"the plan captures no CUDA graph for forward mode {forward_mode.value}")
+        if not absorbed_for_batch(self.plan.mode(forward_mode).common.mla_form, True):
+            raise ValueError(f"the plan runs MLA non-absorbed in {forward_mode.value}; only absorbed modes replay as CUDA graphs")
         if bs > self._graph_max_bs:
             raise ValueError(f"batch size {bs} exceeds the {self._graph_max_bs} of init_cuda_graph_state")
         max_pages = bs * (self.req_to_token.shape[1] // self.page_size + 1)
@@ -159,14 +164,16 @@ class FlashInferMLABackend(AttentionBackend):
                        kv_indptr=torch.zeros(bs + 1, dtype=torch.int32, device=self.device),
                        kv_indices=torch.zeros(max_pages, dtype=torch.int32, device=self.device),
                        kv_len_arr=torch.zeros(bs, dtype=torch.int32, device=self.device))
-        self._graphs[bs] = self.fi.mla.BatchMLAPagedAttentionWrapper(self.workspace, use_cuda_graph=True, backend=self._family, **buffers)
+        wrapper = self.fi.mla.BatchMLAPagedAttentionWrapper(self.workspace, use_cuda_graph=True, backend=self._family, **buffers)
+        self._graphs[(forward_mode, bs)] = (wrapper, num_tokens // max(bs, 1))
         self.init_forward_metadata_replay_cuda_graph(bs, req_pool_indices, seq_lens, seq_lens.cpu(), encoder_lens, forward_mode)
 
     def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode):
+        wrapper, per_req = self._graphs[(forward_mode, bs)]
         if self.checked:
-            check_graph_batch(self, bs, 1, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode)
-        wrapper = self._graphs[bs]
-        self._plan_mla(wrapper, torch.arange(bs + 1, dtype=torch.int32), req_pool_indices, seq_lens_cpu.long())
+            check_graph_batch(self, bs, per_req, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode)
+        qo_indptr = torch.arange(bs + 1, dtype=torch.int32) * per_req
+        self._plan_mla(wrapper, qo_indptr, req_pool_indices, seq_lens_cpu.long())
         self._active_mla, self._absorbed = wrapper, True
 
 

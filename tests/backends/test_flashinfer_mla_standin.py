@@ -167,3 +167,27 @@ def test_flashinfer_mla_refuses_other_geometry_at_construction():
     pool = MLATokenToKVPool(64, 1, 1, 256, 64, dtype=torch.float32)
     with pytest.raises(BatchMetadataError, match="kv_lora_rank 512"):
         FlashInferBackend(_plan(1), pool, torch.zeros(1, 64, dtype=torch.int32), [layer], "cpu")
+
+
+@pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2])
+def test_flashinfer_mla_graph_replay_metadata_follows_each_rounds_lengths(mode):
+    """Capture with one batch, replay with others: the static wrapper is re-planned from the replay's lengths."""
+    plan = _plan(16)
+    assert plan.mode(mode).common.capture_cuda_graph
+    layer = _layer(torch.Generator().manual_seed(1))
+    per_req = 1 if mode == ForwardMode.DECODE else 3
+    rounds = [[(5, per_req), (40, per_req)], [(70, per_req), (0, per_req)], [(16, per_req), (17, per_req)]]
+    s0, pools0, _, _ = _case(rounds[0], mode, 16)
+    rtt = s0.req_to_token_pool.req_to_token
+    fi = FlashInferBackend(plan, pools0[0], rtt, [layer], "cpu", checked=True)
+    fi.init_cuda_graph_state(2, 2 * per_req)
+    fi.init_forward_metadata_capture_cuda_graph(2, 2 * per_req, s0.batch.req_pool_indices, s0.batch.seq_lens, None, mode)
+    for i, requests in enumerate(rounds):
+        s, pools, q, latent = _case(requests, mode, 16, seed=i + 1)
+        pools0[0].kv_buffer[0].copy_(pools[0].kv_buffer[0])
+        rtt.copy_(s.req_to_token_pool.req_to_token[: rtt.shape[0]])
+        fi.init_forward_metadata_replay_cuda_graph(2, s.batch.req_pool_indices, s.batch.seq_lens, s.batch.seq_lens_cpu, None, mode)
+        got = fi.forward(q, latent, None, layer, s.batch)
+        ref = ReferenceBackend(plan, pools[1], s.req_to_token_pool.req_to_token, [layer])
+        ref.init_forward_metadata(s.batch)
+        torch.testing.assert_close(got, ref.forward(q, latent, None, layer, s.batch), atol=1e-4, rtol=1e-4)

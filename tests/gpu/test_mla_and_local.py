@@ -85,27 +85,29 @@ def test_flashinfer_mla_matches_reference(shape, flags, heads, page_size):
 
 
 @pytest.mark.parametrize("page_size", [1, 64])
-def test_flashinfer_mla_cuda_graph_decode_replay(page_size):
+@pytest.mark.parametrize("mode", [M.DECODE, M.TARGET_VERIFY])
+def test_flashinfer_mla_cuda_graph_replay(mode, page_size):
     heads, bs = 16, 4
+    per_req = 1 if mode == M.DECODE else 3
     plan = plan_for("flashinfer", page_size, MLA_MODELS[heads])
     layer = mla_layer(heads, torch.Generator(device="cuda").manual_seed(7))
-    rounds = [[(p, 1) for p in prefixes] for prefixes in ([5, 300, 127, 64], [1000, 2, 129, 255], [17, 17, 900, 3])]
-    s0, pools0, q0, lat0 = mla_case(rounds[0], M.DECODE, page_size, heads)
+    rounds = [[(p, per_req) for p in prefixes] for prefixes in ([5, 300, 127, 64], [1000, 2, 129, 255], [17, 17, 900, 3])]
+    s0, pools0, q0, lat0 = mla_case(rounds[0], mode, page_size, heads)
     rtt = s0.req_to_token_pool.req_to_token
     fi = FlashInferBackend(plan, pools0[0], rtt, [layer], "cuda")
-    fi.init_cuda_graph_state(bs, bs)
+    fi.init_cuda_graph_state(bs, bs * per_req)
     b = s0.batch
-    static_batch = ForwardBatch(M.DECODE, bs, b.req_pool_indices.clone(), b.seq_lens.clone(), b.seq_lens_cpu.clone(),
+    static_batch = ForwardBatch(mode, bs, b.req_pool_indices.clone(), b.seq_lens.clone(), b.seq_lens_cpu.clone(),
                                 b.extend_prefix_lens.clone(), b.extend_seq_lens.clone(), b.out_cache_loc.clone())
     q_static, lat_static = q0.clone(), lat0.clone()
-    fi.init_forward_metadata_capture_cuda_graph(bs, bs, static_batch.req_pool_indices, static_batch.seq_lens, None, M.DECODE)
+    fi.init_forward_metadata_capture_cuda_graph(bs, bs * per_req, static_batch.req_pool_indices, static_batch.seq_lens, None, mode)
     fi.forward(q_static, lat_static, None, layer, static_batch)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_out = fi.forward(q_static, lat_static, None, layer, static_batch)
     for i, requests in enumerate(rounds):
-        s, pools, q, latent = mla_case(requests, M.DECODE, page_size, heads, seed=i + 1)
+        s, pools, q, latent = mla_case(requests, mode, page_size, heads, seed=i + 1)
         pools0[0].kv_buffer[0].copy_(pools[0].kv_buffer[0])
         rtt.copy_(s.req_to_token_pool.req_to_token[: rtt.shape[0]])
         q_static.copy_(q)
@@ -113,7 +115,7 @@ def test_flashinfer_mla_cuda_graph_decode_replay(page_size):
         for name in ("req_pool_indices", "seq_lens", "out_cache_loc"):
             getattr(static_batch, name).copy_(getattr(s.batch, name))
         fi.init_forward_metadata_replay_cuda_graph(bs, static_batch.req_pool_indices, static_batch.seq_lens,
-                                                   s.batch.seq_lens_cpu, None, M.DECODE)
+                                                   s.batch.seq_lens_cpu, None, mode)
         graph.replay()
         ref = ReferenceBackend(plan, pools[1], s.req_to_token_pool.req_to_token, [layer], "cuda")
         ref.init_forward_metadata(s.batch)
