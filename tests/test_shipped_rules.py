@@ -42,6 +42,7 @@ def test_skip_kv_cache_exhaustive(backend, name):
             continue
         expected = backend in ("fa3", "fa4") and is_emb and cps == -1 and no_radix and not m.use_mla
         assert r.plan.flashattention.skip_kv_cache is expected
+        assert r.plan.layer(LayerKind.FULL).common.write_kv_cache is not expected  # what every backend reads
         # the read side reads the same decision: EXTEND then reads no cache at all
         assert (r.plan.mode("extend").flashattention.kv_extent == "none") is expected
         e = r.explanation.gates["fa.skip_kv_cache"]

@@ -7,7 +7,7 @@ Per batch (``init_forward_metadata``): ``cu_seqlens_q [bs+1]`` int32, ``seqused_
 ``plan.mode(mode).flashattention.kv_extent`` says the kernel reads: post-write ``seq_lens`` for
 prefix + new tokens, in eager runs and CUDA-graph replay alike), and ``page_table [bs, max_pages]``
 int32 (``req_to_token`` rows, one slot per page, divided by ``page_size``). Per layer: the write and
-the read of the KV cache both follow ``fa.skip_kv_cache`` (and the layer kind's ``write_kv_cache``);
+the read of the KV cache both follow the layer kind's ``common.write_kv_cache`` (false under the fast path ``fa.skip_kv_cache``);
 ``causal`` / ``use_window`` come from the layer-kind table; ``num_splits`` from ``fa.num_splits``.
 
 Chunked-local layers (Llama 4, ``attention_chunk_size``) run over local virtual batches (SGLang's
@@ -157,7 +157,6 @@ class FlashAttentionBackend(AttentionBackend):
                  device: torch.device | str = "cuda", *, checked: bool = False):
         super().__init__(plan, kv_pool, req_to_token, layers, device)
         fa = plan.flashattention
-        self.skip_kv_cache = fa.skip_kv_cache  # the write side and the read side both read this
         self.num_splits = fa.num_splits
         self.precompute_scheduler_metadata = fa.precompute_scheduler_metadata
         self.page_size = plan.common.page_size
@@ -323,7 +322,7 @@ class FlashAttentionBackend(AttentionBackend):
                 raise BatchMetadataError(Problem(f"layer {layer.layer_id}", "chunked-local layer, but no local metadata was built"))
             md = md.local if md.seqused_k is not None else _Metadata(md.local.cu_seqlens_q, md.local.max_seqlen_q, None, None)
         gates = self._layer_gates[layer.kind]
-        cached = gates.write_kv_cache and not self.skip_kv_cache
+        cached = gates.write_kv_cache  # the write side and the read side both read this
         cross = layer.kind == LayerKind.CROSS_ATTENTION
         if layer.is_mla:
             return self._forward_mla(q, k, layer, batch, md, gates, cached and save_kv_cache)

@@ -44,6 +44,7 @@ class _WrapperSpec:
     logits_soft_cap: float
     sm_scale: float
     cross: bool  # KV = the encoder tokens
+    heads: tuple[int, int, int]  # num_q_heads, num_kv_heads, head_dim of its layers
 
 
 @dataclass
@@ -73,7 +74,9 @@ def flashinfer_refusals(layers: list[AttentionLayer]) -> list[Problem]:
 
 class FlashInferBackend(AttentionBackend):
     """FlashInfer over the paged pool. ``checked=True`` validates every batch before a kernel launch
-    (shared with the FA backend); off by default, no cost when off.
+    (shared with the FA backend); off by default, no cost when off. ``q_dtype``: the dtype of the
+    queries (the model's dtype; default the KV pool's, which differs under an FP8 KV cache). Each
+    wrapper is planned with the head counts of the layers it serves.
 
     Constructed with MLA layers, it builds a :class:`FlashInferMLABackend` instead (the latent
     cache needs other wrappers), as SGLang's ``flashinfer`` name serves MLA models through flashinfer_mla.
@@ -85,7 +88,7 @@ class FlashInferBackend(AttentionBackend):
         return super().__new__(cls)
 
     def __init__(self, plan: Plan, kv_pool, req_to_token: torch.Tensor, layers: list[AttentionLayer],
-                 device: torch.device | str = "cuda", *, checked: bool = False):
+                 device: torch.device | str = "cuda", *, checked: bool = False, q_dtype: torch.dtype | None = None):
         super().__init__(plan, kv_pool, req_to_token, layers, device)
         problems = flashinfer_refusals(layers)
         if problems:
@@ -118,6 +121,7 @@ class FlashInferBackend(AttentionBackend):
         self._graph_per_req: dict[tuple[ForwardMode, int], int] = {}
         self._batch_path: str = "none"
         self._dtype = kv_pool.dtype
+        self.q_dtype = q_dtype or kv_pool.dtype
 
     # ---- static layout --------------------------------------------------------------------------
 
@@ -130,17 +134,19 @@ class FlashInferBackend(AttentionBackend):
             if i >= count:
                 raise ValueError(f"layer {layer.layer_id} ({layer.kind.value}) maps to wrapper {i} of {count}")
             spec = _WrapperSpec(i, gates.common.causal, layer.sliding_window_size if gates.common.use_window else -1,
-                                layer.logit_cap, layer.scaling, layer.kind == LayerKind.CROSS_ATTENTION)
+                                layer.logit_cap, layer.scaling, layer.kind == LayerKind.CROSS_ATTENTION,
+                                (layer.num_q_heads, layer.num_kv_heads, layer.head_dim))
             if specs[i] is None:
                 specs[i] = spec
             elif specs[i] != spec:
                 raise ValueError(f"layers of wrapper {i} disagree ({specs[i]} vs {spec}); one wrapper serves one kind of layer")
-        head = self.layers[0]
-        return [s or _WrapperSpec(i, True, -1, head.logit_cap, head.scaling, False) for i, s in enumerate(specs)]
+        head = self.layers[0]  # a wrapper no layer uses is planned like the first layer, never run
+        return [s or _WrapperSpec(i, True, -1, head.logit_cap, head.scaling, False, (head.num_q_heads, head.num_kv_heads, head.head_dim))
+                for i, s in enumerate(specs)]
 
     def _plan_kwargs(self, spec: _WrapperSpec, kind: str, *, cuda_graph: bool = False) -> dict:
         """The plan() keywords every wrapper kind shares; the only place split settings are applied."""
-        kw = dict(q_data_type=self._dtype, kv_data_type=self._dtype, sm_scale=spec.sm_scale,
+        kw = dict(q_data_type=self.q_dtype, kv_data_type=self._dtype, sm_scale=spec.sm_scale,
                   logits_soft_cap=spec.logits_soft_cap or None, window_left=spec.window_left)
         if kind == "decode":
             if cuda_graph:
@@ -181,7 +187,7 @@ class FlashInferBackend(AttentionBackend):
                 rng = self._kv_range(spec, lens, prefix_only=False)
                 self._plan_paged(paged, spec, qo_indptr, rng, batch.req_pool_indices, lens, causal=spec.causal and not spec.cross)
                 continue
-            rag.plan(qo_indptr, qo_indptr, *self._heads(), causal=spec.causal,
+            rag.plan(qo_indptr, qo_indptr, *spec.heads, causal=spec.causal,
                      **self._plan_kwargs(spec, "ragged"))
             if has_prefix:
                 rng = self._kv_range(spec, lens, prefix_only=True)
@@ -199,10 +205,6 @@ class FlashInferBackend(AttentionBackend):
         if self.page_size > 1 and bool((enc % self.page_size).any()):
             raise BatchMetadataError(Problem("encoder_lens", f"must be multiples of page_size {self.page_size} on the FlashInfer backend"))
         return {"seq": seq, "new": new, "enc": enc, "prefix": seq - enc - new}
-
-    def _heads(self) -> tuple[int, int, int]:
-        layer = self.layers[0]
-        return layer.num_q_heads, layer.num_kv_heads, layer.head_dim
 
     def _kv_range(self, spec: _WrapperSpec, lens: dict, *, prefix_only: bool) -> _KvRange:
         ps = self.page_size
@@ -237,7 +239,7 @@ class FlashInferBackend(AttentionBackend):
 
     def _plan_decode(self, wrapper, spec: _WrapperSpec, rows: torch.Tensor, lens: dict, *, cuda_graph: bool) -> None:
         rng = self._kv_range(spec, lens, prefix_only=False)
-        q_heads, kv_heads, head_dim = self._heads()
+        q_heads, kv_heads, head_dim = spec.heads
         wrapper.plan(rng.indptr, self._indices(rows, rng), rng.last_page_len,
                      q_heads, kv_heads, head_dim, self.page_size, **self._plan_kwargs(spec, "decode", cuda_graph=cuda_graph))
 
@@ -247,7 +249,7 @@ class FlashInferBackend(AttentionBackend):
         if window_mask:  # paged half of a ragged+paged window layer: queries sit after the prefix
             kw["custom_mask"] = self._prefix_window_mask(spec, rng, lens)
             kw["window_left"] = -1
-        wrapper.plan(qo_indptr, rng.indptr, self._indices(rows, rng), rng.last_page_len, *self._heads(), self.page_size, causal=causal, **kw)
+        wrapper.plan(qo_indptr, rng.indptr, self._indices(rows, rng), rng.last_page_len, *spec.heads, self.page_size, causal=causal, **kw)
 
     def _prefix_window_mask(self, spec: _WrapperSpec, rng: _KvRange, lens: dict) -> torch.Tensor:
         """Flattened ``[sum(new_i * kv_len_i)]`` bool: key at ``start + j`` is visible to the query at ``prefix + i``

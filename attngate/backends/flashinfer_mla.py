@@ -46,6 +46,9 @@ def mla_refusals(layers: list[AttentionLayer]) -> list[Problem]:
                                            f"{layer.kv_lora_rank} / {layer.qk_rope_head_dim}"))
         if layer.kind != LayerKind.FULL or layer.logit_cap or layer.has_sinks or layer.sinks is not None:
             problems.append(Problem(where, "FlashInfer MLA runs full causal attention only (no window, chunk, soft-cap or sinks)"))
+    shapes = {(lay.num_q_heads, lay.head_dim, lay.v_head_dim, lay.scaling) for lay in layers}
+    if len(shapes) > 1:  # one plan per batch serves every layer
+        problems.append(Problem("layers", f"FlashInfer MLA plans once per batch for all layers; these differ in heads, dims or scaling: {sorted(shapes)}"))
     return problems
 
 
@@ -53,7 +56,7 @@ class FlashInferMLABackend(AttentionBackend):
     """FlashInfer over the latent cache; built by ``FlashInferBackend(...)`` when the layers are MLA layers."""
 
     def __init__(self, plan: Plan, kv_pool, req_to_token: torch.Tensor, layers: list[AttentionLayer],
-                 device: torch.device | str = "cuda", *, checked: bool = False):
+                 device: torch.device | str = "cuda", *, checked: bool = False, q_dtype: torch.dtype | None = None):
         super().__init__(plan, kv_pool, req_to_token, layers, device)
         problems = mla_refusals(layers)
         if problems:
@@ -65,6 +68,7 @@ class FlashInferMLABackend(AttentionBackend):
         self.checked = checked
         self._head = layers[0]
         self._dtype = kv_pool.dtype
+        self.q_dtype = q_dtype or kv_pool.dtype  # the model's dtype; differs from the pool's under an FP8 cache
         self._family = plan.flashinfer.mla_kernel_family
         self.workspace = torch.empty(plan.flashinfer.workspace_size_mb << 20, dtype=torch.uint8, device=self.device)
         self.mla_wrapper = self.fi.mla.BatchMLAPagedAttentionWrapper(self.workspace, backend=self._family)
@@ -97,7 +101,7 @@ class FlashInferMLABackend(AttentionBackend):
         head = self._head
         self.ragged_wrapper.plan(qo_indptr, kv_indptr, head.num_q_heads, head.num_q_heads, head.head_dim,
                                  head_dim_vo=head.v_head_dim, causal=True, sm_scale=head.scaling,
-                                 q_data_type=self._dtype, kv_data_type=self._dtype)
+                                 q_data_type=self.q_dtype, kv_data_type=self.q_dtype)  # K/V are decompressed in q's dtype
 
     def _plan_mla(self, wrapper, qo_indptr: torch.Tensor, rows: torch.Tensor, seq: torch.Tensor) -> None:
         counts = (seq + self.page_size - 1) // self.page_size
@@ -107,7 +111,7 @@ class FlashInferMLABackend(AttentionBackend):
                                                    seq.to(torch.int32))
         wrapper.plan(metadata=metadata, num_heads=head.num_q_heads, head_dim_ckv=head.kv_lora_rank,
                      head_dim_kpe=head.qk_rope_head_dim, page_size=self.page_size, causal=True, sm_scale=head.scaling,
-                     q_data_type=self._dtype, kv_data_type=self._dtype, query_layout="packed", kv_cache_layout="packed")
+                     q_data_type=self.q_dtype, kv_data_type=self._dtype, query_layout="packed", kv_cache_layout="packed")
 
     def _page_ids(self, rows: torch.Tensor, counts: torch.Tensor, indptr: torch.Tensor) -> torch.Tensor:
         """``[total_pages]`` int32 page ids, request by request; sized on the host, so no device sync."""
@@ -142,7 +146,7 @@ class FlashInferMLABackend(AttentionBackend):
             out_latent = self._active_mla.run(query=absorb_q(q, layer), kv_cache=paged)
             return project_out(out_latent, layer)
         latent = cache[self._latent_rows] if self._has_prefix else k
-        k_full, v_full = decompress(latent, layer)
+        k_full, v_full = decompress(latent, layer, q.dtype)
         return self.ragged_wrapper.run(q, k_full, v_full)
 
     # ---- CUDA graphs ---------------------------------------------------------------------------------

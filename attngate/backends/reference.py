@@ -11,7 +11,7 @@ Semantics (the project's specification of attention):
 - Scores are ``scaling * q.k``, then ``logit_cap * tanh(s / logit_cap)``; a learned sink adds one
   logit per head to the softmax denominator. GQA maps query head h to KV head ``h // (H / H_kv)``.
 - KV is written at ``out_cache_loc`` and read back through ``req_to_token`` unless the plan says the
-  layer keeps no cache (``fa.skip_kv_cache``, or ``write_kv_cache`` false for its kind): then the
+  layer keeps no cache (``common.write_kv_cache`` false for its kind, e.g. under the FA fast path): then the
   write side and the read side both use the raw K/V of this forward.
 - MLA layers take ``q: [T, H, qk_nope + qk_rope]`` and the latent ``k: [T, 1, kv_lora_rank +
   qk_rope]`` (ckv ++ kpe, v None), write the latent, and attend in the form of the mode's
@@ -48,7 +48,6 @@ class ReferenceBackend(AttentionBackend):
 
     def __init__(self, plan, kv_pool, req_to_token, layers, device="cpu"):
         super().__init__(plan, kv_pool, req_to_token, layers, device)
-        self.skip_kv_cache = plan.flashattention.skip_kv_cache  # one value for the write and the read side
         self._md: _Metadata | None = None
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
@@ -68,7 +67,7 @@ class ReferenceBackend(AttentionBackend):
         if md is None:
             raise BatchMetadataError(Problem("init_forward_metadata", "call init_forward_metadata(batch) before forward"))
         gates = self.plan.layer(layer.kind).common
-        cached = gates.write_kv_cache and not self.skip_kv_cache
+        cached = gates.write_kv_cache  # one value for the write and the read side
         if layer.kind == LayerKind.CROSS_ATTENTION:
             return self._cross(q, k, v, layer, batch, save_kv_cache, md)
         if layer.is_mla:
