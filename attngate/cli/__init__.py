@@ -108,7 +108,7 @@ def lint(file: Optional[Path] = typer.Argument(None, help="rules file (default: 
     findings = lint_rules(rule_set)
     for finding in findings:
         typer.echo(str(finding))
-    typer.echo(f"{rule_set.filename}: {len(rule_set.rules)} rules, {len(rule_set.predicates)} predicates, {len(findings)} finding(s)")
+    typer.echo(f"{rule_set.filename}: {len(rule_set.rules)} rules, {len(rule_set.predicates)} predicates, {len(rule_set.invariants)} invariants, {len(findings)} finding(s)")
     if findings:
         raise typer.Exit(EXIT_INVALID_CONFIG)
 

@@ -7,7 +7,9 @@ Findings (each names the rules and a witness configuration):
   configuration meets it;
 - two ``adjust`` rules that can ask one server argument for different values in the same round
   (again unless a forbid rule rejects every such configuration);
-- a rule (or predicate) whose condition can never be true.
+- a rule (or predicate) whose condition can never be true;
+- an invariant (``invariants:``) that some accepted input violates, with the counterexample
+  (attngate.rules.prove).
 
 Facts are encoded exactly as the conditions read them: bools, integers and strings, each optional
 fact with a "is None" flag; ``prefill_backend``/``decode_backend`` follow from the three backend
@@ -40,11 +42,11 @@ class Finding:
 
 
 class _Encoder:
-    def __init__(self, rules: RuleSet):
+    def __init__(self, rules: RuleSet, *, all_gates: bool = False):
         self.types: dict[str, FactType] = {n: f.type for n, f in FACTS.items()}
         self.types[MODE_FACT.name] = MODE_FACT.type
         self.types[LAYER_FACT.name] = LAYER_FACT.type
-        self.types.update({n: g.type for n, g in GATES.items() if g.scope == "global"})
+        self.types.update({n: g.type for n, g in GATES.items() if all_gates or g.scope == "global"})
         self.vars: dict[str, tuple[Any, Any]] = {}  # name -> (value, is_none)
         self.axioms: list[Any] = []
         self.predicates = {p.name: p.condition.tree.body for p in rules.predicates}
@@ -95,6 +97,11 @@ class _Encoder:
             left = right
         return z3.And(*out)
 
+    def equals(self, name: str, literal: Any) -> Any:
+        """``name == literal`` with Python's None semantics."""
+        value, none = self.var(name)
+        return none if literal is None else z3.And(z3.Not(none), value == _lit(literal))
+
     def operand(self, node: ast.expr) -> tuple[Any, Any, bool]:
         if isinstance(node, (ast.Name, ast.Attribute)):
             value, none = self.var(_name(node))
@@ -123,6 +130,11 @@ class _Encoder:
 def _order(op: ast.cmpop, a: Any, b: Any, defined: Any) -> Any:
     rel = {ast.Lt: a < b, ast.LtE: a <= b, ast.Gt: a > b, ast.GtE: a >= b}[type(op)]
     return z3.And(defined, rel)
+
+
+def lit(value: Any) -> Any:
+    """A z3 literal of a fact or gate value (not None)."""
+    return _lit(value)
 
 
 def _lit(value: Any) -> Any:
@@ -178,7 +190,9 @@ def lint_rules(rules: RuleSet) -> list[Finding]:
         if w is not None:
             fields = [f for f in a.adjusts if f in b.adjusts and a.adjusts[f] != b.adjusts[f]]
             findings.append(Finding(b.where, f"adjust rules {a.id!r} and {b.id!r} can both match and disagree on {', '.join(fields)}; e.g. {w}"))
-    return findings
+    from attngate.rules.prove import prove_invariants  # builds on this module's encoder
+
+    return findings + prove_invariants(rules)
 
 
 def _pairs(rules: list[Rule], values) -> list[tuple[Rule, Rule]]:

@@ -17,7 +17,7 @@ from attngate.facts.schema import FACTS, LAYER_FACT, MODE_FACT, FactType
 from attngate.facts.server_args import ServerArgs
 from attngate.gates.registry import GATES, Scope
 from attngate.rules.condition import Condition, ConditionErrors, compile_condition
-from attngate.rules.spec import RuleFileSpec, RuleKind, RuleSpec
+from attngate.rules.spec import InvariantSpec, RuleFileSpec, RuleKind, RuleSpec
 from attngate.rules.yaml_source import YamlDocument, load_yaml
 
 _GLOBAL_FACT_TYPES = {name: spec.type for name, spec in FACTS.items()}
@@ -60,6 +60,17 @@ class Rule:
 
 
 @dataclass(frozen=True, slots=True)
+class Invariant:
+    """A loaded, type-checked invariant (``invariants:`` in the file); ``attngate lint`` proves it."""
+
+    id: str
+    summary: str
+    source: str
+    where: str
+    condition: Condition
+
+
+@dataclass(frozen=True, slots=True)
 class Predicate:
     """A named condition (``predicates:`` in the file), evaluated before rules and read like a bool fact."""
 
@@ -73,6 +84,7 @@ class RuleSet:
     rules: tuple[Rule, ...]
     filename: str
     predicates: tuple[Predicate, ...] = ()
+    invariants: tuple[Invariant, ...] = ()
 
     def with_predicates(self, facts: dict[str, Any]) -> dict[str, Any]:
         """``facts`` plus the value of every predicate (each may read the ones before it)."""
@@ -121,11 +133,14 @@ def parse_rules(text: str, filename: str = "rules.yaml") -> RuleSet:
     doc, problems = load_yaml(text, filename)
     rules: list[Rule] = []
     predicates: list[Predicate] = []
+    invariants: list[Invariant] = []
     if doc is not None:
         rules, predicates = _check_document(doc, problems)
+        if isinstance(doc.data, dict):
+            invariants = _check_invariants(doc.data.get("invariants"), doc, problems, predicates)
     if problems:
         raise RulesError(problems)
-    return RuleSet(tuple(rules), filename, tuple(predicates))
+    return RuleSet(tuple(rules), filename, tuple(predicates), tuple(invariants))
 
 
 def _check_document(doc: YamlDocument, problems: list[Problem]) -> tuple[list[Rule], list[Predicate]]:
@@ -134,7 +149,7 @@ def _check_document(doc: YamlDocument, problems: list[Problem]) -> tuple[list[Ru
         problems.append(Problem(doc.where(()), "a rules file is a mapping with 'version: 1' and 'rules: [...]'"))
         return [], []
     try:
-        RuleFileSpec.model_validate({**data, "rules": []})
+        RuleFileSpec.model_validate({**data, "rules": [], "invariants": []})  # each entry is checked on its own below
     except ValidationError as exc:
         _pydantic_problems(exc, doc, (), problems)
     predicates = _check_predicates(data.get("predicates"), doc, problems)
@@ -158,6 +173,37 @@ def _check_document(doc: YamlDocument, problems: list[Problem]) -> tuple[list[Ru
         if rule is not None:
             rules.append(rule)
     return rules, predicates
+
+
+_ALL_GATE_TYPES = {name: g.type for name, g in GATES.items()}
+_INVARIANT_FACTS = {**_GLOBAL_FACT_TYPES, MODE_FACT.name: MODE_FACT.type, LAYER_FACT.name: LAYER_FACT.type}
+
+
+def _check_invariants(raw: Any, doc: YamlDocument, problems: list[Problem], predicates: list[Predicate]) -> list[Invariant]:
+    """Invariants may read every fact, predicate and gate (any scope), forward_mode and layer_kind."""
+    if not isinstance(raw, list):
+        return []  # absent, or a wrong type already reported by the file schema
+    readable = {**_INVARIANT_FACTS, **{p.name: FactType("bool") for p in predicates}}
+    out: list[Invariant] = []
+    seen: dict[str, str] = {}
+    for index, item in enumerate(raw):
+        path = ("invariants", index)
+        try:
+            spec = InvariantSpec.model_validate(item)
+        except ValidationError as exc:
+            _pydantic_problems(exc, doc, path, problems)
+            continue
+        if spec.id in seen:
+            problems.append(Problem(doc.where(path + ("id",)), f"duplicate invariant id {spec.id!r} (first at {seen[spec.id]})"))
+        seen.setdefault(spec.id, doc.where(path + ("id",)))
+        try:
+            condition = compile_condition(spec.assert_, readable, _ALL_GATE_TYPES)
+        except ConditionErrors as exc:
+            for err in exc.errors:
+                problems.append(Problem(doc.where(path + ("assert",), err.col), f"invariant {spec.id!r}: {err.message}"))
+            continue
+        out.append(Invariant(spec.id, spec.summary, spec.source, doc.where(path + ("assert",)), condition))
+    return out
 
 
 def _check_predicates(raw: Any, doc: YamlDocument, problems: list[Problem]) -> list[Predicate]:

@@ -30,11 +30,23 @@ class RuleSpec(BaseModel):
     source: str = Field(min_length=1, description="where SGLang (or a PR/issue) makes this decision")
 
 
+class InvariantSpec(BaseModel):
+    """An assertion over facts and gates of any scope that must hold for every input the schema allows."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.\-]*$", description="unique among invariants")
+    summary: str = Field(min_length=1, description="one line: the contract")
+    assert_: str = Field(alias="assert", min_length=1, description="condition over facts, predicates, gates of every scope, forward_mode and layer_kind")
+    source: str = Field(min_length=1, description="the bug class or PR it guards against")
+
+
 class RuleFileSpec(BaseModel):
-    """A rules file: ``version: 1`` and a list of rules."""
+    """A rules file: ``version: 1``, predicates, rules and invariants."""
 
     model_config = ConfigDict(extra="forbid")
 
     version: Literal[1]
     predicates: dict[str, str] = Field(default_factory=dict, description="named boolean conditions that rules read like facts; each may read earlier ones")
     rules: list[RuleSpec]
+    invariants: list[InvariantSpec] = Field(default_factory=list, description="assertions `attngate lint` proves over every input (z3)")

@@ -1,0 +1,96 @@
+"""Proofs of the rule file's invariants with z3: each must hold for every input the fact schema allows.
+
+The encoding mirrors resolve() (attngate/gates/resolve.py) over every input it accepts:
+
+- facts and server arguments are free within their types and choices (model facts included, so a
+  counterexample may be a combination no shipped config has: it is printed in full);
+- the arguments are a fixed point of the adjust rules (no adjust rule that matches would change
+  one), no forbid or known_failure rule matches, and both backends are chosen: the states from
+  which resolve() returns a Plan;
+- every gate, of every scope, equals the value of the set rule that matches (no two matching set
+  rules disagree: that is a conflict, reported by lint on its own), else its default or fact;
+- ``forward_mode`` and ``layer_kind`` are free, so an invariant holds for every mode and layer kind.
+
+An invariant that fails comes back with a counterexample: the input, the gates the invariant reads
+with the rules that set them, and the invariant's location.
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+from typing import Any
+
+import z3
+
+from attngate.gates.registry import GATES
+from attngate.rules.lint import Finding, _Encoder, lit
+from attngate.rules.load import Invariant, RuleSet
+
+
+def prove_invariants(rules: RuleSet, *, timeout_ms: int = 10_000) -> list[Finding]:
+    """One finding per invariant that some accepted input violates (or that z3 cannot decide in time)."""
+    if not rules.invariants:
+        return []
+    enc = _Encoder(rules, all_gates=True)
+    cond = {r.id: enc.encode(r.condition.tree.body) for r in rules.rules}
+    accepted = [z3.Not(cond[r.id]) for r in rules.rules if r.kind in ("forbid", "known_failure") and not r.adjusts]
+    for rule in rules.rules:
+        if rule.adjusts:  # a fixed point: a matching adjust rule changes nothing
+            accepted.append(z3.Implies(cond[rule.id], z3.And(*[enc.equals(a, v) for a, v in rule.adjusts.items()])))
+    accepted += [z3.Not(enc.var(side)[1]) for side in ("prefill_backend", "decode_backend")]
+    setters: dict[str, list] = {}
+    for rule in rules.of_kind("set"):
+        for gate in rule.sets:
+            setters.setdefault(gate, []).append(rule)
+    definitions = [_define_gate(enc, name, setters.get(name, []), cond) for name in GATES]
+    solver = z3.Solver()
+    solver.set("timeout", timeout_ms)
+    solver.add(*enc.axioms, *accepted, *[d for group in definitions for d in group])
+    findings = []
+    for inv in rules.invariants:
+        claim = enc.encode(inv.condition.tree.body)
+        solver.push()
+        solver.add(z3.Not(claim))
+        verdict = solver.check()
+        if verdict == z3.sat:
+            findings.append(Finding(inv.where, _counterexample(inv, enc, solver.model(), setters, cond)))
+        elif verdict == z3.unknown:
+            findings.append(Finding(inv.where, f"invariant {inv.id!r}: z3 could not decide it within {timeout_ms} ms"))
+        solver.pop()
+    return findings
+
+
+def _define_gate(enc: _Encoder, name: str, rules: list, cond: dict[str, Any]) -> list[Any]:
+    spec = GATES[name]
+    value, none = enc.var(name)
+    if spec.from_fact:
+        default_value, default_none = enc.var(spec.from_fact)
+    else:
+        default_value, default_none = (value, z3.BoolVal(True)) if spec.default is None else (lit(spec.default), z3.BoolVal(False))
+    v_expr, n_expr = default_value, default_none
+    for rule in reversed(rules):
+        new = rule.sets[name]
+        v_expr = z3.If(cond[rule.id], value if new is None else lit(new), v_expr)
+        n_expr = z3.If(cond[rule.id], z3.BoolVal(new is None), n_expr)
+    out = [value == v_expr, none == n_expr]
+    out += [z3.Not(z3.And(cond[a.id], cond[b.id])) for a, b in combinations(rules, 2) if a.sets[name] != b.sets[name]]
+    if spec.from_fact and not spec.type.optional:  # resolve() refuses a fact-filled gate left None
+        out.append(z3.Not(n_expr))
+    return out
+
+
+def _counterexample(inv: Invariant, enc: _Encoder, model: z3.ModelRef, setters: dict[str, list], cond: dict[str, Any]) -> str:
+    def show(name: str) -> str:
+        value, none = enc.var(name)
+        if z3.is_true(model.eval(none, model_completion=True)):
+            return "None"
+        v = model.eval(value, model_completion=True)
+        return repr(v.as_string()) if z3.is_string_value(v) else str(v)
+
+    gates = [n for n in inv.condition.reads if n in GATES]
+    facts = [n for n in enc.vars if n not in GATES and n not in ("prefill_backend", "decode_backend")]
+    fired = {g: [r.id for r in setters.get(g, []) if z3.is_true(model.eval(cond[r.id], model_completion=True))] for g in gates}
+    gate_text = "; ".join(f"{g} = {show(g)} ({', '.join(fired[g]) or 'default'})" for g in gates)
+    input_text = ", ".join(f"{n}={show(n)}" for n in sorted(facts))
+    return (f"invariant {inv.id!r} does not hold ({inv.summary}). Counterexample: {gate_text}; "
+            f"backends {show('prefill_backend')}/{show('decode_backend')}; input: {input_text}")

@@ -1,0 +1,98 @@
+"""Invariants: the shipped rules prove every one; putting a seed bug back into rules.yaml the way a
+contributor could makes lint fail with a counterexample; the prover agrees with resolve()."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from attngate import ForwardMode, LayerKind, Platform, PlanError, ServerArgs, resolve
+from attngate.errors import RulesError
+from attngate.facts.schema import base_facts
+from attngate.gates.registry import GATES
+from attngate.rules.condition import gate_key
+from attngate.rules.lint import lint_rules
+from attngate.rules.load import load_rules, parse_rules, shipped_rules_path
+from attngate.rules.prove import prove_invariants
+from helpers import MODELS, model
+
+SHIPPED = shipped_rules_path().read_text()
+
+
+def test_the_shipped_rules_prove_every_invariant():
+    rules = load_rules()
+    assert len(rules.invariants) >= 9
+    assert prove_invariants(rules) == []
+
+
+def _rule_block(rule_id: str) -> str:
+    start = SHIPPED.index(f"  - id: {rule_id}\n")
+    end = SHIPPED.index("\n\n", start)
+    return SHIPPED[start:end + 2]
+
+
+# each: (what a contributor changes, the invariant that must catch it)
+REINJECTIONS = {
+    "skip-kv without 'not use_mla'": (lambda t: t.replace("disable_radix_cache and not use_mla\n", "disable_radix_cache\n"),
+                                      "mla-keeps-its-kv-cache"),
+    "DP-attention precompute rule deleted": (lambda t: t.replace(_rule_block("fa.no-precompute-under-dp-attention"), ""),
+                                             "no-scheduler-precompute-under-dp-attention-or-prefill-cp"),
+    "prefill-CP precompute rule deleted": (lambda t: t.replace(_rule_block("fa.no-precompute-under-prefill-cp"), ""),
+                                           "no-scheduler-precompute-under-dp-attention-or-prefill-cp"),
+    "draft-extend-v2 reads the prefix only": (
+        lambda t: t.replace(_rule_block("fa.draft-extend-v2-reads-prefix-plus-new"),
+                            _rule_block("fa.draft-extend-v2-reads-prefix-plus-new").replace("{fa.kv_extent: prefix_plus_new}", "{fa.kv_extent: prefix}")),
+        "write-before-attention-modes-read-prefix-plus-new"),
+    "deterministic decode split size dropped": (lambda t: t.replace("      flashinfer.decode_fixed_split_size: 2048\n", ""),
+                                                "deterministic-fixed-splits-on-every-path"),
+    "window off under ragged prefill": (lambda t: t.replace('when: layer_kind == "sliding_window"\n',
+                                                            'when: layer_kind == "sliding_window" and not flashinfer.use_ragged_prefill\n'),
+                                        "window-on-every-pass"),
+    "fast path skips FlashInfer's prefill writes": (lambda t: t.replace('fa.skip_kv_cache and prefill_backend in ("fa3", "fa4") and layer_kind',
+                                                                        'fa.skip_kv_cache and layer_kind'),
+                                                    "unwritten-layers-read-no-paged-extend"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REINJECTIONS))
+def test_a_reinjected_seed_bug_fails_lint_with_a_counterexample(name):
+    edit, invariant = REINJECTIONS[name]
+    text = edit(SHIPPED)
+    assert text != SHIPPED, "the edit no longer applies to rules.yaml"
+    findings = [f for f in lint_rules(parse_rules(text, "rules.yaml")) if "invariant" in f.message]
+    assert [f for f in findings if f"invariant {invariant!r}" in f.message], findings
+    found = next(f for f in findings if f"invariant {invariant!r}" in f.message)
+    assert found.where.startswith("rules.yaml:") and "Counterexample:" in found.message and "input:" in found.message
+
+
+def test_invariants_are_type_checked_with_their_location():
+    text = SHIPPED + "  - id: bad\n    summary: s\n    assert: fa.kv_extnt == \"prefix\" and use_mla > 1\n    source: s\n"
+    with pytest.raises(RulesError) as err:
+        parse_rules(text, "rules.yaml")
+    message = str(err.value)
+    assert "invariant 'bad'" in message and "fa.kv_extent" in message  # did-you-mean
+    assert message.count("rules.yaml:") >= 2  # every problem, each with file:line:col
+
+
+def test_the_prover_agrees_with_resolve_on_real_configs():
+    """Every invariant holds on what resolve() returns for every example model x backend x GPU, every mode and layer kind."""
+    rules = load_rules()
+    checked = 0
+    for path, backend, gpu, flags in itertools.product(sorted(MODELS.glob("*.json")), ("fa3", "fa4", "flashinfer"), ("sm90", "sm100"),
+                                                     ({}, {"enable_deterministic_inference": True}, {"enable_dp_attention": True, "dp_size": 2, "tp_size": 2})):
+        try:
+            r = resolve(ServerArgs(attention_backend=backend, **flags), model(path.stem), Platform.from_name(gpu, kernels=["flashinfer", "flash_attn.cute", "flash_attn_interface"]))
+        except PlanError:
+            continue
+        facts = rules.with_predicates(base_facts(r.server_args, r.model, r.platform))
+        for mode, kind in itertools.product(ForwardMode, LayerKind):
+            values = {**facts, "forward_mode": mode.value, "layer_kind": kind.value}
+            for name, spec in GATES.items():
+                group = spec.group
+                holder = r.plan if spec.scope == "global" else (r.plan.mode(mode) if spec.scope == "mode" else r.plan.layer(kind))
+                values[gate_key(name)] = getattr(getattr(holder, group), spec.field)
+            for inv in rules.invariants:
+                assert inv.condition(values), f"{inv.id} fails for {path.stem} {backend} {gpu} {flags} {mode.value} {kind.value}"
+                checked += 1
+    assert checked > 10_000
