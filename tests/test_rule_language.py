@@ -178,10 +178,13 @@ def test_all_forbid_violations_are_collected():
     assert {"flashinfer.no-attention-sinks", "kv-dtype.mxfp8-blackwell", "gpt-oss.backends"} <= rules
 
 
-def test_unguarded_order_comparison_is_a_clear_error():
-    rs = _mini("""\
-      - {id: g, summary: s, why: w, source: s, when: "page_size > 1", set: {fa.num_splits: 1}}
-      - {id: fill, kind: adjust, summary: s, why: w, source: s, when: attention_backend is None, adjust: {attention_backend: fa3}, message: m}
-    """)
-    with pytest.raises(RulesError, match="guard the fact with 'is not None'"):
-        resolve(ServerArgs(), model("Llama-3.1-8B"), Platform.from_name("sm90"), rs)
+def test_unguarded_order_comparison_is_rejected_before_anything_runs():
+    """A rule that loads never makes resolve() raise a TypeError: an order comparison on an optional
+    fact needs its None guard (Python's short-circuit: ``x is not None and``, ``x is None or``)."""
+    found = problems(HEAD + rule(when="page_size > 1", set={"fa.skip_kv_cache": True}))
+    assert any("rules.yaml:7:11: rule 'r': page_size may be None, and > on None raises; guard it" in p for p in found), found
+    found = problems(HEAD + rule(when="page_size is not None or page_size > 1", set={"fa.skip_kv_cache": True}))
+    assert any("page_size may be None" in p for p in found), found
+    for guarded in ("page_size is not None and page_size > 1", "page_size is None or page_size > 1",
+                    "not (page_size is None or page_size <= 1)", "is_embedding and page_size is not None and page_size >= 2"):
+        parse_rules(HEAD + rule(when=guarded, set={"fa.skip_kv_cache": True}), "rules.yaml")

@@ -89,14 +89,19 @@ class _Checker:
         self.errors.append(ConditionError(getattr(node, "col_offset", 0), message))
 
     # A boolean expression: what `and`/`or`/`not` combine and what a rule's `when` must be.
-    def boolean(self, node: ast.expr) -> None:
+    # ``guarded``: optional facts known not to be None where ``node`` is evaluated (Python's
+    # short-circuit: after ``x is not None and``, or after ``x is None or``), so an order comparison
+    # on an optional fact without its guard is an error here, never a TypeError in resolve().
+    def boolean(self, node: ast.expr, guarded: frozenset[str] = frozenset()) -> None:
         if isinstance(node, ast.BoolOp):
+            is_and = isinstance(node.op, ast.And)
             for value in node.values:
-                self.boolean(value)
+                self.boolean(value, guarded)
+                guarded = guarded | _not_none_when(value, is_and)
         elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-            self.boolean(node.operand)
+            self.boolean(node.operand, guarded)
         elif isinstance(node, ast.Compare):
-            self.compare(node)
+            self.compare(node, guarded)
         elif isinstance(node, ast.Constant) and isinstance(node.value, bool):
             pass
         elif isinstance(node, (ast.Name, ast.Attribute)):
@@ -145,13 +150,13 @@ class _Checker:
             return "bad", None
         return "lit", value
 
-    def compare(self, node: ast.Compare) -> None:
+    def compare(self, node: ast.Compare, guarded: frozenset[str] = frozenset()) -> None:
         left = node.left
         for op, right in zip(node.ops, node.comparators):
-            self.pair(node, left, op, right)
+            self.pair(node, left, op, right, guarded)
             left = right
 
-    def pair(self, node: ast.Compare, left: ast.expr, op: ast.cmpop, right: ast.expr) -> None:
+    def pair(self, node: ast.Compare, left: ast.expr, op: ast.cmpop, right: ast.expr, guarded: frozenset[str] = frozenset()) -> None:
         lk, lv = self.operand(left)
         rk, rv = self.operand(right)
         if "bad" in (lk, rk):
@@ -162,6 +167,11 @@ class _Checker:
         if lk == "ref" and rk == "ref":
             if lv is not None and rv is not None and (lv.base != rv.base or isinstance(op, (ast.In, ast.NotIn, ast.Is, ast.IsNot))):
                 self.fail(node, f"cannot compare {self.ref_name(left)} ({lv.describe()}) with {self.ref_name(right)} ({rv.describe()}) using {_op(op)}")
+            elif isinstance(op, _ORDER_OPS):
+                for side, ftype in ((left, lv), (right, rv)):
+                    if ftype is not None and ftype.optional and self.ref_name(side) not in guarded:
+                        self.fail(node, f"{self.ref_name(side)} may be None, and {_op(op)} on None raises; guard it: "
+                                        f"'{self.ref_name(side)} is not None and ...'")
             return
         ftype, literal, fnode, lnode = (lv, rv, left, right) if lk == "ref" else (rv, lv, right, left)
         if ftype is None:
@@ -182,6 +192,8 @@ class _Checker:
             self.fail(node, f"compare with None using 'is None' / 'is not None', not {_op(op)}")
         elif isinstance(op, _ORDER_OPS) and ftype.base not in ("int", "float"):
             self.fail(node, f"{name} is {ftype.describe()}; {_op(op)} needs a number")
+        elif isinstance(op, _ORDER_OPS) and ftype.optional and name not in guarded:
+            self.fail(node, f"{name} may be None, and {_op(op)} on None raises; guard it: '{name} is not None and ...'")
         else:
             self.literal_fits(lnode, name, ftype, literal)
 
@@ -198,6 +210,21 @@ class _Checker:
 
 
 _NOT_LITERAL = object()
+
+
+def _not_none_when(node: ast.expr, outcome: bool) -> frozenset[str]:
+    """Names that cannot be None when ``node`` evaluates to ``outcome`` (True after ``and``, False after ``or``)."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return _not_none_when(node.operand, not outcome)
+    if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And) == outcome:  # all parts took that outcome
+        return frozenset().union(*(_not_none_when(v, outcome) for v in node.values))
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.left, (ast.Name, ast.Attribute)):
+        op, right = node.ops[0], node.comparators[0]
+        is_none = isinstance(right, ast.Constant) and right.value is None
+        name = ast.unparse(node.left)
+        if is_none and isinstance(op, ast.IsNot if outcome else ast.Is):
+            return frozenset({name})
+    return frozenset()
 
 
 def _is_literal(node: ast.expr) -> bool:
