@@ -1,5 +1,6 @@
-"""Engine benchmarks on the shipped rules: load + type-check, resolve(), explanation, and the cold
-start of `attngate explain` against `python -c pass` in the same run. Prints one JSON object."""
+"""Engine benchmarks on the shipped rules: load + type-check, resolve(), explanation, lint (with the
+invariant proofs) of the shipped file and of the file plus 400 more rules, and the cold start of
+`attngate explain` against `python -c pass` in the same run. Prints one JSON object."""
 
 from __future__ import annotations
 
@@ -15,7 +16,33 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from attngate import ModelFacts, Platform, ServerArgs, resolve  # noqa: E402
+from attngate.rules.lint import lint_rules  # noqa: E402
 from attngate.rules.load import parse_rules, shipped_rules_path  # noqa: E402
+
+
+def with_extra_rules(text: str, n: int) -> str:
+    """The shipped file plus ``n`` rules that never overlap one another (one page size each) and set one
+    gate to alternating values: lint must rule out every pair without checking every pair."""
+    head, invariants = text.split("\ninvariants:\n")
+    extra = "".join(f"""
+  - id: extra.r{i}
+    summary: s
+    when: page_size is not None and page_size == {1000 + i} and not use_mla
+    set: {{flashinfer.mla_kernel_family: {"fa2" if i % 2 else "fa3"}}}
+    why: w
+    source: s
+""" for i in range(n))
+    return head + extra + "\ninvariants:\n" + invariants
+
+
+def lint_s(text: str, repeat: int = 3) -> float:
+    rules = parse_rules(text, "rules.yaml")
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        assert lint_rules(rules) == []
+        times.append(time.perf_counter() - t0)
+    return round(min(times), 3)
 
 
 def per_call_us(fn, repeat: int) -> dict[str, float]:
@@ -53,6 +80,9 @@ def main() -> None:
         "resolve_explicit_backend": per_call_us(lambda: resolve(args, model, gpu, rules), 300),
         "resolve_default_backend": per_call_us(lambda: resolve(default_args, model, gpu, rules), 300),
         "resolve_plus_explanation": per_call_us(lambda: resolve(args, model, gpu, rules).explanation, 100),
+        "lint_shipped_s": (shipped := lint_s(text)),
+        "lint_shipped_plus_400_rules_s": (bigger := lint_s(with_extra_rules(text, 400))),
+        "lint_ratio": round(bigger / shipped, 2),
         "explain_cold_wall_s": explain_s,
         "python_pass_wall_s": pass_s,
         "explain_minus_python_s": round(explain_s - pass_s, 4),

@@ -154,48 +154,80 @@ def _name(node: ast.expr) -> str:
 
 
 def lint_rules(rules: RuleSet) -> list[Finding]:
-    """Every static finding of ``rules`` (see the module doc)."""
+    """Every static finding of ``rules`` (see the module doc).
+
+    Solver calls grow linearly with the rules: conflicts are found by one query per gate or
+    argument (then one more per conflict found), never by checking every pair of rules.
+    """
     enc = _Encoder(rules)
     cond = {r.id: enc.encode(r.condition.tree.body) for r in rules.rules}
-    allowed = z3.And(*enc.axioms, *[z3.Not(cond[r.id]) for r in rules.rules if r.kind in ("forbid", "known_failure") and not r.adjusts])
     solver = z3.Solver()
     solver.add(*enc.axioms)
-
-    def witness(*terms: Any, base: Any = None) -> str | None:
-        solver.push()
-        solver.add(*terms, *([base] if base is not None else []))
-        try:
-            if solver.check() != z3.sat:
-                return None
-            model = solver.model()
-            shown = [f"{d.name()}={model[d]}" for d in sorted(model.decls(), key=lambda d: d.name()) if not d.name().endswith("?none")]
-            return ", ".join(shown[:12]) + (" ..." if len(shown) > 12 else "")
-        finally:
-            solver.pop()
+    accepted = z3.Solver()  # configurations resolve() does not reject outright
+    accepted.add(*enc.axioms, *[z3.Not(cond[r.id]) for r in rules.rules if r.kind in ("forbid", "known_failure") and not r.adjusts])
 
     findings: list[Finding] = []
     for p in rules.predicates:
-        if witness(enc.encode(p.condition.tree.body)) is None:
+        if not _sat(solver, enc.encode(p.condition.tree.body)):
             findings.append(Finding(p.where, f"predicate {p.name!r} can never be true"))
     for rule in rules.rules:
-        if witness(cond[rule.id]) is None:
+        if not _sat(solver, cond[rule.id]):
             findings.append(Finding(rule.where, f"rule {rule.id!r} can never match"))
-    for a, b in _pairs(rules.of_kind("set"), lambda r: r.sets):
-        w = witness(cond[a.id], cond[b.id], base=allowed)
-        if w is not None:
-            gates = [g for g in a.sets if g in b.sets and a.sets[g] != b.sets[g]]
-            findings.append(Finding(b.where, f"set rules {a.id!r} and {b.id!r} can both match and disagree on {', '.join(gates)}; e.g. {w}"))
-    for a, b in _pairs([r for r in rules.rules if r.adjusts], lambda r: r.adjusts):
-        w = witness(cond[a.id], cond[b.id], base=allowed)
-        if w is not None:
-            fields = [f for f in a.adjusts if f in b.adjusts and a.adjusts[f] != b.adjusts[f]]
-            findings.append(Finding(b.where, f"adjust rules {a.id!r} and {b.id!r} can both match and disagree on {', '.join(fields)}; e.g. {w}"))
+    for kind, values in (("set", lambda r: r.sets), ("adjust", lambda r: r.adjusts)):
+        for a, b, model in _conflicts(rules, kind, values, cond, accepted):
+            names = [n for n in values(a) if n in values(b) and values(a)[n] != values(b)[n]]
+            what = "gate" if kind == "set" else "server argument"
+            findings.append(Finding(b.where, f"{kind} rules {a.id!r} and {b.id!r} can both match and disagree on "
+                                             f"{what} {', '.join(names)}; e.g. {_show(model)}"))
     from attngate.rules.prove import prove_invariants  # builds on this module's encoder
 
     return findings + prove_invariants(rules)
 
 
-def _pairs(rules: list[Rule], values) -> list[tuple[Rule, Rule]]:
-    """Pairs of rules (same scope) that assign some name different values."""
-    return [(a, b) for a, b in combinations(rules, 2)
-            if a.scope == b.scope and any(k in values(b) and values(a)[k] != values(b)[k] for k in values(a))]
+def _conflicts(rules: RuleSet, kind: str, values, cond: dict[str, Any], solver: z3.Solver):
+    """(a, b, witness model) for rules a before b of one scope that can match together and give a name
+    different values. Per name one query over its value classes (``some rule giving v matches and some
+    rule giving w != v matches``), then one more per conflict found: linear in the rules, not pairwise."""
+    group = [r for r in rules.rules if (r.kind == "set") == (kind == "set") and values(r)]
+    position = {r.id: i for i, r in enumerate(group)}
+    by_name: dict[tuple[str, str], list[Rule]] = {}
+    for r in group:
+        for name in values(r):
+            by_name.setdefault((r.scope, name), []).append(r)
+    seen: set[tuple[str, str]] = set()
+    for (_, name), setters in by_name.items():
+        classes: dict[str, list[Rule]] = {}
+        for r in setters:
+            classes.setdefault(repr(values(r)[name]), []).append(r)
+        if len(classes) < 2:
+            continue
+        matches = {v: z3.Or(*[cond[r.id] for r in rs]) for v, rs in classes.items()}
+        blocked: list[Any] = []
+        while True:
+            clash = z3.Or(*[z3.And(matches[v], matches[w]) for v, w in combinations(matches, 2)])
+            model = _sat(solver, clash, *blocked)
+            if model is None:
+                break
+            live = [r for r in setters if z3.is_true(model.eval(cond[r.id], model_completion=True))]
+            pairs = [(a, b) for a, b in combinations(sorted(live, key=lambda r: position[r.id]), 2)
+                     if values(a)[name] != values(b)[name]]
+            for a, b in pairs:
+                if (a.id, b.id) not in seen:
+                    seen.add((a.id, b.id))
+                    yield a, b, model
+            blocked += [z3.Not(z3.And(cond[a.id], cond[b.id])) for a, b in pairs]
+
+
+def _sat(solver: z3.Solver, *terms: Any) -> z3.ModelRef | None:
+    """A model of the solver's assertions and ``terms``, or None (push/pop: faster here than assumptions)."""
+    solver.push()
+    solver.add(*terms)
+    try:
+        return solver.model() if solver.check() == z3.sat else None
+    finally:
+        solver.pop()
+
+
+def _show(model: z3.ModelRef) -> str:
+    shown = [f"{d.name()}={model[d]}" for d in sorted(model.decls(), key=lambda d: d.name()) if not d.name().endswith("?none")]
+    return ", ".join(shown[:12]) + (" ..." if len(shown) > 12 else "")

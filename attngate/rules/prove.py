@@ -73,7 +73,11 @@ def _define_gate(enc: _Encoder, name: str, rules: list, cond: dict[str, Any]) ->
         v_expr = z3.If(cond[rule.id], value if new is None else lit(new), v_expr)
         n_expr = z3.If(cond[rule.id], z3.BoolVal(new is None), n_expr)
     out = [value == v_expr, none == n_expr]
-    out += [z3.Not(z3.And(cond[a.id], cond[b.id])) for a, b in combinations(rules, 2) if a.sets[name] != b.sets[name]]
+    classes: dict[str, list] = {}  # no two matching rules give different values (that is a conflict, not a plan)
+    for rule in rules:
+        classes.setdefault(repr(rule.sets[name]), []).append(cond[rule.id])
+    matches = [z3.Or(*conds) for conds in classes.values()]
+    out += [z3.Not(z3.And(a, b)) for a, b in combinations(matches, 2)]
     if spec.from_fact and not spec.type.optional:  # resolve() refuses a fact-filled gate left None
         out.append(z3.Not(n_expr))
     return out
