@@ -26,6 +26,11 @@ class OutputFormat(str, Enum):
     json = "json"
 
 
+class MatrixFormat(str, Enum):
+    table = "table"
+    markdown = "markdown"
+
+
 def _fail(err: Exception, code: int = EXIT_BAD_INPUT) -> "typer.Exit":
     typer.echo(str(err), err=True)
     return typer.Exit(code)
@@ -119,13 +124,17 @@ def matrix(
     gpu: str = typer.Option(..., "--gpu", help="GPU architecture"),
     kernels: Optional[str] = typer.Option(None, "--kernels", help="installed kernel providers, comma-separated: flashinfer, flash_attn.cute, flash_attn_interface (default with --gpu: flashinfer,flash_attn.cute; without --gpu: detected)"),
     rules: Optional[Path] = typer.Option(None, "--rules", help="rules file"),
+    output: MatrixFormat = typer.Option(MatrixFormat.table, "--format", help="table or markdown (the README's table is generated with markdown)"),
 ) -> None:
     """Print the support matrix: which candidate backend each model can run on this GPU, and why not."""
     from attngate.errors import AttngateError
-    from attngate.cli.render import render_matrix
+    from attngate.cli.render import matrix_markdown, render_matrix
 
     try:
-        render_matrix(models, _platform(gpu, kernels), rules)
+        if output is MatrixFormat.markdown:
+            typer.echo(matrix_markdown(models, _platform(gpu, kernels), rules))
+        else:
+            render_matrix(models, _platform(gpu, kernels), rules)
     except AttngateError as err:
         raise _fail(err) from None
 
