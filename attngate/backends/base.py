@@ -115,3 +115,22 @@ def check_graph_batch(backend: AttentionBackend, bs: int, per_req: int, req_pool
     no_slots = torch.zeros(bs * per_req, dtype=torch.int64, device=seq_lens.device)
     batch = ForwardBatch(forward_mode, bs, req_pool_indices, seq_lens, seq_lens_cpu, prefix, new, no_slots, encoder_lens)
     check_batch(batch, backend.req_to_token, backend.kv_pool.num_slots)
+
+
+def gather_req_to_token(req_to_token: torch.Tensor, rows: torch.Tensor, counts: torch.Tensor, indptr: torch.Tensor,
+                        *, stride: int = 1, first: torch.Tensor | None = None) -> torch.Tensor:
+    """``req_to_token[rows[b], (first[b] + j) * stride]`` for ``j < counts[b]``, request by request: ``[indptr[-1]]``.
+
+    ``counts``, ``indptr`` and ``first`` (``[bs]``, ``[bs + 1]``, ``[bs]``; ``first`` defaults to 0) are
+    host tensors, so the result is sized without a device sync and takes one host-to-device copy;
+    stride 1 gives every token's slot, stride page_size one slot per page.
+    """
+    total = int(indptr[-1])
+    device = req_to_token.device
+    if total == 0:
+        return torch.empty(0, dtype=req_to_token.dtype, device=device)
+    offset = (first.long() if first is not None else 0) - indptr[:-1].long()
+    offset, counts_dev = torch.stack([torch.as_tensor(offset).expand(len(counts)), counts.long()]).to(device, non_blocking=True)
+    rows_rep = torch.repeat_interleave(rows, counts_dev, output_size=total)
+    col = torch.repeat_interleave(offset, counts_dev, output_size=total) + torch.arange(total, device=device)
+    return req_to_token[rows_rep, col * stride]

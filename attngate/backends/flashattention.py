@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attngate.backends.base import AttentionBackend, check_batch, check_graph_batch
+from attngate.backends.base import AttentionBackend, check_batch, check_graph_batch, gather_req_to_token
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.layer import AttentionLayer
@@ -32,7 +32,6 @@ from attngate.backends.mla import absorb_q, absorbed_for_batch, check_mla_weight
 from attngate.errors import Problem
 from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.gates.plan import Plan
-
 
 
 @dataclass
@@ -76,7 +75,6 @@ class _Fa4Kernel:
         )
         return out[0] if isinstance(out, tuple) else out
 
-
     def mla_absorbed(self, q_rope, kpe_cache, ckv_cache, q_latent, *, md: _Metadata, layer: AttentionLayer,
                      num_splits: int) -> torch.Tensor:
         """Absorbed MLA over the paged latent (SM100): scores ``q_rope . kpe + q_latent . ckv``, values ckv."""
@@ -118,7 +116,6 @@ class _Fa3Kernel:
                                                    softcap=layer.logit_cap, num_splits=num_splits,
                                                    scheduler_metadata=scheduler_metadata)
         return out[0] if isinstance(out, tuple) else out
-
 
     def mla_absorbed(self, q_rope, kpe_cache, ckv_cache, q_latent, *, md: _Metadata, layer: AttentionLayer,
                      num_splits: int) -> torch.Tensor:
@@ -237,14 +234,12 @@ class FlashAttentionBackend(AttentionBackend):
         self._mla_absorbed = absorbed_for_batch(self.plan.mode(batch.forward_mode).common.mla_form, has_prefix)
         self._mla_kv = None
         if not self._mla_absorbed and has_prefix:
-            cu_k = torch.zeros(len(seq) + 1, dtype=torch.int64)
+            cu_k = torch.zeros(len(seq) + 1, dtype=torch.int32)
             cu_k[1:] = torch.cumsum(seq, 0)
-            total = int(cu_k[-1])
-            rows = torch.repeat_interleave(batch.req_pool_indices, seq.to(self.device), output_size=total)
-            cols = torch.arange(total, device=self.device) - torch.repeat_interleave(cu_k[:-1].to(self.device), seq.to(self.device), output_size=total)
-            self._mla_kv = (self.req_to_token[rows, cols].long(), cu_k.to(self.device, torch.int32), int(seq.max()))
+            slots = gather_req_to_token(self.req_to_token, batch.req_pool_indices, seq, cu_k).long()
+            self._mla_kv = (slots, cu_k.to(self.device), int(seq.max()))
 
-    def _forward_mla(self, q, k, layer: AttentionLayer, batch: ForwardBatch, md: _Metadata, gates, write: bool) -> torch.Tensor:
+    def _forward_mla(self, q, k, layer: AttentionLayer, batch: ForwardBatch, md: _Metadata, write: bool) -> torch.Tensor:
         """``q: [T, H, qk_nope + qk_rope]``, ``k``: the latent ``[T, 1, kv_lora_rank + qk_rope]`` -> ``[T, H, v_head_dim]``."""
         check_mla_weights(layer)
         if write and k is not None:
@@ -325,7 +320,7 @@ class FlashAttentionBackend(AttentionBackend):
         cached = gates.write_kv_cache  # the write side and the read side both read this
         cross = layer.kind == LayerKind.CROSS_ATTENTION
         if layer.is_mla:
-            return self._forward_mla(q, k, layer, batch, md, gates, cached and save_kv_cache)
+            return self._forward_mla(q, k, layer, batch, md, cached and save_kv_cache)
         if save_kv_cache and cached and k is not None:
             loc = batch.encoder_out_cache_loc if cross else batch.out_cache_loc
             self.kv_pool.set_kv_buffer(layer.layer_id, loc, k, v)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attngate.backends.base import AttentionBackend, check_batch, check_graph_batch
+from attngate.backends.base import AttentionBackend, check_batch, check_graph_batch, gather_req_to_token
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.flashinfer_mla import FlashInferMLABackend, mla_refusals
@@ -224,18 +224,9 @@ class FlashInferBackend(AttentionBackend):
         return _KvRange(_indptr(counts), first, counts, last_len.to(torch.int32), first * ps, kv_len)
 
     def _indices(self, rows: torch.Tensor, rng: _KvRange) -> torch.Tensor:
-        """``[total_pages]`` int32 page ids, request by request; sized on the host, so no device sync.
-
-        One host-to-device copy of two ``[bs]`` arrays (each request's first page relative to its
-        indptr, and its page count); the device expands them and gathers from ``req_to_token``.
-        """
-        total = int(rng.indptr[-1])
-        if total == 0:
-            return torch.empty(0, dtype=torch.int32, device=self.device)
-        offset, counts = torch.stack([rng.first_page - rng.indptr[:-1], rng.counts]).to(self.device, non_blocking=True)
-        rows_rep = torch.repeat_interleave(rows, counts, output_size=total)
-        page_in_row = torch.repeat_interleave(offset, counts, output_size=total) + torch.arange(total, device=self.device)
-        return (self.req_to_token[rows_rep, page_in_row * self.page_size] // self.page_size).to(torch.int32)
+        """``[total_pages]`` int32 page ids, request by request; sized on the host, so no device sync."""
+        slots = gather_req_to_token(self.req_to_token, rows, rng.counts, rng.indptr, stride=self.page_size, first=rng.first_page)
+        return (slots // self.page_size).to(torch.int32)
 
     def _plan_decode(self, wrapper, spec: _WrapperSpec, rows: torch.Tensor, lens: dict, *, cuda_graph: bool) -> None:
         rng = self._kv_range(spec, lens, prefix_only=False)

@@ -24,7 +24,7 @@ import importlib
 
 import torch
 
-from attngate.backends.base import AttentionBackend, check_batch, check_graph_batch
+from attngate.backends.base import AttentionBackend, check_batch, check_graph_batch, gather_req_to_token
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.layer import AttentionLayer
@@ -97,7 +97,7 @@ class FlashInferMLABackend(AttentionBackend):
             self._plan_mla(self.mla_wrapper, qo_indptr, batch.req_pool_indices, seq)
             return
         kv_indptr = _indptr(seq)
-        self._latent_rows = self._token_slots(batch.req_pool_indices, seq, kv_indptr) if self._has_prefix else None
+        self._latent_rows = gather_req_to_token(self.req_to_token, batch.req_pool_indices, seq, kv_indptr).long() if self._has_prefix else None
         head = self._head
         self.ragged_wrapper.plan(qo_indptr, kv_indptr, head.num_q_heads, head.num_q_heads, head.head_dim,
                                  head_dim_vo=head.v_head_dim, causal=True, sm_scale=head.scaling,
@@ -115,20 +115,7 @@ class FlashInferMLABackend(AttentionBackend):
 
     def _page_ids(self, rows: torch.Tensor, counts: torch.Tensor, indptr: torch.Tensor) -> torch.Tensor:
         """``[total_pages]`` int32 page ids, request by request; sized on the host, so no device sync."""
-        return self._gather(rows, counts, indptr, stride=self.page_size) // self.page_size
-
-    def _token_slots(self, rows: torch.Tensor, seq: torch.Tensor, indptr: torch.Tensor) -> torch.Tensor:
-        """``[sum(seq)]`` int64 slots of every cached token (prefix and new), request by request."""
-        return self._gather(rows, seq, indptr, stride=1).long()
-
-    def _gather(self, rows: torch.Tensor, counts: torch.Tensor, indptr: torch.Tensor, *, stride: int) -> torch.Tensor:
-        total = int(indptr[-1])
-        if total == 0:
-            return torch.empty(0, dtype=torch.int32, device=self.device)
-        starts, counts_dev = torch.stack([indptr[:-1].long(), counts.long()]).to(self.device, non_blocking=True)
-        rows_rep = torch.repeat_interleave(rows, counts_dev, output_size=total)
-        col = torch.arange(total, device=self.device) - torch.repeat_interleave(starts, counts_dev, output_size=total)
-        return self.req_to_token[rows_rep, col * stride]
+        return gather_req_to_token(self.req_to_token, rows, counts, indptr, stride=self.page_size) // self.page_size
 
     # ---- forward -----------------------------------------------------------------------------------
 
