@@ -117,6 +117,20 @@ def check_graph_batch(backend: AttentionBackend, bs: int, per_req: int, req_pool
     check_batch(batch, backend.req_to_token, backend.kv_pool.num_slots)
 
 
+def host_indptr(counts: torch.Tensor) -> torch.Tensor:
+    """``[len(counts) + 1]`` int32 host prefix sums of ``counts`` (qo_indptr, kv_indptr, cu_seqlens)."""
+    out = torch.zeros(len(counts) + 1, dtype=torch.int32)
+    out[1:] = torch.cumsum(counts, 0)
+    return out
+
+
+def check_pool_page_size(plan: Plan, kv_pool) -> int:
+    """The plan's page_size; ValueError when the KV pool was built with another (every paged GPU backend)."""
+    if kv_pool.page_size != plan.common.page_size:
+        raise ValueError(f"the KV pool has page_size {kv_pool.page_size}, the plan {plan.common.page_size}")
+    return plan.common.page_size
+
+
 def gather_req_to_token(req_to_token: torch.Tensor, rows: torch.Tensor, counts: torch.Tensor, indptr: torch.Tensor,
                         *, stride: int = 1, first: torch.Tensor | None = None) -> torch.Tensor:
     """``req_to_token[rows[b], (first[b] + j) * stride]`` for ``j < counts[b]``, request by request: ``[indptr[-1]]``.
@@ -130,7 +144,7 @@ def gather_req_to_token(req_to_token: torch.Tensor, rows: torch.Tensor, counts: 
     if total == 0:
         return torch.empty(0, dtype=req_to_token.dtype, device=device)
     offset = (first.long() if first is not None else 0) - indptr[:-1].long()
-    offset, counts_dev = torch.stack([torch.as_tensor(offset).expand(len(counts)), counts.long()]).to(device, non_blocking=True)
+    offset, counts_dev = torch.stack([offset, counts.long()]).to(device, non_blocking=True)
     rows_rep = torch.repeat_interleave(rows, counts_dev, output_size=total)
     col = torch.repeat_interleave(offset, counts_dev, output_size=total) + torch.arange(total, device=device)
     return req_to_token[rows_rep, col * stride]

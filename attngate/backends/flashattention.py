@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import torch
 
-from attngate.backends.base import AttentionBackend, check_batch, check_graph_batch, gather_req_to_token
+from attngate.backends.base import AttentionBackend, check_batch, check_graph_batch, check_pool_page_size, gather_req_to_token, host_indptr
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.layer import AttentionLayer
-from attngate.backends.mla import absorb_q, absorbed_for_batch, check_mla_weights, decompress, project_out
+from attngate.backends.mla import absorb_q, absorbed_for_batch, check_mla_weights, decompress, mla_reads_what_it_writes, project_out
 from attngate.errors import Problem
 from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.gates.plan import Plan
@@ -131,7 +131,7 @@ class _Fa3Kernel:
 def fa_refusals(plan: Plan, layers: list[AttentionLayer], sm_major: int | None = None) -> list[Problem]:
     """Why the FA backend cannot serve these layers under this plan (empty: it can). ``sm_major`` None skips
     the architecture checks (CPU stand-ins). Needs no kernel import."""
-    provider, page_size, problems = plan.flashattention.provider, plan.common.page_size, []
+    provider, page_size, problems = plan.flashattention.provider, plan.common.page_size, mla_reads_what_it_writes(plan, layers)
     for layer in layers:
         where = f"layer {layer.layer_id}"
         if (layer.has_sinks or layer.sinks is not None) and provider == "flash_attn_interface":
@@ -156,9 +156,7 @@ class FlashAttentionBackend(AttentionBackend):
         fa = plan.flashattention
         self.num_splits = fa.num_splits
         self.precompute_scheduler_metadata = fa.precompute_scheduler_metadata
-        self.page_size = plan.common.page_size
-        if kv_pool.page_size != self.page_size:
-            raise ValueError(f"the KV pool has page_size {kv_pool.page_size}, the plan {self.page_size}")
+        self.page_size = check_pool_page_size(plan, kv_pool)
         self.kernel = _Fa3Kernel() if fa.provider == "flash_attn_interface" else _Fa4Kernel()
         self.checked = checked
         self._layer_gates = {kind: plan.layer(kind).common for kind in LayerKind}
@@ -234,8 +232,7 @@ class FlashAttentionBackend(AttentionBackend):
         self._mla_absorbed = absorbed_for_batch(self.plan.mode(batch.forward_mode).common.mla_form, has_prefix)
         self._mla_kv = None
         if not self._mla_absorbed and has_prefix:
-            cu_k = torch.zeros(len(seq) + 1, dtype=torch.int32)
-            cu_k[1:] = torch.cumsum(seq, 0)
+            cu_k = host_indptr(seq)
             slots = gather_req_to_token(self.req_to_token, batch.req_pool_indices, seq, cu_k).long()
             self._mla_kv = (slots, cu_k.to(self.device), int(seq.max()))
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attngate.backends.base import AttentionBackend, check_batch, check_graph_batch, gather_req_to_token
+from attngate.backends.base import AttentionBackend, check_batch, check_graph_batch, check_pool_page_size, gather_req_to_token, host_indptr
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.flashinfer_mla import FlashInferMLABackend, mla_refusals
@@ -59,10 +59,10 @@ class _KvRange:
     kv_len: torch.Tensor  # [bs] int64, cpu: tokens from start_token the kernel reads
 
 
-def flashinfer_refusals(layers: list[AttentionLayer]) -> list[Problem]:
-    """Why the FlashInfer backend cannot serve these layers (empty: it can). Needs no kernel import."""
+def flashinfer_refusals(plan: Plan, layers: list[AttentionLayer]) -> list[Problem]:
+    """Why the FlashInfer backend cannot serve these layers under this plan (empty: it can). Needs no kernel import."""
     if any(layer.is_mla for layer in layers):
-        return mla_refusals(layers)
+        return mla_refusals(plan, layers)
     problems = []
     for layer in layers:
         if layer.has_sinks or layer.sinks is not None:
@@ -90,7 +90,7 @@ class FlashInferBackend(AttentionBackend):
     def __init__(self, plan: Plan, kv_pool, req_to_token: torch.Tensor, layers: list[AttentionLayer],
                  device: torch.device | str = "cuda", *, checked: bool = False, q_dtype: torch.dtype | None = None):
         super().__init__(plan, kv_pool, req_to_token, layers, device)
-        problems = flashinfer_refusals(layers)
+        problems = flashinfer_refusals(plan, layers)
         if problems:
             raise BatchMetadataError(problems)
         self.fi = importlib.import_module("flashinfer")
@@ -99,9 +99,7 @@ class FlashInferBackend(AttentionBackend):
         self.decode_fixed_split_size = gates.decode_fixed_split_size
         self.cuda_graph_disable_split_kv = gates.cuda_graph_disable_split_kv
         self.decode_use_tensor_cores = gates.decode_use_tensor_cores
-        self.page_size = plan.common.page_size
-        if kv_pool.page_size != self.page_size:
-            raise ValueError(f"the KV pool has page_size {kv_pool.page_size}, the plan {self.page_size}")
+        self.page_size = check_pool_page_size(plan, kv_pool)
         self.checked = checked
         self.layer_gates = {kind: plan.layer(kind) for kind in LayerKind}
         self.specs = self._wrapper_specs(gates.wrapper_dispatch)
@@ -181,7 +179,7 @@ class FlashInferBackend(AttentionBackend):
         # the mode table decides: under ragged prefill the paged wrapper covers only the cached prefix
         ragged = self.plan.mode(mode).flashinfer.paged_kv_extent == "prefix"
         self._batch_path = ("ragged_paged" if has_prefix else "ragged") if ragged else "paged"
-        qo_indptr = _indptr(lens["new"])
+        qo_indptr = host_indptr(lens["new"])
         for spec, paged, rag in zip(self.specs, self.paged_wrappers, self.ragged_wrappers):
             if spec.cross or not ragged:
                 rng = self._kv_range(spec, lens, prefix_only=False)
@@ -221,7 +219,7 @@ class FlashInferBackend(AttentionBackend):
         kv_len = (end - first * ps).clamp(min=0)
         # FlashInfer derives kv_len = (pages - 1) * page_size + last_page_len: a request without pages needs page_size
         last_len = torch.where(counts > 0, kv_len - (counts - 1) * ps, torch.full_like(kv_len, ps))
-        return _KvRange(_indptr(counts), first, counts, last_len.to(torch.int32), first * ps, kv_len)
+        return _KvRange(host_indptr(counts), first, counts, last_len.to(torch.int32), first * ps, kv_len)
 
     def _indices(self, rows: torch.Tensor, rng: _KvRange) -> torch.Tensor:
         """``[total_pages]`` int32 page ids, request by request; sized on the host, so no device sync."""
@@ -337,15 +335,10 @@ class FlashInferBackend(AttentionBackend):
                 self._plan_decode(wrapper, spec, rows, lens, cuda_graph=True)
             else:
                 rng = self._kv_range(spec, lens, prefix_only=False)
-                self._plan_paged(wrapper, spec, _indptr(new), rng, rows, lens, causal=spec.causal and not spec.cross, cuda_graph=True)
+                self._plan_paged(wrapper, spec, host_indptr(new), rng, rows, lens, causal=spec.causal and not spec.cross, cuda_graph=True)
         if mode == ForwardMode.DECODE:
             self._active_decode = wrappers
         else:
             self._active_paged = wrappers
         self._batch_path = "decode" if mode == ForwardMode.DECODE else "paged"
 
-
-def _indptr(counts: torch.Tensor) -> torch.Tensor:
-    out = torch.zeros(len(counts) + 1, dtype=torch.int32)
-    out[1:] = torch.cumsum(counts, 0)
-    return out

@@ -24,19 +24,19 @@ import importlib
 
 import torch
 
-from attngate.backends.base import AttentionBackend, check_batch, check_graph_batch, gather_req_to_token
+from attngate.backends.base import AttentionBackend, check_batch, check_graph_batch, check_pool_page_size, gather_req_to_token, host_indptr
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.layer import AttentionLayer
-from attngate.backends.mla import absorb_q, absorbed_for_batch, check_mla_weights, decompress, project_out
+from attngate.backends.mla import absorb_q, absorbed_for_batch, check_mla_weights, decompress, mla_reads_what_it_writes, project_out
 from attngate.errors import Problem
 from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.gates.plan import Plan
 
 
-def mla_refusals(layers: list[AttentionLayer]) -> list[Problem]:
-    """Why FlashInfer MLA cannot serve these layers (empty: it can). Needs no kernel import."""
-    problems = []
+def mla_refusals(plan: Plan, layers: list[AttentionLayer]) -> list[Problem]:
+    """Why FlashInfer MLA cannot serve these layers under this plan (empty: it can). Needs no kernel import."""
+    problems = mla_reads_what_it_writes(plan, layers)
     for layer in layers:
         where = f"layer {layer.layer_id}"
         if not layer.is_mla:
@@ -58,13 +58,11 @@ class FlashInferMLABackend(AttentionBackend):
     def __init__(self, plan: Plan, kv_pool, req_to_token: torch.Tensor, layers: list[AttentionLayer],
                  device: torch.device | str = "cuda", *, checked: bool = False, q_dtype: torch.dtype | None = None):
         super().__init__(plan, kv_pool, req_to_token, layers, device)
-        problems = mla_refusals(layers)
+        problems = mla_refusals(plan, layers)
         if problems:
             raise BatchMetadataError(problems)
         self.fi = importlib.import_module("flashinfer")
-        self.page_size = plan.common.page_size
-        if kv_pool.page_size != self.page_size:
-            raise ValueError(f"the KV pool has page_size {kv_pool.page_size}, the plan {self.page_size}")
+        self.page_size = check_pool_page_size(plan, kv_pool)
         self.checked = checked
         self._head = layers[0]
         self._dtype = kv_pool.dtype
@@ -92,11 +90,11 @@ class FlashInferMLABackend(AttentionBackend):
         prefix = seq - new.long()
         self._has_prefix = bool((prefix > 0).any())
         self._absorbed = absorbed_for_batch(self.plan.mode(batch.forward_mode).common.mla_form, self._has_prefix)
-        qo_indptr = _indptr(new)
+        qo_indptr = host_indptr(new)
         if self._absorbed:
             self._plan_mla(self.mla_wrapper, qo_indptr, batch.req_pool_indices, seq)
             return
-        kv_indptr = _indptr(seq)
+        kv_indptr = host_indptr(seq)
         self._latent_rows = gather_req_to_token(self.req_to_token, batch.req_pool_indices, seq, kv_indptr).long() if self._has_prefix else None
         head = self._head
         self.ragged_wrapper.plan(qo_indptr, kv_indptr, head.num_q_heads, head.num_q_heads, head.head_dim,
@@ -105,7 +103,7 @@ class FlashInferMLABackend(AttentionBackend):
 
     def _plan_mla(self, wrapper, qo_indptr: torch.Tensor, rows: torch.Tensor, seq: torch.Tensor) -> None:
         counts = (seq + self.page_size - 1) // self.page_size
-        kv_indptr = _indptr(counts)
+        kv_indptr = host_indptr(counts)
         head = self._head
         metadata = self.fi.mla.MLAPlanMetadata.csr(qo_indptr, kv_indptr, self._page_ids(rows, counts, kv_indptr),
                                                    seq.to(torch.int32))
@@ -125,7 +123,7 @@ class FlashInferMLABackend(AttentionBackend):
     def forward_extend(self, q, k, v, layer: AttentionLayer, batch: ForwardBatch, save_kv_cache: bool) -> torch.Tensor:
         """``q: [T, H, qk_nope + qk_rope]``, ``k: [T, 1, kv_lora_rank + qk_rope]`` (the latent) -> ``[T, H, v_head_dim]``."""
         check_mla_weights(layer)
-        if save_kv_cache and k is not None and self.plan.layer(layer.kind).common.write_kv_cache:
+        if save_kv_cache and k is not None:  # every MLA layer kind writes: mla_refusals checked the plan at construction
             self.kv_pool.set_kv_buffer(layer.layer_id, batch.out_cache_loc, k)
         cache = self.kv_pool.kv_buffer[layer.layer_id]
         if self._absorbed:
@@ -167,8 +165,3 @@ class FlashInferMLABackend(AttentionBackend):
         self._plan_mla(wrapper, qo_indptr, req_pool_indices, seq_lens_cpu.long())
         self._active_mla, self._absorbed = wrapper, True
 
-
-def _indptr(counts: torch.Tensor) -> torch.Tensor:
-    out = torch.zeros(len(counts) + 1, dtype=torch.int32)
-    out[1:] = torch.cumsum(counts, 0)
-    return out

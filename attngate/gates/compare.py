@@ -1,14 +1,12 @@
-"""Gate-by-gate comparison of two plans, and of the facts behind them (no torch: used by the
-distributed consistency check and by anyone comparing plans resolved on two hosts)."""
+"""Gate-by-gate comparison of two plans (no torch: used by the distributed consistency check and by
+anyone comparing plans resolved on two hosts)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from attngate.facts.schema import base_facts
 from attngate.gates.plan import Plan
 from attngate.gates.registry import GROUP_PREFIX
-from attngate.gates.resolution import Resolution
 
 
 def gate_values(plan: Plan) -> dict[str, Any]:
@@ -33,8 +31,3 @@ def _groups(prefix: str, groups: dict[str, dict[str, Any]], out: dict[str, Any])
 def differing(a: dict[str, Any], b: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """Keys whose values differ (a key missing on one side counts), as ``{key: (a_value, b_value)}``."""
     return {k: (a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
-
-
-def resolution_facts(resolution: Resolution) -> dict[str, Any]:
-    """The fact values a resolution was made from (adjusted server args, model facts, platform)."""
-    return base_facts(resolution.server_args, resolution.model, resolution.platform)

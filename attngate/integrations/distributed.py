@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from attngate.errors import AttngateError, Problem
-from attngate.gates.compare import differing, gate_values, resolution_facts
+from attngate.facts.schema import base_facts
+from attngate.gates.compare import differing, gate_values
 from attngate.gates.plan import Plan
 from attngate.gates.resolution import Resolution
 
@@ -42,7 +43,7 @@ def check_plan_consistency(plan_or_resolution: Plan | Resolution, group: Any = N
     dist.all_gather_object(fingerprints, plan.fingerprint, group=group)
     if len(set(fingerprints)) == 1:
         return
-    mine = {"gates": gate_values(plan), "facts": resolution_facts(resolution) if resolution else {}}
+    mine = {"gates": gate_values(plan), "facts": base_facts(resolution.server_args, resolution.model, resolution.platform) if resolution else {}}
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, mine, group=group)
     problems = []

@@ -29,7 +29,7 @@ def refusals(backend: str, plan, layers, sm_major: int):
     if backend in ("fa3", "fa4"):
         return fa_refusals(plan, layers, sm_major)
     if backend == "flashinfer":
-        return flashinfer_refusals(layers)
+        return flashinfer_refusals(plan, layers)
     return []  # triton, torch_native: SGLang's, not attngate's
 
 
@@ -82,7 +82,9 @@ def test_flashinfer_mla_refuses_another_latent_geometry_in_the_plan_and_in_the_b
     with pytest.raises(PlanError) as err:
         resolve(ServerArgs(attention_backend="flashinfer"), facts, Platform.from_name("sm90"))
     assert [v.rule for v in err.value.violations] == ["flashinfer.mla-head-dims"]
-    assert flashinfer_refusals(layers_from_model(facts))
+    deepseek = resolve(ServerArgs(attention_backend="flashinfer"), ModelFacts.from_hf_dict(raw, source="DeepSeek-V2-Lite"),
+                       Platform.from_name("sm90")).plan
+    assert flashinfer_refusals(deepseek, layers_from_model(facts))
 
 
 def test_a_missing_kernel_package_refuses_its_backend():
