@@ -23,34 +23,16 @@ from attngate.backends.kv_cache import MHATokenToKVPool  # noqa: E402
 from attngate.backends.layer import AttentionLayer  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
 from helpers import MODELS  # noqa: E402
+from standins.kernel_math import attend, request_mask  # noqa: E402
 
 H, HKV, D = 8, 2, 16
 REQUESTS = [(0, 5), (17, 3), (40, 1), (3, 9)]
 
 
 def _dense(q, k, v, *, causal, window, softcap, scale, qv=None):
-    """One request: q [Lq, H, D], k/v [Lk, HKV, D]; FA's bottom-right alignment. ``qv [Lq, H, Dv]`` (FA3's
-    absorbed-MLA input) adds ``qv . v`` to every score."""
-    lq, lk = q.shape[0], k.shape[0]
-    rep = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(rep, 1).float(), v.repeat_interleave(rep, 1).float()
-    s = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
-    if qv is not None:
-        s = s + torch.einsum("qhd,khd->hqk", qv.float(), v) * scale
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    diag = torch.arange(lq)[:, None] + (lk - lq)
-    j = torch.arange(lk)[None, :]
-    mask = torch.ones(lq, lk, dtype=torch.bool)
-    left, right = window
-    if causal:
-        mask &= j <= diag
-    if left >= 0:
-        mask &= j >= diag - left
-    if right >= 0:
-        mask &= j <= diag + right
-    s = s.masked_fill(~mask, float("-inf"))
-    return torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), v).to(q.dtype)
+    """One request through the stand-ins' attention math (bottom-right alignment; window -1: none)."""
+    mask = request_mask(q.shape[0], k.shape[0], causal=causal, window_left=window[0], window_right=window[1])
+    return attend(q, k, v, mask, scale=scale, out_dtype=q.dtype, softcap=softcap, qv=qv)[0]
 
 
 class FakeFa3(types.ModuleType):

@@ -1,16 +1,14 @@
-"""FlashInfer MLA backend metadata on the CPU, through a stand-in of the FlashInfer API it calls.
+"""FlashInfer MLA backend metadata on the CPU, through the FlashInfer stand-in (tests/standins).
 
-The stand-in's ``plan()`` checks its arguments as FlashInfer does (monotone indptr starting at 0,
-page indices inside the cache, kv_len within each request's pages, the DeepSeek latent geometry)
-and keeps exactly what it was given; ``run()`` computes attention in torch from that alone
-(bottom-right causal alignment, as the kernels). tests/gpu/test_mla_and_local.py keeps it honest
-against the real kernels on an H100.
+Its ``plan()`` checks its arguments as FlashInfer does (monotone indptr starting at 0, page indices
+inside the cache, kv_len within each request's pages, the DeepSeek latent geometry) and keeps
+exactly what it was given; ``run()`` computes attention in torch from that alone. tests/gpu keeps it
+honest against the real kernels on an H100.
 """
 
 from __future__ import annotations
 
 import sys
-import types
 
 import pytest
 
@@ -25,85 +23,16 @@ from attngate.backends.kv_cache import MLATokenToKVPool  # noqa: E402
 from attngate.backends.layer import AttentionLayer  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
 from helpers import MODELS  # noqa: E402
+from standins import flashinfer as standin  # noqa: E402
 
 H, RANK, ROPE, NOPE, VDIM = 4, 512, 64, 16, 12
 REQUESTS = {ForwardMode.EXTEND: [(0, 5), (17, 3), (70, 9), (3, 1)], ForwardMode.DECODE: [(0, 1), (17, 1), (70, 1), (63, 1)],
             ForwardMode.TARGET_VERIFY: [(5, 3), (66, 3)], ForwardMode.DRAFT_EXTEND_V2: [(9, 2), (64, 2)]}
 
 
-def _causal(q, k, v, scale):
-    """q [Lq, H, D], k [Lk, Hk, D], v [Lk, Hk, Dv], Hk 1 or H; bottom-right causal."""
-    lq, lk = q.shape[0], k.shape[0]
-    k, v = k.expand(-1, q.shape[1], -1).float(), v.expand(-1, q.shape[1], -1).float()
-    s = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
-    mask = torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + (lk - lq)
-    return torch.einsum("hqk,khd->qhd", torch.softmax(s.masked_fill(~mask, float("-inf")), -1), v).to(q.dtype)
-
-
-def _check_indptr(name, indptr):
-    assert indptr.dtype == torch.int32 and indptr.device.type == "cpu", f"{name}: host int32, as the backend promises"
-    assert int(indptr[0]) == 0 and bool((indptr[1:] >= indptr[:-1]).all()), f"{name} must start at 0 and not decrease"
-
-
-class _MLAWrapper:
-    def __init__(self, workspace, use_cuda_graph=False, backend="auto", **buffers):
-        self.backend, self.plans = backend, 0
-
-    def plan(self, *, metadata, num_heads, head_dim_ckv, head_dim_kpe, page_size, causal, sm_scale, q_data_type,
-             kv_data_type, query_layout, kv_cache_layout):
-        m = metadata
-        _check_indptr("qo_indptr", m.qo_indptr)
-        _check_indptr("kv_indptr", m.kv_indptr)
-        assert (head_dim_ckv, head_dim_kpe) == (512, 64) and causal and query_layout == kv_cache_layout == "packed"
-        pages = m.kv_indptr[1:] - m.kv_indptr[:-1]
-        kv_len = m.kv_len_arr.long()
-        assert bool(((kv_len > (pages - 1) * page_size) & (kv_len <= pages * page_size)).all()), "kv_len outside its pages"
-        assert m.kv_indices.shape[0] == int(m.kv_indptr[-1])
-        self.m, self.page_size, self.heads, self.scale = m, page_size, num_heads, sm_scale
-        self.plans += 1
-
-    def run(self, *, query, kv_cache):
-        m, ps = self.m, self.page_size
-        assert query.shape[1] == self.heads and kv_cache.shape[1] == ps
-        assert not m.kv_indices.numel() or int(m.kv_indices.max()) < kv_cache.shape[0], "page index outside the cache"
-        out = []
-        for b in range(len(m.kv_len_arr)):
-            pages = m.kv_indices[int(m.kv_indptr[b]): int(m.kv_indptr[b + 1])].long()
-            rows = kv_cache[pages].flatten(0, 1)[: int(m.kv_len_arr[b])][:, None, :]
-            q = query[int(m.qo_indptr[b]): int(m.qo_indptr[b + 1])]
-            out.append(_causal(q, rows, rows[..., :RANK], self.scale))
-        return torch.cat(out)
-
-
-class _RaggedWrapper:
-    def __init__(self, workspace, layout, backend="fa2"):
-        self.backend = backend
-
-    def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk, *, head_dim_vo, causal, sm_scale,
-             q_data_type, kv_data_type):
-        _check_indptr("qo_indptr", qo_indptr)
-        _check_indptr("kv_indptr", kv_indptr)
-        assert bool(((kv_indptr[1:] - kv_indptr[:-1]) >= (qo_indptr[1:] - qo_indptr[:-1])).all()), "kv shorter than qo"
-        self.qo, self.kv, self.scale, self.causal = qo_indptr, kv_indptr, sm_scale, causal
-
-    def run(self, q, k, v):
-        assert k.shape[0] == int(self.kv[-1]) and q.shape[0] == int(self.qo[-1])
-        return torch.cat([_causal(q[int(self.qo[b]): int(self.qo[b + 1])], k[int(self.kv[b]): int(self.kv[b + 1])],
-                                  v[int(self.kv[b]): int(self.kv[b + 1])], self.scale) for b in range(len(self.qo) - 1)])
-
-
-def _fake_flashinfer() -> types.ModuleType:
-    fi = types.ModuleType("flashinfer")
-    fi.mla = types.SimpleNamespace(BatchMLAPagedAttentionWrapper=_MLAWrapper, MLAPlanMetadata=types.SimpleNamespace(
-        csr=lambda qo_indptr, kv_indptr, kv_indices, kv_len_arr: types.SimpleNamespace(
-            qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_len_arr=kv_len_arr)))
-    fi.BatchPrefillWithRaggedKVCacheWrapper = _RaggedWrapper
-    return fi
-
-
 @pytest.fixture(autouse=True)
 def flashinfer(monkeypatch):
-    monkeypatch.setitem(sys.modules, "flashinfer", _fake_flashinfer())
+    monkeypatch.setitem(sys.modules, "flashinfer", standin.module())
 
 
 def _plan(page_size, **args):

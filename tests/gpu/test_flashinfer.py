@@ -1,168 +1,17 @@
-"""The FlashInfer backend against the reference backend on the GPU (bf16, GQA 32/8, head_dim 128)."""
+"""The FlashInfer backend against the reference backend on the GPU (bf16, GQA 32/8, head_dim 128):
+tests/suites/flashinfer_backend.py, run on the real kernels (the CPU suite runs it on the stand-in)."""
 
 from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 pytest.importorskip("flashinfer")
 
-from attngate import ForwardMode, LayerKind  # noqa: E402
-from attngate.backends.errors import BatchMetadataError  # noqa: E402
-from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
-from attngate.backends.reference import ReferenceBackend  # noqa: E402
-from cases import (  # noqa: E402
-    D, DTYPE, H, MODE_OF, TOL, layer_of, make_case, plan_for, reference_out, replay_rounds, requests_around_page, run,
-    target_in_batch,
-)
-
-M = ForwardMode
-PAGE_SIZES = [1, 16]
-REQUESTS = requests_around_page(PAGE_SIZES[-1])
-# layer kind -> (model whose plan dispatches it, layer kwargs)
-KINDS = {
-    LayerKind.FULL: ("Llama-3.1-8B", {}),
-    LayerKind.SLIDING_WINDOW: ("Mistral-7B-v0.1", {"sliding_window_size": 100}),
-}
+from backend_cases import GPU  # noqa: E402
+from suites.flashinfer_backend import *  # noqa: E402,F401,F403
 
 
-def fi_backend(plan, case, layer, **kw) -> FlashInferBackend:
-    return FlashInferBackend(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], "cuda", **kw)
-
-
-def max_diff(a, b) -> float:
-    return (a.float() - b.float()).abs().max().item()
-
-
-@pytest.mark.parametrize("page_size", PAGE_SIZES)
-@pytest.mark.parametrize("kind", sorted(KINDS, key=lambda k: k.value))
-@pytest.mark.parametrize("shape", sorted(REQUESTS))
-def test_modes_and_layer_kinds_match_reference(shape, kind, page_size):
-    model, kw = KINDS[kind]
-    plan = plan_for("flashinfer", page_size, model)
-    layer = layer_of(kind, **kw)
-    case = make_case(REQUESTS[shape], MODE_OF[shape], page_size)
-    expected = reference_out(case, plan, layer)
-    assert max_diff(run(fi_backend(plan, case, layer), case, layer), expected) < TOL
-    loc = case.setup.batch.out_cache_loc
-    assert torch.equal(case.pools[0].k_buffer[0][loc], case.pools[1].k_buffer[0][loc])
-
-
-@pytest.mark.parametrize("page_size", PAGE_SIZES)
-def test_sliding_window_prefix_longer_than_window_through_ragged_and_paged(page_size):
-    plan = plan_for("flashinfer", page_size, "Mistral-7B-v0.1")
-    assert plan.flashinfer.use_ragged_prefill and plan.flashinfer.wrapper_dispatch == "sliding_window"
-    layer = layer_of(LayerKind.SLIDING_WINDOW, sliding_window_size=48)
-    case = make_case([(300, 20), (49, 70), (47, 3), (1000, 100)], M.EXTEND, page_size)
-    backend = fi_backend(plan, case, layer)
-    out = run(backend, case, layer)
-    assert backend._batch_path == "ragged_paged"
-    assert max_diff(out, reference_out(case, plan, layer)) < TOL
-
-
-@pytest.mark.parametrize("page_size", PAGE_SIZES)
-def test_softcap_matches_reference(page_size):
-    plan = plan_for("flashinfer", page_size, "gemma-2-9b")
-    layer = layer_of(LayerKind.SLIDING_WINDOW, sliding_window_size=64, logit_cap=30.0)
-    case = make_case(REQUESTS["extend_prefix"], M.EXTEND, page_size)
-    assert max_diff(run(fi_backend(plan, case, layer), case, layer), reference_out(case, plan, layer)) < TOL
-
-
-@pytest.mark.parametrize("mode", [M.EXTEND, M.DECODE])
-@pytest.mark.parametrize("page_size", PAGE_SIZES)
-def test_cross_attention_matches_reference(mode, page_size):
-    plan = plan_for("flashinfer", page_size, "whisper-large-v3-turbo")
-    assert plan.flashinfer.wrapper_dispatch == "cross_attention"
-    layer = layer_of(LayerKind.CROSS_ATTENTION)
-    enc = [32, 64, 16] if page_size > 1 else [37, 100, 1]
-    requests = [(0, 5), (3, 1), (10, 7)] if mode == M.EXTEND else [(4, 1), (0, 1), (9, 1)]
-    case = make_case(requests, mode, page_size, encoder_lens=enc)
-    ref = ReferenceBackend(plan, case.pools[1], case.setup.req_to_token_pool.req_to_token, [layer], "cuda")
-    ref.init_forward_metadata(case.setup.batch)
-    expected = ref.forward(case.q, None, None, layer, case.setup.batch)
-    assert max_diff(run(fi_backend(plan, case, layer), case, layer, k=None, v=None), expected) < TOL
-
-
-def test_idle_batch():
-    plan = plan_for("flashinfer")
-    layer = layer_of(LayerKind.FULL)
-    case = make_case([(3, 1)], M.IDLE, 1)
-    backend = fi_backend(plan, case, layer)
-    backend.init_forward_metadata(case.setup.batch)
-    assert backend.forward(torch.empty(0, H, D, device="cuda", dtype=DTYPE), None, None, layer, case.setup.batch).shape == (0, H, D)
-
-
-def _target_in_batches(plan, kind, mode, others: int, layer, encoder=None):
-    """The output rows of one fixed request placed in the middle of a batch of `others` other requests."""
-    target = (3000, 1) if mode == M.DECODE else (2000, 60)
-    return target_in_batch(fi_backend, plan, layer, mode, others, target, max_prefix=4000, max_new=90, num_slots=1 << 19,
-                           encoder=encoder, kv_from_cache=kind == LayerKind.CROSS_ATTENTION)
-
-
-@pytest.mark.parametrize("kind, model, kw", [
-    (LayerKind.FULL, "Llama-3.1-8B", {}),
-    (LayerKind.SLIDING_WINDOW, "Mistral-7B-v0.1", {"sliding_window_size": 1000}),
-    (LayerKind.CROSS_ATTENTION, "whisper-large-v3-turbo", {}),
-])
-@pytest.mark.parametrize("mode", [M.DECODE, M.EXTEND])
-def test_deterministic_batch_invariance_every_wrapper_kind(kind, model, kw, mode):
-    plan = plan_for("flashinfer", 1, model, enable_deterministic_inference=True)
-    assert (plan.flashinfer.prefill_fixed_split_size, plan.flashinfer.decode_fixed_split_size) == (4096, 2048)
-    layer = layer_of(kind, **kw)
-    encoder = 1500 if kind == LayerKind.CROSS_ATTENTION else None
-    outs = [_target_in_batches(plan, kind, mode, others, layer, encoder=encoder) for others in (0, 7, 63)]
-    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
-
-
-def test_without_deterministic_mode_batch_invariance_is_not_guaranteed():
-    plan = plan_for("flashinfer", 1, "Llama-3.1-8B")
-    assert plan.flashinfer.decode_fixed_split_size is None
-    layer = layer_of(LayerKind.FULL)
-    outs = [_target_in_batches(plan, LayerKind.FULL, M.DECODE, others, layer) for others in (0, 63)]
-    # a lone long request is split across many CTAs, inside a full batch it is not: the reduction order differs
-    assert not torch.equal(outs[0], outs[1])
-    assert max_diff(outs[0], outs[1]) < TOL
-
-
-@pytest.mark.parametrize("mode", [M.DECODE, M.TARGET_VERIFY, M.DRAFT_EXTEND_V2])
-@pytest.mark.parametrize("page_size", PAGE_SIZES)
-def test_cuda_graph_replay_equals_eager(mode, page_size):
-    plan = plan_for("flashinfer", page_size, "Llama-3.1-8B", speculative_algorithm="EAGLE", speculative_eagle_topk=1,
-                    speculative_num_steps=3, speculative_num_draft_tokens=4)
-    assert plan.mode(mode).common.capture_cuda_graph
-    layer = layer_of(LayerKind.FULL)
-    for i, case, replayed in replay_rounds(fi_backend, plan, layer, mode, page_size):
-        assert max_diff(replayed, reference_out(case, plan, layer)) < TOL, f"round {i}"
-        eager = fi_backend(plan, case, layer)
-        assert max_diff(replayed, run(eager, case, layer)) < TOL, f"round {i}"
-
-
-def test_checked_mode_catches_out_of_range_slot():
-    plan = plan_for("flashinfer", 16)
-    layer = layer_of(LayerKind.FULL)
-    case = make_case(REQUESTS["decode"], M.DECODE, 16)
-    case.setup.batch.out_cache_loc[1] = 10 ** 9  # a planted slot far outside the pool
-    with pytest.raises(BatchMetadataError, match="outside the pool"):
-        fi_backend(plan, case, layer, checked=True).init_forward_metadata(case.setup.batch)
-
-
-@pytest.mark.parametrize("page_size", PAGE_SIZES)
-@pytest.mark.parametrize("det", [False, True], ids=["default", "deterministic"])
-def test_encoder_only_layers_match_reference(det, page_size):
-    """Bidirectional layers (BERT-style embedding models): by default the ragged wrapper on the raw
-    K/V; under deterministic inference the paged wrapper reads the K/V the layer wrote first (rule
-    layer.encoder-only-writes-no-cache), where skipping the write once read stale slots."""
-    plan = plan_for("flashinfer", page_size, "all-MiniLM-L6-v2", is_embedding=True, enable_deterministic_inference=det)
-    layer = layer_of(LayerKind.ENCODER_ONLY)
-    case = make_case(REQUESTS["extend"], M.EXTEND, page_size)
-    fi = fi_backend(plan, case, layer)
-    assert max_diff(run(fi, case, layer), reference_out(case, plan, layer)) < TOL
-    assert fi._batch_path == ("paged" if det else "ragged")
-
-
-def test_encoder_only_layer_with_a_cached_prefix_is_a_clear_error():
-    plan = plan_for("flashinfer", 1, "all-MiniLM-L6-v2", is_embedding=True)
-    layer = layer_of(LayerKind.ENCODER_ONLY)
-    case = make_case([(5, 3), (0, 4)], M.EXTEND, 1)
-    with pytest.raises(BatchMetadataError, match="cannot attend to a cached prefix"):
-        run(fi_backend(plan, case, layer), case, layer)
+@pytest.fixture
+def env():
+    return GPU

@@ -1,8 +1,7 @@
-"""MLA on FlashInfer and chunked-local attention on FA, against the reference backend on the GPU.
+"""MLA on FlashInfer against the reference backend on the GPU (chunked-local attention on FA: tests/suites/fa_backend.py).
 
 MLA at DeepSeek's latent geometry (kv_lora_rank 512 + qk_rope 64 cached per token; q/k 192, v 128)
-with 16 heads (DeepSeek-V2-Lite) and 128 heads (DeepSeek-V3); chunked-local attention Llama-4 shaped
-(GQA 32/8, head dim 128) with a 256-token chunk so that requests straddle chunk boundaries.
+with 16 heads (DeepSeek-V2-Lite) and 128 heads (DeepSeek-V3).
 Cold run: FlashInfer JIT-builds one MLA (fa3) and one ragged (fa2, 192/128) variant, about 40 s.
 """
 
@@ -12,18 +11,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("flashinfer")
-pytest.importorskip("flash_attn.cute")
 
-from attngate import ForwardMode, LayerKind  # noqa: E402
+from attngate import ForwardMode  # noqa: E402
 from attngate.backends.batch_builder import build_batch  # noqa: E402
-from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
 from attngate.backends.flashinfer_mla import FlashInferMLABackend  # noqa: E402
 from attngate.backends.forward_batch import ForwardBatch  # noqa: E402
 from attngate.backends.kv_cache import MLATokenToKVPool  # noqa: E402
 from attngate.backends.layer import AttentionLayer  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
-from cases import DTYPE, MODE_OF, layer_of, make_case, plan_for, reference_out, replay_rounds, requests_around_page, run  # noqa: E402
+from backend_cases import GPU, MODE_OF, plan_for, requests_around_page  # noqa: E402
 
 M = ForwardMode
 RANK, ROPE, NOPE, VDIM = 512, 64, 128, 128
@@ -36,7 +33,7 @@ def rel_err(got: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def mla_layer(heads: int, gen: torch.Generator) -> AttentionLayer:
-    w = lambda *shape: (torch.randn(*shape, device="cuda", generator=gen) / RANK ** 0.5).to(DTYPE)  # noqa: E731
+    w = lambda *shape: (torch.randn(*shape, device="cuda", generator=gen) / RANK ** 0.5).to(GPU.dtype)  # noqa: E731
     return AttentionLayer(0, heads, 1, NOPE + ROPE, VDIM, (NOPE + ROPE) ** -0.5, is_mla=True, kv_lora_rank=RANK,
                           qk_rope_head_dim=ROPE, w_kc=w(heads, NOPE, RANK), w_vc=w(heads, RANK, VDIM))
 
@@ -45,14 +42,14 @@ def mla_case(requests, mode, page_size, heads, seed=0, num_slots=1 << 16):
     """A batch, two latent pools holding the same cached prefix, q and the new tokens' latent."""
     s = build_batch(requests, mode, page_size=page_size, num_slots=num_slots, max_context_len=8192, seed=seed, device="cuda")
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    pools = [MLATokenToKVPool(num_slots, page_size, 1, RANK, ROPE, dtype=DTYPE, device="cuda") for _ in range(2)]
+    pools = [MLATokenToKVPool(num_slots, page_size, 1, RANK, ROPE, dtype=GPU.dtype, device="cuda") for _ in range(2)]
     new = []
     for (prefix, n), slots in zip(requests, s.slots):
-        latent = torch.randn(prefix + n, 1, RANK + ROPE, device="cuda", generator=gen).to(DTYPE)
+        latent = torch.randn(prefix + n, 1, RANK + ROPE, device="cuda", generator=gen).to(GPU.dtype)
         for pool in pools:
             pool.set_kv_buffer(0, slots[:prefix].cuda(), latent[:prefix])
         new.append(latent[prefix:])
-    q = torch.randn(s.batch.num_tokens, heads, NOPE + ROPE, device="cuda", generator=gen).to(DTYPE)
+    q = torch.randn(s.batch.num_tokens, heads, NOPE + ROPE, device="cuda", generator=gen).to(GPU.dtype)
     return s, pools, q, torch.cat(new)
 
 
@@ -67,7 +64,7 @@ def mla_pair(plan, s, pools, layer):
 @pytest.mark.parametrize("shape, flags", [(shape, {}) for shape in sorted(MODE_OF)]
                          + [("extend_prefix", {"disable_chunked_prefix_cache": True})])
 def test_flashinfer_mla_matches_reference(shape, flags, heads, page_size):
-    plan = plan_for("flashinfer", page_size, MLA_MODELS[heads], **flags)
+    plan = plan_for(GPU, "flashinfer", page_size, MLA_MODELS[heads], **flags)
     assert plan.flashinfer.mla_kernel_family == "fa3"
     mode = MODE_OF[shape]
     s, pools, q, latent = mla_case(REQUESTS[shape], mode, page_size, heads)
@@ -89,7 +86,7 @@ def test_flashinfer_mla_matches_reference(shape, flags, heads, page_size):
 def test_flashinfer_mla_cuda_graph_replay(mode, page_size):
     heads, bs = 16, 4
     per_req = 1 if mode == M.DECODE else 3
-    plan = plan_for("flashinfer", page_size, MLA_MODELS[heads])
+    plan = plan_for(GPU, "flashinfer", page_size, MLA_MODELS[heads])
     layer = mla_layer(heads, torch.Generator(device="cuda").manual_seed(7))
     rounds = [[(p, per_req) for p in prefixes] for prefixes in ([5, 300, 127, 64], [1000, 2, 129, 255], [17, 17, 900, 3])]
     s0, pools0, q0, lat0 = mla_case(rounds[0], mode, page_size, heads)
@@ -124,7 +121,7 @@ def test_flashinfer_mla_cuda_graph_replay(mode, page_size):
 
 def test_mla_embedding_fast_path_flags_keep_and_read_the_latent_cache():
     """Seed 000 on a GPU: is_embedding + no chunked prefill + no radix cache must not skip an MLA model's cache."""
-    plan = plan_for("flashinfer", 1, "DeepSeek-V2-Lite", is_embedding=True, chunked_prefill_size=-1, disable_radix_cache=True)
+    plan = plan_for(GPU, "flashinfer", 1, "DeepSeek-V2-Lite", is_embedding=True, chunked_prefill_size=-1, disable_radix_cache=True)
     layer = mla_layer(16, torch.Generator(device="cuda").manual_seed(3))
     s, pools, q, latent = mla_case([(0, 40), (0, 7)], M.EXTEND, 1, 16)
     fi, ref = mla_pair(plan, s, pools, layer)
@@ -133,39 +130,3 @@ def test_mla_embedding_fast_path_flags_keep_and_read_the_latent_cache():
     first = fi.forward(q, latent, None, layer, s.batch)
     assert torch.equal(pools[0].kv_buffer[0][s.batch.out_cache_loc], latent)
     assert rel_err(first, ref.forward(q, latent, None, layer, s.batch)) < 2e-2
-
-
-# ---- chunked local attention (Llama 4) on the FA backend -----------------------------------------
-
-CHUNK = 256
-
-
-def local_requests(page_size: int) -> dict[str, list[tuple[int, int]]]:
-    out = requests_around_page(page_size)
-    out["extend_prefix"] = out["extend_prefix"] + [(CHUNK - 3, 10), (CHUNK, 600)]  # across one and several chunk ends
-    out["decode"] = out["decode"] + [(CHUNK - 1, 1), (CHUNK, 1), (3 * CHUNK + 5, 1)]
-    return out
-
-
-@pytest.mark.parametrize("page_size", [1, 64])
-@pytest.mark.parametrize("shape", sorted(MODE_OF))
-def test_fa_chunked_local_matches_reference(shape, page_size):
-    plan = plan_for("fa3", page_size, "Llama-4-Scout-17B-16E-Instruct")
-    layer = layer_of(LayerKind.CHUNKED_LOCAL, attention_chunk_size=CHUNK)
-    case = make_case(local_requests(64)[shape], MODE_OF[shape], page_size)
-    expected = reference_out(case, plan, layer)
-    fa = FlashAttentionBackend(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], "cuda", checked=True)
-    assert rel_err(run(fa, case, layer), expected) < 2e-2
-
-
-@pytest.mark.parametrize("page_size", [1, 64])
-def test_fa_chunked_local_cuda_graph_decode_replay(page_size):
-    plan = plan_for("fa3", page_size, "Llama-4-Scout-17B-16E-Instruct")
-    assert not plan.mode("target_verify").common.capture_cuda_graph and plan.mode("decode").common.capture_cuda_graph
-    layer = layer_of(LayerKind.CHUNKED_LOCAL, attention_chunk_size=CHUNK)
-
-    def make(plan, case, layer):
-        return FlashAttentionBackend(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], "cuda")
-
-    for i, case, out in replay_rounds(make, plan, layer, M.DECODE, page_size):
-        assert rel_err(out, reference_out(case, plan, layer)) < 2e-2, f"round {i}"

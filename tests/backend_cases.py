@@ -1,7 +1,9 @@
-"""Shared GPU test set-up: one batch, two pools holding the same cached prefix (backend under test, reference)."""
+"""Backend test set-up shared by tests/gpu (real kernels) and the CPU suite (stand-ins): one batch, two
+pools holding the same cached prefix (backend under test, reference), sized by an :class:`Env`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -14,9 +16,24 @@ from attngate.backends.layer import AttentionLayer
 from attngate.backends.reference import ReferenceBackend
 from helpers import MODELS
 
-H, HKV, D = 32, 8, 128
-DTYPE = torch.bfloat16
-TOL = 2e-2  # bf16 kernels against the float32 reference (measured differences are about 1e-2)
+
+
+@dataclass(frozen=True)
+class Env:
+    """Where a backend test runs: device, GQA shape, and the sizes of its long requests."""
+
+    device: str
+    heads: tuple[int, int, int]  # num_q_heads, num_kv_heads, head_dim
+    platform: Callable[[], Platform]
+    long_prefix: int  # the longest cached prefix of the batch-invariance tests
+    many_slots: int  # pool size of the batch-invariance tests
+    dtype: torch.dtype = torch.bfloat16
+    tol: float = 2e-2  # bf16 kernels against the float32 reference (measured differences are about 1e-2)
+
+
+GPU = Env("cuda", (32, 8, 128), Platform.detect, long_prefix=4000, many_slots=1 << 19)
+# the stand-ins run on an H100's facts: flashinfer and flash_attn.cute "installed"
+CPU = Env("cpu", (4, 2, 64), lambda: Platform.from_name("sm90"), long_prefix=1200, many_slots=1 << 17)
 MODE_OF = {"extend": ForwardMode.EXTEND, "extend_prefix": ForwardMode.EXTEND, "decode": ForwardMode.DECODE,
            "target_verify": ForwardMode.TARGET_VERIFY, "draft_extend_v2": ForwardMode.DRAFT_EXTEND_V2}
 
@@ -32,9 +49,9 @@ def requests_around_page(ps: int) -> dict[str, list[tuple[int, int]]]:
     }
 
 
-def plan_for(backend: str = "fa4", page_size: int = 1, model: str = "Llama-3.1-8B", **args):
+def plan_for(env: Env, backend: str = "fa4", page_size: int = 1, model: str = "Llama-3.1-8B", **args):
     facts = ModelFacts.from_hf_config(MODELS / f"{model}.json")
-    return resolve(ServerArgs(attention_backend=backend, page_size=page_size, **args), facts, Platform.detect()).plan
+    return resolve(ServerArgs(attention_backend=backend, page_size=page_size, **args), facts, env.platform()).plan
 
 
 @dataclass
@@ -48,17 +65,17 @@ class Case:
     encoder_v: torch.Tensor | None
 
 
-def make_case(requests, mode: ForwardMode, page_size: int, *, encoder_lens=None, num_slots=1 << 16, seed=0,
+def make_case(env: Env, requests, mode: ForwardMode, page_size: int, *, encoder_lens=None, num_slots=1 << 16, seed=0,
               max_context_len=8192) -> Case:
-    dev = "cuda"
+    dev, (h, hkv, d), dtype = env.device, env.heads, env.dtype
     s = build_batch(requests, mode, page_size=page_size, num_slots=num_slots, max_context_len=max_context_len,
                     encoder_lens=encoder_lens, seed=seed, device=dev)
     gen = torch.Generator(device=dev).manual_seed(seed)
-    pools = tuple(MHATokenToKVPool(num_slots, page_size, 1, HKV, D, dtype=DTYPE, device=dev) for _ in range(2))
+    pools = tuple(MHATokenToKVPool(num_slots, page_size, 1, hkv, d, dtype=dtype, device=dev) for _ in range(2))
     new_k, new_v, enc_k, enc_v = [], [], [], []
     for (prefix, new), slots, enc in zip(requests, s.slots, encoder_lens or [0] * len(requests)):
-        k = torch.randn(enc + prefix + new, HKV, D, device=dev, generator=gen, dtype=DTYPE)
-        v = torch.randn(enc + prefix + new, HKV, D, device=dev, generator=gen, dtype=DTYPE)
+        k = torch.randn(enc + prefix + new, hkv, d, device=dev, generator=gen, dtype=dtype)
+        v = torch.randn(enc + prefix + new, hkv, d, device=dev, generator=gen, dtype=dtype)
         for pool in pools:
             pool.set_kv_buffer(0, slots[: enc + prefix].to(dev), k[: enc + prefix], v[: enc + prefix])
         new_k.append(k[enc + prefix:])
@@ -66,17 +83,18 @@ def make_case(requests, mode: ForwardMode, page_size: int, *, encoder_lens=None,
         enc_k.append(k[:enc])
         enc_v.append(v[:enc])
     n = s.batch.num_tokens
-    q = torch.randn(n, H, D, device=dev, generator=gen, dtype=DTYPE)
-    cat = lambda xs: torch.cat(xs) if xs else torch.empty(0, HKV, D, device=dev, dtype=DTYPE)  # noqa: E731
+    q = torch.randn(n, h, d, device=dev, generator=gen, dtype=dtype)
+    cat = lambda xs: torch.cat(xs) if xs else torch.empty(0, hkv, d, device=dev, dtype=dtype)  # noqa: E731
     return Case(s, pools, q, cat(new_k)[:n], cat(new_v)[:n], cat(enc_k) if encoder_lens else None, cat(enc_v) if encoder_lens else None)
 
 
-def layer_of(kind, **kw) -> AttentionLayer:
-    return AttentionLayer(0, H, HKV, D, D, D ** -0.5, kind=kind, **kw)
+def layer_of(env: Env, kind, **kw) -> AttentionLayer:
+    h, hkv, d = env.heads
+    return AttentionLayer(0, h, hkv, d, d, d ** -0.5, kind=kind, **kw)
 
 
-def reference_out(case: Case, plan, layer: AttentionLayer) -> torch.Tensor:
-    ref = ReferenceBackend(plan, case.pools[1], case.setup.req_to_token_pool.req_to_token, [layer], "cuda")
+def reference_out(env: Env, case: Case, plan, layer: AttentionLayer) -> torch.Tensor:
+    ref = ReferenceBackend(plan, case.pools[1], case.setup.req_to_token_pool.req_to_token, [layer], env.device)
     ref.init_forward_metadata(case.setup.batch)
     return ref.forward(case.q, case.k, case.v, layer, case.setup.batch)
 
@@ -87,15 +105,17 @@ def run(backend, case: Case, layer: AttentionLayer, k="new", v="new") -> torch.T
     return backend.forward(case.q, case.k if k == "new" else k, case.v if v == "new" else v, layer, case.setup.batch)
 
 
-def replay_rounds(make_backend, plan, layer: AttentionLayer, mode: ForwardMode, page_size: int):
+def replay_rounds(env: Env, make_backend, plan, layer: AttentionLayer, mode: ForwardMode, page_size: int):
     """Capture one CUDA graph (4 requests), then replay it for three rounds of different lengths.
 
     ``make_backend(plan, case, layer)`` builds the backend under test. Yields ``(round, case, replayed_out)``
-    with the round's pool and request table copied into the captured ones.
+    with the round's pool and request table copied into the captured ones. On the CPU the graph is
+    emulated (standins.graphs): each replay re-runs the forward, and the stand-in kernels check that it
+    launches what was captured, reading the same metadata buffers.
     """
     bs, per_req = 4, (1 if mode == ForwardMode.DECODE else 4)
     rounds = [[(p, per_req) for p in prefixes] for prefixes in ([5, 300, 127, 64], [1000, 2, 129, 255], [17, 17, 900, 3])]
-    first = make_case(rounds[0], mode, page_size, seed=0)
+    first = make_case(env, rounds[0], mode, page_size, seed=0)
     rtt = first.setup.req_to_token_pool.req_to_token
     backend = make_backend(plan, first, layer)
     backend.init_cuda_graph_state(bs, bs * per_req)
@@ -104,13 +124,9 @@ def replay_rounds(make_backend, plan, layer: AttentionLayer, mode: ForwardMode, 
     static_batch = ForwardBatch(mode, bs, b.req_pool_indices.clone(), b.seq_lens.clone(), b.seq_lens_cpu.clone(),
                                 b.extend_prefix_lens.clone(), b.extend_seq_lens.clone(), b.out_cache_loc.clone())
     backend.init_forward_metadata_capture_cuda_graph(bs, bs * per_req, static_batch.req_pool_indices, static_batch.seq_lens, None, mode)
-    backend.forward(static["q"], static["k"], static["v"], layer, static_batch)  # compile / JIT outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = backend.forward(static["q"], static["k"], static["v"], layer, static_batch)
+    graph = _Graph(env, lambda: backend.forward(static["q"], static["k"], static["v"], layer, static_batch))
     for i, requests in enumerate(rounds):
-        case = make_case(requests, mode, page_size, seed=i + 1)
+        case = make_case(env, requests, mode, page_size, seed=i + 1)
         backend.kv_pool.k_buffer[0].copy_(case.pools[0].k_buffer[0])
         backend.kv_pool.v_buffer[0].copy_(case.pools[0].v_buffer[0])
         rtt.copy_(case.setup.req_to_token_pool.req_to_token[: rtt.shape[0]])
@@ -120,11 +136,10 @@ def replay_rounds(make_backend, plan, layer: AttentionLayer, mode: ForwardMode, 
         for name in ("req_pool_indices", "seq_lens", "out_cache_loc"):
             getattr(static_batch, name).copy_(getattr(cb, name))
         backend.init_forward_metadata_replay_cuda_graph(bs, static_batch.req_pool_indices, static_batch.seq_lens, cb.seq_lens_cpu, None, mode)
-        graph.replay()
-        yield i, case, static_out.clone()
+        yield i, case, graph.replay().clone()
 
 
-def target_in_batch(make_backend, plan, layer: AttentionLayer, mode: ForwardMode, others: int, target: tuple[int, int],
+def target_in_batch(env: Env, make_backend, plan, layer: AttentionLayer, mode: ForwardMode, others: int, target: tuple[int, int],
                     *, max_prefix: int, max_new: int, num_slots: int, encoder: int | None = None,
                     kv_from_cache: bool = False) -> torch.Tensor:
     """The output rows of one fixed request (same q, K/V every time) in the middle of ``others`` other requests."""
@@ -134,14 +149,40 @@ def target_in_batch(make_backend, plan, layer: AttentionLayer, mode: ForwardMode
               for _ in range(others)]
     idx = others // 2
     requests = filler[:idx] + [target] + filler[idx:]
-    case = make_case(requests, mode, 1, seed=5, num_slots=num_slots, encoder_lens=[encoder] * len(requests) if encoder else None)
-    solo = make_case([target], mode, 1, seed=99, encoder_lens=[encoder] if encoder else None)
+    case = make_case(env, requests, mode, 1, seed=5, num_slots=num_slots, encoder_lens=[encoder] * len(requests) if encoder else None)
+    solo = make_case(env, [target], mode, 1, seed=99, encoder_lens=[encoder] if encoder else None)
     pre = (encoder or 0) + target[0]
-    solo_slots = solo.setup.slots[0][:pre].cuda()
-    case.pools[0].set_kv_buffer(0, case.setup.slots[idx][:pre].cuda(), solo.pools[0].k_buffer[0][solo_slots],
+    solo_slots = solo.setup.slots[0][:pre].to(env.device)
+    case.pools[0].set_kv_buffer(0, case.setup.slots[idx][:pre].to(env.device), solo.pools[0].k_buffer[0][solo_slots],
                                 solo.pools[0].v_buffer[0][solo_slots])
     start = sum(n for _, n in requests[:idx])
     for name in ("q", "k", "v"):
         getattr(case, name)[start:start + target[1]] = getattr(solo, name)
     kv = (None, None) if kv_from_cache else ("new", "new")
     return run(make_backend(plan, case, layer), case, layer, *kv)[start:start + target[1]].clone()
+
+
+class _Graph:
+    """A CUDA graph of ``fn`` on the GPU; on the CPU the emulation of standins.graphs."""
+
+    def __init__(self, env: Env, fn: Callable[[], torch.Tensor]) -> None:
+        self.fn, self.cuda = fn, env.device == "cuda"
+        fn()  # compile / JIT outside the capture
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.out = fn()
+        else:
+            from standins.graphs import RECORDER
+
+            self.recorder = RECORDER
+            with RECORDER.capture():
+                fn()
+
+    def replay(self) -> torch.Tensor:
+        if self.cuda:
+            self.graph.replay()
+            return self.out
+        with self.recorder.replay():
+            return self.fn()

@@ -1,0 +1,147 @@
+"""A CPU stand-in of ``flash_attn.cute`` (FlashAttention-4, flash_attn_4 4.0.0b36 signatures).
+
+``flash_attn_varlen_func`` takes ragged K/V (``cu_seqlens_k``) or the paged cache (``page_table``,
+``seqused_k``), windows ``(left, right)`` with None for unbounded, soft-cap, learned sinks, the
+absorbed-MLA input ``qv``, ``num_splits`` (1: none, 0: FA's batch-dependent heuristic, n: n pieces)
+and ``scheduler_metadata`` from ``get_scheduler_metadata``, which must have been computed for this
+very launch (same length tensors, heads, head dims, splits and causality). Every problem found is
+raised in one ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from standins.graphs import RECORDER
+from standins.kernel_math import attend, heuristic_chunk, request_mask
+
+BLOCK_N = 128  # keys per tile: splits cut at tile boundaries
+
+
+class SchedulerMetadata:
+    """What ``get_scheduler_metadata`` was asked for; the kernel call checks it against its own arguments."""
+
+    def __init__(self, **planned) -> None:
+        self.planned = planned
+
+
+def get_scheduler_metadata(max_seqlen_q, max_seqlen_k, nheads, nheads_kv, headdim, num_splits, headdim_v=None, pack_gqa=None,
+                           causal=False, window_size_left=None, window_size_right=None, seqlen_k_new=0, cu_seqlens_q=None,
+                           cu_seqlens_k=None, cu_seqlens_k_new=None, seqused_q=None, seqused_k=None, leftpad_k=None,
+                           seqlen_k_per_split=None, _arch=None) -> SchedulerMetadata:
+    return SchedulerMetadata(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, nheads=nheads, nheads_kv=nheads_kv,
+                             headdim=headdim, headdim_v=headdim_v or headdim, num_splits=num_splits, causal=causal,
+                             cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k)
+
+
+def _lengths(problems: list[str], name: str, t: torch.Tensor | None, entries: int | None) -> list[int] | None:
+    if t is None:
+        return None
+    if t.dtype != torch.int32 or t.dim() != 1 or (entries is not None and t.numel() != entries):
+        problems.append(f"{name} must be 1-D int32 with {entries} entries, got {t.dtype} {tuple(t.shape)}")
+        return None
+    return t.tolist()
+
+
+def _check_schedule(problems: list[str], meta: SchedulerMetadata, *, q, k, v, cu_seqlens_q, seqused_k, causal, num_splits) -> None:
+    p = meta.planned
+    want = dict(nheads=q.shape[1], nheads_kv=k.shape[-2], headdim=q.shape[-1], headdim_v=v.shape[-1], num_splits=num_splits,
+                causal=causal)
+    wrong = [f"{key} {p[key]} (the call: {value})" for key, value in want.items() if p[key] != value]
+    if p["cu_seqlens_q"] is not cu_seqlens_q or p["seqused_k"] is not seqused_k:
+        wrong.append("cu_seqlens_q / seqused_k are not the tensors of this call")
+    if wrong:
+        problems.append("scheduler_metadata was computed for another launch: " + ", ".join(wrong))
+
+
+def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+                           min_seqlen_k=None, seqused_q=None, seqused_k=None, gather_kv_indices=None, page_table=None,
+                           softmax_scale=None, causal=False, window_size=(None, None), learnable_sink=None, softcap=0.0,
+                           num_splits=1, pack_gqa=None, deterministic=False, score_mod=None, score_mod_bwd=None,
+                           mask_mod=None, block_sparse_tensors=None, aux_tensors=None, aux_scalars=None, return_lse=False,
+                           scheduler_metadata=None, seqlen_k_per_split=None, disable_scheduler_metadata=False, **_):
+    RECORDER.launch("flash_attn_varlen_func", q=q, k=k, v=v, qv=qv, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                    max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_k=seqused_k, page_table=page_table,
+                    softmax_scale=softmax_scale, causal=causal, window_size=tuple(window_size), softcap=softcap,
+                    num_splits=num_splits, scheduler_metadata=scheduler_metadata)
+    problems: list[str] = []
+    paged = page_table is not None
+    cu_q = _lengths(problems, "cu_seqlens_q", cu_seqlens_q, None)
+    bs = len(cu_q) - 1 if cu_q else 0
+    if cu_q is not None and (cu_q[0] != 0 or any(b < a for a, b in zip(cu_q, cu_q[1:])) or cu_q[-1] != q.shape[0]):
+        problems.append(f"cu_seqlens_q must rise from 0 to the {q.shape[0]} query tokens, got {cu_q[:8]}")
+    q_lens = [b - a for a, b in zip(cu_q, cu_q[1:])] if cu_q else []
+    if max_seqlen_q is not None and q_lens and max(q_lens) > max_seqlen_q:
+        problems.append(f"max_seqlen_q {max_seqlen_q} is below the longest query run {max(q_lens)}: its tail is never computed")
+    if q.shape[1] % k.shape[-2]:
+        problems.append(f"{q.shape[1]} query heads are not a multiple of {k.shape[-2]} KV heads")
+    if q.dtype != k.dtype or k.dtype != v.dtype:
+        problems.append(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if paged:
+        used = _lengths(problems, "seqused_k", seqused_k, bs)
+        if page_table.dtype != torch.int32 or page_table.dim() != 2 or page_table.shape[0] != bs:
+            problems.append(f"page_table must be [{bs}, max_pages] int32, got {page_table.dtype} {tuple(page_table.shape)}")
+        elif used is not None:
+            ps, pages = k.shape[1], k.shape[0]
+            for b, n in enumerate(used):
+                need = -(-n // ps)
+                row = page_table[b, :need]
+                if need > page_table.shape[1] or (row.numel() and (int(row.min()) < 0 or int(row.max()) >= pages)):
+                    problems.append(f"request {b}: seqused_k {n} reads pages {row.tolist()[:8]} outside the table or the cache of {pages}")
+        kv_lens = used
+    else:
+        kv_lens = _lengths(problems, "cu_seqlens_k", cu_seqlens_k, bs + 1)
+        if kv_lens is not None:
+            if kv_lens[0] != 0 or kv_lens[-1] != k.shape[0]:
+                problems.append(f"cu_seqlens_k must rise from 0 to the {k.shape[0]} keys, got {kv_lens[:8]}")
+            kv_lens = [b - a for a, b in zip(kv_lens, kv_lens[1:])]
+    if scheduler_metadata is not None and not disable_scheduler_metadata:
+        _check_schedule(problems, scheduler_metadata, q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k,
+                        causal=causal, num_splits=num_splits)
+    if learnable_sink is not None and learnable_sink.shape != (q.shape[1],):
+        problems.append(f"learnable_sink must be [{q.shape[1]}], got {tuple(learnable_sink.shape)}")
+    if problems:
+        raise ValueError("flash_attn_varlen_func: " + "; ".join(problems))
+
+    left, right = window_size
+    right = 0 if causal else right
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    if num_splits == 1:
+        chunk = None
+    elif num_splits == 0:
+        chunk = heuristic_chunk(kv_lens, heads=k.shape[-2], min_chunk=BLOCK_N)
+    else:
+        chunk = -(-max(kv_lens, default=1) // num_splits // BLOCK_N) * BLOCK_N or BLOCK_N
+    outs, lses = [], []
+    for b in range(bs):
+        rows = slice(cu_q[b], cu_q[b + 1])
+        if paged:
+            pages = page_table[b, : -(-kv_lens[b] // k.shape[1])].long()
+            kb, vb = (c[pages].flatten(0, 1)[: kv_lens[b]] for c in (k, v))
+        else:
+            start = sum(kv_lens[:b])
+            kb, vb = k[start:start + kv_lens[b]], v[start:start + kv_lens[b]]
+        mask = request_mask(q_lens[b], kv_lens[b], causal=causal, window_left=-1 if left is None else left,
+                            window_right=-1 if right is None else right)
+        o, lse = attend(q[rows], kb, vb, mask, scale=scale, out_dtype=q.dtype, chunk=chunk, softcap=softcap,
+                        sinks=learnable_sink, qv=None if qv is None else qv[rows])
+        outs.append(o)
+        lses.append(lse)
+    out = torch.cat(outs) if outs else q.new_empty(0, q.shape[1], v.shape[-1])
+    return out, (torch.cat(lses).transpose(0, 1) if lses else None)
+
+
+def modules() -> dict[str, types.ModuleType]:
+    """``sys.modules`` entries for ``flash_attn``, ``flash_attn.cute`` and ``flash_attn.cute.interface``."""
+    interface = types.ModuleType("flash_attn.cute.interface")
+    interface.flash_attn_varlen_func = flash_attn_varlen_func
+    interface.get_scheduler_metadata = get_scheduler_metadata
+    cute = types.ModuleType("flash_attn.cute")
+    cute.flash_attn_varlen_func = flash_attn_varlen_func
+    cute.interface = interface
+    cute.__stand_in__ = True
+    root = types.ModuleType("flash_attn")
+    root.cute = cute
+    return {"flash_attn": root, "flash_attn.cute": cute, "flash_attn.cute.interface": interface}

@@ -1,0 +1,186 @@
+"""The FlashAttention backend (flash_attn.cute) against the reference backend (bf16, GQA, page sizes 1 and 128)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from attngate import ForwardMode, LayerKind
+from attngate.backends.errors import BatchMetadataError
+from attngate.backends.flashattention import FlashAttentionBackend
+from attngate.backends.reference import ReferenceBackend
+from backend_cases import Env, MODE_OF, layer_of, make_case, plan_for, reference_out, replay_rounds, requests_around_page, run, target_in_batch
+
+PAGE_SIZES = [1, 128]
+M = ForwardMode
+REQUESTS = requests_around_page(PAGE_SIZES[-1])
+
+
+def fa_backend(env: Env, plan, case, layer, **kw) -> FlashAttentionBackend:
+    return FlashAttentionBackend(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], env.device, **kw)
+
+
+def max_diff(a, b) -> float:
+    return (a.float() - b.float()).abs().max().item()
+
+
+def rel_err(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((got.float() - expected.float()).abs().max() / expected.float().abs().max()).item()
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+@pytest.mark.parametrize("kind", [LayerKind.FULL, LayerKind.SLIDING_WINDOW])
+@pytest.mark.parametrize("shape", sorted(REQUESTS))
+def test_fa_modes_and_layer_kinds_match_reference(env, shape, kind, page_size):
+    plan = plan_for(env, page_size=page_size)
+    layer = layer_of(env, kind, sliding_window_size=100 if kind == LayerKind.SLIDING_WINDOW else -1)
+    case = make_case(env, REQUESTS[shape], MODE_OF[shape], page_size)
+    expected = reference_out(env, case, plan, layer)
+    assert max_diff(run(fa_backend(env, plan, case, layer), case, layer), expected) < env.tol
+    # the write side stored the new tokens where the reference did
+    loc = case.setup.batch.out_cache_loc
+    assert torch.equal(case.pools[0].k_buffer[0][loc], case.pools[1].k_buffer[0][loc])
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_fa_softcap_and_sinks_match_reference(env, page_size):
+    plan = plan_for(env, page_size=page_size)
+    layer = layer_of(env, LayerKind.SLIDING_WINDOW, sliding_window_size=64, logit_cap=30.0,
+                     sinks=torch.linspace(-1, 1, env.heads[0], device=env.device, dtype=torch.float32))
+    case = make_case(env, REQUESTS["extend_prefix"], M.EXTEND, page_size)
+    assert max_diff(run(fa_backend(env, plan, case, layer), case, layer), reference_out(env, case, plan, layer)) < env.tol
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+@pytest.mark.parametrize("mode", [M.EXTEND, M.DECODE])
+def test_fa_cross_attention_matches_reference(env, mode, page_size):
+    plan = plan_for(env, page_size=page_size)
+    layer = layer_of(env, LayerKind.CROSS_ATTENTION)
+    enc = [128, 256, 128] if page_size > 1 else [37, 100, 1]
+    requests = [(0, 5), (3, 1), (10, 7)] if mode == M.EXTEND else [(4, 1), (0, 1), (9, 1)]
+    case = make_case(env, requests, mode, page_size, encoder_lens=enc)
+    ref = ReferenceBackend(plan, case.pools[1], case.setup.req_to_token_pool.req_to_token, [layer], env.device)
+    ref.init_forward_metadata(case.setup.batch)
+    expected = ref.forward(case.q, None, None, layer, case.setup.batch)
+    assert max_diff(run(fa_backend(env, plan, case, layer), case, layer, k=None, v=None), expected) < env.tol
+
+
+def test_fa_encoder_only_matches_reference_and_writes_nothing(env):
+    plan = plan_for(env, page_size=1)
+    layer = layer_of(env, LayerKind.ENCODER_ONLY)
+    case = make_case(env, REQUESTS["extend"], M.EXTEND, 1)
+    expected = reference_out(env, case, plan, layer)
+    assert max_diff(run(fa_backend(env, plan, case, layer), case, layer), expected) < env.tol
+    assert not torch.any(case.pools[0].k_buffer[0][case.setup.batch.out_cache_loc])
+
+
+def test_fa_idle_batch(env):
+    plan = plan_for(env)
+    layer = layer_of(env, LayerKind.FULL)
+    case = make_case(env, [(3, 1)], M.IDLE, 1)
+    fa = fa_backend(env, plan, case, layer)
+    fa.init_forward_metadata(case.setup.batch)
+    h, _, d = env.heads
+    out = fa.forward(torch.empty(0, h, d, device=env.device, dtype=env.dtype), None, None, layer, case.setup.batch)
+    assert out.shape == (0, h, d)
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_fa_embedding_fast_path_equals_paged_path_and_reference(env, page_size):
+    fast = plan_for(env, page_size=page_size, is_embedding=True, chunked_prefill_size=-1, disable_radix_cache=True)
+    paged = plan_for(env, page_size=page_size)
+    assert fast.flashattention.skip_kv_cache and not paged.flashattention.skip_kv_cache
+    layer = layer_of(env, LayerKind.FULL)
+    case = make_case(env, REQUESTS["extend"], M.EXTEND, page_size)
+    before = case.pools[0].k_buffer[0].clone()
+    got_fast = run(fa_backend(env, fast, case, layer), case, layer)
+    assert torch.equal(case.pools[0].k_buffer[0], before)  # nothing written
+    got_paged = run(fa_backend(env, paged, case, layer), case, layer)
+    expected = reference_out(env, case, paged, layer)
+    assert max_diff(got_fast, got_paged) < env.tol and max_diff(got_fast, expected) < env.tol
+
+
+@pytest.mark.parametrize("mode", [M.DRAFT_EXTEND_V2, M.TARGET_VERIFY, M.DECODE])
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_fa_cuda_graph_replay_equals_eager_and_reference(env, mode, page_size):
+    plan = plan_for(env, page_size=page_size, speculative_algorithm="EAGLE", speculative_eagle_topk=1,
+                    speculative_num_steps=3, speculative_num_draft_tokens=4)
+    assert plan.mode(mode).common.capture_cuda_graph and plan.mode(mode).flashattention.kv_extent == "prefix_plus_new"
+    layer = layer_of(env, LayerKind.FULL)
+    for i, case, replayed in replay_rounds(env, functools.partial(fa_backend, env), plan, layer, mode, page_size):
+        expected = reference_out(env, case, plan, layer)
+        eager_out = run(fa_backend(env, plan, case, layer), case, layer)
+        assert max_diff(replayed, expected) < env.tol, f"round {i}"
+        assert torch.equal(replayed, eager_out), f"round {i}: replay differs from eager"
+
+
+@pytest.mark.parametrize("mode", [M.DECODE, M.EXTEND])
+def test_fa_deterministic_batch_invariance(env, mode):
+    plan = plan_for(env, page_size=1, enable_deterministic_inference=True)
+    assert plan.flashattention.num_splits == 1
+    layer = layer_of(env, LayerKind.FULL)
+    long = env.long_prefix
+    target = (long * 3 // 8, 1) if mode == M.DECODE else (long // 6, 40)
+    outs = [target_in_batch(env, functools.partial(fa_backend, env), plan, layer, mode, others, target, max_prefix=long * 3 // 4,
+                            max_new=80, num_slots=env.many_slots // 2) for others in (0, 7, 63)]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def test_fa_checked_mode_catches_out_of_range_page(env):
+    plan = plan_for(env, page_size=128)
+    layer = layer_of(env, LayerKind.FULL)
+    case = make_case(env, REQUESTS["decode"], M.DECODE, 128)
+    row = int(case.setup.batch.req_pool_indices[2])
+    case.setup.req_to_token_pool.req_to_token[row, 0] = 10 ** 8  # a planted slot far outside the pool
+    with pytest.raises(BatchMetadataError, match="outside the pool"):
+        fa_backend(env, plan, case, layer, checked=True).init_forward_metadata(case.setup.batch)
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_fa_scheduler_metadata_precompute_follows_the_plan(env, page_size):
+    on = plan_for(env, page_size=page_size)
+    off = plan_for(env, page_size=page_size, enable_dp_attention=True, dp_size=2)
+    assert on.flashattention.precompute_scheduler_metadata and not off.flashattention.precompute_scheduler_metadata
+    layer = layer_of(env, LayerKind.FULL)
+    outs = []
+    for plan in (on, off):
+        case = make_case(env, REQUESTS["decode"], M.DECODE, page_size)
+        fa = fa_backend(env, plan, case, layer)
+        outs.append(run(fa, case, layer))
+        assert (fa.md.scheduler_metadata is not None) is plan.flashattention.precompute_scheduler_metadata
+    expected = reference_out(env, make_case(env, REQUESTS["decode"], M.DECODE, page_size), on, layer)
+    for out in outs:
+        assert max_diff(out, expected) < env.tol
+
+
+# ---- chunked local attention (Llama 4: GQA, a 256-token chunk that requests straddle) ---------------
+
+CHUNK = 256
+
+
+def local_requests(page_size: int) -> dict[str, list[tuple[int, int]]]:
+    out = requests_around_page(page_size)
+    out["extend_prefix"] = out["extend_prefix"] + [(CHUNK - 3, 10), (CHUNK, 600)]  # across one and several chunk ends
+    out["decode"] = out["decode"] + [(CHUNK - 1, 1), (CHUNK, 1), (3 * CHUNK + 5, 1)]
+    return out
+
+
+@pytest.mark.parametrize("page_size", [1, 64])
+@pytest.mark.parametrize("shape", sorted(MODE_OF))
+def test_fa_chunked_local_matches_reference(env, shape, page_size):
+    plan = plan_for(env, "fa3", page_size, "Llama-4-Scout-17B-16E-Instruct")
+    layer = layer_of(env, LayerKind.CHUNKED_LOCAL, attention_chunk_size=CHUNK)
+    case = make_case(env, local_requests(64)[shape], MODE_OF[shape], page_size)
+    expected = reference_out(env, case, plan, layer)
+    assert rel_err(run(fa_backend(env, plan, case, layer, checked=True), case, layer), expected) < env.tol
+
+
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_fa_chunked_local_cuda_graph_decode_replay(env, page_size):
+    plan = plan_for(env, "fa3", page_size, "Llama-4-Scout-17B-16E-Instruct")
+    assert not plan.mode("target_verify").common.capture_cuda_graph and plan.mode("decode").common.capture_cuda_graph
+    layer = layer_of(env, LayerKind.CHUNKED_LOCAL, attention_chunk_size=CHUNK)
+    for i, case, out in replay_rounds(env, functools.partial(fa_backend, env), plan, layer, M.DECODE, page_size):
+        assert rel_err(out, reference_out(env, case, plan, layer)) < env.tol, f"round {i}"
