@@ -16,21 +16,23 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "gpu"), str(ROOT / "bench")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
 from flash_attn.cute import flash_attn_varlen_func  # noqa: E402
 
 from attngate import ForwardMode, LayerKind  # noqa: E402
 from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
-from cases import D, H, HKV, layer_of, make_case, plan_for  # noqa: E402
+from backend_cases import GPU, layer_of, make_case, plan_for  # noqa: E402
+
+H, HKV, D = GPU.heads
 from common import cuda_ms, decode_graph_replay, host_us, paired_ms  # noqa: E402
 
 PS = 128
 
 
 def backend_and_raw(requests, mode, plan):
-    layer = layer_of(LayerKind.FULL)
-    case = make_case(requests, mode, PS, num_slots=len(requests) * (max(p + n for p, n in requests) + PS) // PS * PS + PS,
+    layer = layer_of(GPU, LayerKind.FULL)
+    case = make_case(GPU, requests, mode, PS, num_slots=len(requests) * (max(p + n for p, n in requests) + PS) // PS * PS + PS,
                      max_context_len=max(p + n for p, n in requests) + PS)
     fa = FlashAttentionBackend(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], "cuda")
     batch = case.setup.batch
@@ -57,7 +59,7 @@ def backend_and_raw(requests, mode, plan):
 
 def main() -> None:
     out: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
-    plan = plan_for(page_size=PS)
+    plan = plan_for(GPU, page_size=PS)
     out["plan"] = {"provider": plan.flashattention.provider, "num_splits": plan.flashattention.num_splits}
 
     fa, case, _, step, raw, layer_forward = backend_and_raw([(4095, 1)] * 64, ForwardMode.DECODE, plan)
@@ -74,7 +76,7 @@ def main() -> None:
     out["prefill_8x4096_causal"] = {"backend_layer_ms": round(t_b, 3), "raw_ms": round(t_r, 3), "backend_TFLOPs": round(flops / t_b / 1e9, 1),
                                     "raw_TFLOPs": round(flops / t_r / 1e9, 1), "backend_over_raw": round(t_b / t_r, 3)}
 
-    fast = plan_for(page_size=PS, is_embedding=True, chunked_prefill_size=-1, disable_radix_cache=True)
+    fast = plan_for(GPU, page_size=PS, is_embedding=True, chunked_prefill_size=-1, disable_radix_cache=True)
     for name, requests in (("embedding_64x512", [(0, 512)] * 64), ("embedding_8x4096", [(0, 4096)] * 8)):
         _, _, _, paged_step, _, _ = backend_and_raw(requests, ForwardMode.EXTEND, plan)
         _, _, _, fast_step, _, _ = backend_and_raw(requests, ForwardMode.EXTEND, fast)

@@ -16,20 +16,22 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "gpu"), str(ROOT / "bench")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
 from attngate import ForwardMode, LayerKind  # noqa: E402
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
-from cases import D, H, HKV, layer_of, make_case, plan_for  # noqa: E402
+from backend_cases import GPU, layer_of, make_case, plan_for  # noqa: E402
+
+H, HKV, D = GPU.heads
 from common import decode_graph_replay, host_us, paired_ms  # noqa: E402
 
 PS = 16
 
 
 def setup(requests, mode, plan):
-    layer = layer_of(LayerKind.FULL)
+    layer = layer_of(GPU, LayerKind.FULL)
     longest = max(p + n for p, n in requests)
-    case = make_case(requests, mode, PS, num_slots=len(requests) * (longest + PS) // PS * PS + PS, max_context_len=longest + PS)
+    case = make_case(GPU, requests, mode, PS, num_slots=len(requests) * (longest + PS) // PS * PS + PS, max_context_len=longest + PS)
     fi = FlashInferBackend(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], "cuda")
     batch = case.setup.batch
     fi.init_forward_metadata(batch)
@@ -40,7 +42,7 @@ def setup(requests, mode, plan):
 
 def main() -> None:
     out: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
-    default, det = plan_for("flashinfer", PS), plan_for("flashinfer", PS, enable_deterministic_inference=True)
+    default, det = plan_for(GPU, "flashinfer", PS), plan_for(GPU, "flashinfer", PS, enable_deterministic_inference=True)
     kv_bytes = 64 * 4096 * HKV * D * 2 * 2
     flops = 8 * 4 * H * D * 4096 * 4096 / 2
     for name, plan in (("default", default), ("deterministic", det)):
