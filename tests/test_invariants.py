@@ -52,6 +52,10 @@ REINJECTIONS = {
     "fast path skips FlashInfer's prefill writes": (lambda t: t.replace('fa.skip_kv_cache and prefill_backend in ("fa3", "fa4") and layer_kind',
                                                                         'fa.skip_kv_cache and layer_kind'),
                                                     "unwritten-layers-read-no-paged-extend"),
+    "fa3 family without its custom-mask exclusion": (
+        lambda t: t.replace("when: sm_major == 9 and flashinfer_fa3_head_dims and not flashinfer_prefill_custom_mask\n",
+                            "when: sm_major == 9 and flashinfer_fa3_head_dims\n"),
+        "flashinfer-fa3-plans-no-custom-mask"),
 }
 
 

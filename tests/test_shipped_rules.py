@@ -325,3 +325,21 @@ def test_encoder_only_layers_write_the_cache_exactly_where_a_backend_reads_it(ba
     assert paged_extend is (backend == "flashinfer" and det)
     assert r.plan.layer(LayerKind.ENCODER_ONLY).common.write_kv_cache is paged_extend
     assert r.plan.layer(LayerKind.ENCODER_ONLY).common.causal is False
+
+
+@pytest.mark.parametrize("name, gpu, args, family", [
+    ("Llama-3.1-8B", "sm90", {}, "fa3"),
+    ("Llama-3.1-8B", "sm80", {}, "fa2"),
+    ("Llama-3.1-8B", "sm100", {}, "fa2"),
+    ("Llama-3.1-8B", "sm90", {"enable_deterministic_inference": True}, "fa3"),  # fixed splits on fa3
+    ("Mistral-7B-v0.1", "sm90", {}, "fa2"),  # the window's paged half under ragged prefill takes a custom mask
+    ("Mistral-7B-v0.1", "sm90", {"enable_deterministic_inference": True}, "fa3"),  # no ragged: window_left only
+    ("whisper-large-v3-turbo", "sm90", {}, "fa3"),  # head dim 64, non-causal cross attention
+    ("all-MiniLM-L6-v2", "sm90", {"is_embedding": True}, "fa2"),  # head dim 32: no fa3 variant
+    ("DeepSeek-V2-Lite", "sm90", {}, "fa3"),  # MLA non-absorbed prefill, 192/128
+    ("Llama-3.1-8B", "sm90", {"speculative_algorithm": "EAGLE", "speculative_eagle_topk": 4, "speculative_num_steps": 3,
+                              "speculative_num_draft_tokens": 8}, "fa2"),  # tree masks
+])
+def test_flashinfer_prefill_kernel_family(name, gpu, args, family):
+    plan = resolve(ServerArgs(attention_backend="flashinfer", **args), model(name), Platform.from_name(gpu)).plan
+    assert plan.flashinfer.prefill_kernel_family == family

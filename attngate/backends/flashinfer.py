@@ -10,7 +10,9 @@ the paged wrapper, merged with ``merge_state``; a window (``window_left``) appli
 and on the paged half a custom mask places each query after the prefix. Without ragged, and for
 TARGET_VERIFY and DRAFT_EXTEND_V2: the new K/V are written first, then one causal paged pass.
 
-Every plan() call is built by :meth:`FlashInferBackend._plan_kwargs`, so the deterministic settings
+Every prefill wrapper (ragged, paged, CUDA-graph) runs the kernel family ``flashinfer.prefill_kernel_family``
+(fa3 on SM90 where it serves the model's layers, rule flashinfer.prefill-fa3-on-hopper; FlashInfer's
+"auto" is never left to choose). Every plan() call is built by :meth:`FlashInferBackend._plan_kwargs`, so the deterministic settings
 (``prefill_fixed_split_size``, ``decode_fixed_split_size``, ``cuda_graph_disable_split_kv``) reach
 every wrapper kind through one place. plan() gets its indptr and last_page_len arrays on the host
 (FlashInfer reads them there and copies them to the device itself): a device array would cost a
@@ -111,7 +113,7 @@ class FlashInferBackend(AttentionBackend):
         self.workspace = torch.empty(gates.workspace_size_mb << 20, dtype=torch.uint8, device=self.device)
         n = len(self.specs)
         self.decode_wrappers = [self.fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=self.decode_use_tensor_cores) for _ in range(n)]
-        family = gates.prefill_kernel_family
+        family = self.prefill_kernel_family = gates.prefill_kernel_family  # every prefill wrapper, graph ones included
         self.paged_wrappers = [self.fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=family) for _ in range(n)]
         self.ragged_wrappers = [self.fi.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend=family) for _ in range(n)]
         self._active_decode, self._active_paged = self.decode_wrappers, self.paged_wrappers  # graph replays swap these
@@ -314,7 +316,7 @@ class FlashInferBackend(AttentionBackend):
                 qo = torch.arange(0, (bs + 1) * per_req, per_req, dtype=torch.int32, device=self.device)
                 wrappers.append(self.fi.BatchPrefillWithPagedKVCacheWrapper(
                     self.workspace, "NHD", use_cuda_graph=True, qo_indptr_buf=qo, paged_kv_indptr_buf=indptr,
-                    paged_kv_indices_buf=indices, paged_kv_last_page_len_buf=last))
+                    paged_kv_indices_buf=indices, paged_kv_last_page_len_buf=last, backend=self.prefill_kernel_family))
         self._graphs[(forward_mode, bs)] = wrappers
         self._replan_graph(bs, req_pool_indices, seq_lens.cpu(), per_req, encoder_lens, forward_mode)
 

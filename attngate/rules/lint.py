@@ -27,6 +27,7 @@ from typing import Any
 import z3
 
 from attngate.facts.choices import GPU_ARCHS
+from attngate.facts.modes import LayerKind
 from attngate.facts.schema import FACTS, LAYER_FACT, MODE_FACT, FactType
 from attngate.gates.registry import GATES
 from attngate.rules.load import Rule, RuleSet
@@ -41,6 +42,10 @@ class Finding:
         return f"{self.where}: {self.message}"
 
 
+_LAYER_KIND_FACTS = {LayerKind.SLIDING_WINDOW: "has_sliding_window", LayerKind.CHUNKED_LOCAL: "is_local_attention_model",
+                     LayerKind.CROSS_ATTENTION: "has_cross_attention"}
+
+
 class _Encoder:
     def __init__(self, rules: RuleSet, *, all_gates: bool = False):
         self.types: dict[str, FactType] = {n: f.type for n, f in FACTS.items()}
@@ -52,6 +57,7 @@ class _Encoder:
         self.predicates = {p.name: p.condition.tree.body for p in rules.predicates}
         self._derive_backends()
         self._link_gpu_arch()
+        self._link_layer_kind()
 
     def var(self, name: str) -> tuple[Any, Any]:
         if name not in self.vars:
@@ -75,6 +81,14 @@ class _Encoder:
         arch, _ = self.var("gpu_arch")
         major, _ = self.var("sm_major")
         self.axioms.append(z3.Or(*[z3.And(arch == z3.StringVal(a), major == int(a[2:-1])) for a in GPU_ARCHS]))
+
+    def _link_layer_kind(self) -> None:
+        """A layer kind exists only in a model that has it (ModelFacts derives these facts from its layer kinds),
+        so a proof over ``layer_kind`` speaks about layers that exist."""
+        kind, _ = self.var(LAYER_FACT.name)
+        for layer_kind, fact in _LAYER_KIND_FACTS.items():
+            has, _ = self.var(fact)
+            self.axioms.append(z3.Implies(kind == z3.StringVal(layer_kind.value), has))
 
     def encode(self, node: ast.expr) -> Any:
         if isinstance(node, ast.BoolOp):

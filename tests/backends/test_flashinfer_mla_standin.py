@@ -25,7 +25,7 @@ from attngate.backends.reference import ReferenceBackend  # noqa: E402
 from helpers import MODELS  # noqa: E402
 from standins import flashinfer as standin  # noqa: E402
 
-H, RANK, ROPE, NOPE, VDIM = 4, 512, 64, 16, 12
+H, RANK, ROPE, NOPE, VDIM = 4, 512, 64, 128, 128  # DeepSeek geometry: the fa3 ragged kernel runs 192/128 only
 REQUESTS = {ForwardMode.EXTEND: [(0, 5), (17, 3), (70, 9), (3, 1)], ForwardMode.DECODE: [(0, 1), (17, 1), (70, 1), (63, 1)],
             ForwardMode.TARGET_VERIFY: [(5, 3), (66, 3)], ForwardMode.DRAFT_EXTEND_V2: [(9, 2), (64, 2)]}
 

@@ -2,7 +2,7 @@
 
 ``plan()`` checks what the kernels need (monotone int32 indptr from 0, one length per request,
 page ids inside the cache, ``last_page_len`` in ``[1, page_size]``, GQA head counts, a custom mask of
-``sum(qo_len * kv_len)`` entries and none on the fa3 family, ``fixed_split_size`` positive, the
+``sum(qo_len * kv_len)`` entries and none on the fa3 family, fa3 only at its head dims, ``fixed_split_size`` positive, the
 CUDA-graph buffers' batch size and capacity) and raises ``ValueError`` listing every problem. It
 keeps exactly what it was given (graph wrappers: copied into their static buffers, which ``run()``
 then reads, as a replayed graph does). Split-KV follows FlashInfer: with ``fixed_split_size`` the KV
@@ -205,6 +205,14 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         return (out, _lse2(torch.cat(lses))) if return_lse else out
 
 
+FA3_HEAD_DIMS = {(64, 64), (128, 128), (256, 256), (192, 128)}  # (qk, vo) pairs of FlashInfer's SM90 prefill kernels
+
+
+def _check_family(problems: _Problems, backend: str, head_dim_qk: int, head_dim_vo: int | None) -> None:
+    pair = (head_dim_qk, head_dim_vo or head_dim_qk)
+    problems.check(backend != "fa3" or pair in FA3_HEAD_DIMS, f"the fa3 kernel family has no variant for head dims {pair}")
+
+
 def _check_custom_mask(problems: _Problems, custom_mask, qo_lens: list[int], kv_lens: list[int], backend: str) -> None:
     if custom_mask is None:
         return
@@ -246,6 +254,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
              non_blocking=True, fixed_split_size=None, disable_split_kv=False, **_):
         problems = _Problems()
         _check_common(problems, num_qo_heads, num_kv_heads, window_left, logits_soft_cap, fixed_split_size)
+        _check_family(problems, self.backend, head_dim_qk, head_dim_vo)
         _check_indptr(problems, "qo_indptr", qo_indptr, paged_kv_indptr.numel() - 1)
         graph = self.use_cuda_graph
         buffers = tuple(self.buffers[n] for n in self.GRAPH_BUFFERS[1:]) if graph else None
@@ -303,6 +312,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Wrapper):
              kv_data_type=None, o_data_type=None, non_blocking=True, fixed_split_size=None, disable_split_kv=False, **_):
         problems = _Problems()
         _check_common(problems, num_qo_heads, num_kv_heads, window_left, logits_soft_cap, fixed_split_size)
+        _check_family(problems, self.backend, head_dim_qk, head_dim_vo)
         _check_indptr(problems, "qo_indptr", qo_indptr)
         _check_indptr(problems, "kv_indptr", kv_indptr, qo_indptr.numel() - 1)
         problems.raise_any("BatchPrefillWithRaggedKVCacheWrapper.plan")
