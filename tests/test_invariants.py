@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from attngate import ForwardMode, LayerKind, Platform, PlanError, ServerArgs, resolve
+from attngate import ForwardMode, Platform, PlanError, ServerArgs, resolve
 from attngate.errors import RulesError
 from attngate.facts.schema import base_facts
 from attngate.gates.registry import GATES
@@ -80,7 +80,8 @@ def test_invariants_are_type_checked_with_their_location():
 
 
 def test_the_prover_agrees_with_resolve_on_real_configs():
-    """Every invariant holds on what resolve() returns for every example model x backend x GPU, every mode and layer kind."""
+    """Every invariant holds on what resolve() returns for every example model x backend x GPU, every mode and
+    every layer kind the model has (the prover links a layer kind to its model fact, as ModelFacts does)."""
     rules = load_rules()
     checked = 0
     for path, backend, gpu, flags in itertools.product(sorted(MODELS.glob("*.json")), ("fa3", "fa4", "flashinfer"), ("sm90", "sm100"),
@@ -90,7 +91,7 @@ def test_the_prover_agrees_with_resolve_on_real_configs():
         except PlanError:
             continue
         facts = rules.with_predicates(base_facts(r.server_args, r.model, r.platform))
-        for mode, kind in itertools.product(ForwardMode, LayerKind):
+        for mode, kind in itertools.product(ForwardMode, sorted(set(r.model.layer_kinds), key=lambda k: k.value)):
             values = {**facts, "forward_mode": mode.value, "layer_kind": kind.value}
             for name, spec in GATES.items():
                 group = spec.group
@@ -99,4 +100,4 @@ def test_the_prover_agrees_with_resolve_on_real_configs():
             for inv in rules.invariants:
                 assert inv.condition(values), f"{inv.id} fails for {path.stem} {backend} {gpu} {flags} {mode.value} {kind.value}"
                 checked += 1
-    assert checked > 10_000
+    assert checked > 5_000
