@@ -6,7 +6,7 @@ cross attention (wrapper 0 self attention after the encoder tokens, wrapper 1 th
 A layer's wrapper is ``plan.layer(kind).flashinfer.wrapper_index``.
 
 EXTEND with ``use_ragged_prefill`` (the mode table's ``paged_kv_extent`` is then ``prefix``): new tokens through the ragged wrapper, the cached prefix through
-the paged wrapper, merged with ``merge_state``; a window (``window_left``) applies to both halves,
+the paged wrapper, merged with ``merge_state`` (only the rows of requests that have a prefix); a window (``window_left``) applies to both halves,
 and on the paged half a custom mask places each query after the prefix. Without ragged, and for
 TARGET_VERIFY and DRAFT_EXTEND_V2: the new K/V are written first, then one causal paged pass.
 
@@ -120,6 +120,7 @@ class FlashInferBackend(AttentionBackend):
         self._graphs: dict[tuple[ForwardMode, int], list] = {}
         self._graph_per_req: dict[tuple[ForwardMode, int], int] = {}
         self._batch_path: str = "none"
+        self._merge_rows: torch.Tensor | None = None
         self._dtype = kv_pool.dtype
         self.q_dtype = q_dtype or kv_pool.dtype
 
@@ -181,6 +182,7 @@ class FlashInferBackend(AttentionBackend):
         # the mode table decides: under ragged prefill the paged wrapper covers only the cached prefix
         ragged = self.plan.mode(mode).flashinfer.paged_kv_extent == "prefix"
         self._batch_path = ("ragged_paged" if has_prefix else "ragged") if ragged else "paged"
+        self._merge_rows = self._rows_with_prefix(lens) if ragged and has_prefix else None
         qo_indptr = host_indptr(lens["new"])
         for spec, paged, rag in zip(self.specs, self.paged_wrappers, self.ragged_wrappers):
             if spec.cross or not ragged:
@@ -193,6 +195,16 @@ class FlashInferBackend(AttentionBackend):
                 rng = self._kv_range(spec, lens, prefix_only=True)
                 self._plan_paged(paged, spec, qo_indptr, rng, batch.req_pool_indices, lens, causal=False,
                                  window_mask=spec.window_left >= 0)
+
+    def _rows_with_prefix(self, lens: dict) -> torch.Tensor | None:
+        """``[num_tokens]`` bool: the new tokens whose request has a cached prefix (None: all of them). The paged
+        half's state of a request without prefix is undefined on the fa3 family (measured on FlashInfer
+        0.7.2: finite lse and a nonzero output over zero keys, where fa2 gives -inf and 0), so only these
+        rows merge it."""
+        with_prefix = lens["prefix"] > 0
+        if bool(with_prefix.all()):
+            return None
+        return torch.repeat_interleave(with_prefix, lens["new"]).to(self.device, non_blocking=True)
 
     def _host_lengths(self, batch: ForwardBatch) -> dict[str, torch.Tensor]:
         new = torch.tensor(batch.extend_seq_lens_cpu) if batch.extend_seq_lens_cpu is not None else batch.extend_seq_lens.cpu()
@@ -287,7 +299,11 @@ class FlashInferBackend(AttentionBackend):
         else:
             o_new, s_new = self.ragged_wrappers[i].run(q, k, v, return_lse=True)  # lse: [tokens, heads]
             o_pre, s_pre = self._active_paged[i].run(q, self._caches(layer), return_lse=True)
-            out, _ = self.fi.merge_state(o_pre, s_pre, o_new, s_new)
+            if self._merge_rows is None:
+                out, _ = self.fi.merge_state(o_pre, s_pre, o_new, s_new)
+            else:  # requests without a prefix keep their ragged state
+                self.fi.merge_state_in_place(o_new, s_new, o_pre, s_pre, mask=self._merge_rows)
+                out = o_new
         self._write(layer, batch, k, v, spec, save_kv_cache)  # after attention: the paged half reads the prefix only
         return out
 

@@ -133,3 +133,22 @@ def test_both_reject_what_flashinfer_rejects(bad):
                 wrapper.plan(i32([0, 1, 2, 3]), i32([0, 1, 2]), i32([1, 1, 1]), h, hkv, d, 1, **kw)
             else:
                 wrapper.plan(i32([0, 3, 6]), i32(list(range(6))), i32([1, 1]), h, hkv, d, 1, **kw)
+
+
+def test_fa3_paged_state_over_no_keys_is_undefined_as_the_standin_models():
+    """FlashInfer 0.7.2's fa3 paged kernel returns a finite lse and a nonzero output for a request with
+    no keys (fa2: lse -inf, output 0). The backend merges only rows that have a prefix, and the
+    stand-in returns NaN there; if FlashInfer fixes it, this test says so."""
+    import flashinfer as real_fi
+
+    h, hkv, d = GPU.heads
+    i32 = lambda xs: torch.tensor(xs, dtype=torch.int32)  # noqa: E731
+    cache = torch.randn(16, 1, hkv, d, device="cuda", dtype=GPU.dtype)
+    q = torch.randn(8, h, d, device="cuda", dtype=GPU.dtype)
+    lse = {}
+    for family in ("fa2", "fa3"):
+        w = real_fi.BatchPrefillWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), "NHD", backend=family)
+        w.plan(i32([0, 3, 8]), i32([0, 0, 5]), torch.arange(5, dtype=torch.int32, device="cuda"), i32([1, 1]), h, hkv, d, 1,
+               causal=False, q_data_type=GPU.dtype, kv_data_type=GPU.dtype)
+        lse[family] = w.run(q, (cache, cache), return_lse=True)[1][:3]
+    assert bool(torch.isinf(lse["fa2"]).all()) and bool(torch.isfinite(lse["fa3"]).all())

@@ -8,6 +8,8 @@ keeps exactly what it was given (graph wrappers: copied into their static buffer
 then reads, as a replayed graph does). Split-KV follows FlashInfer: with ``fixed_split_size`` the KV
 is cut every that many pages (ragged: tokens); otherwise a batch-dependent heuristic decides, and
 ``disable_split_kv`` turns splitting off. ``return_lse`` gives the log-sum-exp in base 2, as FlashInfer.
+Where the real kernel's result is undefined the stand-in returns NaN: the fa3 paged kernel over a
+request with no keys (measured: finite garbage where fa2 gives lse -inf and output 0).
 """
 
 from __future__ import annotations
@@ -292,6 +294,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
             rows = slice(int(qo[b]), int(qo[b + 1]))
             o, lse = attend(q[rows], kv.request_kv(b, k_cache), kv.request_kv(b, v_cache), mask, scale=p["sm_scale"],
                             out_dtype=q.dtype, chunk=chunk, softcap=p["logits_soft_cap"])
+            if kv_lens[b] == 0 and self.backend == "fa3":  # undefined: FlashInfer 0.7.2's fa3 returns finite garbage here
+                o, lse = torch.full_like(o, float("nan")), torch.full_like(lse, float("nan"))
             outs.append(o)
             lses.append(lse)
         out = torch.cat(outs) if outs else q.new_empty(0, q.shape[1], v_cache.shape[-1])
@@ -363,6 +367,18 @@ def merge_state(v_a, s_a, v_b, s_b):
     total = torch.logaddexp(s_a * ln2, s_b * ln2)
     wa, wb = torch.exp(s_a * ln2 - total).nan_to_num(0.0), torch.exp(s_b * ln2 - total).nan_to_num(0.0)
     return (wa[..., None] * v_a.float() + wb[..., None] * v_b.float()).to(v_a.dtype), total / ln2
+
+
+def merge_state_in_place(v, s, v_other, s_other, mask=None) -> None:
+    """Merge ``(v_other, s_other)`` into ``(v, s)`` in place; ``mask: [tokens]`` bool, rows left as they are where False."""
+    merged_v, merged_s = merge_state(v, s, v_other, s_other)
+    if mask is not None:
+        if mask.dtype != torch.bool or mask.shape != v.shape[:1]:
+            raise ValueError(f"merge_state_in_place: mask must be [{v.shape[0]}] bool, got {mask.dtype} {tuple(mask.shape)}")
+        keep = ~mask.to(v.device)
+        merged_v[keep], merged_s[keep] = v[keep], s[keep]
+    v.copy_(merged_v)
+    s.copy_(merged_s)
 
 
 # ---- MLA ----------------------------------------------------------------------------------------------
@@ -444,6 +460,7 @@ def module() -> types.ModuleType:
     fi.BatchPrefillWithPagedKVCacheWrapper = BatchPrefillWithPagedKVCacheWrapper
     fi.BatchPrefillWithRaggedKVCacheWrapper = BatchPrefillWithRaggedKVCacheWrapper
     fi.merge_state = merge_state
+    fi.merge_state_in_place = merge_state_in_place
     fi.mla = types.SimpleNamespace(BatchMLAPagedAttentionWrapper=BatchMLAPagedAttentionWrapper,
                                    MLAPlanMetadata=types.SimpleNamespace(csr=_csr))
     return fi
