@@ -91,10 +91,11 @@ def _server_args(flags: list[str], args_file: Path | None):
     from attngate.facts.flags import parse_flags
     from attngate.facts.server_args import ServerArgs
 
-    if args_file is None:
-        return ServerArgs.from_flags(flags)
-    base = ServerArgs.from_file(args_file).model_dump(exclude_unset=True)
-    values, problems = parse_flags(flags, ServerArgs.model_fields)
+    base = ServerArgs.from_file(args_file).model_dump(exclude_unset=True) if args_file is not None else {}
+    warnings: list = []
+    values, problems = parse_flags(flags, ServerArgs.model_fields, warnings=warnings)
+    for warning in warnings:
+        typer.echo(f"warning: {warning}", err=True)
     return ServerArgs._validate({**base, **values}, problems, lambda n: "--" + n.replace("_", "-"))
 
 

@@ -17,7 +17,7 @@ def _console() -> Console:
 
 
 def _facts(facts: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in facts.items())
+    return escape(", ".join(f"{k}={v!r}" for k, v in facts.items()))
 
 
 def _why(e: GateExplanation) -> str:
@@ -25,7 +25,7 @@ def _why(e: GateExplanation) -> str:
     if e.rules:
         lines.append(_facts(e.facts))
     for c in e.candidates:
-        lines.append(f"[dim]{c.rule}: failed {'; '.join(c.failed)}[/dim]")
+        lines.append(f"[dim]{escape(c.rule)}: failed {escape('; '.join(c.failed))}[/dim]")
     if not e.rules and e.facts:
         lines.append(f"[dim]read {_facts(e.facts)}[/dim]")
     return "\n".join(lines)
@@ -38,15 +38,15 @@ def _gate_table(title: str, gates: dict[str, GateExplanation]) -> Table:
     table.add_column("origin")
     table.add_column("facts read / candidates that did not match")
     for name, e in gates.items():
-        origin = f"[green]{e.origin}[/green]" if e.rules else f"[dim]{e.origin}[/dim]"
-        table.add_row(name, repr(e.value), origin, _why(e))
+        origin = f"[green]{escape(e.origin)}[/green]" if e.rules else f"[dim]{escape(e.origin)}[/dim]"
+        table.add_row(escape(name), escape(repr(e.value)), origin, _why(e))
     return table
 
 
 def render_resolution(r: Resolution, mode: str | None) -> None:
     console = _console()
     plan, e = r.plan, r.explanation
-    console.print(f"[bold]attention plan[/bold]  model={r.model.source}  gpu={r.platform.gpu_arch}")
+    console.print(f"[bold]attention plan[/bold]  model={escape(r.model.source)}  gpu={r.platform.gpu_arch}")
     console.print(f"  prefill_backend=[bold]{plan.prefill_backend}[/bold]  decode_backend=[bold]{plan.decode_backend}[/bold]  fingerprint={plan.fingerprint[:16]}")
     console.print(_gate_table("global gates", e.gates))
     for m, gates in e.modes.items():
@@ -61,17 +61,17 @@ def render_resolution(r: Resolution, mode: str | None) -> None:
             table.add_column(col)
         for a in r.adjustments:
             style = "" if a.fills_default else "yellow"
-            table.add_row(a.field, repr(a.old), repr(a.new), a.rule, a.message, style=style)
+            table.add_row(*(escape(str(x)) for x in (a.field, repr(a.old), repr(a.new), a.rule, a.message)), style=style)
         console.print(table)
     for w in r.warnings:
-        console.print(f"[yellow]warning:[/yellow] {w}")
+        console.print(f"[yellow]warning:[/yellow] {escape(str(w))}")
     table = Table(title="candidate backends", title_justify="left")
     table.add_column("backend")
     table.add_column("status")
     table.add_column("reasons")
     for b in e.backends:
         color = {"chosen": "green", "accepted": "cyan", "rejected": "red"}[b.status]
-        table.add_row(b.backend, f"[{color}]{b.status}[/{color}]", "\n".join(b.reasons))
+        table.add_row(b.backend, f"[{color}]{b.status}[/{color}]", escape("\n".join(b.reasons)))
     console.print(table)
 
 
@@ -80,10 +80,10 @@ def render_error(err: PlanError) -> None:
     console.print(f"[red bold]invalid configuration[/red bold] ({len(err.violations)} reason(s)):")
     for v in err.violations:
         facts = f"  [dim]({_facts(v.facts)})[/dim]" if v.facts else ""
-        issue = f" [{v.issue}]" if v.issue else ""
-        console.print(f"  [red]-[/red] {v.rule}: {v.message}{issue}{facts}")
+        issue = escape(f" [{v.issue}]") if v.issue else ""
+        console.print(f"  [red]-[/red] {escape(v.rule)}: {escape(v.message)}{issue}{facts}")
     for a in err.adjustments:
-        console.print(f"  [dim]adjusted {a}[/dim]")
+        console.print(f"  [dim]adjusted {escape(str(a))}[/dim]")
 
 
 def matrix_cells(paths: list[Path], platform, rules_path: Path | None) -> tuple[list[str], list[tuple[str, list[tuple[str, str]]]]]:

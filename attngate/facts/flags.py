@@ -13,8 +13,13 @@ _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
 
-def parse_flags(argv: list[str], fields: dict[str, FieldInfo]) -> tuple[dict[str, Any], list[Problem]]:
-    """Map ``--kebab-case`` flags to field values; values stay strings for pydantic to coerce."""
+def parse_flags(argv: list[str], fields: dict[str, FieldInfo], *,
+                warnings: list[Problem] | None = None) -> tuple[dict[str, Any], list[Problem]]:
+    """Map ``--kebab-case`` flags to field values; values stay strings for pydantic to coerce.
+
+    A flag given twice keeps its last value, as argparse does; with different values a warning naming
+    both goes to ``warnings``."""
+    given: dict[str, tuple[str, Any]] = {}
     values: dict[str, Any] = {}
     problems: list[Problem] = []
     known_flags = ["--" + n.replace("_", "-") for n in fields]
@@ -51,6 +56,13 @@ def parse_flags(argv: list[str], fields: dict[str, FieldInfo]) -> tuple[dict[str
             continue
         if values[name] == "None":
             values[name] = None
+        _note_repeat(given, name, token, values[name], warnings)
     return values, problems
+
+
+def _note_repeat(given: dict[str, tuple[str, Any]], name: str, token: str, value: Any, warnings: list[Problem] | None) -> None:
+    if name in given and given[name][1] != value and warnings is not None:
+        warnings.append(Problem(token.partition("=")[0], f"given twice, {given[name][1]!r} then {value!r}; the last wins"))
+    given[name] = (token, value)
 
 

@@ -8,14 +8,16 @@ encoder-decoder keys) and SGLang's ``ModelConfig`` (MLA where ``kv_lora_rank`` i
 
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict, model_validator
 
 from attngate.errors import ModelConfigError, Problem
 from attngate.facts.modes import LayerKind
+from attngate.inputs import parse_json, read_text
+from attngate.validated import ValidatedModel
 
 _LAYER_TYPE_NAMES = {
     "full_attention": LayerKind.FULL,
@@ -31,7 +33,7 @@ _SINK_MODEL_TYPES = {"gpt_oss"}  # sinks have no config key; the architecture im
 _BIDIRECTIONAL_MODEL_TYPES = {"bert", "roberta", "xlm-roberta", "distilbert", "nomic_bert", "modernbert"}
 
 
-class ModelFacts(BaseModel):
+class ModelFacts(ValidatedModel):
     """Attention facts of one model.
 
     Head dims are in elements; ``layer_kinds`` lists every attention layer in execution order
@@ -40,6 +42,7 @@ class ModelFacts(BaseModel):
     """
 
     model_config = ConfigDict(frozen=True)
+    error = ModelConfigError
 
     source: str
     architectures: tuple[str, ...]
@@ -63,6 +66,25 @@ class ModelFacts(BaseModel):
     has_dual_chunk_attention: bool = False
     max_position_embeddings: Optional[int] = None
     torch_dtype: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ModelFacts":
+        """What the config reader guarantees, for facts built directly (every problem at once)."""
+        problems = []
+        counts = {"num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
+                  "head_dim": self.head_dim, "v_head_dim": self.v_head_dim}
+        problems += [f"{name} must be positive, got {value}" for name, value in counts.items() if value <= 0]
+        if self.num_key_value_heads > 0 and self.num_attention_heads % self.num_key_value_heads:
+            problems.append(f"num_key_value_heads {self.num_key_value_heads} does not divide num_attention_heads {self.num_attention_heads}")
+        if (self.attention_arch == "mla") != (self.kv_lora_rank is not None):
+            problems.append("kv_lora_rank is set exactly for attention_arch 'mla'")
+        if self.attention_arch == "mla" and not self.qk_rope_head_dim:
+            problems.append("MLA needs qk_rope_head_dim")
+        if not self.layer_kinds:
+            problems.append("layer_kinds must list at least one layer")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
     # ---- derived facts -------------------------------------------------------------------------
 
@@ -110,12 +132,7 @@ class ModelFacts(BaseModel):
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
-        try:
-            raw = json.loads(path.read_text())
-        except OSError as exc:
-            raise ModelConfigError(Problem(str(path), f"cannot read: {exc.strerror}")) from None
-        except json.JSONDecodeError as exc:
-            raise ModelConfigError(Problem(f"{path}:{exc.lineno}:{exc.colno}", f"not JSON: {exc.msg}")) from None
+        raw = parse_json(read_text(path, ModelConfigError, "config.json"), str(path), ModelConfigError)
         if not isinstance(raw, dict):
             raise ModelConfigError(Problem(str(path), "config.json must hold a JSON object"))
         return cls.from_hf_dict(raw, source=str(path))
@@ -128,6 +145,15 @@ class ModelFacts(BaseModel):
         if reader.problems:
             raise ModelConfigError(reader.problems)
         return facts
+
+
+# upper bounds per key, far beyond any released model: a config that exceeds one is corrupt
+_LAYER_LIMIT, _HEAD_LIMIT, _DIM_LIMIT = 4096, 65536, 65536
+_INT_LIMITS = {"num_hidden_layers": _LAYER_LIMIT, "encoder_layers": _LAYER_LIMIT, "decoder_layers": _LAYER_LIMIT,
+               "num_attention_heads": _HEAD_LIMIT, "num_key_value_heads": _HEAD_LIMIT, "decoder_attention_heads": _HEAD_LIMIT,
+               "head_dim": _DIM_LIMIT, "v_head_dim": _DIM_LIMIT, "qk_nope_head_dim": _DIM_LIMIT, "qk_rope_head_dim": _DIM_LIMIT,
+               "kv_lora_rank": _DIM_LIMIT, "hidden_size": 1 << 20, "d_model": 1 << 20}
+_DEFAULT_INT_LIMIT = 1 << 40  # windows, chunks, positions: tokens
 
 
 class _ConfigReader:
@@ -144,16 +170,17 @@ class _ConfigReader:
         self.text: dict[str, Any] = text or {}
         self.prefix = "text_config." if text else ""
         text_type = self.text.get("model_type") or raw.get("model_type")
-        self.defaults = _TEXT_DEFAULTS.get(text_type, {}) if text else {}
+        self.defaults = _TEXT_DEFAULTS.get(text_type, {}) if text and isinstance(text_type, str) else {}
 
     def _bad(self, key: str, message: str) -> None:
         self.problems.append(Problem(f"{self.source}: {key}", message))
 
     def get(self, key: str, default: Any = None) -> Any:
-        """Look a key up in text_config first, then at the top level, then transformers' default."""
-        if key in self.text:
+        """Look a key up in text_config first, then at the top level, then transformers' default; an explicit
+        null means the default, as in transformers."""
+        if self.text.get(key) is not None:
             return self.text[key]
-        if key in self.raw:
+        if self.raw.get(key) is not None:
             return self.raw[key]
         return self.defaults.get(key, default)
 
@@ -169,14 +196,18 @@ class _ConfigReader:
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             self._bad(self.where(key), f"must be a positive integer, got {value!r}")
             return None
+        limit = _INT_LIMITS.get(key, _DEFAULT_INT_LIMIT)
+        if value > limit:  # checked before anything is sized by it
+            self._bad(self.where(key), f"{value} is beyond any real model (at most {limit})")
+            return None
         return value
 
     def float_(self, key: str) -> float | None:
         value = self.get(key)
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            self._bad(self.where(key), f"must be a number, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or abs(value) > 1e9:
+            self._bad(self.where(key), f"must be a finite number, got {value!r}")
             return None
         return float(value)
 
@@ -214,6 +245,7 @@ class _ConfigReader:
         if heads and kv_heads and heads % kv_heads:
             self._bad(self.where(kv_key), f"{kv_heads} does not divide num_attention_heads={heads}")
         layer_kinds, window, chunk = self._layer_kinds(model_type, is_enc_dec)
+        dtype = self._dtype()
         if self.problems:
             return None
         return ModelFacts(
@@ -238,8 +270,15 @@ class _ConfigReader:
             has_attention_sinks=model_type in _SINK_MODEL_TYPES,
             has_dual_chunk_attention=self.get("dual_chunk_attention_config") is not None,
             max_position_embeddings=self.int_("max_position_embeddings"),
-            torch_dtype=raw.get("torch_dtype") or self.text.get("torch_dtype"),
+            torch_dtype=dtype,
         )
+
+    def _dtype(self) -> str | None:
+        value = self.raw.get("torch_dtype") or self.text.get("torch_dtype")
+        if value is not None and not isinstance(value, str):
+            self._bad("torch_dtype", f"must be a dtype name such as \"bfloat16\", got {value!r}")
+            return None
+        return value
 
     def _mla_head_dims(self, qk_rope: int | None) -> tuple[int, int]:
         qk_nope = self.int_("qk_nope_head_dim", required=True)
@@ -292,7 +331,7 @@ class _ConfigReader:
             return ()
         kinds = []
         for i, name in enumerate(layer_types):
-            kind = _LAYER_TYPE_NAMES.get(name)
+            kind = _LAYER_TYPE_NAMES.get(name) if isinstance(name, str) else None
             if kind is None:
                 self._bad(f"{key}[{i}]", f"unsupported layer type {name!r}; attngate knows {sorted(_LAYER_TYPE_NAMES)}")
             kinds.append(kind or LayerKind.FULL)

@@ -8,12 +8,11 @@ SGLang's own ``ServerArgs`` (:meth:`ServerArgs.from_object`). Every problem is r
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field
 
 from attngate._suggest import did_you_mean
 from attngate.errors import Problem, ServerArgsError
@@ -28,40 +27,43 @@ from attngate.facts.choices import (
     SpeculativeAlgorithm,
     SpeculativeAttentionMode,
 )
+from attngate.inputs import parse_json, read_text
+from attngate.validated import ValidatedModel
 
 
-class ServerArgs(BaseModel):
+class ServerArgs(ValidatedModel):
     """Attention-relevant SGLang server arguments (field names, types and defaults as in SGLang).
 
     ``None`` means "unset": the rules fill it (e.g. the default attention backend, R2..R8).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    error = ServerArgsError
 
     attention_backend: Optional[AttentionBackendName] = None
     prefill_attention_backend: Optional[AttentionBackendName] = None
     decode_attention_backend: Optional[AttentionBackendName] = None
     speculative_draft_attention_backend: Optional[DraftAttentionBackendName] = None
     kv_cache_dtype: KvCacheDtype = "auto"
-    page_size: Optional[int] = Field(None, ge=1, description="tokens per KV page")
-    context_length: Optional[int] = Field(None, ge=1, description="tokens")
+    page_size: Optional[int] = Field(None, ge=1, le=1 << 16, description="tokens per KV page (at most 65536: no kernel pages more)")
+    context_length: Optional[int] = Field(None, ge=1, le=1 << 40, description="tokens")
     dtype: ModelDtype = "auto"
     is_embedding: bool = False
-    chunked_prefill_size: Optional[int] = Field(None, ge=-1, description="tokens; -1 disables")
+    chunked_prefill_size: Optional[int] = Field(None, ge=-1, le=1 << 40, description="tokens; -1 disables")
     disable_radix_cache: bool = False
     disable_chunked_prefix_cache: bool = False
     enable_mixed_chunk: bool = False
     disable_hybrid_swa_memory: bool = False
     enable_hierarchical_cache: bool = False
     hicache_io_backend: HicacheIoBackend = "kernel"
-    tp_size: int = Field(1, ge=1)
-    dp_size: int = Field(1, ge=1)
+    tp_size: int = Field(1, ge=1, le=1 << 16)
+    dp_size: int = Field(1, ge=1, le=1 << 16)
     enable_dp_attention: bool = False
     enable_prefill_cp: bool = False
     speculative_algorithm: Optional[SpeculativeAlgorithm] = None
-    speculative_num_steps: Optional[int] = Field(None, ge=0)
-    speculative_eagle_topk: Optional[int] = Field(None, ge=0)
-    speculative_num_draft_tokens: Optional[int] = Field(None, ge=1)
+    speculative_num_steps: Optional[int] = Field(None, ge=0, le=1024)
+    speculative_eagle_topk: Optional[int] = Field(None, ge=0, le=1024)
+    speculative_num_draft_tokens: Optional[int] = Field(None, ge=1, le=1 << 16)
     speculative_draft_model_path: Optional[str] = None
     speculative_attention_mode: SpeculativeAttentionMode = "prefill"
     enable_deterministic_inference: bool = False
@@ -76,19 +78,23 @@ class ServerArgs(BaseModel):
     # ---- construction -------------------------------------------------------------------------
 
     @classmethod
-    def from_mapping(cls, data: dict[str, Any], *, source: str = "args") -> "ServerArgs":
-        """Validate a mapping (keys in snake_case or kebab-case). Raises ServerArgsError."""
+    def from_mapping(cls, data: dict[str, Any], *, source: str = "args",
+                     locate: Callable[[Any], str] | None = None) -> "ServerArgs":
+        """Validate a mapping (keys in snake_case or kebab-case). Raises ServerArgsError naming each key
+        (``locate(key)``, default ``"{source}: {key}"``); one argument spelled twice is an error."""
+        locate = locate or (lambda key: f"{source}: {key}")
         problems: list[Problem] = []
         clean: dict[str, Any] = {}
+        spelled: dict[str, Any] = {}
         for key, value in data.items():
             name = str(key).replace("-", "_").lstrip("_")
             if name not in cls.model_fields:
-                problems.append(
-                    Problem(f"{source}: {key}", "unknown server argument" + did_you_mean(name, cls.model_fields))
-                )
+                problems.append(Problem(locate(key), "unknown server argument" + did_you_mean(name, cls.model_fields)))
+            elif name in spelled:
+                problems.append(Problem(locate(key), f"sets {name} again (also given as {spelled[name]!r})"))
             else:
-                clean[name] = value
-        return cls._validate(clean, problems, lambda n: f"{source}: {n}")
+                clean[name], spelled[name] = value, key
+        return cls._validate(clean, problems, lambda n: locate(spelled.get(n, n)))
 
     @classmethod
     def from_flags(cls, argv: list[str]) -> "ServerArgs":
@@ -105,17 +111,24 @@ class ServerArgs(BaseModel):
     @classmethod
     def from_file(cls, path: str | Path) -> "ServerArgs":
         """Load a YAML or JSON mapping of server arguments. Raises ServerArgsError."""
+        from attngate.rules.yaml_source import load_yaml
+
         path = Path(path)
-        try:
-            text = path.read_text()
-            data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        except (OSError, ValueError, yaml.YAMLError) as exc:
-            raise ServerArgsError(Problem(str(path), f"cannot read args file: {exc}")) from None
+        text = read_text(path, ServerArgsError, "args file")
+        locate = None
+        if path.suffix == ".json":
+            data = parse_json(text, str(path), ServerArgsError, unique_keys=True)
+        else:  # located, duplicate keys and alias bombs rejected
+            doc, problems = load_yaml(text, str(path))
+            if problems:
+                raise ServerArgsError(problems)
+            data = doc.data
+            locate = lambda key: doc.where((key,))  # noqa: E731
         if data is None:
             data = {}
         if not isinstance(data, dict):
             raise ServerArgsError(Problem(str(path), "an args file must hold a mapping of argument names to values"))
-        return cls.from_mapping(data, source=str(path))
+        return cls.from_mapping(data, source=str(path), locate=locate)
 
     @classmethod
     def from_object(cls, obj: object) -> "ServerArgs":
@@ -127,11 +140,9 @@ class ServerArgs(BaseModel):
     @classmethod
     def _validate(cls, data: dict[str, Any], problems: list[Problem], where) -> "ServerArgs":
         try:
-            args = cls.model_validate(data)
-        except ValidationError as exc:
-            for err in exc.errors():
-                name = str(err["loc"][0]) if err["loc"] else "?"
-                problems.append(Problem(where(name), f"{err['msg']} (got {err.get('input')!r})"))
+            args = cls(**data)
+        except ServerArgsError as exc:
+            problems += [Problem(where(name.split(".")[0]) if name else None, message) for name, message in exc.fields]
             raise ServerArgsError(problems) from None
         if problems:
             raise ServerArgsError(problems)

@@ -18,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_fie
 from attngate.errors import AttngateError, Problem
 from attngate.facts.choices import AttentionBackendName
 from attngate.facts.modes import ForwardMode, LayerKind
+from attngate.inputs import parse_json
+from attngate.validated import ValidatedModel
 
 
 def gate(default: Any, doc: str, *, from_fact: str | None = None) -> Any:
@@ -128,12 +130,15 @@ class PlanLoadError(AttngateError):
     title = "invalid plan JSON"
 
 
-class Plan(_Group):
+class Plan(ValidatedModel):
     """The resolved attention plan. Backends read it and nothing else.
 
     ``fingerprint`` (sha256 of the canonical JSON) lets every rank of a distributed server check
-    that it resolved the same plan.
+    that it resolved the same plan. ``model_copy(update=...)`` validates (PlanLoadError).
     """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    error = PlanLoadError
 
     prefill_backend: AttentionBackendName
     decode_backend: AttentionBackendName
@@ -164,8 +169,8 @@ class Plan(_Group):
     @classmethod
     def from_json(cls, text: str) -> "Plan":
         """Load a plan; a ``fingerprint`` in the JSON must match its content. Raises PlanLoadError."""
+        data = parse_json(text, "plan", PlanLoadError)
         try:
-            data = json.loads(text)
             claimed = data.pop("fingerprint", None) if isinstance(data, dict) else None
             plan = cls.model_validate(data)
         except ValueError as exc:

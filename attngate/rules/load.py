@@ -16,6 +16,7 @@ from attngate.errors import Problem, RulesError
 from attngate.facts.schema import FACTS, LAYER_FACT, MODE_FACT, FactType
 from attngate.facts.server_args import ServerArgs
 from attngate.gates.registry import GATES, Scope
+from attngate.inputs import read_text
 from attngate.rules.condition import Condition, ConditionErrors, compile_condition
 from attngate.rules.spec import InvariantSpec, RuleFileSpec, RuleKind, RuleSpec
 from attngate.rules.yaml_source import YamlDocument, load_yaml
@@ -115,7 +116,7 @@ def shipped_rules_path() -> Path:
 
 @functools.lru_cache(maxsize=8)
 def _load_cached(path: str, mtime_ns: int) -> RuleSet:
-    return parse_rules(Path(path).read_text(), path)
+    return parse_rules(read_text(path, RulesError, "rules file"), path)
 
 
 def load_rules(path: str | Path | None = None) -> RuleSet:

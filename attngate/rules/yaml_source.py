@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from attngate.errors import Problem
+from attngate.inputs import nesting_depth
 
 Path = tuple[Any, ...]
 
@@ -43,13 +44,28 @@ class YamlDocument:
         return f"{self.filename}:{mark.line}:{col}"
 
 
+MAX_VALUES = 100_000  # values after alias expansion: bounds alias bombs ("billion laughs")
+MAX_DEPTH = 64  # nesting, counted after alias expansion: bounds self-referencing anchors too
+
+
+class _TooLarge(Exception):
+    pass
+
+
 def load_yaml(text: str, filename: str) -> tuple[YamlDocument | None, list[Problem]]:
-    """Parse ``text``; returns the document (None when it does not parse) and every problem found."""
+    """Parse ``text``; returns the document (None when it does not parse) and every problem found.
+
+    Bounded: more than MAX_VALUES values or MAX_DEPTH levels after alias expansion is a problem,
+    not a hang or a RecursionError."""
     problems: list[Problem] = []
     loader = None
+    if nesting_depth(text) > MAX_DEPTH:
+        return None, [Problem(filename, f"nested more than {MAX_DEPTH} levels deep")]
     try:
         loader = _Loader(text)
         node = loader.get_single_node()
+    except RecursionError:
+        return None, [Problem(filename, f"nested more than {MAX_DEPTH} levels deep")]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{filename}:{mark.line + 1}:{mark.column + 1}" if mark else filename
@@ -61,7 +77,10 @@ def load_yaml(text: str, filename: str) -> tuple[YamlDocument | None, list[Probl
     doc = YamlDocument(None, {}, filename)
     if node is None:
         return doc, problems
-    doc.data = _walk(node, (), doc, loader, problems)
+    try:
+        doc.data = _walk(node, (), doc, loader, problems, [0])
+    except _TooLarge as exc:
+        return None, [Problem(doc.where(exc.args[0]), exc.args[1])]
     return doc, problems
 
 
@@ -71,7 +90,12 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _STANDARD_TAGS = {yaml.MappingNode: "tag:yaml.org,2002:map", yaml.SequenceNode: "tag:yaml.org,2002:seq"}
 
 
-def _walk(node: yaml.Node, path: Path, doc: YamlDocument, loader: Any, problems: list[Problem]) -> Any:
+def _walk(node: yaml.Node, path: Path, doc: YamlDocument, loader: Any, problems: list[Problem], count: list[int]) -> Any:
+    count[0] += 1
+    if count[0] > MAX_VALUES:
+        raise _TooLarge(path, f"more than {MAX_VALUES} values after alias expansion")
+    if len(path) > MAX_DEPTH:
+        raise _TooLarge(path, f"nested more than {MAX_DEPTH} levels deep (after alias expansion; a recursive anchor?)")
     start = node.start_mark
     single_line = node.end_mark.line == start.line
     style = getattr(node, "style", None)
@@ -83,7 +107,7 @@ def _walk(node: yaml.Node, path: Path, doc: YamlDocument, loader: Any, problems:
     if isinstance(node, yaml.MappingNode):
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
-            key = _walk(key_node, path + ("<key>",), doc, loader, problems)
+            key = _walk(key_node, path + ("<key>",), doc, loader, problems, count)
             if isinstance(key, (list, dict)):
                 problems.append(Problem(doc.where(path + ("<key>",)), "a mapping key must be a scalar"))
                 continue
@@ -91,12 +115,12 @@ def _walk(node: yaml.Node, path: Path, doc: YamlDocument, loader: Any, problems:
                 mark = key_node.start_mark
                 problems.append(Problem(f"{doc.filename}:{mark.line + 1}:{mark.column + 1}", f"duplicate key {key!r}"))
                 continue
-            out[key] = _walk(value_node, path + (key,), doc, loader, problems)
+            out[key] = _walk(value_node, path + (key,), doc, loader, problems, count)
         return out
     if isinstance(node, yaml.SequenceNode):
-        return [_walk(item, path + (i,), doc, loader, problems) for i, item in enumerate(node.value)]
+        return [_walk(item, path + (i,), doc, loader, problems, count) for i, item in enumerate(node.value)]
     try:
         return loader.construct_object(node, deep=True)
-    except yaml.YAMLError as exc:
-        problems.append(Problem(doc.where(path), f"bad scalar: {getattr(exc, 'problem', exc)}"))
+    except Exception as exc:  # noqa: BLE001 - PyYAML's constructors raise more than YAMLError (``!!timestamp nope``)
+        problems.append(Problem(doc.where(path), f"bad scalar {node.value!r} ({node.tag}): {getattr(exc, 'problem', None) or exc}"))
         return None

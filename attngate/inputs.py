@@ -1,0 +1,85 @@
+"""Bounded readers for every file attngate takes (config.json, rules files, args files, plans).
+
+Each turns what can go wrong with a file into a Problem of the caller's error type, never a bare
+OSError, UnicodeDecodeError or RecursionError, and bounds size and nesting before any parser
+recurses over the input.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from attngate.errors import AttngateError, Problem
+
+MAX_FILE_BYTES = 16 << 20  # the largest config.json on the Hub is a few hundred KiB
+MAX_NESTING = 64  # real configs nest 3 to 4 deep; Python's parsers recurse per level
+
+
+def read_text(path: str | Path, error: type[AttngateError], what: str) -> str:
+    """The UTF-8 text of ``path``; ``error`` naming the path for a missing, unreadable, oversized or undecodable file."""
+    path = Path(path)
+    try:
+        if path.is_dir():
+            raise error(Problem(str(path), f"is a directory, not a {what}"))
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise error(Problem(str(path), f"{size} bytes is more than the {MAX_FILE_BYTES} a {what} may have"))
+        data = path.read_bytes()
+    except OSError as exc:
+        raise error(Problem(str(path), f"cannot read the {what}: {exc.strerror or exc}")) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise error(Problem(f"{path}:{line}:{col}", f"not UTF-8 text (byte 0x{data[exc.start]:02x})")) from None
+
+
+def nesting_depth(text: str) -> int:
+    """The deepest bracket nesting of JSON or flow-style YAML text, outside double-quoted strings (an upper
+    bound for YAML, whose single quotes double as apostrophes in plain scalars)."""
+    depth = deepest = 0
+    quoted = escaped = False
+    for ch in text:
+        if quoted:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                quoted = False
+        elif ch == '"':
+            quoted = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def parse_json(text: str, source: str, error: type[AttngateError], *, unique_keys: bool = False) -> Any:
+    """``json.loads`` with nesting bounded and, with ``unique_keys``, duplicate keys an error."""
+    if nesting_depth(text) > MAX_NESTING:
+        raise error(Problem(source, f"nested more than {MAX_NESTING} levels deep"))
+    duplicates: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in items:
+            if key in out:
+                duplicates.append(key)
+            out[key] = value
+        return out
+
+    try:
+        data = json.loads(text, object_pairs_hook=pairs if unique_keys else None)
+    except json.JSONDecodeError as exc:
+        raise error(Problem(f"{source}:{exc.lineno}:{exc.colno}", f"not JSON: {exc.msg}")) from None
+    except (ValueError, RecursionError) as exc:  # e.g. an integer of more digits than Python converts
+        raise error(Problem(source, f"not JSON: {exc}")) from None
+    if duplicates:
+        raise error([Problem(source, f"duplicate key {key!r}") for key in duplicates])
+    return data
