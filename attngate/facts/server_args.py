@@ -123,7 +123,7 @@ class ServerArgs(ValidatedModel):
             if problems:
                 raise ServerArgsError(problems)
             data = doc.data
-            locate = lambda key: doc.where((key,))  # noqa: E731
+            locate = lambda key: f"{doc.where((key,))}: {key}"  # noqa: E731
         if data is None:
             data = {}
         if not isinstance(data, dict):

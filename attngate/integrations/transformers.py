@@ -34,10 +34,12 @@ from typing import Any
 import torch
 
 from attngate.backends.base import AttentionBackend
+from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.kv_cache import MHATokenToKVPool, MLATokenToKVPool, PageAllocator, ReqToTokenPool
 from attngate.backends.layer import AttentionLayer, layers_from_model
 from attngate.backends.reference import ReferenceBackend
+from attngate.errors import Problem
 from attngate.facts.model import ModelFacts
 from attngate.facts.modes import ForwardMode
 from attngate.facts.platform import Platform
@@ -149,7 +151,35 @@ class AttngateRuntime:
         return self._forward(ForwardMode.DECODE, {r: torch.as_tensor(t).reshape(1) for r, t in next_tokens.items()})
 
     def _forward(self, mode: ForwardMode, new_tokens: dict[int, torch.Tensor]) -> torch.Tensor:
+        """One forward; all or nothing: on any error every request keeps its length and pages."""
+        self._check_tokens(new_tokens)
         reqs = [self._requests[r] for r in new_tokens]
+        before = [(r.seq_len, len(r.pages)) for r in reqs]
+        try:
+            return self._run(mode, reqs, new_tokens)
+        except BaseException:
+            for r, (seq_len, pages) in zip(reqs, before):
+                self.allocator.free(r.pages[pages:])
+                del r.pages[pages:]
+                r.seq_len = seq_len
+            raise
+
+    def _check_tokens(self, new_tokens: dict[int, torch.Tensor]) -> None:
+        """BatchMetadataError naming every unknown request, empty input and token id outside the vocabulary."""
+        vocab = getattr(self.model.config, "vocab_size", None)
+        problems = []
+        for req, ids in new_tokens.items():
+            where = f"request {req}"
+            if req not in self._requests:
+                problems.append(Problem(where, "unknown request (add_request first)"))
+            elif ids.numel() == 0:
+                problems.append(Problem(where, "no new tokens"))
+            elif ids.is_floating_point() or (vocab and (int(ids.min()) < 0 or int(ids.max()) >= vocab)):
+                problems.append(Problem(where, f"token ids must be integers in [0, {vocab})"))
+        if problems:
+            raise BatchMetadataError(problems)
+
+    def _run(self, mode: ForwardMode, reqs: list[_Request], new_tokens: dict[int, torch.Tensor]) -> torch.Tensor:
         prefix = [r.seq_len for r in reqs]
         lens = [int(t.numel()) for t in new_tokens.values()]
         locs = [self._grow(r, n) for r, n in zip(reqs, lens)]

@@ -11,6 +11,7 @@ read facts.
 from __future__ import annotations
 
 import ast
+import warnings
 import copy
 from dataclasses import dataclass, field
 from typing import Any
@@ -276,10 +277,18 @@ def compile_condition(text: str, facts: dict[str, FactType], gates: dict[str, Fa
     """
     if not isinstance(text, str) or not text.strip():
         raise ConditionErrors([ConditionError(0, "a condition must be a non-empty expression")])
+    if len(text) > MAX_CONDITION_CHARS:
+        raise ConditionErrors([ConditionError(0, f"longer than {MAX_CONDITION_CHARS} characters; name parts of it as predicates")])
     try:
-        tree = ast.parse(text.strip(), mode="eval")
+        with warnings.catch_warnings():  # Python's SyntaxWarnings ("invalid decimal literal") are reported as errors below
+            warnings.simplefilter("ignore")
+            tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as exc:
         raise ConditionErrors([ConditionError(max((exc.offset or 1) - 1, 0), f"syntax error: {exc.msg}")]) from None
+    except (RecursionError, MemoryError):
+        raise ConditionErrors([ConditionError(0, f"nested more than {MAX_CONDITION_DEPTH} levels deep")]) from None
+    if _depth(tree.body) > MAX_CONDITION_DEPTH:  # the checker, the compiler and z3 all recurse per level
+        raise ConditionErrors([ConditionError(0, f"nested more than {MAX_CONDITION_DEPTH} levels deep")])
     checker = _Checker(facts, gates or {}, hints or {})
     checker.boolean(tree.body)
     if checker.errors:
@@ -289,6 +298,20 @@ def compile_condition(text: str, facts: dict[str, FactType], gates: dict[str, Fa
     conjuncts = tuple(Conjunct(ast.get_source_segment(source, p) or ast.unparse(p), p) for p in parts)
     reads = tuple(dict.fromkeys(checker.reads))
     return Condition(source, _compile(tree, "<condition>"), conjuncts, reads, tree)
+
+
+MAX_CONDITION_CHARS = 4096
+MAX_CONDITION_DEPTH = 48
+
+
+def _depth(root: ast.AST) -> int:
+    """The deepest nesting of ``root``'s syntax tree, without recursion."""
+    deepest, stack = 0, [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return deepest
 
 
 def _conjuncts(node: ast.expr) -> list[ast.expr]:

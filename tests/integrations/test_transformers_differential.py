@@ -153,3 +153,30 @@ def test_encoder_only_embedding_model_matches_transformers():
     got = rt.extend({rt.add_request(): ids})
     assert (got - expected).abs().max().item() < ATOL
     assert rt.pool.k_buffer[0].abs().sum() == 0  # encoder-only layers write no KV cache
+
+
+def test_a_failed_forward_leaves_every_request_as_it_was():
+    """A token id past the vocabulary is refused before anything changes; a forward that fails inside the
+    model rolls every request back, so the next decode still matches transformers."""
+    from attngate.backends.errors import BatchMetadataError
+
+    ref, ours = _pair(_config("Llama-3.1-8B", {}))
+    rt = AttngateRuntime(ours, page_size=4, num_slots=256)
+    req = rt.add_request()
+    prompt = torch.arange(1, 8)
+    rt.extend({req: prompt})
+    state = (rt._requests[req].seq_len, list(rt._requests[req].pages))
+    with pytest.raises(BatchMetadataError, match=f"request {req}.*token ids"):
+        rt.extend({req: torch.tensor([5, ours.config.vocab_size + 3])})
+    with pytest.raises(BatchMetadataError, match="request 99: unknown request"):
+        rt.decode({99: 1})
+    real_forward = rt.model.forward
+    rt.model.forward = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("inside the model"))
+    with pytest.raises(RuntimeError, match="inside the model"):
+        rt.extend({req: torch.tensor([3, 4, 5, 6, 7])})  # grows by a page before failing
+    rt.model.forward = real_forward
+    assert (rt._requests[req].seq_len, rt._requests[req].pages) == state
+    got = rt.decode({req: 9})[0]
+    with torch.no_grad():
+        expected = ref(torch.cat([prompt, torch.tensor([9])])[None]).logits[0, -1]
+    assert (got - expected).abs().max().item() < ATOL

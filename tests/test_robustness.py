@@ -1,0 +1,191 @@
+"""Bad input of every class found by the robustness sweep (issue 14): a clean error of the project's own
+types naming the file:line:col, flag or key, within bounded time; nothing accepted silently."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from attngate import ModelFacts, ServerArgs
+from attngate.cli import app
+from attngate.errors import AttngateError, ModelConfigError, RulesError, ServerArgsError
+from attngate.gates.plan import Plan, PlanLoadError
+from attngate.rules.load import load_rules, parse_rules
+from helpers import MODELS
+
+LLAMA = MODELS / "Llama-3.1-8B.json"
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefg", "bcdefgh"))
+
+
+def _cli(*args: str):
+    start = time.perf_counter()
+    result = CliRunner().invoke(app, list(args))
+    assert time.perf_counter() - start < 10, args
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result
+
+
+@pytest.mark.parametrize("name, text, expected", [
+    ("bomb.yaml", BOMB, "after alias expansion"),
+    ("selfref.yaml", "x: &a [*a]\n", "nested more than"),
+    ("deep.yaml", "x: " + "[" * 5000 + "]" * 5000 + "\n", "nested more than"),
+    ("timestamp.yaml", "rules:\n  - id: t\n    summary: !!timestamp nope\n", "bad scalar 'nope'"),
+    ("latin1.yaml", "rules: caf\xe9\n", "not UTF-8"),
+])
+def test_bad_rules_files_are_clean_errors(tmp_path, name, text, expected):
+    path = tmp_path / name
+    path.write_bytes(text.encode("latin-1"))
+    result = _cli("lint", str(path))
+    assert result.exit_code == 2 and expected in result.output and str(path) in result.output
+    with pytest.raises(RulesError, match=expected):
+        load_rules(path)
+
+
+def test_a_directory_or_missing_file_is_a_clean_error(tmp_path):
+    assert "is a directory" in _cli("lint", str(tmp_path)).output
+    with pytest.raises(ModelConfigError, match="cannot read"):
+        ModelFacts.from_hf_config(tmp_path / "nope.json")
+
+
+@pytest.mark.parametrize("edit, expected", [
+    ({"num_hidden_layers": 10 ** 9}, "num_hidden_layers: 1000000000 is beyond any real model"),
+    ({"num_attention_heads": 1e30}, "num_attention_heads: must be a positive integer"),
+    ({"torch_dtype": 5}, "torch_dtype: must be a dtype name"),
+    ({"layer_types": [["x"]] * 32}, "layer_types[0]: unsupported layer type"),
+    ({"rope_theta": float("nan"), "attn_logit_softcapping": float("inf")}, "attn_logit_softcapping: must be a finite number"),
+])
+def test_config_values_are_checked_before_use(tmp_path, edit, expected):
+    raw = {**json.loads(LLAMA.read_text()), **edit}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ModelConfigError) as err:
+        ModelFacts.from_hf_config(path)
+    assert expected in str(err.value)
+
+
+def test_explicit_null_means_the_default_and_a_deep_config_is_refused(tmp_path):
+    raw = {**json.loads(LLAMA.read_text()), "num_key_value_heads": None}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert ModelFacts.from_hf_config(tmp_path).num_key_value_heads == raw["num_attention_heads"]
+    (tmp_path / "config.json").write_text("[" * 5000 + "]" * 5000)
+    with pytest.raises(ModelConfigError, match="nested more than"):
+        ModelFacts.from_hf_config(tmp_path)
+
+
+@pytest.mark.parametrize("name, text, expected", [
+    ("dup.yaml", "page_size: 16\npage_size: 8\n", "dup.yaml:2:1: duplicate key 'page_size'"),
+    ("spelled.yaml", "page_size: 16\npage-size: 8\n", "dup"),
+    ("dup.json", '{"page_size": 16, "page_size": 8}', "duplicate key 'page_size'"),
+    ("bomb.yaml", BOMB, "after alias expansion"),
+    ("big.yaml", "page_size: 100000000000000000000\n", "page_size"),
+])
+def test_bad_args_files_are_clean_errors(tmp_path, name, text, expected):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ServerArgsError) as err:
+        ServerArgs.from_file(path)
+    message = str(err.value)
+    assert (expected in message) or (expected == "dup" and "sets page_size again" in message), message
+
+
+def test_a_flag_given_twice_warns_naming_both_values():
+    result = _cli("explain", "--model", str(LLAMA), "--gpu", "sm90", "--page-size", "16", "--page-size", "32", "--format", "json")
+    assert result.exit_code == 0 and "--page-size: given twice, '16' then '32'; the last wins" in result.output
+    assert _cli("explain", "--model", str(LLAMA), "--gpu", "sm90", "--page-size", "1" + "0" * 20).exit_code == 2
+
+
+def test_rule_text_is_never_read_as_markup(tmp_path):
+    text = load_rules().filename and (MODELS.parents[1] / "rules.yaml").read_text()
+    text = text.replace("summary: FlashInfer prefill (ragged and paged wrappers) runs its SM90 (fa3) kernels",
+                        "summary: \"[/] [bold]failed backends: [flashinfer]\" # ")
+    text = text.replace("message: FlashInfer MLA only supports topk=1 for speculative decoding.",
+                        "message: \"[/] failed backends: [flashinfer]\"")
+    (tmp_path / "rules.yaml").write_text(text)
+    args = ("explain", "--model", str(MODELS / "DeepSeek-V2-Lite.json"), "--gpu", "sm90", "--rules", str(tmp_path / "rules.yaml"),
+            "--attention-backend", "flashinfer", "--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "2",
+            "--speculative-num-steps", "2", "--speculative-num-draft-tokens", "4")
+    result = _cli(*args)
+    assert result.exit_code == 1 and "[/] failed backends: [flashinfer]" in result.output
+
+
+def test_library_objects_validate_on_construction_and_copy():
+    with pytest.raises(ServerArgsError, match="ServerArgs.page_size"):
+        ServerArgs(page_size=0)
+    facts = ModelFacts.from_hf_config(MODELS / "DeepSeek-V2-Lite.json")
+    with pytest.raises(ModelConfigError, match="kv_lora_rank"):
+        facts.model_copy(update={"kv_lora_rank": None})
+    with pytest.raises(ModelConfigError, match="num_key_value_heads"):
+        ModelFacts.from_hf_config(LLAMA).model_copy(update={"num_key_value_heads": 0})
+    plan = Plan.from_json(Plan(prefill_backend="fa3", decode_backend="fa3").to_json())
+    with pytest.raises(PlanLoadError):
+        plan.model_copy(update={"decode_backend": "nope"})
+    with pytest.raises(PlanLoadError, match="nested more than"):
+        Plan.from_json("[" * 5000 + "]" * 5000)
+
+
+@settings(max_examples=60, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                    max_leaves=30))
+def test_fuzz_config_reader(value):
+    """Any JSON value under any config key: a config or a ModelConfigError, nothing else."""
+    raw = json.loads(LLAMA.read_text())
+    for key in ("num_key_value_heads", "layer_types", "model_type", "sliding_window", "text_config", "torch_dtype"):
+        try:
+            ModelFacts.from_hf_dict({**raw, key: value})
+        except ModelConfigError:
+            pass
+
+
+@settings(max_examples=60, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(alphabet=st.sampled_from(list("abc_[]{}&*!:-#'\" \n0123456789.")), max_size=200))
+def test_fuzz_rules_loader_and_args_files(text):
+    """Arbitrary YAML-ish text: parsed or a RulesError / ServerArgsError, in bounded time."""
+    start = time.perf_counter()
+    try:
+        parse_rules(text, "fuzz.yaml")
+    except RulesError:
+        pass
+    assert time.perf_counter() - start < 2
+
+
+@settings(max_examples=60, deadline=2000)
+@given(st.lists(st.sampled_from(["--page-size", "--page-size=0", "16", "x", "--attention-backend", "fa3", "--enable-dp-attention",
+                                 "--enable-dp-attention=maybe", "--dp-size", "-1", "--nope", "None"]), max_size=8))
+def test_fuzz_flags(argv):
+    try:
+        ServerArgs.from_flags(argv)
+    except ServerArgsError:
+        pass
+
+
+@settings(max_examples=40, deadline=2000)
+@given(st.lists(st.sampled_from(list("ab_.()=<>!01 \"") + [" and ", " or ", " not ", " in ", "use_mla", "page_size",
+                                                              "context_length", "fa.num_splits", "not " * 40]), max_size=30).map("".join))
+def test_fuzz_condition_compiler(expression):
+    """A rule's ``when`` of any text: loaded, or a RulesError naming where."""
+    text = (f"version: 1\nrules:\n  - id: fuzz\n    summary: s\n    when: {json.dumps(expression)}\n"
+            "    set: {fa.num_splits: 1}\n    why: w\n    source: s\n")
+    try:
+        parse_rules(text, "fuzz.yaml")
+    except AttngateError as err:
+        assert all(p.where for p in err.problems)
+
+
+@pytest.mark.parametrize("expression, expected", [
+    ("not " * 1000 + "use_mla", "nested more than"),
+    ("not " * 5000 + "use_mla", "longer than 4096 characters"),
+    ("context_length > 4", "context_length may be None"),
+])
+def test_conditions_that_could_raise_later_are_refused_when_the_rules_load(expression, expected):
+    text = (f"version: 1\nrules:\n  - id: deep\n    summary: s\n    when: {json.dumps(expression)}\n"
+            "    set: {fa.num_splits: 1}\n    why: w\n    source: s\n")
+    with pytest.raises(RulesError, match=expected) as err:
+        parse_rules(text, "deep.yaml")
+    assert "deep.yaml:5:" in str(err.value)
