@@ -20,6 +20,7 @@ class AttngateError(Exception):
     """Base of every error attngate raises on bad input. ``problems`` lists every problem found."""
 
     title = "attngate error"
+    fields: tuple[tuple[str, str], ...] = ()  # (field, message) per problem, where a validated model raised it
 
     def __init__(self, problems: list[Problem] | Problem | str):
         if isinstance(problems, str):

@@ -34,7 +34,7 @@ class ValidatedModel(BaseModel):
         except ValidationError as exc:
             fields = field_problems(exc)
             err = self.error([Problem(".".join(filter(None, [type(self).__name__, f])), m) for f, m in fields])
-            err.fields = fields  # for callers that locate fields their own way (a flag, an args-file key)
+            err.fields = tuple(fields)  # for callers that locate fields their own way (a flag, an args-file key)
             raise err from None
 
     def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False):

@@ -185,7 +185,7 @@ class _ConfigReader:
         return self.defaults.get(key, default)
 
     def where(self, key: str) -> str:
-        return self.prefix + key if key in self.text else key
+        return self.prefix + key if self.text.get(key) is not None else key
 
     def int_(self, key: str, *, required: bool = False, default: int | None = None) -> int | None:
         value = self.get(key, default)
