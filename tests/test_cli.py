@@ -129,3 +129,40 @@ def test_schema_and_matrix():
     assert "rules" in schema["properties"] and "RuleSpec" in schema["$defs"]
     res = runner.invoke(app, ["matrix", str(MODELS / "gpt-oss-20b.json"), str(MODELS / "DeepSeek-V2-Lite.json"), "--gpu", "sm90"])
     assert res.exit_code == 0 and "flashinfer.no-attention-sinks" in res.stdout
+
+
+# ---- the explain view for people ---------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", [[], ["--attention-backend", "flashinfer"]], ids=["default", "flashinfer"])
+@pytest.mark.parametrize("config", sorted(p.name for p in MODELS.glob("*.json")))
+def test_explain_fits_one_screen_in_plain_text(config, backend):
+    res = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["explain", "--model", str(MODELS / config), "--gpu", "sm90", *backend])
+    if res.exit_code == 1:  # a configuration this backend refuses: the reasons, still one screen
+        assert "invalid configuration" in res.output
+    else:
+        assert res.exit_code == 0, res.output
+        assert "backends:" in res.output and "--gate NAME" in res.output
+    lines = res.output.splitlines()
+    assert len(lines) <= 60, res.output
+    assert all(len(line) <= 80 for line in lines) and "…" not in res.output and "\x1b[" not in res.output
+    assert res.output.count("adjustments:") <= 1
+
+
+def test_explain_gate_gives_the_full_why_of_one_gate():
+    args = ("--model", str(MODELS / "Mistral-7B-v0.1.json"), "--gpu", "sm90", "--attention-backend", "flashinfer")
+    res = explain(*args, "--gate", "flashinfer.prefill_kernel_family")
+    assert res.exit_code == 0
+    assert "flashinfer.prefill_kernel_family [global] = 'fa2', from default" in res.output
+    assert "candidate flashinfer.prefill-fa3-on-hopper did not match: not flashinfer_prefill_custom_mask is false" in res.output
+    layer = explain(*args, "--gate", "common.use_window")
+    assert "[layer kind sliding_window] = True" in layer.output and "[layer kind cross_attention]" not in layer.output
+    typo = explain(*args, "--gate", "flashinfer.prefill_kernel_famly")
+    assert typo.exit_code == 2 and "flashinfer.prefill_kernel_family" in typo.output
+
+
+def test_explain_all_keeps_every_table_and_flags_lists_the_server_flags():
+    res = explain("--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm90", "--all")
+    assert res.exit_code == 0 and "layer kind encoder_only" in res.output and "forward mode decode" in res.output
+    flags = runner.invoke(app, ["flags"])
+    assert "--page-size  (" in flags.output and "--enable-deterministic-inference" in flags.output
+    assert "attngate flags" in runner.invoke(app, ["explain", "--help"]).output

@@ -44,10 +44,13 @@ def explain(
     kernels: Optional[str] = typer.Option(None, "--kernels", help="installed kernel providers, comma-separated: flashinfer, flash_attn.cute, flash_attn_interface (default with --gpu: flashinfer,flash_attn.cute; without --gpu: detected)"),
     args_file: Optional[Path] = typer.Option(None, "--args-file", help="YAML/JSON mapping of server arguments; flags override it"),
     rules: Optional[Path] = typer.Option(None, "--rules", help="rules file (default: the shipped rules.yaml)"),
-    mode: Optional[str] = typer.Option(None, "--mode", help="show only this forward mode's table"),
+    mode: Optional[str] = typer.Option(None, "--mode", help="with --all: show only this forward mode's table"),
+    gate: Optional[str] = typer.Option(None, "--gate", help="the full why of one gate, e.g. fa.precompute_scheduler_metadata"),
+    show_all: bool = typer.Option(False, "--all", help="every gate table (global, per forward mode, per layer kind)"),
     output: OutputFormat = typer.Option(OutputFormat.table, "--format", help="table or json"),
 ) -> None:
-    """Resolve the attention plan for SGLang flags (e.g. --attention-backend fa3) and explain every value."""
+    """Resolve the attention plan for SGLang server flags (e.g. --attention-backend fa3 --page-size 16; every
+    flag: attngate flags) and explain it: one screen by default, --gate NAME for one gate, --all for every table."""
     from attngate.errors import AttngateError
     from attngate.facts.model import ModelFacts
     from attngate.facts.modes import ForwardMode
@@ -81,10 +84,22 @@ def explain(
         if mode:
             report["modes"] = {mode: report["modes"][mode]}
         typer.echo(json.dumps(report, indent=2, default=str))
-    else:
+    elif show_all or mode:
         from attngate.cli.render import render_resolution
 
         render_resolution(resolution, mode)
+    else:
+        from attngate.cli.render import print_lines
+        from attngate.cli.summary import gate_lines, summary_lines
+
+        lines = summary_lines(resolution) if gate is None else gate_lines(resolution, gate)
+        if lines is None:
+            from attngate._suggest import did_you_mean
+
+            names = [*resolution.explanation.gates, *next(iter(resolution.explanation.modes.values())),
+                     *next(iter(resolution.explanation.layers.values()))]
+            raise typer.BadParameter(f"no gate {gate!r}" + did_you_mean(gate, names), param_hint="--gate")
+        print_lines(lines)
 
 
 def _server_args(flags: list[str], args_file: Path | None):
@@ -149,6 +164,17 @@ def _platform(gpu: str | None, kernels: str | None):
         return Platform.from_name(gpu, kernels=names)
     detected = Platform.detect()
     return detected if names is None else Platform.from_name(detected.gpu_arch, kernels=names)
+
+
+@app.command()
+def flags() -> None:
+    """List the server flags that explain takes (SGLang's names, types and defaults)."""
+    from attngate.facts.server_args import ServerArgs
+
+    for name, field in ServerArgs.model_fields.items():
+        kind = getattr(field.annotation, "__name__", None) or str(field.annotation).replace("typing.", "")
+        doc = f"  {field.description}" if field.description else ""
+        typer.echo(f"--{name.replace('_', '-')}  ({kind}, default {field.default!r}){doc}")
 
 
 @app.command()

@@ -8,6 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from attngate.gates.resolution import GateExplanation, PlanError, Resolution
 
@@ -41,6 +42,13 @@ def _gate_table(title: str, gates: dict[str, GateExplanation]) -> Table:
         origin = f"[green]{escape(e.origin)}[/green]" if e.rules else f"[dim]{escape(e.origin)}[/dim]"
         table.add_row(escape(name), escape(repr(e.value)), origin, _why(e))
     return table
+
+
+def print_lines(lines: list[str]) -> None:
+    """Plain text, wrapped at the console width (never cut); no markup, no ANSI codes in a pipe."""
+    console = _console()
+    for line in lines:
+        console.print(Text(line), overflow="fold")
 
 
 def render_resolution(r: Resolution, mode: str | None) -> None:

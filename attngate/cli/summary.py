@@ -1,0 +1,96 @@
+"""The default ``attngate explain`` view: one screen a person reads at a glance.
+
+Backends chosen and rejected with their reasons, each adjustment once, then one line per gate of
+the chosen backends that a rule or a fact decided (gate = value, the rule, the facts it read);
+gates at their default are folded into a count. Per-mode and per-layer values only where a rule
+set them, and only for the layer kinds the model has. Plain lines: the caller wraps them, never cuts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attngate.gates.resolution import GateExplanation, Resolution
+
+# gate-name prefix -> the backends that read it ("common" gates: every backend)
+_READERS = {"fa": ("fa3", "fa4"), "flashinfer": ("flashinfer",)}
+HINT = "more: --gate NAME (the full why of one gate), --all (every table), --format json; server flags: attngate flags"
+
+
+def _reads(name: str, backends: set[str]) -> bool:
+    readers = _READERS.get(name.split(".", 1)[0])
+    return readers is None or bool(backends & set(readers))
+
+
+def _facts(facts: dict[str, Any], limit: int = 4) -> str:
+    # which backend reads the gate is the section's title; the facts that name the backends repeat it
+    items = [f"{k}={v!r}" for k, v in facts.items() if k not in ("prefill_backend", "decode_backend") or limit > 4]
+    more = f", +{len(items) - limit} more" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more
+
+
+def _decided(e: GateExplanation) -> bool:
+    return e.origin != "default"
+
+
+def summary_lines(r: Resolution) -> list[str]:
+    plan, e = r.plan, r.explanation
+    chosen = {plan.prefill_backend, plan.decode_backend}
+    backends = (f"prefill {plan.prefill_backend}, decode {plan.decode_backend}" if len(chosen) > 1
+                else f"backend {plan.prefill_backend}")
+    lines = [f"{r.model.source} on {r.platform.gpu_arch}: {backends} (plan {plan.fingerprint[:16]})", "", "backends:"]
+    for b in e.backends:
+        lines.append(f"  {b.backend:<12} {b.status}" + (f": {'; '.join(b.reasons)}" if b.reasons else ""))
+    if r.adjustments:
+        lines += ["", "adjustments:"]
+        lines += [f"  {a.field}: {a.old!r} -> {a.new!r} ({a.rule}: {a.message})" for a in r.adjustments]
+    adjusted = {a.field for a in r.adjustments}
+    others = [w for w in r.warnings if w.split(":", 1)[0] not in adjusted]
+    if others:
+        lines += ["", "warnings:"] + [f"  {w}" for w in others]
+    relevant = {name: g for name, g in e.gates.items() if _reads(name, chosen)}
+    decided = {name: g for name, g in relevant.items() if _decided(g)}
+    lines += ["", f"gates read by {', '.join(sorted(chosen))} ({len(relevant) - len(decided)} more at their defaults):"]
+    for name, g in decided.items():
+        why = f" <- {g.origin}" + (f" ({_facts(g.facts)})" if g.facts else "")
+        lines.append(f"  {name} = {g.value!r}{why}")
+    lines += _table_lines("per forward mode", e.modes, chosen, set(e.modes))
+    lines += _table_lines("per layer kind", e.layers, chosen, {k.value for k in r.model.layer_kinds})
+    lines += ["", HINT]
+    return lines
+
+
+def _table_lines(title: str, table: dict[str, dict[str, GateExplanation]], chosen: set[str], keys: set[str]) -> list[str]:
+    """One line per gate that a rule set somewhere: ``gate: key=value (rule), ...`` over ``keys`` only."""
+    by_gate: dict[str, dict[tuple[str, str], list[str]]] = {}
+    for key, gates in table.items():
+        if key not in keys:
+            continue
+        for name, g in gates.items():
+            if _reads(name, chosen) and g.rules:
+                by_gate.setdefault(name, {}).setdefault((repr(g.value), g.origin), []).append(key)
+    if not by_gate:
+        return []
+    lines = ["", f"{title} (where a rule set it):"]
+    for name, groups in by_gate.items():
+        parts = [f"{' '.join(keys)} = {value} ({origin})" for (value, origin), keys in groups.items()]
+        lines.append(f"  {name}: {'; '.join(parts)}")
+    return lines
+
+
+def gate_lines(r: Resolution, name: str) -> list[str] | None:
+    """The full why of one gate in every table that has it; None when no gate has that name."""
+    e = r.explanation
+    places = [("global", e.gates)] + [(f"forward mode {m}", g) for m, g in e.modes.items()]
+    places += [(f"layer kind {k}", g) for k, g in e.layers.items() if k in {kind.value for kind in r.model.layer_kinds}]
+    found = [(where, gates[name]) for where, gates in places if name in gates]
+    if not found:
+        return None
+    lines = []
+    for where, g in found:
+        lines.append(f"{name} [{where}] = {g.value!r}, from {g.origin}")
+        if g.facts:
+            lines.append(f"  facts read: {_facts(g.facts, limit=99)}")
+        for c in g.candidates:
+            lines.append(f"  candidate {c.rule} did not match: {'; '.join(c.failed)} is false")
+    return lines
