@@ -189,3 +189,17 @@ def test_conditions_that_could_raise_later_are_refused_when_the_rules_load(expre
     with pytest.raises(RulesError, match=expected) as err:
         parse_rules(text, "deep.yaml")
     assert "deep.yaml:5:" in str(err.value)
+
+
+def test_a_plan_changed_in_place_is_refused_by_every_backend():
+    torch = pytest.importorskip("torch")
+    from attngate import ModelFacts, Platform, resolve
+    from attngate.backends.kv_cache import MHATokenToKVPool
+    from attngate.backends.layer import layers_from_model
+    from attngate.backends.reference import ReferenceBackend
+
+    facts = ModelFacts.from_hf_config(LLAMA)
+    plan = resolve(ServerArgs(), facts, Platform.from_name("sm90")).plan
+    object.__setattr__(plan.common, "page_size", 64)  # frozen refuses plan.common.page_size = 64, not this
+    with pytest.raises(PlanLoadError, match="changed after it was validated"):
+        ReferenceBackend(plan, MHATokenToKVPool(64, 1, 1, 8, 128), torch.zeros(1, 64, dtype=torch.int32), layers_from_model(facts))

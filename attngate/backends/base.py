@@ -24,6 +24,7 @@ class AttentionBackend(ABC):
 
     def __init__(self, plan: Plan, kv_pool, req_to_token: torch.Tensor, layers: list[AttentionLayer],
                  device: torch.device | str = "cpu"):
+        plan.check_intact()  # a plan edited in place would steer this backend without its rules
         self.plan = plan
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token

@@ -13,7 +13,7 @@ import hashlib
 import json
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, computed_field
 
 from attngate.errors import AttngateError, Problem
 from attngate.facts.choices import AttentionBackendName
@@ -127,7 +127,7 @@ LayerTable = _table("LayerTable", [k.value for k in LayerKind], LayerGates)
 
 
 class PlanLoadError(AttngateError):
-    title = "invalid plan JSON"
+    title = "invalid plan"
 
 
 class Plan(ValidatedModel):
@@ -139,6 +139,7 @@ class Plan(ValidatedModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     error = PlanLoadError
+    _sealed: str = PrivateAttr("")
 
     prefill_backend: AttentionBackendName
     decode_backend: AttentionBackendName
@@ -153,6 +154,15 @@ class Plan(ValidatedModel):
 
     def layer(self, kind: LayerKind | str) -> LayerGates:
         return getattr(self.layers, LayerKind(kind).value)
+
+    def model_post_init(self, context: Any) -> None:
+        self._sealed = self.fingerprint  # what the plan held when it was validated
+
+    def check_intact(self) -> None:
+        """PlanLoadError if the plan was changed after validation (``object.__setattr__``, ``__dict__``):
+        pydantic's frozen models refuse only plain attribute assignment."""
+        if self.fingerprint != self._sealed:
+            raise PlanLoadError(Problem("plan", "changed after it was validated; resolve() or Plan.from_json() a new one"))
 
     def canonical_json(self) -> str:
         body = self.model_dump(mode="json", exclude={"fingerprint"})
