@@ -4,6 +4,7 @@ contributor could makes lint fail with a counterexample; the prover agrees with 
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 
@@ -101,3 +102,42 @@ def test_the_prover_agrees_with_resolve_on_real_configs():
                 assert inv.condition(values), f"{inv.id} fails for {path.stem} {backend} {gpu} {flags} {mode.value} {kind.value}"
                 checked += 1
     assert checked > 5_000
+
+
+# ---- attngate diff ------------------------------------------------------------------------------
+
+def test_diff_of_a_file_with_itself_is_empty():
+    from attngate.rules.diff import diff_rules
+
+    rules = load_rules()
+    assert diff_rules(rules, rules) == []
+
+
+@pytest.mark.parametrize("name", sorted(REINJECTIONS))
+def test_diff_finds_a_witness_for_every_reinjected_seed_bug(name):
+    from attngate.rules.diff import diff_rules
+
+    edit, _ = REINJECTIONS[name]
+    differences = diff_rules(load_rules(), parse_rules(edit(SHIPPED), "new.yaml"))
+    assert differences, name
+    for d in differences:
+        assert d.kind in ("gate", "acceptance", "adjustment") and d.old != d.new and d.witness
+        assert d.old_rules or d.new_rules  # a rule is responsible on at least one side
+
+
+def test_diff_cli_exit_codes_and_json(tmp_path):
+    from typer.testing import CliRunner
+
+    from attngate.cli import app
+
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    old.write_text(SHIPPED)
+    new.write_text(SHIPPED.replace("      flashinfer.decode_fixed_split_size: 2048\n", ""))
+    runner = CliRunner()
+    assert runner.invoke(app, ["diff", str(old), str(old)]).exit_code == 0
+    res = runner.invoke(app, ["diff", str(old), str(new), "--format", "json"])
+    assert res.exit_code == 1
+    (d,) = json.loads(res.output)
+    assert (d["kind"], d["name"], d["old"], d["new"]) == ("gate", "flashinfer.decode_fixed_split_size", 2048, None)
+    assert d["witness"]["enable_deterministic_inference"] is True
+    assert runner.invoke(app, ["diff", str(old), str(tmp_path / "missing.yaml")]).exit_code == 2

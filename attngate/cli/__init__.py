@@ -135,6 +135,40 @@ def lint(file: Optional[Path] = typer.Argument(None, help="rules file (default: 
 
 
 @app.command()
+def diff(
+    old: Path = typer.Argument(..., help="the rules file before the change"),
+    new: Path = typer.Argument(..., help="the rules file after it"),
+    output: OutputFormat = typer.Option(OutputFormat.table, "--format", help="table or json"),
+) -> None:
+    """For every gate of every scope (and acceptance and adjustments): does some input make OLD and NEW resolve it
+    differently? Each difference with a witness input and the rules responsible on each side.
+    Exit 0 equivalent, 1 different, 2 bad input."""
+    from attngate.errors import RulesError
+    from attngate.rules.diff import diff_rules
+    from attngate.rules.load import load_rules
+
+    problems, loaded = [], []
+    for path in (old, new):
+        try:
+            loaded.append(load_rules(path))
+        except RulesError as err:
+            problems += err.problems
+    if problems:
+        raise _fail(RulesError(problems)) from None
+    differences = diff_rules(*loaded)
+    if output is OutputFormat.json:
+        import dataclasses
+
+        typer.echo(json.dumps([dataclasses.asdict(d) for d in differences], indent=2, default=str))
+    else:
+        for d in differences:
+            typer.echo(str(d))
+        typer.echo(f"{old} -> {new}: {len(differences)} difference(s)")
+    if differences:
+        raise typer.Exit(EXIT_INVALID_CONFIG)
+
+
+@app.command()
 def matrix(
     models: list[Path] = typer.Argument(..., help="config.json files (or folders of them)"),
     gpu: str = typer.Option(..., "--gpu", help="GPU architecture"),

@@ -47,7 +47,8 @@ _LAYER_KIND_FACTS = {LayerKind.SLIDING_WINDOW: "has_sliding_window", LayerKind.C
 
 
 class _Encoder:
-    def __init__(self, rules: RuleSet, *, all_gates: bool = False):
+    def __init__(self, rules: RuleSet, *, all_gates: bool = False, gate_prefix: str = ""):
+        self.gate_prefix = gate_prefix  # distinct gate variables for a second rule file over the same facts (diff)
         self.types: dict[str, FactType] = {n: f.type for n, f in FACTS.items()}
         self.types[MODE_FACT.name] = MODE_FACT.type
         self.types[LAYER_FACT.name] = LAYER_FACT.type
@@ -63,8 +64,9 @@ class _Encoder:
         if name not in self.vars:
             t = self.types[name]
             make = {"bool": z3.Bool, "int": z3.Int, "float": z3.Real, "str": z3.String}[t.base]
-            value = make(name)
-            none = z3.Bool(f"{name}?none") if t.optional else z3.BoolVal(False)
+            symbol = self.gate_prefix + name if name in GATES else name
+            value = make(symbol)
+            none = z3.Bool(f"{symbol}?none") if t.optional else z3.BoolVal(False)
             if t.choices:
                 self.axioms.append(z3.Or(none, *[value == _lit(c) for c in t.choices]))
             self.vars[name] = (value, none)

@@ -17,6 +17,7 @@ with the rules that set them, and the invariant's location.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
 
@@ -32,20 +33,11 @@ def prove_invariants(rules: RuleSet, *, timeout_ms: int = 10_000) -> list[Findin
     if not rules.invariants:
         return []
     enc = _Encoder(rules, all_gates=True)
-    cond = {r.id: enc.encode(r.condition.tree.body) for r in rules.rules}
-    accepted = [z3.Not(cond[r.id]) for r in rules.rules if r.kind in ("forbid", "known_failure") and not r.adjusts]
-    for rule in rules.rules:
-        if rule.adjusts:  # a fixed point: a matching adjust rule changes nothing
-            accepted.append(z3.Implies(cond[rule.id], z3.And(*[enc.equals(a, v) for a, v in rule.adjusts.items()])))
-    accepted += [z3.Not(enc.var(side)[1]) for side in ("prefill_backend", "decode_backend")]
-    setters: dict[str, list] = {}
-    for rule in rules.of_kind("set"):
-        for gate in rule.sets:
-            setters.setdefault(gate, []).append(rule)
-    definitions = [_define_gate(enc, name, setters.get(name, []), cond) for name in GATES]
+    model = encode_resolution(enc, rules)
     solver = z3.Solver()
     solver.set("timeout", timeout_ms)
-    solver.add(*enc.axioms, *accepted, *[d for group in definitions for d in group])
+    solver.add(*enc.axioms, *model.settled, model.accepted, *model.gates)
+    setters, cond = model.setters, model.cond
     findings = []
     for inv in rules.invariants:
         claim = enc.encode(inv.condition.tree.body)
@@ -58,6 +50,32 @@ def prove_invariants(rules: RuleSet, *, timeout_ms: int = 10_000) -> list[Findin
             findings.append(Finding(inv.where, f"invariant {inv.id!r}: z3 could not decide it within {timeout_ms} ms"))
         solver.pop()
     return findings
+
+
+@dataclass
+class ResolutionModel:
+    """resolve() in z3 for one rule file: ``cond`` per rule, ``settled`` (the arguments are a fixed point of
+    the adjust rules, both backends chosen), ``accepted`` (no forbid or known_failure rule matches) and
+    ``gates`` (every gate of every scope equals what its matching set rule gives, else its default)."""
+
+    cond: dict[str, Any]
+    settled: list[Any]
+    accepted: Any
+    gates: list[Any]
+    setters: dict[str, list]
+
+
+def encode_resolution(enc: _Encoder, rules: RuleSet) -> ResolutionModel:
+    cond = {r.id: enc.encode(r.condition.tree.body) for r in rules.rules}
+    settled = [z3.Implies(cond[r.id], z3.And(*[enc.equals(a, v) for a, v in r.adjusts.items()])) for r in rules.rules if r.adjusts]
+    settled += [z3.Not(enc.var(side)[1]) for side in ("prefill_backend", "decode_backend")]
+    accepted = z3.And(*[z3.Not(cond[r.id]) for r in rules.rules if r.kind in ("forbid", "known_failure") and not r.adjusts])
+    setters: dict[str, list] = {}
+    for rule in rules.of_kind("set"):
+        for gate in rule.sets:
+            setters.setdefault(gate, []).append(rule)
+    gates = [d for name in GATES for d in _define_gate(enc, name, setters.get(name, []), cond)]
+    return ResolutionModel(cond, settled, accepted, gates, setters)
 
 
 def _define_gate(enc: _Encoder, name: str, rules: list, cond: dict[str, Any]) -> list[Any]:

@@ -1,0 +1,133 @@
+"""``attngate diff OLD NEW``: does some input make two rule files resolve differently, and where?
+
+Both files are encoded as in the invariant proofs (attngate.rules.prove) over one shared set of facts
+and server arguments, each with its own gate variables. Three kinds of difference, each with a
+witness input and the rules responsible on each side:
+
+- acceptance: an input (settled under both files' adjust rules) that one file refuses and the other
+  resolves;
+- a gate, of any scope: an input both files resolve where the gate's values differ
+  (``forward_mode`` and ``layer_kind`` are part of the input);
+- an adjustment: a server argument that the two files' adjust rules rewrite differently for the same
+  input (one step of adjustment).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import z3
+
+from attngate.gates.registry import GATES
+from attngate.rules.lint import _Encoder, lit
+from attngate.rules.load import RuleSet
+from attngate.rules.prove import ResolutionModel, encode_resolution
+
+
+@dataclass
+class Difference:
+    kind: str  # "acceptance" | "gate" | "adjustment" | "undecided"
+    name: str  # the gate or server argument ("" for acceptance)
+    old: Any
+    new: Any
+    old_rules: list[str]
+    new_rules: list[str]
+    witness: dict[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        what = {"acceptance": "accepted", "gate": f"gate {self.name}", "adjustment": f"adjusted {self.name}"}.get(self.kind, self.name)
+        sides = f"old {self.old!r} ({', '.join(self.old_rules) or 'default'}), new {self.new!r} ({', '.join(self.new_rules) or 'default'})"
+        inputs = ", ".join(f"{k}={v!r}" for k, v in self.witness.items())
+        return f"{what}: {sides}; e.g. {inputs}"
+
+
+class _Side:
+    def __init__(self, rules: RuleSet, prefix: str):
+        self.rules = rules
+        self.enc = _Encoder(rules, all_gates=True, gate_prefix=prefix)
+        self.model: ResolutionModel = encode_resolution(self.enc, rules)
+
+    def fired(self, model: z3.ModelRef, kinds: tuple[str, ...], gate: str | None = None) -> list[str]:
+        return [r.id for r in self.rules.rules if r.kind in kinds and (gate is None or gate in r.sets or gate in r.adjusts)
+                and z3.is_true(model.eval(self.model.cond[r.id], model_completion=True))]
+
+
+def diff_rules(old: RuleSet, new: RuleSet, *, timeout_ms: int = 10_000) -> list[Difference]:
+    """Every difference between ``old`` and ``new`` (empty: they resolve every input alike)."""
+    a, b = _Side(old, "old:"), _Side(new, "new:")
+    solver = z3.Solver()
+    solver.set("timeout", timeout_ms)
+    solver.add(*a.enc.axioms, *b.enc.axioms, *a.model.settled, *b.model.settled, *a.model.gates, *b.model.gates)
+    out = []
+    shared = lambda m: _inputs(m, a.enc, b.enc)  # noqa: E731
+    verdict, m = _find(solver, a.model.accepted != b.model.accepted)
+    if m is not None:
+        ok_a = z3.is_true(m.eval(a.model.accepted, model_completion=True))
+        out.append(Difference("acceptance", "", ok_a, not ok_a, a.fired(m, ("forbid", "known_failure")),
+                              b.fired(m, ("forbid", "known_failure")), shared(m)))
+    solver.add(a.model.accepted, b.model.accepted)
+    for name in GATES:
+        (va, na), (vb, nb) = a.enc.var(name), b.enc.var(name)
+        differs = z3.Or(na != nb, z3.And(z3.Not(na), va != vb))
+        verdict, m = _find(solver, differs)
+        if m is not None:
+            out.append(Difference("gate", name, _value(m, va, na), _value(m, vb, nb), a.fired(m, ("set",), name),
+                                  b.fired(m, ("set",), name), shared(m)))
+        elif verdict == z3.unknown:
+            out.append(Difference("undecided", name, None, None, [], [], {}))
+    out += _adjust_differences(a, b, timeout_ms)
+    return out
+
+
+def _adjust_differences(a: _Side, b: _Side, timeout_ms: int) -> list[Difference]:
+    fields = sorted({f for side in (a, b) for r in side.rules.rules for f in r.adjusts})
+    solver = z3.Solver()
+    solver.set("timeout", timeout_ms)
+    solver.add(*a.enc.axioms, *b.enc.axioms)
+    out = []
+    for name in fields:
+        value, none = a.enc.var(name)
+        results = []
+        for side in (a, b):  # the value after one step: the first matching adjust rule's, else the input
+            v_expr, n_expr = value, none
+            for rule in reversed([r for r in side.rules.rules if name in r.adjusts]):
+                new = rule.adjusts[name]
+                v_expr = z3.If(side.model.cond[rule.id], value if new is None else lit(new), v_expr)
+                n_expr = z3.If(side.model.cond[rule.id], z3.BoolVal(new is None), n_expr)
+            results.append((v_expr, n_expr))
+        (va, na), (vb, nb) = results
+        _, m = _find(solver, z3.Or(na != nb, z3.And(z3.Not(na), va != vb)))
+        if m is not None:
+            out.append(Difference("adjustment", name, _value(m, va, na), _value(m, vb, nb), a.fired(m, ("adjust",), name),
+                                  b.fired(m, ("adjust",), name), _inputs(m, a.enc, b.enc)))
+    return out
+
+
+def _find(solver: z3.Solver, claim: Any) -> tuple[Any, z3.ModelRef | None]:
+    """(verdict, witness model) of ``claim`` on top of what ``solver`` holds; the solver is left unchanged."""
+    solver.push()
+    solver.add(claim)
+    verdict = solver.check()
+    model = solver.model() if verdict == z3.sat else None
+    solver.pop()
+    return verdict, model
+
+
+def _value(model: z3.ModelRef, value: Any, none: Any) -> Any:
+    if z3.is_true(model.eval(none, model_completion=True)):
+        return None
+    v = model.eval(value, model_completion=True)
+    if z3.is_string_value(v):
+        return v.as_string()
+    if z3.is_true(v) or z3.is_false(v):
+        return z3.is_true(v)
+    if z3.is_int_value(v):
+        return v.as_long()
+    return str(v)
+
+
+def _inputs(model: z3.ModelRef, *encoders: _Encoder) -> dict[str, Any]:
+    """The facts and arguments of the witness that either side's rules read (gates excluded)."""
+    names = sorted({n for enc in encoders for n in enc.vars if n not in GATES})
+    return {n: _value(model, *encoders[0].var(n)) for n in names}
