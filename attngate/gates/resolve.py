@@ -16,6 +16,7 @@ Semantics (DESIGN.md, "Resolution semantics"):
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any, Iterable
 
 from attngate.facts.choices import CANDIDATE_BACKENDS
@@ -40,6 +41,10 @@ from attngate.rules.condition import gate_key
 from attngate.rules.load import Rule, RuleSet, load_rules
 
 MAX_ADJUST_ROUNDS = 32
+#: Called as ``observer(rules, scope, facts)`` with every evaluation context of every resolve() (scope
+#: "adjust" per adjustment round, "global", then "mode" per forward mode and "layer" per layer kind);
+#: rule coverage listens here.
+OBSERVERS: list[Callable[[RuleSet, str, dict[str, Any]], None]] = []
 _BACKEND_ARGS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
 
 
@@ -60,6 +65,8 @@ def resolve(server_args: ServerArgs, model: ModelFacts, platform: Platform, rule
     fixed = base_facts(server_args, model, platform)
     args_state, adjustments = _adjust(server_args.model_dump(), fixed, index)
     facts = index.facts(fixed, args_state)
+    for observe in OBSERVERS:
+        observe(rules, "global", facts)
     violations = _violations(facts, index)
     if violations:
         raise PlanError(violations, args_state, adjustments)
@@ -69,6 +76,11 @@ def resolve(server_args: ServerArgs, model: ModelFacts, platform: Platform, rule
     scoped = {**facts, **{gate_key(n): v for n, v in global_values.items()}}
     modes = {m.value: _resolve_scope(index.mode_set, {**scoped, "forward_mode": m.value}, MODE_SPECS, violations) for m in ForwardMode}
     layers = {k.value: _resolve_scope(index.layer_set, {**scoped, "layer_kind": k.value}, LAYER_SPECS, violations) for k in LayerKind}
+    for observe in OBSERVERS:
+        for m in ForwardMode:
+            observe(rules, "mode", {**scoped, "forward_mode": m.value})
+        for k in LayerKind:
+            observe(rules, "layer", {**scoped, "layer_kind": k.value})
     if violations:
         raise PlanError(violations, args_state, adjustments)
 
@@ -125,6 +137,8 @@ def _adjust(state: dict[str, Any], fixed: dict[str, Any], index: _Index) -> tupl
     seen = {_freeze(state): 0}  # state -> number of rounds after which it held
     while len(rounds) < MAX_ADJUST_ROUNDS:
         facts = index.facts(fixed, state)
+        for observe in OBSERVERS:
+            observe(index.rules, "adjust", facts)
         wanted: dict[str, dict[Any, list[Rule]]] = {}
         for rule in index.adjust:
             if rule.matches(facts):

@@ -1,0 +1,79 @@
+"""pytest plugin (entry point ``pytest11``): rule coverage of the shipped rules.yaml over a test session.
+
+``--rule-coverage`` reports which rules fired over every resolve() of the session, which never did,
+and which atoms of their conditions were not seen both true and false;
+``--rule-coverage-fail-under=PCT`` fails the session below PCT percent (rules fired plus atom
+outcomes seen, over rules plus twice the atoms); ``--rule-coverage-json=PATH`` writes the full report.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+_KEY = pytest.StashKey[object]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("attngate", "attngate rule coverage")
+    group.addoption("--rule-coverage", action="store_true", help="report rule coverage of the shipped rules.yaml")
+    group.addoption("--rule-coverage-fail-under", type=float, default=None, metavar="PCT", help="fail below PCT percent")
+    group.addoption("--rule-coverage-json", default=None, metavar="PATH", help="write the coverage report as JSON")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    opts = config.option
+    if not (opts.rule_coverage or opts.rule_coverage_fail_under is not None or opts.rule_coverage_json):
+        return
+    from attngate.gates.resolve import OBSERVERS
+    from attngate.rules.coverage import RuleCoverage
+    from attngate.rules.load import shipped_rules_path
+
+    coverage = RuleCoverage(str(shipped_rules_path()))
+    OBSERVERS.append(coverage.observe)
+    config.stash[_KEY] = coverage
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    coverage = config.stash.get(_KEY, None)
+    if coverage is not None:
+        from attngate.gates.resolve import OBSERVERS
+
+        OBSERVERS.remove(coverage.observe)
+
+
+def _report(config: pytest.Config) -> dict | None:
+    coverage = config.stash.get(_KEY, None)
+    if coverage is None:
+        return None
+    from attngate.rules.load import load_rules
+
+    return coverage.report(load_rules())
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    report = _report(session.config)
+    if report is None:
+        return
+    path = session.config.option.rule_coverage_json
+    if path:
+        with open(path, "w") as f:
+            json.dump(report, f, indent=2)
+    threshold = session.config.option.rule_coverage_fail_under
+    if threshold is not None and report["percent"] < threshold and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    report = _report(config)
+    if report is None:
+        return
+    write = terminalreporter.write_line
+    write(f"rule coverage of {report['file']}: {report['percent']}% ({report['rules_fired']}/{report['rules']} rules fired, "
+          f"{report['atom_outcomes_seen']}/{2 * report['atoms']} atom outcomes seen)")
+    if report["never_fired"]:
+        write("  never fired: " + ", ".join(r["rule"] for r in report["never_fired"]))
+    threshold = config.option.rule_coverage_fail_under
+    if threshold is not None and report["percent"] < threshold:
+        write(f"  FAIL: rule coverage {report['percent']}% is below --rule-coverage-fail-under={threshold}")
