@@ -46,6 +46,7 @@ def explain(
     rules: Optional[Path] = typer.Option(None, "--rules", help="rules file (default: the shipped rules.yaml)"),
     mode: Optional[str] = typer.Option(None, "--mode", help="with --all: show only this forward mode's table"),
     gate: Optional[str] = typer.Option(None, "--gate", help="the full why of one gate, e.g. fa.precompute_scheduler_metadata"),
+    allow_known_failure: list[str] = typer.Option([], "--allow-known-failure", help="accept this known_failure entry (repeatable): a warning instead of an error"),
     show_all: bool = typer.Option(False, "--all", help="every gate table (global, per forward mode, per layer kind)"),
     output: OutputFormat = typer.Option(OutputFormat.table, "--format", help="table or json"),
 ) -> None:
@@ -70,7 +71,7 @@ def explain(
     except AttngateError as err:
         raise _fail(err) from None
     try:
-        resolution = resolve(args, facts, platform, rule_set)
+        resolution = resolve(args, facts, platform, rule_set, allow_known_failures=allow_known_failure)
     except PlanError as err:
         if output is OutputFormat.json:
             typer.echo(json.dumps(error_report(err), indent=2, default=str))

@@ -89,7 +89,8 @@ def render_error(err: PlanError) -> None:
     for v in err.violations:
         facts = f"  [dim]({_facts(v.facts)})[/dim]" if v.facts else ""
         issue = escape(f" [{v.issue}]") if v.issue else ""
-        console.print(f"  [red]-[/red] {escape(v.rule)}: {escape(v.message)}{issue}{facts}")
+        opt_in = escape(f" (a known failure: --allow-known-failure {v.rule} accepts it)") if v.kind == "known_failure" else ""
+        console.print(f"  [red]-[/red] {escape(v.rule)}: {escape(v.message)}{issue}{opt_in}{facts}")
     for a in err.adjustments:
         console.print(f"  [dim]adjusted {escape(str(a))}[/dim]")
 

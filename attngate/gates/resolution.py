@@ -104,11 +104,13 @@ class Resolution:
     platform: Platform
     adjustments: list[Adjustment]
     _explain: Any = field(repr=False, compare=False)  # builds the Explanation on first use
+    allowed_known_failures: list[Violation] = field(default_factory=list)  # matched, and opted into by the caller
 
     @property
     def warnings(self) -> list[str]:
-        """Adjustments that rewrote a value the user set (or an earlier rule chose)."""
-        return [str(a) for a in self.adjustments if not a.fills_default]
+        """Adjustments that rewrote a value the user set (or an earlier rule chose), and allowed known failures."""
+        return [str(a) for a in self.adjustments if not a.fills_default] + [
+            f"known failure {v.rule} allowed: {v.message}" + (f" ({v.issue})" if v.issue else "") for v in self.allowed_known_failures]
 
     @property
     def explanation(self) -> Explanation:

@@ -19,6 +19,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, Iterable
 
+from attngate._suggest import did_you_mean
 from attngate.facts.choices import CANDIDATE_BACKENDS
 from attngate.facts.model import ModelFacts
 from attngate.facts.modes import ForwardMode, LayerKind
@@ -48,7 +49,8 @@ OBSERVERS: list[Callable[[RuleSet, str, dict[str, Any]], None]] = []
 _BACKEND_ARGS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
 
 
-def resolve(server_args: ServerArgs, model: ModelFacts, platform: Platform, rules: RuleSet | None = None) -> Resolution:
+def resolve(server_args: ServerArgs, model: ModelFacts, platform: Platform, rules: RuleSet | None = None, *,
+            allow_known_failures: Iterable[str] = ()) -> Resolution:
     """Resolve the attention Plan for one server configuration.
 
     Args:
@@ -56,18 +58,23 @@ def resolve(server_args: ServerArgs, model: ModelFacts, platform: Platform, rule
         model: facts read from the model's config.json.
         platform: the GPU architecture.
         rules: a loaded RuleSet; default: the shipped ``rules.yaml``.
+        allow_known_failures: ids of ``known_failure`` rules the caller accepts (e.g. to reproduce one):
+            a match becomes a warning instead of an error. An id that names no known_failure rule is an error.
 
     Returns a :class:`Resolution` (``.plan``, adjusted ``.server_args``, ``.adjustments``,
     ``.explanation``). Raises :class:`PlanError` with every violation when the configuration is invalid.
     """
     rules = rules or load_rules()
     index = _index(rules)
+    allowed = _check_allowed(rules, allow_known_failures)
     fixed = base_facts(server_args, model, platform)
     args_state, adjustments = _adjust(server_args.model_dump(), fixed, index)
     facts = index.facts(fixed, args_state)
     for observe in OBSERVERS:
         observe(rules, "global", facts)
     violations = _violations(facts, index)
+    opted_in = [v for v in violations if v.kind == "known_failure" and v.rule in allowed]
+    violations = [v for v in violations if v not in opted_in]
     if violations:
         raise PlanError(violations, args_state, adjustments)
     adjusted = ServerArgs.model_validate(args_state)
@@ -100,7 +107,16 @@ def resolve(server_args: ServerArgs, model: ModelFacts, platform: Platform, rule
             backends=_backend_verdicts(facts, index),
         )
 
-    return Resolution(plan, adjusted, server_args, model, platform, adjustments, functools.cache(explain))
+    return Resolution(plan, adjusted, server_args, model, platform, adjustments, functools.cache(explain), opted_in)
+
+
+def _check_allowed(rules: RuleSet, ids: Iterable[str]) -> set[str]:
+    known = [r.id for r in rules.rules if r.kind == "known_failure"]
+    unknown = [i for i in ids if i not in known]
+    if unknown:
+        raise PlanError([Violation("allow_known_failures", f"{i!r} is not a known_failure rule" + did_you_mean(i, known)) for i in unknown],
+                        {}, [])
+    return set(ids)
 
 
 # ---- rule index ----------------------------------------------------------------------------------
