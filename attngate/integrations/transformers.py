@@ -1,5 +1,9 @@
 """attngate as a Hugging Face transformers attention implementation.
 
+Importing this module registers ``"attngate"``. Outside a runtime, ``model(ids)`` and ``generate()``
+run on transformers' own cache and mask with the plan's per-layer decisions
+(attngate.integrations.transformers_plain, :func:`configure`). The paged, SGLang-style path:
+
 ``register()`` adds ``"attngate"`` to transformers' ``AttentionInterface``; a model built with
 ``attn_implementation="attngate"`` and bound to an :class:`AttngateRuntime` then runs every
 attention call through an attngate backend (the reference backend by default) over attngate's own
@@ -52,20 +56,30 @@ _ACTIVE: contextvars.ContextVar["AttngateRuntime | None"] = contextvars.ContextV
 
 
 def register() -> None:
-    """Register ``"attngate"`` in transformers' AttentionInterface (idempotent)."""
+    """Register ``"attngate"`` in transformers' AttentionInterface, with sdpa's mask builder (boolean, None when
+    an unpadded causal batch needs none), so ``from_pretrained(..., attn_implementation="attngate")`` works.
+    Idempotent; importing this module registers it."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(ATTN_IMPLEMENTATION, attngate_attention)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
 
 
 def attngate_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                        attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                        **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function signature: ``query: [1, H, T, D]``, ``key``/``value: [1, H_kv, T, D]``;
-    returns ``([1, T, H, Dv], None)``. Raises RuntimeError outside an AttngateRuntime forward."""
+    """transformers' attention-function signature: ``query: [B, H, S, D]``, ``key``/``value: [B, H_kv, S_kv, D]``;
+    returns ``([B, S, H, Dv], None)``. Inside an AttngateRuntime forward: the runtime's backend over its paged
+    cache (B = 1, every request's tokens flattened); outside one: transformers' own cache and mask with the
+    plan's decisions (attngate.integrations.transformers_plain)."""
     runtime = _ACTIVE.get()
-    if runtime is None:
-        raise RuntimeError("attn_implementation='attngate' runs inside AttngateRuntime.extend()/decode(); bind the model with AttngateRuntime(model)")
+    if runtime is None:  # model(ids) / generate(): transformers' own cache and mask, the plan's decisions
+        from attngate.integrations.transformers_plain import _KEY, configure, plain_attention
+
+        if getattr(module.config, _KEY, None) is None:
+            configure(_model_of(module))
+        return plain_attention(module, query, key, value, attention_mask, scaling, **kwargs)
     layer = runtime.layer_for(module, scaling)
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
     if layer.is_mla:  # the latent, not the decompressed K/V: ckv (hooked) ++ kpe (the roped part of every head's key)
@@ -73,6 +87,25 @@ def attngate_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
         k, v = torch.cat([ckv.to(k.dtype), k[:, 0, layer.qk_nope_head_dim:]], dim=-1)[:, None, :], None
     out = runtime.backend.forward(q, k, v, layer, runtime.batch)
     return out.unsqueeze(0), None
+
+
+class _ConfigOnly(torch.nn.Module):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.config = config
+
+
+def _model_of(module: torch.nn.Module) -> torch.nn.Module:
+    """What :func:`configure` needs of the model: its config (the attention module shares the model's)."""
+    return _ConfigOnly(module.config)
+
+
+def configure(model: torch.nn.Module, server_args: ServerArgs | None = None, platform: Platform | None = None):
+    """Resolve the plan ``model`` attends by in ``model(ids)`` / ``generate()`` (outside an AttngateRuntime);
+    without this call the first attention call resolves it with SGLang's default ServerArgs. Returns the Resolution."""
+    from attngate.integrations.transformers_plain import configure as _configure
+
+    return _configure(model, server_args, platform)
 
 
 @dataclass
@@ -263,3 +296,9 @@ class AttngateRuntime:
 def _scattered(num_pages: int) -> list[int]:
     """A fixed, non-monotonic page order (odd pages descending, then even ones), so request pages are scattered."""
     return list(range(num_pages - 1, -1, -2)) + list(range(num_pages - 2, -1, -2))
+
+
+try:  # transformers looks implementations up by name: be there once this module is imported
+    register()
+except ImportError:  # transformers is a test/optional dependency
+    pass

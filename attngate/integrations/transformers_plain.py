@@ -1,0 +1,94 @@
+"""``attn_implementation="attngate"`` without an AttngateRuntime: ``model(ids)`` and ``model.generate()``.
+
+The plan is resolved once per model from its config (SGLang's default ServerArgs, or those given to
+:func:`configure`) and cached on the config. Each attention call takes transformers' own K/V (its
+DynamicCache or static cache) and its mask, and applies the plan's decisions for the layer's kind:
+causality and the window (``plan.layer(kind).common``), soft-cap, learned sinks and scaling from the
+same layer spec the runtime binds. transformers' mask supplies only what the plan cannot know: where
+each query sits among the keys and which keys are padding. Attention runs in float32 torch (the
+reference semantics) on whatever device the model is on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from attngate.backends.layer import AttentionLayer, layers_from_model
+from attngate.facts.model import ModelFacts
+from attngate.facts.platform import Platform
+from attngate.facts.server_args import ServerArgs
+from attngate.gates.resolution import Resolution
+from attngate.gates.resolve import resolve
+
+_KEY = "_attngate_resolution"
+
+
+def configure(model: torch.nn.Module, server_args: ServerArgs | None = None, platform: Platform | None = None) -> Resolution:
+    """Resolve (again) the plan ``model`` attends by outside a runtime; returns the Resolution. Raises PlanError."""
+    config = model.config
+    facts = ModelFacts.from_hf_dict(config.to_dict(), source=type(model).__name__)
+    if platform is None:
+        platform = Platform.detect() if torch.cuda.is_available() else Platform.from_name("sm90")
+    resolution = resolve(server_args or ServerArgs(), facts, platform)
+    layers = layers_from_model(facts)
+    setattr(config, _KEY, (resolution, layers))
+    for sub in _text_configs(config):
+        setattr(sub, _KEY, (resolution, layers))
+    return resolution
+
+
+def _text_configs(config: Any) -> list[Any]:
+    text = getattr(config, "text_config", None)
+    return [text] if text is not None and text is not config else []
+
+
+def _plan_of(module: torch.nn.Module) -> tuple[Resolution, list[AttentionLayer]]:
+    cached = getattr(module.config, _KEY, None)
+    if cached is None:
+        raise RuntimeError("attngate has no plan for this model: call attngate.integrations.transformers.configure(model)")
+    return cached
+
+
+def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, scaling: float | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """``query: [B, H, S, D]``, ``key``/``value: [B, H_kv, S_kv, D/Dv]`` (transformers' cache included),
+    ``attention_mask: [B, 1, S, S_kv]`` bool or additive, or None -> ``([B, S, H, Dv], None)``."""
+    resolution, layers = _plan_of(module)
+    layer = layers[module.layer_idx]
+    gates = resolution.plan.layer(layer.kind).common
+    scale = layer.scaling if scaling is None else float(scaling)
+    sinks = getattr(module, "sinks", None)
+    b, h, s, _ = query.shape
+    s_kv = key.shape[2]
+    visible = _visible(attention_mask, b, s, s_kv, query.device)  # [B, S, S_kv] as transformers masks it
+    # where each query sits among the keys: its last visible key under a causal mask, else bottom-right
+    j = torch.arange(s_kv, device=query.device)
+    last = torch.where(visible, j, -1).amax(-1)
+    q_pos = torch.where(last >= 0, last, (s_kv - s) + torch.arange(s, device=query.device))
+    padding = visible.any(1, keepdim=True)  # keys some query of the row may see: not padding
+    mask = padding.expand(b, s, s_kv).clone()
+    if gates.causal:
+        mask &= j[None, None, :] <= q_pos[..., None]
+    if gates.use_window and layer.sliding_window_size >= 0:
+        mask &= j[None, None, :] >= q_pos[..., None] - layer.sliding_window_size
+    rep = h // key.shape[1]
+    k, v = key.float().repeat_interleave(rep, 1), value.float().repeat_interleave(rep, 1)
+    scores = torch.einsum("bhqd,bhkd->bhqk", query.float(), k) * scale
+    if layer.logit_cap:
+        scores = layer.logit_cap * torch.tanh(scores / layer.logit_cap)
+    scores = scores.masked_fill(~mask[:, None], float("-inf"))
+    if sinks is not None:
+        scores = torch.cat([scores, sinks.float().view(1, h, 1, 1).expand(b, h, s, 1)], dim=-1)
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)[..., :s_kv]
+    out = torch.einsum("bhqk,bhkd->bqhd", probs, v)
+    return out.to(query.dtype), None
+
+
+def _visible(attention_mask: torch.Tensor | None, b: int, s: int, s_kv: int, device) -> torch.Tensor:
+    if attention_mask is None:  # transformers passes none for an unpadded causal batch: causal, bottom-right
+        return (torch.arange(s_kv, device=device)[None, :] <= torch.arange(s, device=device)[:, None] + (s_kv - s)).expand(b, s, s_kv)
+    mask = attention_mask[:, 0, :, :s_kv]
+    visible = mask if mask.dtype == torch.bool else mask == 0
+    return visible.expand(b, s, s_kv)

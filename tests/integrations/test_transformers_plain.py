@@ -1,0 +1,68 @@
+"""``attn_implementation="attngate"`` without a runtime: ``model(ids)`` and ``generate()`` against eager on
+the CPU (float32), for every architecture of the differential tests, with a left-padded batch,
+transformers' DynamicCache and static cache, greedy and sampled decoding."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from attngate import ServerArgs  # noqa: E402
+from attngate.integrations.transformers import configure  # noqa: E402
+from integrations.test_transformers_differential import MODELS_UNDER_TEST, _config, _pair  # noqa: E402
+
+ATOL = 1e-4
+
+
+def _batch():
+    ids = torch.randint(1, 96, (2, 13), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0  # left padding
+    return ids, mask
+
+
+@pytest.mark.parametrize("name", sorted(MODELS_UNDER_TEST))
+def test_forward_and_generate_match_eager(name):
+    file, overrides, _ = MODELS_UNDER_TEST[name]
+    ref, ours = _pair(_config(file, overrides))
+    ids, mask = _batch()
+    with torch.no_grad():
+        expected, got = ref(ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits
+    assert (expected - got)[mask.bool()].abs().max().item() < ATOL
+    greedy = dict(attention_mask=mask, max_new_tokens=8, do_sample=False)
+    reference = ref.generate(ids, **greedy)
+    assert torch.equal(ours.generate(ids, **greedy), reference)  # DynamicCache
+    assert torch.equal(ours.generate(ids, **greedy, cache_implementation="static"), reference)
+    sampled = []
+    for model in (ref, ours):
+        torch.manual_seed(3)
+        sampled.append(model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=True, top_k=5))
+    assert torch.equal(*sampled)
+
+
+def test_the_plans_window_is_what_the_layers_attend_with():
+    """The window comes from the plan's layer spec, not from transformers' mask: narrowing it changes the output."""
+    ref, ours = _pair(_config(*MODELS_UNDER_TEST["mistral-swa"][:2]))
+    ids, mask = _batch()
+    resolution = configure(ours, ServerArgs(page_size=16))
+    assert resolution.server_args.page_size == 16
+    with torch.no_grad():
+        expected = ref(ids, attention_mask=mask).logits
+        assert (expected - ours(ids, attention_mask=mask).logits)[mask.bool()].abs().max().item() < ATOL
+        _, layers = ours.config._attngate_resolution
+        for layer in layers:
+            layer.sliding_window_size = 1
+        narrowed = ours(ids, attention_mask=mask).logits
+    assert (expected - narrowed)[mask.bool()].abs().max().item() > 1e-2
+
+
+def test_from_pretrained_finds_attngate_by_name(tmp_path):
+    ref, _ = _pair(_config(*MODELS_UNDER_TEST["llama"][:2]))
+    ref.save_pretrained(tmp_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="attngate", dtype=torch.float32)
+    ids, mask = _batch()
+    with torch.no_grad():
+        diff = (ref(ids, attention_mask=mask).logits - model(ids, attention_mask=mask).logits)[mask.bool()]
+    assert diff.abs().max().item() < ATOL
