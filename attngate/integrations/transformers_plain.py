@@ -5,12 +5,14 @@ The plan is resolved once per model from its config (SGLang's default ServerArgs
 DynamicCache or static cache) and its mask, and applies the plan's decisions for the layer's kind:
 causality and the window (``plan.layer(kind).common``), soft-cap, learned sinks and scaling from the
 same layer spec the runtime binds. transformers' mask supplies only what the plan cannot know: where
-each query sits among the keys and which keys are padding. Attention runs in float32 torch (the
-reference semantics) on whatever device the model is on.
+each query sits among the keys and which keys are padding. On a GPU, where the plan runs the phase on
+FA through ``flash_attn.cute``, the batch is unpadded into one varlen FA call; otherwise attention runs
+in float32 torch (the reference semantics).
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import torch
@@ -73,6 +75,10 @@ def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
         mask &= j[None, None, :] <= q_pos[..., None]
     if gates.use_window and layer.sliding_window_size >= 0:
         mask &= j[None, None, :] >= q_pos[..., None] - layer.sliding_window_size
+    window = layer.sliding_window_size if gates.use_window and layer.sliding_window_size >= 0 else None
+    varlen = _fa_kernel(resolution, query, s)
+    if varlen is not None:
+        return _fa_varlen(varlen, query, key, value, visible, padding[:, 0], gates.causal, window, scale, layer.logit_cap, sinks), None
     rep = h // key.shape[1]
     k, v = key.float().repeat_interleave(rep, 1), value.float().repeat_interleave(rep, 1)
     scores = torch.einsum("bhqd,bhkd->bhqk", query.float(), k) * scale
@@ -84,6 +90,33 @@ def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)[..., :s_kv]
     out = torch.einsum("bhqk,bhkd->bqhd", probs, v)
     return out.to(query.dtype), None
+
+
+def _fa_kernel(resolution: Resolution, query: torch.Tensor, s: int):
+    """FA4's varlen kernel when the plan runs this phase on FA through flash_attn.cute and q is on a GPU."""
+    plan = resolution.plan
+    backend = plan.prefill_backend if s > 1 else plan.decode_backend
+    if not query.is_cuda or backend not in ("fa3", "fa4") or plan.flashattention.provider != "flash_attn.cute":
+        return None
+    return importlib.import_module("flash_attn.cute").flash_attn_varlen_func
+
+
+def _fa_varlen(varlen, query, key, value, visible, kv_valid, causal: bool, window: int | None, scale: float, softcap: float, sinks):
+    """The batch unpadded into varlen rows (each row's valid keys are contiguous, its valid queries their last
+    positions: left padding, transformers' dynamic and static caches), one FA call, padded back."""
+    q_valid = visible.any(-1)  # [B, S]: padding queries see nothing and get zeros, as transformers ignores them
+    q_rows, k_rows, v_rows = query.transpose(1, 2)[q_valid], key.transpose(1, 2)[kv_valid], value.transpose(1, 2)[kv_valid]
+    q_lens, k_lens = q_valid.sum(1), kv_valid.sum(1)
+    cu_q = torch.nn.functional.pad(torch.cumsum(q_lens, 0, dtype=torch.int32), (1, 0))
+    cu_k = torch.nn.functional.pad(torch.cumsum(k_lens, 0, dtype=torch.int32), (1, 0))
+    out = varlen(q_rows, k_rows, v_rows, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=int(q_lens.max()),
+                                    max_seqlen_k=int(k_lens.max()), softmax_scale=scale, causal=causal,
+                                    window_size=(window, 0 if causal else window) if window is not None else (None, None),
+                                    learnable_sink=None if sinks is None else sinks.float(), softcap=softcap)
+    out = out[0] if isinstance(out, tuple) else out
+    padded = out.new_zeros(query.shape[0], query.shape[2], query.shape[1], value.shape[-1])
+    padded[q_valid] = out
+    return padded
 
 
 def _visible(attention_mask: torch.Tensor | None, b: int, s: int, s_kv: int, device) -> torch.Tensor:

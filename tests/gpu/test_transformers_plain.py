@@ -1,0 +1,74 @@
+"""``attn_implementation="attngate"`` without a runtime on the GPU: the plan runs prefill and decode on FA4's
+varlen kernel (flash_attn.cute); bf16 logits against sdpa (eager where transformers has no sdpa path), a left-padded batch, transformers' DynamicCache
+and static cache (decode teacher-forced with sdpa's tokens, so ties in bf16 cannot fork the sequences)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("flash_attn.cute")
+
+import attngate.integrations.transformers  # noqa: E402,F401 - registers "attngate"
+from integrations.test_transformers_differential import _config  # noqa: E402
+
+GPU_SHAPE = {"hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2,
+             "head_dim": 128, "vocab_size": 512, "num_hidden_layers": 2}
+MODELS = {
+    "llama": ("Llama-3.1-8B", {}),
+    "qwen3": ("Qwen3-8B", {}),
+    "mistral-swa": ("Mistral-7B-v0.1", {"sliding_window": 24}),
+    "gemma2-softcap-swa": ("gemma-2-9b", {"num_hidden_layers": 4, "sliding_window": 24, "query_pre_attn_scalar": 128}),
+    # every expert routed: a bf16 near-tie in the router must not swap experts between the two runs
+    "gpt-oss-sinks": ("gpt-oss-20b", {"num_hidden_layers": 4, "sliding_window": 24, "num_local_experts": 4, "num_experts_per_tok": 4,
+                                      "experts_per_token": 4, "quantization_config": None,
+                                      "layer_types": ["sliding_attention", "full_attention"] * 2}),
+}
+EAGER_ONLY = {"gemma2-softcap-swa", "gpt-oss-sinks"}  # transformers has no sdpa path for soft-cap and sinks
+TOL = 3e-2  # bf16, relative to the largest logit
+
+
+def _pair(name):
+    file, overrides = MODELS[name]
+    cfg = _config(file, {**GPU_SHAPE, **overrides})
+    torch.manual_seed(0)
+    reference = "eager" if name in EAGER_ONLY else "sdpa"
+    ref = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=reference, dtype=torch.bfloat16).cuda().eval()
+    ours = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="attngate", dtype=torch.bfloat16).cuda().eval()
+    ours.load_state_dict(ref.state_dict())
+    return ref, ours
+
+
+def _close(a, b, valid) -> bool:
+    a, b = a[valid].float(), b[valid].float()
+    return ((a - b).abs().max() / a.abs().max()).item() < TOL
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_prefill_and_decode_on_fa_match_sdpa(name, cache):
+    ref, ours = _pair(name)
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 512, (3, 40), generator=gen).cuda()
+    mask = torch.ones_like(ids)
+    mask[1, :9] = 0
+    mask[2, :30] = 0  # left padding
+    steps = 12
+    tokens = ref.generate(ids, attention_mask=mask, max_new_tokens=steps, do_sample=False)[:, ids.shape[1]:]
+    caches = []
+    for model in (ref, ours):
+        caches.append(transformers.StaticCache(config=model.config, max_cache_len=64) if cache == "static" else transformers.DynamicCache())
+    outs = []
+    with torch.no_grad():
+        for model, past in zip((ref, ours), caches):
+            logits, m = [model(ids, attention_mask=mask, past_key_values=past, use_cache=True).logits], mask
+            for t in range(steps):
+                m = torch.cat([m, torch.ones_like(m[:, :1])], dim=1)
+                logits.append(model(tokens[:, t:t + 1], attention_mask=m, past_key_values=past, use_cache=True).logits)
+            outs.append(logits)
+    assert _close(outs[0][0], outs[1][0], mask.bool()), "prefill"
+    for t in range(1, steps + 1):
+        assert _close(outs[0][t], outs[1][t], torch.ones_like(outs[0][t][..., 0], dtype=torch.bool)), f"decode step {t}"
