@@ -25,6 +25,7 @@ class AttentionBackend(ABC):
     def __init__(self, plan: Plan, kv_pool, req_to_token: torch.Tensor, layers: list[AttentionLayer],
                  device: torch.device | str = "cpu"):
         plan.check_intact()  # a plan edited in place would steer this backend without its rules
+        check_heads_per_rank(plan, layers)
         self.plan = plan
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
@@ -116,6 +117,20 @@ def check_graph_batch(backend: AttentionBackend, bs: int, per_req: int, req_pool
     no_slots = torch.zeros(bs * per_req, dtype=torch.int64, device=seq_lens.device)
     batch = ForwardBatch(forward_mode, bs, req_pool_indices, seq_lens, seq_lens_cpu, prefix, new, no_slots, encoder_lens)
     check_batch(batch, backend.req_to_token, backend.kv_pool.num_slots)
+
+
+def check_heads_per_rank(plan: Plan, layers: list[AttentionLayer]) -> None:
+    """Under attention TP (``plan.common.attn_tp_size > 1``) every layer carries the plan's per-rank heads
+    (build them with ``layers_from_model(model, plan)``); BatchMetadataError naming each layer that does not."""
+    common = plan.common
+    if common.attn_tp_size == 1:
+        return
+    want = (common.num_q_heads_per_rank, common.num_kv_heads_per_rank)
+    problems = [Problem(f"layer {lay.layer_id}", f"has {lay.num_q_heads}/{lay.num_kv_heads} query/KV heads; attention TP "
+                                                 f"{common.attn_tp_size} gives each rank {want[0]}/{want[1]}")
+                for lay in layers if (lay.num_q_heads, lay.num_kv_heads) != want]
+    if problems:
+        raise BatchMetadataError(problems)
 
 
 def host_indptr(counts: torch.Tensor) -> torch.Tensor:

@@ -113,6 +113,13 @@ _DERIVED_FACTS = [
              "prefill_attention_backend, else attention_backend"),
     FactSpec("decode_backend", FactType("str", ATTENTION_BACKENDS, True), "derived",
              "decode_attention_backend, else attention_backend"),
+    FactSpec("attn_tp_size", FactType("int"), "derived",
+             "ranks one attention layer's heads are split over: tp_size / dp_size under DP attention, else tp_size"),
+    FactSpec("num_q_heads_per_rank", FactType("int"), "derived", "query heads of one attention TP rank"),
+    FactSpec("num_kv_heads_per_rank", FactType("int"), "derived",
+             "KV heads of one attention TP rank (replicated when attn_tp_size exceeds them; 1 for MLA's latent)"),
+    FactSpec("attn_heads_split_evenly", FactType("bool"), "derived",
+             "query heads divide by attn_tp_size, and KV heads divide by it or it by them"),
 ]
 MODE_FACT = FactSpec("forward_mode", FactType("str", tuple(m.value for m in ForwardMode)), "mode", "forward mode of the batch")
 LAYER_FACT = FactSpec("layer_kind", FactType("str", tuple(k.value for k in LayerKind)), "layer", "kind of the attention layer")
@@ -135,10 +142,18 @@ def model_facts(model: ModelFacts) -> dict[str, Any]:
     return values
 
 
-def derived_facts(args: dict[str, Any]) -> dict[str, Any]:
+def derived_facts(values: dict[str, Any]) -> dict[str, Any]:
+    """Facts computed from server arguments and model facts (``values`` holds both)."""
+    tp, dp = values["tp_size"], values["dp_size"]
+    attn_tp = max(tp // dp, 1) if values["enable_dp_attention"] else tp
+    q, kv = values["num_attention_heads"], 1 if values["use_mla"] else values["num_key_value_heads"]
     return {
-        "prefill_backend": args["prefill_attention_backend"] or args["attention_backend"],
-        "decode_backend": args["decode_attention_backend"] or args["attention_backend"],
+        "prefill_backend": values["prefill_attention_backend"] or values["attention_backend"],
+        "decode_backend": values["decode_attention_backend"] or values["attention_backend"],
+        "attn_tp_size": attn_tp,
+        "num_q_heads_per_rank": max(q // attn_tp, 1),
+        "num_kv_heads_per_rank": max(kv // attn_tp, 1),
+        "attn_heads_split_evenly": q % attn_tp == 0 and (kv % attn_tp == 0 or attn_tp % kv == 0),
     }
 
 

@@ -65,6 +65,9 @@ class CommonGates(_Group):
     """Read by every backend."""
 
     page_size: int = gate(1, "tokens per KV page", from_fact="page_size")
+    attn_tp_size: int = gate(1, "ranks one attention layer's heads are split over (attention TP)", from_fact="attn_tp_size")
+    num_q_heads_per_rank: int = gate(1, "query heads of one attention TP rank: what a backend's layers carry", from_fact="num_q_heads_per_rank")
+    num_kv_heads_per_rank: int = gate(1, "KV heads of one rank (replicated beyond the model's KV heads)", from_fact="num_kv_heads_per_rank")
     kv_cache_dtype: str = gate("auto", "KV cache storage dtype", from_fact="kv_cache_dtype")
     cuda_graph: bool = gate(True, "CUDA graphs are captured at all.")
     mla_chunked_prefix_cache: bool = gate(True, "MLA prefill attends to the cached prefix in chunks (MHA over decompressed KV).")

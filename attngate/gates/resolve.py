@@ -138,7 +138,7 @@ class _Index:
 
     def facts(self, fixed: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
         """Model/platform facts + server args + derived facts + the rule file's predicates."""
-        return self.rules.with_predicates({**fixed, **args, **derived_facts(args)})
+        return self.rules.with_predicates({**fixed, **args, **derived_facts({**fixed, **args})})
 
 
 @functools.lru_cache(maxsize=8)

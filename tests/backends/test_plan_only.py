@@ -37,10 +37,10 @@ def test_arguments_no_rule_reads_cannot_change_what_a_backend_sees():
     from tests.backends.test_reference_scenarios import H, D, setup
 
     unread = set(ServerArgs.model_fields) - _rule_reads()
-    assert {"context_length", "speculative_draft_model_path", "tp_size"} <= unread
+    assert {"context_length", "speculative_draft_model_path"} <= unread  # tp_size is read: it splits the heads
     facts = ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json")
     base = ServerArgs(attention_backend="fa3")
-    varied = base.model_copy(update={"context_length": 777, "speculative_draft_model_path": "/elsewhere", "tp_size": 8, "dtype": "float16"})
+    varied = base.model_copy(update={"context_length": 777, "speculative_draft_model_path": "/elsewhere", "dtype": "float16"})
     plans = [resolve(a, facts, Platform.from_name("sm90")).plan for a in (base, varied)]
     assert plans[0] == plans[1] and plans[0].fingerprint == plans[1].fingerprint
     outs = []
@@ -51,3 +51,40 @@ def test_arguments_no_rule_reads_cannot_change_what_a_backend_sees():
         backend.init_forward_metadata(s.batch)
         outs.append(backend.forward(q, torch.cat([full_k[0][7:], full_k[1]]), torch.cat([full_v[0][7:], full_v[1]]), backend.layers[0], s.batch))
     assert torch.equal(*outs)
+
+
+@pytest.mark.parametrize("args, per_rank", [
+    ({}, (1, 32, 8)),
+    ({"tp_size": 8}, (8, 4, 1)),
+    ({"tp_size": 16}, (16, 2, 1)),  # 8 KV heads over 16 ranks: each KV head replicated on two
+    ({"tp_size": 8, "dp_size": 4, "enable_dp_attention": True}, (2, 16, 4)),  # DP attention: attention TP is 8 / 4
+])
+def test_the_plan_carries_each_ranks_heads(args, per_rank):
+    plan = resolve(ServerArgs(attention_backend="fa3", **args), ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json"),
+                   Platform.from_name("sm90")).plan
+    assert (plan.common.attn_tp_size, plan.common.num_q_heads_per_rank, plan.common.num_kv_heads_per_rank) == per_rank
+
+
+def test_heads_that_do_not_split_evenly_are_refused():
+    from attngate import PlanError
+
+    with pytest.raises(PlanError, match="attn-tp.heads-split-evenly"):
+        resolve(ServerArgs(attention_backend="fa3", tp_size=3), ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json"),
+                Platform.from_name("sm90"))
+
+
+def test_backends_take_each_ranks_heads_from_the_plan():
+    torch = pytest.importorskip("torch")
+    from attngate.backends.errors import BatchMetadataError
+    from attngate.backends.kv_cache import MHATokenToKVPool
+    from attngate.backends.layer import layers_from_model
+    from attngate.backends.reference import ReferenceBackend
+
+    facts = ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json")
+    plan = resolve(ServerArgs(attention_backend="fa3", tp_size=4), facts, Platform.from_name("sm90")).plan
+    rtt = torch.zeros(1, 64, dtype=torch.int32)
+    per_rank = layers_from_model(facts, plan)
+    assert (per_rank[0].num_q_heads, per_rank[0].num_kv_heads) == (8, 2)
+    ReferenceBackend(plan, MHATokenToKVPool(64, 1, len(per_rank), 2, 128), rtt, per_rank)
+    with pytest.raises(BatchMetadataError, match="attention TP 4 gives each rank 8/2"):
+        ReferenceBackend(plan, MHATokenToKVPool(64, 1, 32, 8, 128), rtt, layers_from_model(facts))
