@@ -75,10 +75,8 @@ def attngate_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
     plan's decisions (attngate.integrations.transformers_plain)."""
     runtime = _ACTIVE.get()
     if runtime is None:  # model(ids) / generate(): transformers' own cache and mask, the plan's decisions
-        from attngate.integrations.transformers_plain import _KEY, configure, plain_attention
+        from attngate.integrations.transformers_plain import plain_attention
 
-        if getattr(module.config, _KEY, None) is None:
-            configure(_model_of(module))
         return plain_attention(module, query, key, value, attention_mask, scaling, **kwargs)
     layer = runtime.layer_for(module, scaling)
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
@@ -87,17 +85,6 @@ def attngate_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
         k, v = torch.cat([ckv.to(k.dtype), k[:, 0, layer.qk_nope_head_dim:]], dim=-1)[:, None, :], None
     out = runtime.backend.forward(q, k, v, layer, runtime.batch)
     return out.unsqueeze(0), None
-
-
-class _ConfigOnly(torch.nn.Module):
-    def __init__(self, config: Any) -> None:
-        super().__init__()
-        self.config = config
-
-
-def _model_of(module: torch.nn.Module) -> torch.nn.Module:
-    """What :func:`configure` needs of the model: its config (the attention module shares the model's)."""
-    return _ConfigOnly(module.config)
 
 
 def configure(model: torch.nn.Module, server_args: ServerArgs | None = None, platform: Platform | None = None):

@@ -13,6 +13,7 @@ in float32 torch (the reference semantics).
 from __future__ import annotations
 
 import importlib
+import weakref
 from typing import Any
 
 import torch
@@ -24,40 +25,40 @@ from attngate.facts.server_args import ServerArgs
 from attngate.gates.resolution import Resolution
 from attngate.gates.resolve import resolve
 
-_KEY = "_attngate_resolution"
+# per config object (kept off the config itself, which transformers serializes and copies)
+_PLANS: dict[int, tuple[Resolution, list[AttentionLayer]]] = {}
 
 
 def configure(model: torch.nn.Module, server_args: ServerArgs | None = None, platform: Platform | None = None) -> Resolution:
-    """Resolve (again) the plan ``model`` attends by outside a runtime; returns the Resolution. Raises PlanError."""
+    """Resolve (again) the plan ``model`` (or any module holding its ``config``) attends by outside a runtime;
+    returns the Resolution. Raises PlanError."""
     config = model.config
-    facts = ModelFacts.from_hf_dict(config.to_dict(), source=type(model).__name__)
+    source = (getattr(config, "architectures", None) or [type(model).__name__])[0]
+    facts = ModelFacts.from_hf_dict(config.to_dict(), source=source)
     if platform is None:
         platform = Platform.detect() if torch.cuda.is_available() else Platform.from_name("sm90")
     resolution = resolve(server_args or ServerArgs(), facts, platform)
-    layers = layers_from_model(facts)
-    setattr(config, _KEY, (resolution, layers))
-    for sub in _text_configs(config):
-        setattr(sub, _KEY, (resolution, layers))
+    entry = (resolution, layers_from_model(facts))
+    text = getattr(config, "text_config", None)
+    for cfg in (config, text) if text is not None else (config,):
+        if id(cfg) not in _PLANS:
+            weakref.finalize(cfg, _PLANS.pop, id(cfg), None)
+        _PLANS[id(cfg)] = entry
     return resolution
 
 
-def _text_configs(config: Any) -> list[Any]:
-    text = getattr(config, "text_config", None)
-    return [text] if text is not None and text is not config else []
-
-
-def _plan_of(module: torch.nn.Module) -> tuple[Resolution, list[AttentionLayer]]:
-    cached = getattr(module.config, _KEY, None)
-    if cached is None:
-        raise RuntimeError("attngate has no plan for this model: call attngate.integrations.transformers.configure(model)")
-    return cached
+def plan_of(module: torch.nn.Module) -> tuple[Resolution, list[AttentionLayer]] | None:
+    """The Resolution and layer specs a model (or one of its attention modules) attends by; None before the first call."""
+    return _PLANS.get(id(module.config))
 
 
 def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     attention_mask: torch.Tensor | None, scaling: float | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """``query: [B, H, S, D]``, ``key``/``value: [B, H_kv, S_kv, D/Dv]`` (transformers' cache included),
     ``attention_mask: [B, 1, S, S_kv]`` bool or additive, or None -> ``([B, S, H, Dv], None)``."""
-    resolution, layers = _plan_of(module)
+    if plan_of(module) is None:
+        configure(module)
+    resolution, layers = plan_of(module)
     layer = layers[module.layer_idx]
     gates = resolution.plan.layer(layer.kind).common
     scale = layer.scaling if scaling is None else float(scaling)

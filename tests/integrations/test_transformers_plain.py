@@ -11,6 +11,7 @@ transformers = pytest.importorskip("transformers")
 
 from attngate import ServerArgs  # noqa: E402
 from attngate.integrations.transformers import configure  # noqa: E402
+from attngate.integrations.transformers_plain import plan_of  # noqa: E402
 from integrations.test_transformers_differential import MODELS_UNDER_TEST, _config, _pair  # noqa: E402
 
 ATOL = 1e-4
@@ -51,7 +52,7 @@ def test_the_plans_window_is_what_the_layers_attend_with():
     with torch.no_grad():
         expected = ref(ids, attention_mask=mask).logits
         assert (expected - ours(ids, attention_mask=mask).logits)[mask.bool()].abs().max().item() < ATOL
-        _, layers = ours.config._attngate_resolution
+        _, layers = plan_of(ours)
         for layer in layers:
             layer.sliding_window_size = 1
         narrowed = ours(ids, attention_mask=mask).logits
@@ -66,3 +67,5 @@ def test_from_pretrained_finds_attngate_by_name(tmp_path):
     with torch.no_grad():
         diff = (ref(ids, attention_mask=mask).logits - model(ids, attention_mask=mask).logits)[mask.bool()]
     assert diff.abs().max().item() < ATOL
+    model.save_pretrained(tmp_path / "again")  # the plan is kept off the config transformers serializes
+    assert "attngate" not in (tmp_path / "again" / "config.json").read_text().replace('"attn_implementation"', "")
