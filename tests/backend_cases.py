@@ -93,10 +93,10 @@ def layer_of(env: Env, kind, **kw) -> AttentionLayer:
     return AttentionLayer(0, h, hkv, d, d, d ** -0.5, kind=kind, **kw)
 
 
-def reference_out(env: Env, case: Case, plan, layer: AttentionLayer) -> torch.Tensor:
+def reference_out(env: Env, case: Case, plan, layer: AttentionLayer, k="new", v="new") -> torch.Tensor:
+    """The reference backend's output of the case; ``k``/``v`` as in :func:`run` (None: cross attention reads the cache)."""
     ref = ReferenceBackend(plan, case.pools[1], case.setup.req_to_token_pool.req_to_token, [layer], env.device)
-    ref.init_forward_metadata(case.setup.batch)
-    return ref.forward(case.q, case.k, case.v, layer, case.setup.batch)
+    return run(ref, case, layer, k, v)
 
 
 def run(backend, case: Case, layer: AttentionLayer, k="new", v="new") -> torch.Tensor:

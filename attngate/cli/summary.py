@@ -22,9 +22,9 @@ def _reads(name: str, backends: set[str]) -> bool:
     return readers is None or bool(backends & set(readers))
 
 
-def _facts(facts: dict[str, Any], limit: int = 4) -> str:
-    # which backend reads the gate is the section's title; the facts that name the backends repeat it
-    items = [f"{k}={v!r}" for k, v in facts.items() if k not in ("prefill_backend", "decode_backend") or limit > 4]
+def _facts(facts: dict[str, Any], limit: int = 4, *, backends: bool = False) -> str:
+    # ``backends`` False: the section's title names the backends, the facts that name them would repeat it
+    items = [f"{k}={v!r}" for k, v in facts.items() if backends or k not in ("prefill_backend", "decode_backend")]
     more = f", +{len(items) - limit} more" if len(items) > limit else ""
     return ", ".join(items[:limit]) + more
 
@@ -90,7 +90,7 @@ def gate_lines(r: Resolution, name: str) -> list[str] | None:
     for where, g in found:
         lines.append(f"{name} [{where}] = {g.value!r}, from {g.origin}")
         if g.facts:
-            lines.append(f"  facts read: {_facts(g.facts, limit=99)}")
+            lines.append(f"  facts read: {_facts(g.facts, limit=99, backends=True)}")
         for c in g.candidates:
             lines.append(f"  candidate {c.rule} did not match: {'; '.join(c.failed)} is false")
     return lines

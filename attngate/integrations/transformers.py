@@ -50,6 +50,7 @@ from attngate.facts.platform import Platform
 from attngate.facts.server_args import ServerArgs
 from attngate.gates.plan import Plan
 from attngate.gates.resolve import resolve
+from attngate.integrations.transformers_plain import configure, plain_attention  # noqa: F401 - configure is public here
 
 ATTN_IMPLEMENTATION = "attngate"
 _ACTIVE: contextvars.ContextVar["AttngateRuntime | None"] = contextvars.ContextVar("attngate_runtime", default=None)
@@ -75,8 +76,6 @@ def attngate_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
     plan's decisions (attngate.integrations.transformers_plain)."""
     runtime = _ACTIVE.get()
     if runtime is None:  # model(ids) / generate(): transformers' own cache and mask, the plan's decisions
-        from attngate.integrations.transformers_plain import plain_attention
-
         return plain_attention(module, query, key, value, attention_mask, scaling, **kwargs)
     layer = runtime.layer_for(module, scaling)
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
@@ -85,14 +84,6 @@ def attngate_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
         k, v = torch.cat([ckv.to(k.dtype), k[:, 0, layer.qk_nope_head_dim:]], dim=-1)[:, None, :], None
     out = runtime.backend.forward(q, k, v, layer, runtime.batch)
     return out.unsqueeze(0), None
-
-
-def configure(model: torch.nn.Module, server_args: ServerArgs | None = None, platform: Platform | None = None):
-    """Resolve the plan ``model`` attends by in ``model(ids)`` / ``generate()`` (outside an AttngateRuntime);
-    without this call the first attention call resolves it with SGLang's default ServerArgs. Returns the Resolution."""
-    from attngate.integrations.transformers_plain import configure as _configure
-
-    return _configure(model, server_args, platform)
 
 
 @dataclass

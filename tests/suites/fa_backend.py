@@ -10,7 +10,6 @@ import torch
 from attngate import ForwardMode, LayerKind
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.flashattention import FlashAttentionBackend
-from attngate.backends.reference import ReferenceBackend
 from backend_cases import Env, MODE_OF, layer_of, make_case, plan_for, reference_out, replay_rounds, requests_around_page, run, target_in_batch
 
 PAGE_SIZES = [1, 128]
@@ -61,9 +60,7 @@ def test_fa_cross_attention_matches_reference(env, mode, page_size):
     enc = [128, 256, 128] if page_size > 1 else [37, 100, 1]
     requests = [(0, 5), (3, 1), (10, 7)] if mode == M.EXTEND else [(4, 1), (0, 1), (9, 1)]
     case = make_case(env, requests, mode, page_size, encoder_lens=enc)
-    ref = ReferenceBackend(plan, case.pools[1], case.setup.req_to_token_pool.req_to_token, [layer], env.device)
-    ref.init_forward_metadata(case.setup.batch)
-    expected = ref.forward(case.q, None, None, layer, case.setup.batch)
+    expected = reference_out(env, case, plan, layer, k=None, v=None)
     assert max_diff(run(fa_backend(env, plan, case, layer), case, layer, k=None, v=None), expected) < env.tol
 
 
