@@ -91,6 +91,11 @@ def check_batch(batch: ForwardBatch, req_to_token: torch.Tensor, num_slots: int)
     rows = batch.req_pool_indices.cpu()
     if b and (int(rows.min()) < 0 or int(rows.max()) >= req_to_token.shape[0]):
         problems.append(Problem("req_pool_indices", f"rows outside req_to_token's {req_to_token.shape[0]} rows"))
+    host_copies = (("seq_lens_cpu", batch.seq_lens_cpu, seq_lens), ("encoder_lens_cpu", batch.encoder_lens_cpu, enc),
+                   ("extend_seq_lens_cpu", None if batch.extend_seq_lens_cpu is None else torch.tensor(batch.extend_seq_lens_cpu), ext))
+    for name, copy, device_value in host_copies:  # backends size kernels from the host copies
+        if copy is not None and copy.tolist() != device_value.tolist():
+            problems.append(Problem(name, f"{copy.tolist()[:8]} differs from the device tensor {device_value.tolist()[:8]}"))
     if not torch.equal(enc + prefix + ext, seq_lens):
         problems.append(Problem("seq_lens", "must equal encoder_lens + extend_prefix_lens + extend_seq_lens (post-write lengths)"))
     if int(ext.sum()) != batch.num_tokens:
@@ -133,34 +138,8 @@ def check_heads_per_rank(plan: Plan, layers: list[AttentionLayer]) -> None:
         raise BatchMetadataError(problems)
 
 
-def host_indptr(counts: torch.Tensor) -> torch.Tensor:
-    """``[len(counts) + 1]`` int32 host prefix sums of ``counts`` (qo_indptr, kv_indptr, cu_seqlens)."""
-    out = torch.zeros(len(counts) + 1, dtype=torch.int32)
-    out[1:] = torch.cumsum(counts, 0)
-    return out
-
-
 def check_pool_page_size(plan: Plan, kv_pool) -> int:
     """The plan's page_size; ValueError when the KV pool was built with another (every paged GPU backend)."""
     if kv_pool.page_size != plan.common.page_size:
         raise ValueError(f"the KV pool has page_size {kv_pool.page_size}, the plan {plan.common.page_size}")
     return plan.common.page_size
-
-
-def gather_req_to_token(req_to_token: torch.Tensor, rows: torch.Tensor, counts: torch.Tensor, indptr: torch.Tensor,
-                        *, stride: int = 1, first: torch.Tensor | None = None) -> torch.Tensor:
-    """``req_to_token[rows[b], (first[b] + j) * stride]`` for ``j < counts[b]``, request by request: ``[indptr[-1]]``.
-
-    ``counts``, ``indptr`` and ``first`` (``[bs]``, ``[bs + 1]``, ``[bs]``; ``first`` defaults to 0) are
-    host tensors, so the result is sized without a device sync and takes one host-to-device copy;
-    stride 1 gives every token's slot, stride page_size one slot per page.
-    """
-    total = int(indptr[-1])
-    device = req_to_token.device
-    if total == 0:
-        return torch.empty(0, dtype=req_to_token.dtype, device=device)
-    offset = (first.long() if first is not None else 0) - indptr[:-1].long()
-    offset, counts_dev = torch.stack([offset, counts.long()]).to(device, non_blocking=True)
-    rows_rep = torch.repeat_interleave(rows, counts_dev, output_size=total)
-    col = torch.repeat_interleave(offset, counts_dev, output_size=total) + torch.arange(total, device=device)
-    return req_to_token[rows_rep, col * stride]

@@ -68,5 +68,6 @@ def build_batch(requests: list[tuple[int, int]], mode: ForwardMode, *, page_size
         encoder_lens=as_i32(encoder_lens[: len(requests)]) if any(encoder_lens) else None,
         encoder_out_cache_loc=torch.cat(enc_locs).to(device) if any(encoder_lens) and requests else None,
         extend_seq_lens_cpu=[n for _, n in requests],
+        encoder_lens_cpu=torch.tensor(encoder_lens[: len(requests)], dtype=torch.int32) if any(encoder_lens) else None,
     )
     return BatchSetup(batch, rtp, allocator, slots)

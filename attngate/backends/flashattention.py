@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from attngate.backends.base import AttentionBackend, check_batch, check_graph_batch, check_pool_page_size, gather_req_to_token, host_indptr
+from attngate.backends.base import AttentionBackend, check_batch, check_graph_batch, check_pool_page_size
+from attngate.backends.batch_metadata import BatchLengths, check_page_aligned, host, page_ids
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.layer import AttentionLayer
@@ -170,6 +171,7 @@ class FlashAttentionBackend(AttentionBackend):
         if problems:
             raise BatchMetadataError(problems)
         self._strided = torch.arange(0, req_to_token.shape[1], self.page_size, device=req_to_token.device)
+        self._arange = torch.arange(req_to_token.shape[0] + 1, dtype=torch.int32, device=self.device)
         self.md: _Metadata | None = None
         self._graph: dict[str, torch.Tensor] | None = None
         self._graph_md: dict[int, _Metadata] = {}  # per captured batch size: views of the static buffers
@@ -182,33 +184,34 @@ class FlashAttentionBackend(AttentionBackend):
         if batch.forward_mode == ForwardMode.IDLE:
             self.md = None
             return
-        cu = torch.zeros(batch.batch_size + 1, dtype=torch.int32, device=self.device)
-        torch.cumsum(batch.extend_seq_lens, 0, out=cu[1:])
-        if batch.forward_mode == ForwardMode.DECODE:
-            max_q = 1
-        elif batch.extend_seq_lens_cpu is not None:
-            max_q = max(batch.extend_seq_lens_cpu)
+        lens = BatchLengths.from_batch(batch)
+        check_page_aligned(lens.enc, self.page_size, "encoder_lens", "FA")
+        if batch.forward_mode == ForwardMode.DECODE:  # one query per request: cu_seqlens_q is a slice of a fixed arange
+            cu, max_q = self._arange[: lens.batch_size + 1], 1
         else:
-            max_q = int(batch.extend_seq_lens.max())  # a device-to-host copy; pass extend_seq_lens_cpu to avoid it
+            cu, max_q = host(lens.qo_indptr).to(self.device, non_blocking=True), lens.max_new
         self.md = _Metadata(cu, max_q, None, None)
-        max_k = int(batch.seq_lens_cpu.max())
+        max_k = lens.max_seq
         self._fill_kv_metadata(self.md, batch.forward_mode, batch.req_pool_indices, batch.seq_lens,
                                batch.extend_seq_lens, batch.encoder_lens, pages=-(-max_k // self.page_size))
         if self._mla is not None:
-            self._mla_metadata(batch)
+            self._mla_metadata(lens)
         if self.chunk is not None:
-            new_cpu = batch.extend_seq_lens_cpu if batch.extend_seq_lens_cpu is not None else batch.extend_seq_lens.tolist()
-            self.md.local = self._local_batches(batch.req_pool_indices, batch.seq_lens_cpu.tolist(), list(new_cpu))
+            self.md.local = self._local_batches(batch.req_pool_indices, lens.seq.tolist(), lens.new.tolist())
         if batch.forward_mode == ForwardMode.DECODE and self.precompute_scheduler_metadata and self._scheduled is not None:
             self.md.scheduler_metadata = self.kernel.scheduler_metadata(
                 self.md, self._scheduled, max_k, num_splits=self.num_splits, page_size=self.page_size, dtype=self.kv_pool.dtype)
 
     def _fill_kv_metadata(self, md: _Metadata, mode: ForwardMode, rows: torch.Tensor, seq_lens: torch.Tensor,
-                          extend_seq_lens: torch.Tensor, encoder_lens: torch.Tensor | None, *, in_place: bool = False,
+                          extend_seq_lens: torch.Tensor | int, encoder_lens: torch.Tensor | None, *, in_place: bool = False,
                           pages: int | None = None) -> None:
+        """seqused_k and page_table (and the encoder's) on the device; ``in_place`` refills a graph's static buffers
+        (``extend_seq_lens`` then the graph's new tokens per request)."""
         extent = self.plan.mode(mode).flashattention.kv_extent
         if extent == "none":
             return
+        if in_place and encoder_lens is not None:  # eager batches checked this on their host copy
+            check_page_aligned(encoder_lens.cpu().numpy(), self.page_size, "encoder_lens", "FA")
         seqused = seq_lens if encoder_lens is None else seq_lens - encoder_lens
         if extent == "prefix":
             seqused = seqused - extend_seq_lens
@@ -224,17 +227,14 @@ class FlashAttentionBackend(AttentionBackend):
             md.encoder_seqused_k = encoder_lens.to(torch.int32)
             md.encoder_page_table = self._page_table(rows, None, pages)
 
-    def _mla_metadata(self, batch: ForwardBatch) -> None:
+    def _mla_metadata(self, lens: BatchLengths) -> None:
         """MLA per batch: the form, and for non-absorbed attention over a prefix, every cached token's slot and cu_seqlens_k."""
-        seq = batch.seq_lens_cpu.long()
-        new = torch.tensor(batch.extend_seq_lens_cpu) if batch.extend_seq_lens_cpu is not None else batch.extend_seq_lens.cpu()
-        has_prefix = bool((seq - new > 0).any())
-        self._mla_absorbed = absorbed_for_batch(self.plan.mode(batch.forward_mode).common.mla_form, has_prefix)
+        self._mla_absorbed = absorbed_for_batch(self.plan.mode(lens.mode).common.mla_form, lens.has_prefix)
         self._mla_kv = None
-        if not self._mla_absorbed and has_prefix:
-            cu_k = host_indptr(seq)
-            slots = gather_req_to_token(self.req_to_token, batch.req_pool_indices, seq, cu_k).long()
-            self._mla_kv = (slots, cu_k.to(self.device), int(seq.max()))
+        if not self._mla_absorbed and lens.has_prefix:
+            tokens = lens.kv_pages(1)  # page size 1: every cached token's slot
+            slots = page_ids(self.req_to_token, lens.rows, tokens, 1).long()
+            self._mla_kv = (slots, host(tokens.indptr).to(self.device), lens.max_seq)
 
     def _forward_mla(self, q, k, layer: AttentionLayer, batch: ForwardBatch, md: _Metadata, write: bool) -> torch.Tensor:
         """``q: [T, H, qk_nope + qk_rope]``, ``k``: the latent ``[T, 1, kv_lora_rank + qk_rope]`` -> ``[T, H, v_head_dim]``."""
@@ -288,13 +288,13 @@ class FlashAttentionBackend(AttentionBackend):
         md.local.page_table.copy_(self._pages_from(rows, start, self._strided[: md.local.page_table.shape[1]]))
 
     def _page_table(self, rows: torch.Tensor, offset: torch.Tensor | None, pages: int | None) -> torch.Tensor:
-        """``[bs, pages]`` int32: the page of each page-aligned position, starting ``offset`` tokens into the row."""
+        """``[bs, pages]`` int32: the page of each page-aligned position, starting ``offset`` tokens into the row
+        (``offset`` page-aligned: callers check it on the host)."""
         strided = self._strided if pages is None else self._strided[:pages]
         if offset is None:
-            return (self.req_to_token[rows[:, None], strided[None, :]] // self.page_size).to(torch.int32)
-        if self.page_size > 1 and bool((offset % self.page_size).any()):
-            raise BatchMetadataError(Problem("encoder_lens", f"must be multiples of page_size {self.page_size} on the FA backend"))
-        return self._pages_from(rows, offset, strided)
+            slots = self.req_to_token[rows[:, None], strided[None, :]]
+            return (slots // self.page_size if self.page_size > 1 else slots).to(torch.int32)
+        return self._pages_from(rows, offset, strided)  # encoder offsets: whole pages, checked on the host
 
     def _pages_from(self, rows: torch.Tensor, offset: torch.Tensor, strided: torch.Tensor) -> torch.Tensor:
         """Page ids of each row from the page-aligned token ``offset`` on (no alignment check, no host sync)."""
@@ -366,8 +366,7 @@ class FlashAttentionBackend(AttentionBackend):
         self.md = self._graph_md[bs] = _Metadata(g["cu_seqlens_q"][: bs + 1], per_req, g["seqused_k"][:bs], g["page_table"][:bs])
         if self.chunk is not None:  # one query per request: one local batch each, the request's current chunk
             self.md.local = _Metadata(g["cu_seqlens_q"][: bs + 1], 1, g["local_seqused_k"][:bs], g["local_page_table"][:bs])
-        extend = torch.full((bs,), per_req, dtype=torch.int32, device=self.device)
-        self._fill_kv_metadata(self.md, forward_mode, req_pool_indices, seq_lens, extend, encoder_lens, in_place=True)
+        self._fill_kv_metadata(self.md, forward_mode, req_pool_indices, seq_lens, per_req, encoder_lens, in_place=True)
 
     def _graph_mla_form(self, mode: ForwardMode) -> None:
         """Graph modes read the latent cache absorbed (their shapes are fixed; decompressing a prefix is not)."""
@@ -383,8 +382,7 @@ class FlashAttentionBackend(AttentionBackend):
         per_req = md.max_seqlen_q
         if self.checked:
             check_graph_batch(self, bs, per_req, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode)
-        extend = torch.full((bs,), per_req, dtype=torch.int32, device=self.device)
-        self._fill_kv_metadata(md, forward_mode, req_pool_indices, seq_lens, extend, encoder_lens, in_place=True)
+        self._fill_kv_metadata(md, forward_mode, req_pool_indices, seq_lens, per_req, encoder_lens, in_place=True)
 
 
 def _same_shape(a: AttentionLayer, b: AttentionLayer | None) -> bool:

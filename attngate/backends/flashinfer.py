@@ -24,9 +24,11 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from attngate.backends.base import AttentionBackend, check_batch, check_graph_batch, check_pool_page_size, gather_req_to_token, host_indptr
+from attngate.backends.base import AttentionBackend, check_batch, check_graph_batch, check_pool_page_size
+from attngate.backends.batch_metadata import BatchLengths, PageRange, check_page_aligned, host, page_ids
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.flashinfer_mla import FlashInferMLABackend, mla_refusals
@@ -47,18 +49,6 @@ class _WrapperSpec:
     sm_scale: float
     cross: bool  # KV = the encoder tokens
     heads: tuple[int, int, int]  # num_q_heads, num_kv_heads, head_dim of its layers
-
-
-@dataclass
-class _KvRange:
-    """Host-side page ranges of one wrapper for one batch: pages [first, last) of each request."""
-
-    indptr: torch.Tensor  # [bs + 1] int32, cpu
-    first_page: torch.Tensor  # [bs] int64, cpu
-    counts: torch.Tensor  # [bs] int64, cpu
-    last_page_len: torch.Tensor  # [bs] int32, cpu
-    start_token: torch.Tensor  # [bs] int64, cpu: token position of the first page's first slot
-    kv_len: torch.Tensor  # [bs] int64, cpu: tokens from start_token the kernel reads
 
 
 def flashinfer_refusals(plan: Plan, layers: list[AttentionLayer]) -> list[Problem]:
@@ -172,97 +162,67 @@ class FlashInferBackend(AttentionBackend):
         if mode == ForwardMode.IDLE:
             self._batch_path = "none"
             return
-        lens = self._host_lengths(batch)
+        lens = BatchLengths.from_batch(batch)
+        check_page_aligned(lens.enc, self.page_size, "encoder_lens", "FlashInfer")
         if mode == ForwardMode.DECODE:
             self._batch_path = "decode"
             for spec, wrapper in zip(self.specs, self.decode_wrappers):
-                self._plan_decode(wrapper, spec, batch.req_pool_indices, lens, cuda_graph=False)
+                self._plan_decode(wrapper, spec, lens, cuda_graph=False)
             return
-        has_prefix = bool((lens["prefix"] > 0).any())
+        has_prefix = lens.has_prefix
         # the mode table decides: under ragged prefill the paged wrapper covers only the cached prefix
         ragged = self.plan.mode(mode).flashinfer.paged_kv_extent == "prefix"
         self._batch_path = ("ragged_paged" if has_prefix else "ragged") if ragged else "paged"
         self._merge_rows = self._rows_with_prefix(lens) if ragged and has_prefix else None
-        qo_indptr = host_indptr(lens["new"])
+        qo_indptr = host(lens.qo_indptr)
         for spec, paged, rag in zip(self.specs, self.paged_wrappers, self.ragged_wrappers):
             if spec.cross or not ragged:
-                rng = self._kv_range(spec, lens, prefix_only=False)
-                self._plan_paged(paged, spec, qo_indptr, rng, batch.req_pool_indices, lens, causal=spec.causal and not spec.cross)
+                self._plan_paged(paged, spec, qo_indptr, lens, prefix_only=False, causal=spec.causal and not spec.cross)
                 continue
             rag.plan(qo_indptr, qo_indptr, *spec.heads, causal=spec.causal,
                      **self._plan_kwargs(spec, "ragged"))
             if has_prefix:
-                rng = self._kv_range(spec, lens, prefix_only=True)
-                self._plan_paged(paged, spec, qo_indptr, rng, batch.req_pool_indices, lens, causal=False,
+                self._plan_paged(paged, spec, qo_indptr, lens, prefix_only=True, causal=False,
                                  window_mask=spec.window_left >= 0)
 
-    def _rows_with_prefix(self, lens: dict) -> torch.Tensor | None:
+    def _rows_with_prefix(self, lens: BatchLengths) -> torch.Tensor | None:
         """``[num_tokens]`` bool: the new tokens whose request has a cached prefix (None: all of them). The paged
         half's state of a request without prefix is undefined on the fa3 family (measured on FlashInfer
         0.7.2: finite lse and a nonzero output over zero keys, where fa2 gives -inf and 0), so only these
         rows merge it."""
-        with_prefix = lens["prefix"] > 0
+        with_prefix = lens.prefix > 0
         if bool(with_prefix.all()):
             return None
-        return torch.repeat_interleave(with_prefix, lens["new"]).to(self.device, non_blocking=True)
+        return host(np.repeat(with_prefix, lens.new)).to(self.device, non_blocking=True)
 
-    def _host_lengths(self, batch: ForwardBatch) -> dict[str, torch.Tensor]:
-        new = torch.tensor(batch.extend_seq_lens_cpu) if batch.extend_seq_lens_cpu is not None else batch.extend_seq_lens.cpu()
-        return self._lengths(batch.seq_lens_cpu, new, batch.encoder_lens)
+    def _pages(self, spec: _WrapperSpec, lens: BatchLengths, *, prefix_only: bool) -> PageRange:
+        return lens.kv_pages(self.page_size, window_left=spec.window_left, prefix_only=prefix_only, cross=spec.cross)
 
-    def _lengths(self, seq_cpu: torch.Tensor, new_cpu: torch.Tensor, encoder_lens: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        """Host lengths per request: seq (post-write), new, enc (encoder tokens first in the row), prefix."""
-        seq, new = seq_cpu.long(), new_cpu.long()
-        enc = encoder_lens.cpu().long() if encoder_lens is not None else torch.zeros_like(seq)
-        if self.page_size > 1 and bool((enc % self.page_size).any()):
-            raise BatchMetadataError(Problem("encoder_lens", f"must be multiples of page_size {self.page_size} on the FlashInfer backend"))
-        return {"seq": seq, "new": new, "enc": enc, "prefix": seq - enc - new}
-
-    def _kv_range(self, spec: _WrapperSpec, lens: dict, *, prefix_only: bool) -> _KvRange:
-        ps = self.page_size
-        if spec.cross:
-            start, end = torch.zeros_like(lens["enc"]), lens["enc"]
-        else:
-            start = lens["enc"]
-            end = lens["enc"] + lens["prefix"] + (0 if prefix_only else lens["new"])
-            if spec.window_left >= 0:  # the first key any query of the request can see
-                start = torch.maximum(start, lens["enc"] + lens["prefix"] - spec.window_left)
-        first = start // ps
-        last = torch.where(end > 0, (end + ps - 1) // ps, first)
-        counts = (last - first).clamp(min=0)
-        kv_len = (end - first * ps).clamp(min=0)
-        # FlashInfer derives kv_len = (pages - 1) * page_size + last_page_len: a request without pages needs page_size
-        last_len = torch.where(counts > 0, kv_len - (counts - 1) * ps, torch.full_like(kv_len, ps))
-        return _KvRange(host_indptr(counts), first, counts, last_len.to(torch.int32), first * ps, kv_len)
-
-    def _indices(self, rows: torch.Tensor, rng: _KvRange) -> torch.Tensor:
-        """``[total_pages]`` int32 page ids, request by request; sized on the host, so no device sync."""
-        slots = gather_req_to_token(self.req_to_token, rows, rng.counts, rng.indptr, stride=self.page_size, first=rng.first_page)
-        return (slots // self.page_size).to(torch.int32)
-
-    def _plan_decode(self, wrapper, spec: _WrapperSpec, rows: torch.Tensor, lens: dict, *, cuda_graph: bool) -> None:
-        rng = self._kv_range(spec, lens, prefix_only=False)
+    def _plan_decode(self, wrapper, spec: _WrapperSpec, lens: BatchLengths, *, cuda_graph: bool) -> None:
+        rng = self._pages(spec, lens, prefix_only=False)
         q_heads, kv_heads, head_dim = spec.heads
-        wrapper.plan(rng.indptr, self._indices(rows, rng), rng.last_page_len,
+        wrapper.plan(host(rng.indptr), page_ids(self.req_to_token, lens.rows, rng, self.page_size), host(rng.last_page_len),
                      q_heads, kv_heads, head_dim, self.page_size, **self._plan_kwargs(spec, "decode", cuda_graph=cuda_graph))
 
-    def _plan_paged(self, wrapper, spec: _WrapperSpec, qo_indptr: torch.Tensor, rng: _KvRange, rows: torch.Tensor,
-                    lens: dict, *, causal: bool, window_mask: bool = False, cuda_graph: bool = False) -> None:
+    def _plan_paged(self, wrapper, spec: _WrapperSpec, qo_indptr: torch.Tensor, lens: BatchLengths, *, prefix_only: bool,
+                    causal: bool, window_mask: bool = False, cuda_graph: bool = False) -> None:
+        rng = self._pages(spec, lens, prefix_only=prefix_only)
         kw = self._plan_kwargs(spec, "paged", cuda_graph=cuda_graph)
         if window_mask:  # paged half of a ragged+paged window layer: queries sit after the prefix
             kw["custom_mask"] = self._prefix_window_mask(spec, rng, lens)
             kw["window_left"] = -1
-        wrapper.plan(qo_indptr, rng.indptr, self._indices(rows, rng), rng.last_page_len, *spec.heads, self.page_size, causal=causal, **kw)
+        wrapper.plan(qo_indptr, host(rng.indptr), page_ids(self.req_to_token, lens.rows, rng, self.page_size),
+                     host(rng.last_page_len), *spec.heads, self.page_size, causal=causal, **kw)
 
-    def _prefix_window_mask(self, spec: _WrapperSpec, rng: _KvRange, lens: dict) -> torch.Tensor:
+    def _prefix_window_mask(self, spec: _WrapperSpec, rng: PageRange, lens: BatchLengths) -> torch.Tensor:
         """Flattened ``[sum(new_i * kv_len_i)]`` bool: key at ``start + j`` is visible to the query at ``prefix + i``
         when ``start + j >= prefix + i - window``."""
         parts = []
-        for b in range(len(rng.counts)):
-            q_pos = lens["enc"][b] + lens["prefix"][b] + torch.arange(int(lens["new"][b]))
-            k_pos = rng.start_token[b] + torch.arange(int(rng.kv_len[b]))
+        for b in range(lens.batch_size):
+            q_pos = lens.enc[b] + lens.prefix[b] + np.arange(lens.new[b])
+            k_pos = rng.start_token[b] + np.arange(rng.kv_len[b])
             parts.append((k_pos[None, :] >= q_pos[:, None] - spec.window_left).reshape(-1))
-        return torch.cat(parts).to(self.device)
+        return host(np.concatenate(parts)).to(self.device)
 
     # ---- forward --------------------------------------------------------------------------------
 
@@ -345,18 +305,17 @@ class FlashInferBackend(AttentionBackend):
     def _replan_graph(self, bs, rows, seq_lens_cpu, per_req, encoder_lens, mode) -> None:
         """Plan the captured wrappers of ``bs`` for new lengths: plan() refills their static buffers in place."""
         self._graph_per_req[(mode, bs)] = per_req
-        lens = self._lengths(seq_lens_cpu, torch.full_like(seq_lens_cpu, per_req), encoder_lens)
-        new = lens["new"]
+        lens = BatchLengths.for_graph(mode, rows, seq_lens_cpu, per_req, encoder_lens)
+        check_page_aligned(lens.enc, self.page_size, "encoder_lens", "FlashInfer")
         wrappers = self._graphs[(mode, bs)]
         for spec, wrapper in zip(self.specs, wrappers):
             if mode == ForwardMode.DECODE:
-                self._plan_decode(wrapper, spec, rows, lens, cuda_graph=True)
+                self._plan_decode(wrapper, spec, lens, cuda_graph=True)
             else:
-                rng = self._kv_range(spec, lens, prefix_only=False)
-                self._plan_paged(wrapper, spec, host_indptr(new), rng, rows, lens, causal=spec.causal and not spec.cross, cuda_graph=True)
+                self._plan_paged(wrapper, spec, host(lens.qo_indptr), lens, prefix_only=False,
+                                 causal=spec.causal and not spec.cross, cuda_graph=True)
         if mode == ForwardMode.DECODE:
             self._active_decode = wrappers
         else:
             self._active_paged = wrappers
         self._batch_path = "decode" if mode == ForwardMode.DECODE else "paged"
-

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import importlib
 
+import numpy as np
 import torch
 
-from attngate.backends.base import AttentionBackend, check_batch, check_graph_batch, check_pool_page_size, gather_req_to_token, host_indptr
+from attngate.backends.base import AttentionBackend, check_batch, check_graph_batch, check_pool_page_size
+from attngate.backends.batch_metadata import BatchLengths, host, page_ids
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.layer import AttentionLayer
@@ -85,35 +87,28 @@ class FlashInferMLABackend(AttentionBackend):
         if batch.forward_mode == ForwardMode.IDLE:
             return
         self._active_mla = self.mla_wrapper
-        new = torch.tensor(batch.extend_seq_lens_cpu) if batch.extend_seq_lens_cpu is not None else batch.extend_seq_lens.cpu()
-        seq = batch.seq_lens_cpu.long()
-        prefix = seq - new.long()
-        self._has_prefix = bool((prefix > 0).any())
+        lens = BatchLengths.from_batch(batch)
+        self._has_prefix = lens.has_prefix
         self._absorbed = absorbed_for_batch(self.plan.mode(batch.forward_mode).common.mla_form, self._has_prefix)
-        qo_indptr = host_indptr(new)
+        qo_indptr = host(lens.qo_indptr)
         if self._absorbed:
-            self._plan_mla(self.mla_wrapper, qo_indptr, batch.req_pool_indices, seq)
+            self._plan_mla(self.mla_wrapper, qo_indptr, lens)
             return
-        kv_indptr = host_indptr(seq)
-        self._latent_rows = gather_req_to_token(self.req_to_token, batch.req_pool_indices, seq, kv_indptr).long() if self._has_prefix else None
+        tokens = lens.kv_pages(1)  # every cached token of the request, page size 1: slots
+        self._latent_rows = page_ids(self.req_to_token, lens.rows, tokens, 1).long() if self._has_prefix else None
         head = self._head
-        self.ragged_wrapper.plan(qo_indptr, kv_indptr, head.num_q_heads, head.num_q_heads, head.head_dim,
+        self.ragged_wrapper.plan(qo_indptr, host(tokens.indptr), head.num_q_heads, head.num_q_heads, head.head_dim,
                                  head_dim_vo=head.v_head_dim, causal=True, sm_scale=head.scaling,
                                  q_data_type=self.q_dtype, kv_data_type=self.q_dtype)  # K/V are decompressed in q's dtype
 
-    def _plan_mla(self, wrapper, qo_indptr: torch.Tensor, rows: torch.Tensor, seq: torch.Tensor) -> None:
-        counts = (seq + self.page_size - 1) // self.page_size
-        kv_indptr = host_indptr(counts)
+    def _plan_mla(self, wrapper, qo_indptr: torch.Tensor, lens: BatchLengths) -> None:
+        pages = lens.kv_pages(self.page_size)
         head = self._head
-        metadata = self.fi.mla.MLAPlanMetadata.csr(qo_indptr, kv_indptr, self._page_ids(rows, counts, kv_indptr),
-                                                   seq.to(torch.int32))
+        metadata = self.fi.mla.MLAPlanMetadata.csr(qo_indptr, host(pages.indptr), page_ids(self.req_to_token, lens.rows, pages, self.page_size),
+                                                   host(lens.seq.astype(np.int32)))
         wrapper.plan(metadata=metadata, num_heads=head.num_q_heads, head_dim_ckv=head.kv_lora_rank,
                      head_dim_kpe=head.qk_rope_head_dim, page_size=self.page_size, causal=True, sm_scale=head.scaling,
                      q_data_type=self.q_dtype, kv_data_type=self._dtype, query_layout="packed", kv_cache_layout="packed")
-
-    def _page_ids(self, rows: torch.Tensor, counts: torch.Tensor, indptr: torch.Tensor) -> torch.Tensor:
-        """``[total_pages]`` int32 page ids, request by request; sized on the host, so no device sync."""
-        return gather_req_to_token(self.req_to_token, rows, counts, indptr, stride=self.page_size) // self.page_size
 
     # ---- forward -----------------------------------------------------------------------------------
 
@@ -161,7 +156,7 @@ class FlashInferMLABackend(AttentionBackend):
         wrapper, per_req = self._graphs[(forward_mode, bs)]
         if self.checked:
             check_graph_batch(self, bs, per_req, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode)
-        qo_indptr = torch.arange(bs + 1, dtype=torch.int32) * per_req
-        self._plan_mla(wrapper, qo_indptr, req_pool_indices, seq_lens_cpu.long())
+        lens = BatchLengths.for_graph(forward_mode, req_pool_indices, seq_lens_cpu, per_req, None)
+        self._plan_mla(wrapper, host(lens.qo_indptr), lens)
         self._active_mla, self._absorbed = wrapper, True
 

@@ -30,6 +30,7 @@ class ForwardBatch:
             layers are written to when this forward carries them, else None.
         extend_seq_lens_cpu: the new-token counts on the host (lets GPU backends size kernels
             without a device-to-host copy), or None.
+        encoder_lens_cpu: ``encoder_lens`` on the host, or None (then read from the device at a sync).
     """
 
     forward_mode: ForwardMode
@@ -43,6 +44,7 @@ class ForwardBatch:
     encoder_lens: torch.Tensor | None = None
     encoder_out_cache_loc: torch.Tensor | None = None
     extend_seq_lens_cpu: list[int] | None = None
+    encoder_lens_cpu: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from attngate.backends.base import AttentionBackend, check_batch
+from attngate.backends.batch_metadata import BatchLengths
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.layer import AttentionLayer
@@ -36,11 +37,17 @@ from attngate.facts.modes import LayerKind
 
 @dataclass
 class _Metadata:
+    """Per-request host lengths (from the shared :class:`BatchLengths`) as Python ints for the per-request loop."""
+
     q_start: list[int]  # first row of each request in the token dimension
     prefix: list[int]
     new: list[int]
     encoder: list[int]
     rows: list[int]
+
+    @classmethod
+    def of(cls, lens: BatchLengths) -> _Metadata:
+        return cls(lens.qo_indptr[:-1].tolist(), lens.prefix.tolist(), lens.new.tolist(), lens.enc.tolist(), lens.rows.tolist())
 
 
 class ReferenceBackend(AttentionBackend):
@@ -52,12 +59,7 @@ class ReferenceBackend(AttentionBackend):
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         check_batch(batch, self.req_to_token, self.kv_pool.num_slots)
-        new = batch.extend_seq_lens.tolist()
-        starts = [0]
-        for n in new[:-1]:
-            starts.append(starts[-1] + n)
-        enc = batch.encoder_lens.tolist() if batch.encoder_lens is not None else [0] * batch.batch_size
-        self._md = _Metadata(starts, batch.extend_prefix_lens.tolist(), new, enc, batch.req_pool_indices.tolist())
+        self._md = _Metadata.of(BatchLengths.from_batch(batch))
 
     def forward_decode(self, q, k, v, layer, batch, save_kv_cache):
         return self.forward_extend(q, k, v, layer, batch, save_kv_cache)

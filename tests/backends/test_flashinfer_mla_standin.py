@@ -120,16 +120,3 @@ def test_flashinfer_mla_graph_replay_metadata_follows_each_rounds_lengths(mode):
         ref = ReferenceBackend(plan, pools[1], s.req_to_token_pool.req_to_token, [layer])
         ref.init_forward_metadata(s.batch)
         torch.testing.assert_close(got, ref.forward(q, latent, None, layer, s.batch), atol=1e-4, rtol=1e-4)
-
-
-def test_gather_req_to_token_pages_and_tokens_from_any_first_position():
-    from attngate.backends.base import gather_req_to_token
-
-    rtt = torch.arange(3 * 40, dtype=torch.int32).view(3, 40)
-    rows = torch.tensor([2, 0])
-    counts, first = torch.tensor([3, 2]), torch.tensor([1, 4])
-    indptr = torch.tensor([0, 3, 5], dtype=torch.int32)
-    got = gather_req_to_token(rtt, rows, counts, indptr, stride=4, first=first)
-    assert got.tolist() == [rtt[2, 4].item(), rtt[2, 8].item(), rtt[2, 12].item(), rtt[0, 16].item(), rtt[0, 20].item()]
-    assert gather_req_to_token(rtt, rows, counts, indptr).tolist() == [80, 81, 82, 0, 1]
-    assert gather_req_to_token(rtt, rows, torch.tensor([0, 0]), torch.zeros(3, dtype=torch.int32)).numel() == 0

@@ -1,0 +1,192 @@
+"""Per-batch metadata computed once and shared by every backend (vLLM's CommonAttentionMetadata).
+
+:class:`BatchLengths` holds each request's lengths on the host, taken from the batch's CPU copies
+(``seq_lens_cpu``, ``extend_seq_lens_cpu``, ``encoder_lens_cpu``), so building it costs no device
+sync. :meth:`BatchLengths.kv_pages` turns them into the page ranges a kernel reads (window and
+cross attention included); :func:`page_ids` gathers the page ids of those ranges on the device,
+sized from the host, again without a sync. The reference, FA and FlashInfer backends all derive
+their own kernel arguments from these.
+
+Host arrays are numpy: a batch's length arithmetic is a dozen tiny ops, which cost about 1 µs each
+in numpy and 5 to 10 µs each as torch CPU ops (bench/RESULTS.md, host time per step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import torch
+
+from attngate.backends.errors import BatchMetadataError
+from attngate.backends.forward_batch import ForwardBatch
+from attngate.errors import Problem
+from attngate.facts.modes import ForwardMode
+
+
+def indptr_of(counts: np.ndarray) -> np.ndarray:
+    """``[len(counts) + 1]`` int32 prefix sums (qo_indptr, kv_indptr, cu_seqlens)."""
+    out = np.zeros(len(counts) + 1, dtype=np.int32)
+    np.cumsum(counts, out=out[1:])
+    return out
+
+
+def host(arr: np.ndarray) -> torch.Tensor:
+    """A host tensor sharing ``arr``'s memory (what FlashInfer's plan() and the H2D copies take)."""
+    return torch.from_numpy(np.ascontiguousarray(arr))
+
+
+@dataclass(frozen=True)
+class PageRange:
+    """The pages one kernel reads per request: pages ``[first_page, first_page + counts)`` of its row of
+    ``req_to_token``, the first page's first slot at token ``start_token``. All ``[bs]`` numpy int64
+    except ``indptr`` (``[bs + 1]`` int32, kv_indptr) and ``last_page_len`` (int32)."""
+
+    indptr: np.ndarray
+    first_page: np.ndarray
+    counts: np.ndarray
+    last_page_len: np.ndarray  # in [1, page_size]; page_size for a request without pages (FlashInfer's convention)
+    start_token: np.ndarray
+    kv_len: np.ndarray  # tokens from start_token the kernel reads
+
+    @property
+    def total_pages(self) -> int:
+        return int(self.indptr[-1])
+
+
+@dataclass(frozen=True)
+class BatchLengths:
+    """Each request's lengths, host-side, ``[bs]`` numpy int64.
+
+    ``seq``: tokens in the row of ``req_to_token`` after this forward's writes (encoder tokens first);
+    ``new``: this forward's tokens (extend_seq_lens); ``enc``: encoder tokens; ``prefix``: decoder
+    tokens cached before this forward (``seq - enc - new``). ``rows`` is ``req_pool_indices`` as given
+    (device).
+    """
+
+    mode: ForwardMode
+    rows: torch.Tensor
+    seq: np.ndarray
+    new: np.ndarray
+    enc: np.ndarray
+
+    @classmethod
+    def from_batch(cls, batch: ForwardBatch) -> BatchLengths:
+        """From the batch's host copies; a batch without ``extend_seq_lens_cpu`` or ``encoder_lens_cpu`` costs
+        a device-to-host copy for the missing one."""
+        seq = batch.seq_lens_cpu.numpy().astype(np.int64)
+        if batch.forward_mode == ForwardMode.DECODE:
+            new = np.ones_like(seq)
+        elif batch.extend_seq_lens_cpu is not None:
+            new = np.asarray(batch.extend_seq_lens_cpu, dtype=np.int64)
+        else:
+            new = batch.extend_seq_lens.cpu().numpy().astype(np.int64)
+        return cls(batch.forward_mode, batch.req_pool_indices, seq, new, _encoder_lens(batch.encoder_lens, batch.encoder_lens_cpu, seq))
+
+    @classmethod
+    def for_graph(cls, mode: ForwardMode, rows: torch.Tensor, seq_lens_cpu: torch.Tensor, per_req: int,
+                  encoder_lens: torch.Tensor | None, encoder_lens_cpu: torch.Tensor | None = None) -> BatchLengths:
+        """A CUDA-graph batch: ``per_req`` new tokens per request."""
+        seq = seq_lens_cpu.numpy().astype(np.int64)
+        return cls(mode, rows, seq, np.full_like(seq, per_req), _encoder_lens(encoder_lens, encoder_lens_cpu, seq))
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seq)
+
+    @cached_property
+    def prefix(self) -> np.ndarray:
+        return self.seq - self.enc - self.new
+
+    @cached_property
+    def qo_indptr(self) -> np.ndarray:
+        """``[bs + 1]`` int32, cu_seqlens_q."""
+        return indptr_of(self.new)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.qo_indptr[-1])
+
+    @property
+    def max_new(self) -> int:
+        return int(self.new.max(initial=0))
+
+    @property
+    def max_seq(self) -> int:
+        return int(self.seq.max(initial=0))
+
+    @cached_property
+    def has_prefix(self) -> bool:
+        return bool((self.prefix > 0).any())
+
+    def kv_pages(self, page_size: int, *, window_left: int = -1, prefix_only: bool = False, cross: bool = False) -> PageRange:
+        """The pages a kernel reads per request: the encoder tokens (``cross``), or the decoder tokens (prefix,
+        plus the new ones unless ``prefix_only``) from the first one a query can see under ``window_left``
+        (-1: no window) on. Pages are whole, so a window's range starts at the page holding its first key."""
+        if cross:
+            start, end = np.zeros_like(self.enc), self.enc
+        else:
+            start = self.enc
+            end = self.enc + self.prefix + (0 if prefix_only else self.new)
+            if window_left >= 0:
+                start = np.maximum(start, self.enc + self.prefix - window_left)
+        first = start // page_size
+        last = np.where(end > 0, -(-end // page_size), first)
+        counts = np.maximum(last - first, 0)
+        kv_len = np.maximum(end - first * page_size, 0)
+        last_len = np.where(counts > 0, kv_len - (counts - 1) * page_size, page_size).astype(np.int32)
+        return PageRange(indptr_of(counts), first, counts, last_len, first * page_size, kv_len)
+
+
+def _encoder_lens(device_lens: torch.Tensor | None, host_lens: torch.Tensor | None, seq: np.ndarray) -> np.ndarray:
+    if host_lens is not None:
+        return host_lens.numpy().astype(np.int64)
+    if device_lens is not None:
+        return device_lens.cpu().numpy().astype(np.int64)  # a device sync; pass encoder_lens_cpu to avoid it
+    return np.zeros_like(seq)
+
+
+def check_page_aligned(lens: np.ndarray, page_size: int, what: str, backend: str) -> None:
+    """BatchMetadataError when ``lens`` (e.g. encoder_lens) are not whole pages."""
+    if page_size > 1 and bool((lens % page_size).any()):
+        raise BatchMetadataError(Problem(what, f"must be multiples of page_size {page_size} on the {backend} backend"))
+
+
+def page_ids(req_to_token: torch.Tensor, rows: torch.Tensor, pages: PageRange, page_size: int) -> torch.Tensor:
+    """``[pages.total_pages]`` int32 on ``req_to_token``'s device: request b's page ids
+    ``req_to_token[rows[b], (first_page[b] + j) * page_size] // page_size`` for ``j < counts[b]``, request by
+    request (kv_indices). Sized on the host: no device sync. With ``page_size`` 1 these are token slots.
+
+    On CUDA with Triton installed one kernel does it (as SGLang's create_flashinfer_kv_indices_triton);
+    elsewhere a few torch ops compute the same.
+    """
+    total = pages.total_pages
+    device = req_to_token.device
+    if total == 0:
+        return torch.empty(0, dtype=torch.int32, device=device)
+    starts = np.stack([pages.indptr[:-1].astype(np.int64), pages.first_page, pages.counts])
+    starts_dev = host(starts).to(device, non_blocking=True)
+    if device.type == "cuda" and _triton_page_ids() is not None:
+        out = torch.empty(total, dtype=torch.int32, device=device)
+        _triton_page_ids()(req_to_token, rows, starts_dev, out, page_size)
+        return out
+    offset = starts_dev[1] - starts_dev[0]  # column (in pages) of the flat position 0 of each request
+    rows_rep = torch.repeat_interleave(rows, starts_dev[2], output_size=total)
+    col = torch.repeat_interleave(offset, starts_dev[2], output_size=total) + torch.arange(total, device=device)
+    slots = req_to_token[rows_rep, col * page_size]
+    return (slots // page_size if page_size > 1 else slots).to(torch.int32)
+
+
+_TRITON: list = []
+
+
+def _triton_page_ids():
+    """The Triton launcher of :func:`page_ids`, or None where Triton is not installed (imported on first use)."""
+    if not _TRITON:
+        try:
+            from attngate.backends import page_ids_triton
+            _TRITON.append(page_ids_triton.launch)
+        except ImportError:
+            _TRITON.append(None)
+    return _TRITON[0]
