@@ -3,8 +3,7 @@
 - decode 64 x 4096 and causal prefill 8 x 4096 (32/8 heads, head_dim 128, bf16): through the
   backend (init_forward_metadata + forward) and the raw kernel call on the same tensors, side by side;
 - embedding workload (64 x 512 and 8 x 4096): the fast path (fa.skip_kv_cache) against the paged path;
-- per-step host time of init_forward_metadata + forward at batch 1 and 64, eager and CUDA-graph replay,
-  against the raw kernel call.
+- host time per step: bench/bench_host.py.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
 from backend_cases import GPU, layer_of, make_case, plan_for  # noqa: E402
 
 H, HKV, D = GPU.heads
-from common import cuda_ms, decode_graph_replay, host_us, paired_ms  # noqa: E402
+from common import cuda_ms, host_us, paired_ms  # noqa: E402
 
 PS = 128
 
@@ -83,11 +82,6 @@ def main() -> None:
         t_p, t_f = paired_ms(paged_step, fast_step, iters=10)
         out[name] = {"paged_ms": round(t_p, 3), "fast_path_ms": round(t_f, 3), "fast_over_paged": round(t_f / t_p, 3)}
 
-    for bs in (1, 64):
-        fa, case, layer, step, raw, _ = backend_and_raw([(4095, 1)] * bs, ForwardMode.DECODE, plan)
-        replay = decode_graph_replay(fa, case, layer, bs)
-        out[f"host_us_decode_bs{bs}"] = {"backend_eager": round(host_us(step), 1), "raw_kernel_call": round(host_us(raw), 1),
-                                         "backend_replay_incl_metadata_update": round(host_us(replay), 1)}
     print(json.dumps(out, indent=2))
 
 

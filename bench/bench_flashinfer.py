@@ -4,7 +4,8 @@
   backend's forward and through the raw BatchDecodeWithPagedKVCacheWrapper.run of the same plan;
 - causal prefill 8 x 4096: TFLOP/s through the backend and through the raw ragged wrapper's run;
 - deterministic mode (fixed split sizes, tensor-core decode, no ragged) against the default mode;
-- per-step host time of init_forward_metadata + forward at batch 1 and 64, eager and CUDA-graph replay.
+- prefill also split: attention alone (save_kv_cache=False) against run(), and forward against run() plus the KV write;
+  host time per step: bench/bench_host.py.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
 from backend_cases import GPU, layer_of, make_case, plan_for  # noqa: E402
 
 H, HKV, D = GPU.heads
-from common import decode_graph_replay, host_us, paired_ms  # noqa: E402
+from common import paired_ms  # noqa: E402
 
 PS = 16
 
@@ -54,30 +55,29 @@ def main() -> None:
                                          "backend_TBps": round(kv_bytes / t_b / 1e9, 3), "raw_TBps": round(kv_bytes / t_r / 1e9, 3),
                                          "backend_over_raw": round(t_b / t_r, 3)}
         fi, case, layer, forward = setup([(0, 4096)] * 8, ForwardMode.EXTEND, plan)
+        batch, pool = case.setup.batch, case.pools[0]
+        write = lambda: pool.set_kv_buffer(0, batch.out_cache_loc, case.k, case.v)  # noqa: E731
         if fi._batch_path == "ragged":
-            raw = lambda: fi.ragged_wrappers[0].run(case.q, case.k, case.v)  # noqa: E731
-        else:
+            run = lambda: fi.ragged_wrappers[0].run(case.q, case.k, case.v)  # noqa: E731
+            raw = lambda: (run(), write())  # noqa: E731  what a server must do at the least: attend and write the new K/V
+            attention_only = lambda: fi.forward(case.q, case.k, case.v, layer, batch, save_kv_cache=False)  # noqa: E731
+        else:  # the paged path reads what it writes: the write is part of the raw step too
             caches = fi._caches(layer)
-            raw = lambda: fi._active_paged[0].run(case.q, caches)  # noqa: E731
+            run = lambda: fi._active_paged[0].run(case.q, caches)  # noqa: E731
+            raw = lambda: (write(), run())  # noqa: E731
+            attention_only = None
         t_b, t_r = paired_ms(forward, raw, iters=10)
-        out[f"prefill_8x4096_causal_{name}"] = {"path": fi._batch_path, "backend_ms": round(t_b, 3), "raw_run_ms": round(t_r, 3),
-                                                "backend_TFLOPs": round(flops / t_b / 1e9, 1), "raw_TFLOPs": round(flops / t_r / 1e9, 1),
-                                                "backend_over_raw": round(t_b / t_r, 3)}
+        row = {"path": fi._batch_path, "backend_ms": round(t_b, 3), "raw_run_plus_kv_write_ms": round(t_r, 3),
+               "backend_TFLOPs": round(flops / t_b / 1e9, 1), "backend_over_raw": round(t_b / t_r, 3)}
+        if attention_only is not None:
+            t_a, t_run = paired_ms(attention_only, run, iters=10)
+            row |= {"backend_attention_only_ms": round(t_a, 3), "raw_run_ms": round(t_run, 3),
+                    "backend_attention_TFLOPs": round(flops / t_a / 1e9, 1), "raw_run_TFLOPs": round(flops / t_run / 1e9, 1),
+                    "attention_backend_over_raw": round(t_a / t_run, 3)}
+        out[f"prefill_8x4096_causal_{name}"] = row
     for kind in ("decode_64x4096", "prefill_8x4096_causal"):
         out[f"{kind}_deterministic_over_default"] = round(out[f"{kind}_deterministic"]["backend_ms"] / out[f"{kind}_default"]["backend_ms"], 3)
 
-    for bs in (1, 64):
-        fi, case, layer, forward = setup([(4095, 1)] * bs, ForwardMode.DECODE, default)
-        batch = case.setup.batch
-
-        def eager_step():
-            fi.init_forward_metadata(batch)
-            return fi.forward(case.q, case.k, case.v, layer, batch)
-
-        replay = decode_graph_replay(fi, case, layer, bs)
-        out[f"host_us_decode_bs{bs}"] = {"eager_metadata_plus_forward": round(host_us(eager_step), 1),
-                                         "eager_forward_only": round(host_us(forward), 1),
-                                         "replay_incl_replan": round(host_us(replay), 1)}
     print(json.dumps(out, indent=2))
 
 

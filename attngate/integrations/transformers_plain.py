@@ -5,15 +5,17 @@ The plan is resolved once per model from its config (SGLang's default ServerArgs
 DynamicCache or static cache) and its mask, and applies the plan's decisions for the layer's kind:
 causality and the window (``plan.layer(kind).common``), soft-cap, learned sinks and scaling from the
 same layer spec the runtime binds. transformers' mask supplies only what the plan cannot know: where
-each query sits among the keys and which keys are padding. On a GPU, where the plan runs the phase on
-FA through ``flash_attn.cute``, the batch is unpadded into one varlen FA call; otherwise attention runs
-in float32 torch (the reference semantics).
+each query sits among the keys and which keys are padding. On a GPU the batch is unpadded into varlen
+rows and the phase runs on the plan's backend: one FA4 varlen call where the plan runs it on FA through
+``flash_attn.cute``, FlashInfer's ragged prefill wrapper (its kernel family from the plan) where the
+plan runs it on FlashInfer; otherwise attention runs in float32 torch (the reference semantics).
 """
 
 from __future__ import annotations
 
 import importlib
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -77,9 +79,12 @@ def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     if gates.use_window and layer.sliding_window_size >= 0:
         mask &= j[None, None, :] >= q_pos[..., None] - layer.sliding_window_size
     window = layer.sliding_window_size if gates.use_window and layer.sliding_window_size >= 0 else None
-    varlen = _fa_kernel(resolution, query, s)
-    if varlen is not None:
-        return _fa_varlen(varlen, query, key, value, visible, padding[:, 0], gates.causal, window, scale, layer.logit_cap, sinks), None
+    kernel = _kernel_of(resolution, query, s)
+    if kernel is not None:
+        rows = _unpad(query, key, value, visible, padding[:, 0])
+        run = _fa_varlen if kernel == "fa" else _flashinfer_ragged
+        out = run(resolution, rows, causal=gates.causal, window=window, scale=scale, softcap=layer.logit_cap, sinks=sinks)
+        return rows.pad_back(out, query, value), None
     rep = h // key.shape[1]
     k, v = key.float().repeat_interleave(rep, 1), value.float().repeat_interleave(rep, 1)
     scores = torch.einsum("bhqd,bhkd->bhqk", query.float(), k) * scale
@@ -93,31 +98,93 @@ def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     return out.to(query.dtype), None
 
 
-def _fa_kernel(resolution: Resolution, query: torch.Tensor, s: int):
-    """FA4's varlen kernel when the plan runs this phase on FA through flash_attn.cute and q is on a GPU."""
+def _on_gpu(t: torch.Tensor) -> bool:
+    return t.is_cuda
+
+
+def _kernel_of(resolution: Resolution, query: torch.Tensor, s: int) -> str | None:
+    """Which kernel runs this phase (prefill: ``s > 1``) on a GPU: ``"fa"`` (FA4's varlen kernel, where the plan
+    runs the phase on FA through flash_attn.cute), ``"flashinfer"`` (its ragged prefill wrapper), or None
+    (float32 torch: off the GPU, or a provider this path does not call)."""
     plan = resolution.plan
     backend = plan.prefill_backend if s > 1 else plan.decode_backend
-    if not query.is_cuda or backend not in ("fa3", "fa4") or plan.flashattention.provider != "flash_attn.cute":
+    if not _on_gpu(query):
         return None
-    return importlib.import_module("flash_attn.cute").flash_attn_varlen_func
+    if backend in ("fa3", "fa4") and plan.flashattention.provider == "flash_attn.cute":
+        return "fa"
+    return "flashinfer" if backend == "flashinfer" else None
 
 
-def _fa_varlen(varlen, query, key, value, visible, kv_valid, causal: bool, window: int | None, scale: float, softcap: float, sinks):
-    """The batch unpadded into varlen rows (each row's valid keys are contiguous, its valid queries their last
-    positions: left padding, transformers' dynamic and static caches), one FA call, padded back."""
-    q_valid = visible.any(-1)  # [B, S]: padding queries see nothing and get zeros, as transformers ignores them
-    q_rows, k_rows, v_rows = query.transpose(1, 2)[q_valid], key.transpose(1, 2)[kv_valid], value.transpose(1, 2)[kv_valid]
-    q_lens, k_lens = q_valid.sum(1), kv_valid.sum(1)
-    cu_q = torch.nn.functional.pad(torch.cumsum(q_lens, 0, dtype=torch.int32), (1, 0))
-    cu_k = torch.nn.functional.pad(torch.cumsum(k_lens, 0, dtype=torch.int32), (1, 0))
-    out = varlen(q_rows, k_rows, v_rows, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=int(q_lens.max()),
-                                    max_seqlen_k=int(k_lens.max()), softmax_scale=scale, causal=causal,
-                                    window_size=(window, 0 if causal else window) if window is not None else (None, None),
-                                    learnable_sink=None if sinks is None else sinks.float(), softcap=softcap)
-    out = out[0] if isinstance(out, tuple) else out
-    padded = out.new_zeros(query.shape[0], query.shape[2], query.shape[1], value.shape[-1])
-    padded[q_valid] = out
-    return padded
+@dataclass
+class _Rows:
+    """A padded batch unpadded into varlen rows: each row's valid keys are contiguous and its valid queries
+    are its last positions (left padding, transformers' dynamic and static caches)."""
+
+    q: torch.Tensor  # [total_q, H, D]
+    k: torch.Tensor  # [total_k, H_kv, D]
+    v: torch.Tensor  # [total_k, H_kv, Dv]
+    q_valid: torch.Tensor  # [B, S] bool
+    lens: torch.Tensor  # [2, B] int32 on the host: valid queries, valid keys per row
+
+    @property
+    def cu_seqlens(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """cu_seqlens_q, cu_seqlens_k: ``[B + 1]`` int32 on the host."""
+        cu = torch.nn.functional.pad(torch.cumsum(self.lens, 1, dtype=torch.int32), (1, 0))
+        return cu[0], cu[1]
+
+    def pad_back(self, out: torch.Tensor, query: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """``[total_q, H, Dv]`` -> ``[B, S, H, Dv]``, zeros at padding queries (transformers ignores them)."""
+        padded = out.new_zeros(query.shape[0], query.shape[2], query.shape[1], value.shape[-1])
+        padded[self.q_valid] = out
+        return padded
+
+
+def _unpad(query, key, value, visible: torch.Tensor, kv_valid: torch.Tensor) -> _Rows:
+    q_valid = visible.any(-1)  # [B, S]: padding queries see nothing
+    lens = torch.stack([q_valid.sum(1), kv_valid.sum(1)]).to(torch.int32).cpu()  # one host sync per call
+    return _Rows(query.transpose(1, 2)[q_valid], key.transpose(1, 2)[kv_valid], value.transpose(1, 2)[kv_valid], q_valid, lens)
+
+
+def _fa_varlen(resolution: Resolution, rows: _Rows, *, causal: bool, window: int | None, scale: float, softcap: float,
+               sinks) -> torch.Tensor:
+    """One varlen call of FA4 over the rows."""
+    varlen = importlib.import_module("flash_attn.cute").flash_attn_varlen_func
+    cu_q, cu_k = (cu.to(rows.q.device, non_blocking=True) for cu in rows.cu_seqlens)
+    out = varlen(rows.q, rows.k, rows.v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=int(rows.lens[0].max()),
+                 max_seqlen_k=int(rows.lens[1].max()), softmax_scale=scale, causal=causal,
+                 window_size=(window, 0 if causal else window) if window is not None else (None, None),
+                 learnable_sink=None if sinks is None else sinks.float(), softcap=softcap)
+    return out[0] if isinstance(out, tuple) else out
+
+
+# FlashInfer ragged wrappers per (device, layer spec), each re-planned only when the batch's lengths change, so
+# all layers of one forward share one plan() (two with alternating windows)
+_RAGGED: dict[tuple, list] = {}
+_WORKSPACES: dict[torch.device, torch.Tensor] = {}
+
+
+def _flashinfer_ragged(resolution: Resolution, rows: _Rows, *, causal: bool, window: int | None, scale: float,
+                       softcap: float, sinks) -> torch.Tensor:
+    """FlashInfer's ragged prefill wrapper over the rows (prefill and decode: bottom-right causal), in the
+    plan's kernel family (``flashinfer.prefill_kernel_family``)."""
+    if sinks is not None:  # the plan refuses FlashInfer for sinks (flashinfer.no-attention-sinks); a config edited since
+        raise ValueError("FlashInfer runs no learned attention sinks; configure() the model again with another attention_backend")
+    fi, gates = importlib.import_module("flashinfer"), resolution.plan.flashinfer
+    heads, (kv_heads, head_dim), head_dim_vo = rows.q.shape[1], rows.k.shape[1:], rows.v.shape[-1]
+    spec = (rows.q.device, gates.prefill_kernel_family, causal, window, softcap, scale, heads, kv_heads, head_dim, head_dim_vo, rows.q.dtype)
+    if spec not in _RAGGED:
+        if rows.q.device not in _WORKSPACES:  # one float workspace per device, shared as the backends share theirs
+            _WORKSPACES[rows.q.device] = torch.empty(gates.workspace_size_mb << 20, dtype=torch.uint8, device=rows.q.device)
+        _RAGGED[spec] = [fi.BatchPrefillWithRaggedKVCacheWrapper(_WORKSPACES[rows.q.device], "NHD", backend=gates.prefill_kernel_family), None]
+    entry = _RAGGED[spec]
+    wrapper, planned = entry
+    if planned is None or not torch.equal(planned, rows.lens):
+        cu_q, cu_k = rows.cu_seqlens
+        wrapper.plan(cu_q, cu_k, heads, kv_heads, head_dim, head_dim_vo=head_dim_vo, causal=causal, sm_scale=scale,
+                     window_left=-1 if window is None else window, logits_soft_cap=softcap or None,
+                     q_data_type=rows.q.dtype, kv_data_type=rows.k.dtype)
+        entry[1] = rows.lens
+    return wrapper.run(rows.q, rows.k, rows.v)
 
 
 def _visible(attention_mask: torch.Tensor | None, b: int, s: int, s_kv: int, device) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """``attn_implementation="attngate"`` without a runtime on the GPU: the plan runs prefill and decode on FA4's
-varlen kernel (flash_attn.cute); bf16 logits against sdpa (eager where transformers has no sdpa path), a left-padded batch, transformers' DynamicCache
+varlen kernel (flash_attn.cute), or on FlashInfer's ragged wrapper when configured with attention_backend flashinfer; bf16 logits against sdpa (eager where transformers has no sdpa path), a left-padded batch, transformers' DynamicCache
 and static cache (decode teacher-forced with sdpa's tokens, so ties in bf16 cannot fork the sequences)."""
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("flash_attn.cute")
 
 import attngate.integrations.transformers  # noqa: E402,F401 - registers "attngate"
+from attngate import ServerArgs  # noqa: E402
+from attngate.integrations.transformers_plain import configure, plan_of  # noqa: E402
 from integrations.test_transformers_differential import _config  # noqa: E402
 
 GPU_SHAPE = {"hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2,
@@ -31,7 +33,7 @@ EAGER_ONLY = {"gemma2-softcap-swa", "gpt-oss-sinks"}  # transformers has no sdpa
 TOL = 3e-2  # bf16, relative to the largest logit
 
 
-def _pair(name):
+def _pair(name, server_args=None):
     file, overrides = MODELS[name]
     cfg = _config(file, {**GPU_SHAPE, **overrides})
     torch.manual_seed(0)
@@ -39,6 +41,8 @@ def _pair(name):
     ref = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=reference, dtype=torch.bfloat16).cuda().eval()
     ours = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="attngate", dtype=torch.bfloat16).cuda().eval()
     ours.load_state_dict(ref.state_dict())
+    if server_args is not None:
+        configure(ours, server_args)
     return ref, ours
 
 
@@ -50,7 +54,19 @@ def _close(a, b, valid) -> bool:
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_prefill_and_decode_on_fa_match_sdpa(name, cache):
-    ref, ours = _pair(name)
+    _prefill_and_decode_match(*_pair(name), cache)
+
+
+# FlashInfer's fa3 ragged variants JIT-build in about 90 s each: the two that tests/gpu/test_flashinfer.py builds too
+@pytest.mark.parametrize("name", ["llama", "mistral-swa"])
+def test_prefill_and_decode_on_flashinfer_match_sdpa(name):
+    pytest.importorskip("flashinfer")
+    ref, ours = _pair(name, ServerArgs(attention_backend="flashinfer"))
+    assert plan_of(ours)[0].plan.decode_backend == "flashinfer"
+    _prefill_and_decode_match(ref, ours, "dynamic")
+
+
+def _prefill_and_decode_match(ref, ours, cache):
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(1, 512, (3, 40), generator=gen).cuda()
     mask = torch.ones_like(ids)

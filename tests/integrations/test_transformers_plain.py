@@ -69,3 +69,36 @@ def test_from_pretrained_finds_attngate_by_name(tmp_path):
     assert diff.abs().max().item() < ATOL
     model.save_pretrained(tmp_path / "again")  # the plan is kept off the config transformers serializes
     assert "attngate" not in (tmp_path / "again" / "config.json").read_text().replace('"attn_implementation"', "")
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral-swa", "gemma2-softcap-swa"])
+def test_the_flashinfer_path_unpads_plans_once_per_forward_and_matches_eager(name, monkeypatch):
+    """The GPU path's metadata code on the CPU: FlashInfer's ragged wrapper (the stand-in) over the unpadded
+    rows of a left-padded batch, prefill and cached decode; one plan() per forward and layer spec."""
+    import sys
+
+    from attngate.integrations import transformers_plain
+    from standins import flashinfer as fi_standin
+
+    if name not in MODELS_UNDER_TEST:
+        pytest.skip(f"{name} is not among the differential models")
+    module = fi_standin.module()
+    monkeypatch.setitem(sys.modules, "flashinfer", module)
+    monkeypatch.setattr(transformers_plain, "_on_gpu", lambda t: True)
+    monkeypatch.setattr(transformers_plain, "_RAGGED", {})
+    ref, ours = _pair(_config(*MODELS_UNDER_TEST[name][:2]))
+    resolution = configure(ours, ServerArgs(attention_backend="flashinfer"))
+    assert resolution.plan.prefill_backend == resolution.plan.decode_backend == "flashinfer"
+    plans = []
+    original = module.BatchPrefillWithRaggedKVCacheWrapper.plan
+    monkeypatch.setattr(module.BatchPrefillWithRaggedKVCacheWrapper, "plan",
+                        lambda self, *a, **k: (plans.append(k.get("window_left")), original(self, *a, **k))[1])
+    ids, mask = _batch()
+    greedy = dict(attention_mask=mask, max_new_tokens=4, do_sample=False)
+    with torch.no_grad():
+        expected, got = ref(ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits
+        assert (expected - got)[mask.bool()].abs().max().item() < ATOL
+        specs = len(transformers_plain._RAGGED)
+        assert len(plans) == specs  # every layer of the forward reused its spec's plan
+        assert torch.equal(ours.generate(ids, **greedy), ref.generate(ids, **greedy))
+    assert specs == (2 if name == "gemma2-softcap-swa" else 1)  # gemma-2 alternates window and full layers

@@ -1,0 +1,126 @@
+"""Host time per decode step and backend/raw kernel ratio over batch size, FlashInfer and FA side by side;
+prints one JSON object (run on the device; bench/plot.py draws it).
+
+For every batch size (decode, 2048 cached tokens per request; 32/8 heads, head_dim 128, bf16):
+- FlashInfer (page 16): ``init_forward_metadata`` against the raw ``plan()`` it makes, called with the
+  same arguments prebuilt; CUDA-graph ``init_forward_metadata_replay_cuda_graph`` against the raw
+  ``plan()`` of the captured wrapper; ``forward`` alone; GPU time of ``forward`` against raw ``run()``.
+- FA (page 128): ``init_forward_metadata`` + ``forward`` against the raw kernel call on prebuilt
+  metadata, and the parts (metadata alone, KV write alone); GPU time of ``forward`` against the raw call.
+- page ids: the Triton kernel against the torch ops that replace it off CUDA.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
+
+from flash_attn.cute import flash_attn_varlen_func  # noqa: E402
+
+from attngate import ForwardMode, LayerKind  # noqa: E402
+from attngate.backends import batch_metadata  # noqa: E402
+from attngate.backends.batch_metadata import BatchLengths, host, page_ids  # noqa: E402
+from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
+from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
+from backend_cases import GPU, layer_of, make_case, plan_for  # noqa: E402
+from common import decode_graph_replay, host_us, paired_ms  # noqa: E402
+
+H, HKV, D = GPU.heads
+CACHED = 2047
+BATCH_SIZES = (1, 8, 64, 256)
+
+
+def _case(bs: int, ps: int):
+    return make_case(GPU, [(CACHED, 1)] * bs, ForwardMode.DECODE, ps, num_slots=bs * (CACHED + 1 + ps) // ps * ps + ps,
+                     max_context_len=CACHED + 1 + ps)
+
+
+def flashinfer_row(bs: int, plan) -> dict:
+    ps, layer = 16, layer_of(GPU, LayerKind.FULL)
+    case = _case(bs, ps)
+    fi = FlashInferBackend(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], "cuda")
+    batch = case.setup.batch
+    fi.init_forward_metadata(batch)
+    spec, wrapper = fi.specs[0], fi.decode_wrappers[0]
+    lens = BatchLengths.from_batch(batch)
+    rng = lens.kv_pages(ps)
+    args = (host(rng.indptr), page_ids(fi.req_to_token, lens.rows, rng, ps), host(rng.last_page_len), H, HKV, D, ps)
+    raw_plan = lambda: wrapper.plan(*args, **fi._plan_kwargs(spec, "decode"))  # noqa: E731
+    forward = lambda: fi.forward(case.q, case.k, case.v, layer, batch)  # noqa: E731
+    row = {"eager_metadata": host_us(lambda: fi.init_forward_metadata(batch)), "raw_plan": host_us(raw_plan),
+           "forward_only": host_us(forward)}
+    fi.init_forward_metadata(batch)
+    caches = fi._caches(layer)
+    t_b, t_r = paired_ms(forward, lambda: wrapper.run(case.q, caches))
+    row |= {"gpu_forward_ms": t_b, "gpu_raw_run_ms": t_r}
+    replay = decode_graph_replay(fi, case, layer, bs)
+    graph_wrapper = fi._graphs[(ForwardMode.DECODE, bs)][0]
+    raw_graph_plan = lambda: graph_wrapper.plan(*args, **fi._plan_kwargs(spec, "decode", cuda_graph=True))  # noqa: E731
+    replan = lambda: fi.init_forward_metadata_replay_cuda_graph(bs, batch.req_pool_indices, batch.seq_lens, batch.seq_lens_cpu,  # noqa: E731
+                                                                 None, ForwardMode.DECODE)
+    row |= {"replay_replan": host_us(replan), "raw_graph_plan": host_us(raw_graph_plan), "replay_step": host_us(replay)}
+    return {k: round(v, 4 if k.startswith("gpu") else 1) for k, v in row.items()}
+
+
+def fa_row(bs: int, plan) -> dict:
+    ps, layer = 128, layer_of(GPU, LayerKind.FULL)
+    case = _case(bs, ps)
+    fa = FlashAttentionBackend(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], "cuda")
+    batch = case.setup.batch
+    fa.init_forward_metadata(batch)
+    md = fa.md
+    k_cache, v_cache = case.pools[0].get_kv_buffer(0)
+    kc, vc = k_cache.view(-1, ps, HKV, D), v_cache.view(-1, ps, HKV, D)
+
+    def raw():
+        return flash_attn_varlen_func(case.q, kc, vc, cu_seqlens_q=md.cu_seqlens_q, max_seqlen_q=md.max_seqlen_q,
+                                      seqused_k=md.seqused_k, page_table=md.page_table, softmax_scale=D ** -0.5,
+                                      causal=True, num_splits=plan.flashattention.num_splits)
+
+    def eager():
+        fa.init_forward_metadata(batch)
+        return fa.forward(case.q, case.k, case.v, layer, batch)
+
+    forward = lambda: fa.forward(case.q, case.k, case.v, layer, batch)  # noqa: E731
+    row = {"eager_step": host_us(eager), "raw_call": host_us(raw), "eager_metadata": host_us(lambda: fa.init_forward_metadata(batch)),
+           "kv_write": host_us(lambda: case.pools[0].set_kv_buffer(0, batch.out_cache_loc, case.k, case.v))}
+    fa.init_forward_metadata(batch)
+    t_b, t_r = paired_ms(forward, raw)
+    row |= {"gpu_forward_ms": t_b, "gpu_raw_ms": t_r, "replay_step": host_us(decode_graph_replay(fa, case, layer, bs))}
+    return {k: round(v, 4 if k.startswith("gpu") else 1) for k, v in row.items()}
+
+
+def page_id_row(bs: int) -> dict:
+    case = _case(bs, 16)
+    lens = BatchLengths.from_batch(case.setup.batch)
+    rng, rtt = lens.kv_pages(16), case.setup.req_to_token_pool.req_to_token
+    triton_ids = page_ids(rtt, lens.rows, rng, 16)
+    launcher = batch_metadata._TRITON[:]
+    batch_metadata._TRITON[:] = [None]  # the torch ops that run off CUDA
+    try:
+        torch_ids = page_ids(rtt, lens.rows, rng, 16)
+        t_torch = host_us(lambda: page_ids(rtt, lens.rows, rng, 16))
+    finally:
+        batch_metadata._TRITON[:] = launcher
+    assert torch.equal(triton_ids, torch_ids)
+    return {"triton": round(host_us(lambda: page_ids(rtt, lens.rows, rng, 16)), 1), "torch_ops": round(t_torch, 1),
+            "triton_available": launcher[0] is not None}
+
+
+def main() -> None:
+    out: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cached_tokens": CACHED + 1}
+    fi_plan, fa_plan = plan_for(GPU, "flashinfer", 16), plan_for(GPU, page_size=128)
+    out["page_ids_us"] = {bs: page_id_row(bs) for bs in BATCH_SIZES}
+    out["flashinfer_us"] = {bs: flashinfer_row(bs, fi_plan) for bs in BATCH_SIZES}
+    out["fa_us"] = {bs: fa_row(bs, fa_plan) for bs in BATCH_SIZES}
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
