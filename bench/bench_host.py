@@ -91,6 +91,11 @@ def fa_row(bs: int, plan) -> dict:
     row = {"eager_step": host_us(eager), "raw_call": host_us(raw), "eager_metadata": host_us(lambda: fa.init_forward_metadata(batch)),
            "kv_write": host_us(lambda: case.pools[0].set_kv_buffer(0, batch.out_cache_loc, case.k, case.v))}
     fa.init_forward_metadata(batch)
+    row["forward_only"] = host_us(forward)
+    scheduled, fa.md.scheduler_metadata = fa.md.scheduler_metadata, None
+    row["forward_only_no_scheduler_metadata"] = host_us(forward)
+    fa.md.scheduler_metadata = scheduled
+    fa.init_forward_metadata(batch)
     t_b, t_r = paired_ms(forward, raw)
     row |= {"gpu_forward_ms": t_b, "gpu_raw_ms": t_r, "replay_step": host_us(decode_graph_replay(fa, case, layer, bs))}
     return {k: round(v, 4 if k.startswith("gpu") else 1) for k, v in row.items()}

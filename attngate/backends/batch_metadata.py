@@ -40,15 +40,23 @@ def host(arr: np.ndarray) -> torch.Tensor:
 @dataclass(frozen=True)
 class PageRange:
     """The pages one kernel reads per request: pages ``[first_page, first_page + counts)`` of its row of
-    ``req_to_token``, the first page's first slot at token ``start_token``. All ``[bs]`` numpy int64
-    except ``indptr`` (``[bs + 1]`` int32, kv_indptr) and ``last_page_len`` (int32)."""
+    ``req_to_token``, ``kv_len`` tokens from the first page's first slot on.
+    ``indptr`` (``[bs + 1]`` int32, kv_indptr) and ``last_page_len`` (``[bs]`` int32, in [1, page_size];
+    page_size for a request without pages, FlashInfer's convention) go to plan() as they are; ``starts``
+    (``[3, bs]`` int64: indptr[:-1], first_page, counts) is what :func:`page_ids` copies to the device."""
 
     indptr: np.ndarray
-    first_page: np.ndarray
-    counts: np.ndarray
-    last_page_len: np.ndarray  # in [1, page_size]; page_size for a request without pages (FlashInfer's convention)
-    start_token: np.ndarray
-    kv_len: np.ndarray  # tokens from start_token the kernel reads
+    last_page_len: np.ndarray
+    starts: np.ndarray
+    kv_len: np.ndarray
+
+    @property
+    def first_page(self) -> np.ndarray:
+        return self.starts[1]
+
+    @property
+    def counts(self) -> np.ndarray:
+        return self.starts[2]
 
     @property
     def total_pages(self) -> int:
@@ -123,20 +131,32 @@ class BatchLengths:
     def kv_pages(self, page_size: int, *, window_left: int = -1, prefix_only: bool = False, cross: bool = False) -> PageRange:
         """The pages a kernel reads per request: the encoder tokens (``cross``), or the decoder tokens (prefix,
         plus the new ones unless ``prefix_only``) from the first one a query can see under ``window_left``
-        (-1: no window) on. Pages are whole, so a window's range starts at the page holding its first key."""
+        (-1: no window) on. Pages are whole, so a window's range starts at the page holding its first key.
+        A dozen numpy ops on ``[bs]`` arrays: this runs for every batch and every CUDA-graph replay."""
+        bs = self.batch_size
+        starts = np.empty((3, bs), dtype=np.int64)
+        first, counts = starts[1], starts[2]
         if cross:
-            start, end = np.zeros_like(self.enc), self.enc
+            first[:], end = 0, self.enc
         else:
-            start = self.enc
-            end = self.enc + self.prefix + (0 if prefix_only else self.new)
+            end = self.seq - self.new if prefix_only else self.seq
             if window_left >= 0:
-                start = np.maximum(start, self.enc + self.prefix - window_left)
-        first = start // page_size
-        last = np.where(end > 0, -(-end // page_size), first)
-        counts = np.maximum(last - first, 0)
+                np.maximum(self.enc, end - (0 if prefix_only else self.new) - window_left, out=first)
+                first //= page_size
+            elif self.has_encoder:
+                np.floor_divide(self.enc, page_size, out=first)
+            else:
+                first[:] = 0
         kv_len = np.maximum(end - first * page_size, 0)
-        last_len = np.where(counts > 0, kv_len - (counts - 1) * page_size, page_size).astype(np.int32)
-        return PageRange(indptr_of(counts), first, counts, last_len, first * page_size, kv_len)
+        np.floor_divide(kv_len + (page_size - 1), page_size, out=counts)
+        indptr = indptr_of(counts)
+        starts[0] = indptr[:-1]
+        last_len = ((kv_len - 1) % page_size + 1).astype(np.int32)  # page_size where kv_len is 0
+        return PageRange(indptr, last_len, starts, kv_len)
+
+    @property
+    def has_encoder(self) -> bool:
+        return bool(self.enc.any())
 
 
 def _encoder_lens(device_lens: torch.Tensor | None, host_lens: torch.Tensor | None, seq: np.ndarray) -> np.ndarray:
@@ -165,8 +185,7 @@ def page_ids(req_to_token: torch.Tensor, rows: torch.Tensor, pages: PageRange, p
     device = req_to_token.device
     if total == 0:
         return torch.empty(0, dtype=torch.int32, device=device)
-    starts = np.stack([pages.indptr[:-1].astype(np.int64), pages.first_page, pages.counts])
-    starts_dev = host(starts).to(device, non_blocking=True)
+    starts_dev = host(pages.starts).to(device, non_blocking=True)
     if device.type == "cuda" and _triton_page_ids() is not None:
         out = torch.empty(total, dtype=torch.int32, device=device)
         _triton_page_ids()(req_to_token, rows, starts_dev, out, page_size)

@@ -220,7 +220,7 @@ class FlashInferBackend(AttentionBackend):
         parts = []
         for b in range(lens.batch_size):
             q_pos = lens.enc[b] + lens.prefix[b] + np.arange(lens.new[b])
-            k_pos = rng.start_token[b] + np.arange(rng.kv_len[b])
+            k_pos = rng.first_page[b] * self.page_size + np.arange(rng.kv_len[b])
             parts.append((k_pos[None, :] >= q_pos[:, None] - spec.window_left).reshape(-1))
         return host(np.concatenate(parts)).to(self.device)
 

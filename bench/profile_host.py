@@ -1,0 +1,77 @@
+"""Where the host time of one decode step goes (run on the device): cProfile of the FlashInfer and FA
+backends' per-batch metadata, CUDA-graph re-plan and forward at batch 64, top entries by own time."""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
+
+from attngate import ForwardMode, LayerKind  # noqa: E402
+from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
+from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
+from backend_cases import GPU, layer_of, make_case, plan_for  # noqa: E402
+from common import decode_graph_replay  # noqa: E402
+
+
+def profile(name: str, fn, iters: int = 300, top: int = 22) -> None:
+    for _ in range(20):
+        fn()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(iters):
+        fn()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    print(f"===== {name} ({iters} calls)\n{text.getvalue()}")
+
+
+def parts(bs: int = 64) -> None:
+    """Host µs of the pieces of one FlashInfer decode metadata step, and of the alternatives to its copies."""
+    import torch
+
+    from attngate.backends import batch_metadata as bm
+    from common import host_us
+
+    case = make_case(GPU, [(2047, 1)] * bs, ForwardMode.DECODE, 16, num_slots=bs * 2064, max_context_len=2064)
+    batch, rtt = case.setup.batch, case.setup.req_to_token_pool.req_to_token
+    lens = bm.BatchLengths.from_batch(batch)
+    rng = lens.kv_pages(16)
+    starts_dev = bm.host(rng.starts).cuda()
+    out = torch.empty(rng.total_pages, dtype=torch.int32, device="cuda")
+    launch = bm._triton_page_ids()
+    rows = {
+        "BatchLengths.from_batch": lambda: bm.BatchLengths.from_batch(batch),
+        "kv_pages": lambda: lens.kv_pages(16),
+        "h2d pageable": lambda: bm.host(rng.starts).to("cuda", non_blocking=True),
+        "torch.empty cuda": lambda: torch.empty(rng.total_pages, dtype=torch.int32, device="cuda"),
+        "triton launch": lambda: launch(rtt, lens.rows, starts_dev, out, 16),
+        "page_ids": lambda: bm.page_ids(rtt, lens.rows, rng, 16),
+        "torch add (one op)": lambda: starts_dev + 1,
+    }
+    print("===== parts, host us")
+    for name, fn in rows.items():
+        print(f"{name:28s} {host_us(fn):8.1f}")
+
+
+def main(bs: int = 64) -> None:
+    parts(bs)
+    layer = layer_of(GPU, LayerKind.FULL)
+    for name, cls, backend, ps in (("flashinfer", FlashInferBackend, "flashinfer", 16), ("fa", FlashAttentionBackend, "fa4", 128)):
+        case = make_case(GPU, [(2047, 1)] * bs, ForwardMode.DECODE, ps, num_slots=bs * (2048 + ps) // ps * ps + ps, max_context_len=2048 + ps)
+        be = cls(plan_for(GPU, backend, ps), case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], "cuda")
+        batch = case.setup.batch
+        profile(f"{name} init_forward_metadata", lambda: be.init_forward_metadata(batch))
+        profile(f"{name} forward", lambda: be.forward(case.q, case.k, case.v, layer, batch))
+        replay = decode_graph_replay(be, case, layer, bs)
+        profile(f"{name} replay incl. metadata update", replay)
+
+
+if __name__ == "__main__":
+    main()
