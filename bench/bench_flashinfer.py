@@ -48,7 +48,7 @@ def main() -> None:
     flops = 8 * 4 * H * D * 4096 * 4096 / 2
     for name, plan in (("default", default), ("deterministic", det)):
         fi, case, layer, forward = setup([(4095, 1)] * 64, ForwardMode.DECODE, plan)
-        caches = fi._caches(layer)
+        caches = fi.paged_kv(layer.layer_id)
         raw = lambda: fi._active_decode[0].run(case.q, caches)  # noqa: E731
         t_b, t_r = paired_ms(forward, raw)
         out[f"decode_64x4096_{name}"] = {"backend_ms": round(t_b, 4), "raw_run_ms": round(t_r, 4),
@@ -62,7 +62,7 @@ def main() -> None:
             raw = lambda: (run(), write())  # noqa: E731  what a server must do at the least: attend and write the new K/V
             attention_only = lambda: fi.forward(case.q, case.k, case.v, layer, batch, save_kv_cache=False)  # noqa: E731
         else:  # the paged path reads what it writes: the write is part of the raw step too
-            caches = fi._caches(layer)
+            caches = fi.paged_kv(layer.layer_id)
             run = lambda: fi._active_paged[0].run(case.q, caches)  # noqa: E731
             raw = lambda: (write(), run())  # noqa: E731
             attention_only = None

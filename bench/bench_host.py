@@ -56,7 +56,7 @@ def flashinfer_row(bs: int, plan) -> dict:
     row = {"eager_metadata": host_us(lambda: fi.init_forward_metadata(batch)), "raw_plan": host_us(raw_plan),
            "forward_only": host_us(forward)}
     fi.init_forward_metadata(batch)
-    caches = fi._caches(layer)
+    caches = fi.paged_kv(layer.layer_id)
     t_b, t_r = paired_ms(forward, lambda: wrapper.run(case.q, caches))
     row |= {"gpu_forward_ms": t_b, "gpu_raw_run_ms": t_r}
     replay = decode_graph_replay(fi, case, layer, bs)

@@ -31,6 +31,17 @@ class AttentionBackend(ABC):
         self.req_to_token = req_to_token
         self.layers = layers
         self.device = torch.device(device)
+        self._paged_views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def paged_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's K and V buffers viewed as pages: ``[num_pages, page_size, num_kv_heads, head_dim]`` each.
+        Made once per layer (the pool's buffers never move), not on every forward."""
+        views = self._paged_views.get(layer_id)
+        if views is None:
+            ps = self.plan.common.page_size
+            views = self._paged_views[layer_id] = tuple(b.view(b.shape[0] // ps, ps, *b.shape[1:])
+                                                        for b in self.kv_pool.get_kv_buffer(layer_id))
+        return views
 
     @abstractmethod
     def init_forward_metadata(self, batch: ForwardBatch) -> None:

@@ -173,28 +173,35 @@ def check_page_aligned(lens: np.ndarray, page_size: int, what: str, backend: str
         raise BatchMetadataError(Problem(what, f"must be multiples of page_size {page_size} on the {backend} backend"))
 
 
-def page_ids(req_to_token: torch.Tensor, rows: torch.Tensor, pages: PageRange, page_size: int) -> torch.Tensor:
+def page_ids(req_to_token: torch.Tensor, rows: torch.Tensor, pages: PageRange, page_size: int,
+             out: torch.Tensor | None = None) -> torch.Tensor:
     """``[pages.total_pages]`` int32 on ``req_to_token``'s device: request b's page ids
     ``req_to_token[rows[b], (first_page[b] + j) * page_size] // page_size`` for ``j < counts[b]``, request by
     request (kv_indices). Sized on the host: no device sync. With ``page_size`` 1 these are token slots.
+    ``out``: a buffer of at least that many int32 to fill (a CUDA graph's static indices); its prefix is returned.
 
     On CUDA with Triton installed one kernel does it (as SGLang's create_flashinfer_kv_indices_triton);
     elsewhere a few torch ops compute the same.
     """
     total = pages.total_pages
     device = req_to_token.device
+    if out is None:
+        out = torch.empty(total, dtype=torch.int32, device=device)
+    elif out.numel() < total or out.dtype != torch.int32:
+        raise ValueError(f"out holds {out.numel()} {out.dtype}, the batch needs {total} int32 page ids")
+    out = out[:total]
     if total == 0:
-        return torch.empty(0, dtype=torch.int32, device=device)
+        return out
     starts_dev = host(pages.starts).to(device, non_blocking=True)
     if device.type == "cuda" and _triton_page_ids() is not None:
-        out = torch.empty(total, dtype=torch.int32, device=device)
         _triton_page_ids()(req_to_token, rows, starts_dev, out, page_size)
         return out
     offset = starts_dev[1] - starts_dev[0]  # column (in pages) of the flat position 0 of each request
     rows_rep = torch.repeat_interleave(rows, starts_dev[2], output_size=total)
     col = torch.repeat_interleave(offset, starts_dev[2], output_size=total) + torch.arange(total, device=device)
     slots = req_to_token[rows_rep, col * page_size]
-    return (slots // page_size if page_size > 1 else slots).to(torch.int32)
+    out.copy_(slots // page_size if page_size > 1 else slots)
+    return out
 
 
 _TRITON: list = []

@@ -330,10 +330,7 @@ class FlashAttentionBackend(AttentionBackend):
             return self.kernel(q, k, v, cu_seqlens_k=md.cu_seqlens_q, max_seqlen_k=md.max_seqlen_q, **common)
         if md.seqused_k is None:
             raise BatchMetadataError(Problem(f"forward mode {batch.forward_mode.value}", "the plan reads no KV cache in this mode"))
-        k_cache, v_cache = self.kv_pool.get_kv_buffer(layer.layer_id)
-        pages = k_cache.shape[0] // self.page_size
-        k_cache = k_cache.view(pages, self.page_size, *k_cache.shape[1:])
-        v_cache = v_cache.view(pages, self.page_size, *v_cache.shape[1:])
+        k_cache, v_cache = self.paged_kv(layer.layer_id)
         if cross:
             return self.kernel(q, k_cache, v_cache, seqused_k=md.encoder_seqused_k, page_table=md.encoder_page_table, **common)
         scheduled = md.scheduler_metadata if layer.kind == LayerKind.FULL and _same_shape(layer, self._scheduled) else None

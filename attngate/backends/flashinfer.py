@@ -109,6 +109,7 @@ class FlashInferBackend(AttentionBackend):
         self._active_decode, self._active_paged = self.decode_wrappers, self.paged_wrappers  # graph replays swap these
         self._graphs: dict[tuple[ForwardMode, int], list] = {}
         self._graph_per_req: dict[tuple[ForwardMode, int], int] = {}
+        self._graph_indices: dict[tuple[ForwardMode, int], list[torch.Tensor]] = {}  # static kv_indices of each captured wrapper
         self._batch_path: str = "none"
         self._merge_rows: torch.Tensor | None = None
         self._dtype = kv_pool.dtype
@@ -167,7 +168,7 @@ class FlashInferBackend(AttentionBackend):
         if mode == ForwardMode.DECODE:
             self._batch_path = "decode"
             for spec, wrapper in zip(self.specs, self.decode_wrappers):
-                self._plan_decode(wrapper, spec, lens, cuda_graph=False)
+                self._plan_decode(wrapper, spec, lens)
             return
         has_prefix = lens.has_prefix
         # the mode table decides: under ragged prefill the paged wrapper covers only the cached prefix
@@ -198,20 +199,22 @@ class FlashInferBackend(AttentionBackend):
     def _pages(self, spec: _WrapperSpec, lens: BatchLengths, *, prefix_only: bool) -> PageRange:
         return lens.kv_pages(self.page_size, window_left=spec.window_left, prefix_only=prefix_only, cross=spec.cross)
 
-    def _plan_decode(self, wrapper, spec: _WrapperSpec, lens: BatchLengths, *, cuda_graph: bool) -> None:
+    def _plan_decode(self, wrapper, spec: _WrapperSpec, lens: BatchLengths, *, graph_indices: torch.Tensor | None = None) -> None:
+        """``graph_indices``: the captured wrapper's static kv_indices buffer, filled in place (plan()'s copy of it onto itself is free)."""
         rng = self._pages(spec, lens, prefix_only=False)
         q_heads, kv_heads, head_dim = spec.heads
-        wrapper.plan(host(rng.indptr), page_ids(self.req_to_token, lens.rows, rng, self.page_size), host(rng.last_page_len),
-                     q_heads, kv_heads, head_dim, self.page_size, **self._plan_kwargs(spec, "decode", cuda_graph=cuda_graph))
+        ids = page_ids(self.req_to_token, lens.rows, rng, self.page_size, out=graph_indices)
+        wrapper.plan(host(rng.indptr), ids, host(rng.last_page_len), q_heads, kv_heads, head_dim, self.page_size,
+                     **self._plan_kwargs(spec, "decode", cuda_graph=graph_indices is not None))
 
     def _plan_paged(self, wrapper, spec: _WrapperSpec, qo_indptr: torch.Tensor, lens: BatchLengths, *, prefix_only: bool,
-                    causal: bool, window_mask: bool = False, cuda_graph: bool = False) -> None:
+                    causal: bool, window_mask: bool = False, graph_indices: torch.Tensor | None = None) -> None:
         rng = self._pages(spec, lens, prefix_only=prefix_only)
-        kw = self._plan_kwargs(spec, "paged", cuda_graph=cuda_graph)
+        kw = self._plan_kwargs(spec, "paged", cuda_graph=graph_indices is not None)
         if window_mask:  # paged half of a ragged+paged window layer: queries sit after the prefix
             kw["custom_mask"] = self._prefix_window_mask(spec, rng, lens)
             kw["window_left"] = -1
-        wrapper.plan(qo_indptr, host(rng.indptr), page_ids(self.req_to_token, lens.rows, rng, self.page_size),
+        wrapper.plan(qo_indptr, host(rng.indptr), page_ids(self.req_to_token, lens.rows, rng, self.page_size, out=graph_indices),
                      host(rng.last_page_len), *spec.heads, self.page_size, causal=causal, **kw)
 
     def _prefix_window_mask(self, spec: _WrapperSpec, rng: PageRange, lens: BatchLengths) -> torch.Tensor:
@@ -230,11 +233,6 @@ class FlashInferBackend(AttentionBackend):
         i = self.layer_gates[layer.kind].flashinfer.wrapper_index
         return i, self.specs[i]
 
-    def _caches(self, layer: AttentionLayer) -> tuple[torch.Tensor, torch.Tensor]:
-        k, v = self.kv_pool.get_kv_buffer(layer.layer_id)
-        pages = k.shape[0] // self.page_size
-        return k.view(pages, self.page_size, *k.shape[1:]), v.view(pages, self.page_size, *v.shape[1:])
-
     def _write(self, layer, batch, k, v, spec: _WrapperSpec, save: bool) -> None:
         if save and k is not None and self.layer_gates[layer.kind].common.write_kv_cache:
             loc = batch.encoder_out_cache_loc if spec.cross else batch.out_cache_loc
@@ -243,14 +241,14 @@ class FlashInferBackend(AttentionBackend):
     def forward_decode(self, q, k, v, layer, batch, save_kv_cache):
         i, spec = self._wrapper_of(layer)
         self._write(layer, batch, k, v, spec, save_kv_cache)
-        return self._active_decode[i].run(q, self._caches(layer))
+        return self._active_decode[i].run(q, self.paged_kv(layer.layer_id))
 
     def forward_extend(self, q, k, v, layer, batch, save_kv_cache):
         i, spec = self._wrapper_of(layer)
         path = self._batch_path if not spec.cross else "paged"
         if path == "paged":
             self._write(layer, batch, k, v, spec, save_kv_cache)
-            return self._active_paged[i].run(q, self._caches(layer))
+            return self._active_paged[i].run(q, self.paged_kv(layer.layer_id))
         if path == "ragged":
             out = self.ragged_wrappers[i].run(q, k, v)
         elif not self.layer_gates[layer.kind].common.write_kv_cache:
@@ -258,7 +256,7 @@ class FlashInferBackend(AttentionBackend):
                                              "writes no KV cache, so it cannot attend to a cached prefix"))
         else:
             o_new, s_new = self.ragged_wrappers[i].run(q, k, v, return_lse=True)  # lse: [tokens, heads]
-            o_pre, s_pre = self._active_paged[i].run(q, self._caches(layer), return_lse=True)
+            o_pre, s_pre = self._active_paged[i].run(q, self.paged_kv(layer.layer_id), return_lse=True)
             if self._merge_rows is None:
                 out, _ = self.fi.merge_state(o_pre, s_pre, o_new, s_new)
             else:  # requests without a prefix keep their ragged state
@@ -279,10 +277,11 @@ class FlashInferBackend(AttentionBackend):
             raise ValueError(f"batch size {bs} exceeds the {self._graph_max[0]} of init_cuda_graph_state")
         max_pages = self.req_to_token.shape[1] // self.page_size + 1
         per_req = num_tokens // max(bs, 1)
-        wrappers = []
+        wrappers, self._graph_indices[(forward_mode, bs)] = [], []
         for _spec in self.specs:
             indptr = torch.zeros(bs + 1, dtype=torch.int32, device=self.device)
             indices = torch.zeros(bs * max_pages, dtype=torch.int32, device=self.device)
+            self._graph_indices[(forward_mode, bs)].append(indices)
             last = torch.zeros(bs, dtype=torch.int32, device=self.device)
             if forward_mode == ForwardMode.DECODE:
                 wrappers.append(self.fi.BatchDecodeWithPagedKVCacheWrapper(
@@ -308,12 +307,12 @@ class FlashInferBackend(AttentionBackend):
         lens = BatchLengths.for_graph(mode, rows, seq_lens_cpu, per_req, encoder_lens)
         check_page_aligned(lens.enc, self.page_size, "encoder_lens", "FlashInfer")
         wrappers = self._graphs[(mode, bs)]
-        for spec, wrapper in zip(self.specs, wrappers):
+        for spec, wrapper, indices in zip(self.specs, wrappers, self._graph_indices[(mode, bs)]):
             if mode == ForwardMode.DECODE:
-                self._plan_decode(wrapper, spec, lens, cuda_graph=True)
+                self._plan_decode(wrapper, spec, lens, graph_indices=indices)
             else:
                 self._plan_paged(wrapper, spec, host(lens.qo_indptr), lens, prefix_only=False,
-                                 causal=spec.causal and not spec.cross, cuda_graph=True)
+                                 causal=spec.causal and not spec.cross, graph_indices=indices)
         if mode == ForwardMode.DECODE:
             self._active_decode = wrappers
         else:
