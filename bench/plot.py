@@ -1,0 +1,57 @@
+"""Draw bench/bench_host.py's JSON as one PNG: host µs per decode step and backend/raw GPU-time ratio over
+batch size, FlashInfer and FA side by side. Runs anywhere matplotlib is installed (``pip install -e .[bench]``):
+
+    python3 bench/bench_host.py > host.json        # on the GPU
+    python3 bench/plot.py host.json bench/host_overhead.png
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+HOST_SERIES = (  # (table, key, label, style)
+    ("flashinfer_us", "eager_metadata", "FlashInfer init_forward_metadata", "C0-o"),
+    ("flashinfer_us", "raw_plan", "FlashInfer raw plan()", "C0:o"),
+    ("flashinfer_us", "replay_replan", "FlashInfer graph re-plan", "C1-s"),
+    ("flashinfer_us", "raw_graph_plan", "FlashInfer raw plan(), graph wrapper", "C1:s"),
+    ("fa_us", "eager_step", "FA metadata + forward", "C2-^"),
+    ("fa_us", "raw_call", "FA raw kernel call", "C2:^"),
+    ("fa_us", "replay_step", "FA graph replay incl. metadata", "C3-v"),
+)
+RATIO_SERIES = (
+    ("flashinfer_us", "gpu_forward_ms", "gpu_raw_run_ms", "FlashInfer forward / run()", "C0-o"),
+    ("fa_us", "gpu_forward_ms", "gpu_raw_ms", "FA forward / raw call", "C2-^"),
+)
+
+
+def main(src: str, dst: str) -> None:
+    data = json.load(open(src))
+    fig, (host, ratio) = plt.subplots(1, 2, figsize=(13, 5))
+    for table, key, label, style in HOST_SERIES:
+        rows = data[table]
+        sizes = sorted(rows, key=int)
+        host.plot([int(b) for b in sizes], [rows[b][key] for b in sizes], style, label=label)
+    host.set(xscale="log", xlabel="batch size (decode requests)", ylabel="host µs per step (one layer)",
+             title="Host time per decode step")
+    host.legend(fontsize=8)
+    for table, num, den, label, style in RATIO_SERIES:
+        rows = data[table]
+        sizes = sorted(rows, key=int)
+        ratio.plot([int(b) for b in sizes], [rows[b][num] / rows[b][den] for b in sizes], style, label=label)
+    ratio.axhline(1.03, color="grey", linestyle="--", linewidth=0.8, label="1.03 (target)")
+    ratio.set(xscale="log", xlabel="batch size (decode requests)", ylabel="GPU time, backend / raw",
+              title="Backend / raw, GPU time (KV write incl.; launch-bound below 64)")
+    ratio.legend(fontsize=8)
+    fig.suptitle(f"{data['gpu']}, torch {data['torch']}, {data['cached_tokens']} cached tokens per request")
+    fig.tight_layout()
+    fig.savefig(dst, dpi=110)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
