@@ -50,14 +50,11 @@ def flashinfer_row(bs: int, plan) -> dict:
     spec, wrapper = fi.specs[0], fi.decode_wrappers[0]
     lens = BatchLengths.from_batch(batch)
     rng = lens.kv_pages(ps)
-    args = (host(rng.indptr, fi.device), page_ids(fi.req_to_token, lens.rows, rng, ps), host(rng.last_page_len, fi.device), H, HKV, D, ps)
+    args = (host(rng.indptr), page_ids(fi.req_to_token, lens.rows, rng, ps), host(rng.last_page_len), H, HKV, D, ps)
     raw_plan = lambda: wrapper.plan(*args, **fi._plan_kwargs(spec, "decode"))  # noqa: E731
     forward = lambda: fi.forward(case.q, case.k, case.v, layer, batch)  # noqa: E731
     row = {"eager_metadata": host_us(lambda: fi.init_forward_metadata(batch)), "raw_plan": host_us(raw_plan),
            "forward_only": host_us(forward)}
-    batch_metadata.PIN_HOST_COPIES = False  # the same from pageable host memory, for comparison
-    row["eager_metadata_pageable"] = host_us(lambda: fi.init_forward_metadata(batch))
-    batch_metadata.PIN_HOST_COPIES = True
     fi.init_forward_metadata(batch)
     caches = fi.paged_kv(layer.layer_id)
     t_b, t_r = paired_ms(forward, lambda: wrapper.run(case.q, caches))

@@ -32,21 +32,11 @@ def indptr_of(counts: np.ndarray) -> np.ndarray:
     return out
 
 
-# Stage host arrays bound for a CUDA device in page-locked memory: a copy from pageable memory is staged by the
-# driver and may wait for the work queued on the stream, so the host could not run ahead of the GPU.
-PIN_HOST_COPIES = True
-
-
-def host(arr: np.ndarray, device: torch.device | None = None) -> torch.Tensor:
-    """``arr`` as a host tensor (what FlashInfer's plan() and the host-to-device copies take): pinned, from torch's
-    caching host allocator (which keeps a block until the copies made from it have run), when ``device`` is a
-    CUDA device; else sharing ``arr``'s memory."""
-    arr = np.ascontiguousarray(arr)
-    if device is None or device.type != "cuda" or not PIN_HOST_COPIES:
-        return torch.from_numpy(arr)
-    staged = torch.empty(arr.shape, dtype=torch.from_numpy(arr[:0]).dtype, pin_memory=True)
-    staged.numpy()[...] = arr
-    return staged
+def host(arr: np.ndarray) -> torch.Tensor:
+    """A host tensor sharing ``arr``'s memory (what FlashInfer's plan() and the H2D copies take). Pageable on
+    purpose: staging in pinned memory from torch's caching host allocator measured 30 to 130 µs slower per
+    FlashInfer decode step on an H100 host (bench/RESULTS.md)."""
+    return torch.from_numpy(np.ascontiguousarray(arr))
 
 
 @dataclass(frozen=True)
@@ -204,7 +194,7 @@ def page_ids(req_to_token: torch.Tensor, rows: torch.Tensor, pages: PageRange, p
     out = out[:total]
     if total == 0:
         return out
-    starts_dev = host(pages.starts, device).to(device, non_blocking=True)
+    starts_dev = host(pages.starts).to(device, non_blocking=True)
     if device.type == "cuda" and _triton_page_ids() is not None:
         _triton_page_ids()(req_to_token, rows, starts_dev, out, page_size)
         return out

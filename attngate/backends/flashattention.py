@@ -189,7 +189,7 @@ class FlashAttentionBackend(AttentionBackend):
         if batch.forward_mode == ForwardMode.DECODE:  # one query per request: cu_seqlens_q is a slice of a fixed arange
             cu, max_q = self._arange[: lens.batch_size + 1], 1
         else:
-            cu, max_q = host(lens.qo_indptr, self.device).to(self.device, non_blocking=True), lens.max_new
+            cu, max_q = host(lens.qo_indptr).to(self.device, non_blocking=True), lens.max_new
         self.md = _Metadata(cu, max_q, None, None)
         max_k = lens.max_seq
         self._fill_kv_metadata(self.md, batch.forward_mode, batch.req_pool_indices, batch.seq_lens,
@@ -234,7 +234,7 @@ class FlashAttentionBackend(AttentionBackend):
         if not self._mla_absorbed and lens.has_prefix:
             tokens = lens.kv_pages(1)  # page size 1: every cached token's slot
             slots = page_ids(self.req_to_token, lens.rows, tokens, 1).long()
-            self._mla_kv = (slots, host(tokens.indptr, self.device).to(self.device, non_blocking=True), lens.max_seq)
+            self._mla_kv = (slots, host(tokens.indptr).to(self.device), lens.max_seq)
 
     def _forward_mla(self, q, k, layer: AttentionLayer, batch: ForwardBatch, md: _Metadata, write: bool) -> torch.Tensor:
         """``q: [T, H, qk_nope + qk_rope]``, ``k``: the latent ``[T, 1, kv_lora_rank + qk_rope]`` -> ``[T, H, v_head_dim]``."""

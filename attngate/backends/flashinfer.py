@@ -175,7 +175,7 @@ class FlashInferBackend(AttentionBackend):
         ragged = self.plan.mode(mode).flashinfer.paged_kv_extent == "prefix"
         self._batch_path = ("ragged_paged" if has_prefix else "ragged") if ragged else "paged"
         self._merge_rows = self._rows_with_prefix(lens) if ragged and has_prefix else None
-        qo_indptr = host(lens.qo_indptr, self.device)
+        qo_indptr = host(lens.qo_indptr)
         for spec, paged, rag in zip(self.specs, self.paged_wrappers, self.ragged_wrappers):
             if spec.cross or not ragged:
                 self._plan_paged(paged, spec, qo_indptr, lens, prefix_only=False, causal=spec.causal and not spec.cross)
@@ -194,7 +194,7 @@ class FlashInferBackend(AttentionBackend):
         with_prefix = lens.prefix > 0
         if bool(with_prefix.all()):
             return None
-        return host(np.repeat(with_prefix, lens.new), self.device).to(self.device, non_blocking=True)
+        return host(np.repeat(with_prefix, lens.new)).to(self.device, non_blocking=True)
 
     def _pages(self, spec: _WrapperSpec, lens: BatchLengths, *, prefix_only: bool) -> PageRange:
         return lens.kv_pages(self.page_size, window_left=spec.window_left, prefix_only=prefix_only, cross=spec.cross)
@@ -204,7 +204,7 @@ class FlashInferBackend(AttentionBackend):
         rng = self._pages(spec, lens, prefix_only=False)
         q_heads, kv_heads, head_dim = spec.heads
         ids = page_ids(self.req_to_token, lens.rows, rng, self.page_size, out=graph_indices)
-        wrapper.plan(host(rng.indptr, self.device), ids, host(rng.last_page_len, self.device), q_heads, kv_heads, head_dim, self.page_size,
+        wrapper.plan(host(rng.indptr), ids, host(rng.last_page_len), q_heads, kv_heads, head_dim, self.page_size,
                      **self._plan_kwargs(spec, "decode", cuda_graph=graph_indices is not None))
 
     def _plan_paged(self, wrapper, spec: _WrapperSpec, qo_indptr: torch.Tensor, lens: BatchLengths, *, prefix_only: bool,
@@ -214,8 +214,8 @@ class FlashInferBackend(AttentionBackend):
         if window_mask:  # paged half of a ragged+paged window layer: queries sit after the prefix
             kw["custom_mask"] = self._prefix_window_mask(spec, rng, lens)
             kw["window_left"] = -1
-        wrapper.plan(qo_indptr, host(rng.indptr, self.device), page_ids(self.req_to_token, lens.rows, rng, self.page_size, out=graph_indices),
-                     host(rng.last_page_len, self.device), *spec.heads, self.page_size, causal=causal, **kw)
+        wrapper.plan(qo_indptr, host(rng.indptr), page_ids(self.req_to_token, lens.rows, rng, self.page_size, out=graph_indices),
+                     host(rng.last_page_len), *spec.heads, self.page_size, causal=causal, **kw)
 
     def _prefix_window_mask(self, spec: _WrapperSpec, rng: PageRange, lens: BatchLengths) -> torch.Tensor:
         """Flattened ``[sum(new_i * kv_len_i)]`` bool: key at ``start + j`` is visible to the query at ``prefix + i``
@@ -225,7 +225,7 @@ class FlashInferBackend(AttentionBackend):
             q_pos = lens.enc[b] + lens.prefix[b] + np.arange(lens.new[b])
             k_pos = rng.first_page[b] * self.page_size + np.arange(rng.kv_len[b])
             parts.append((k_pos[None, :] >= q_pos[:, None] - spec.window_left).reshape(-1))
-        return host(np.concatenate(parts), self.device).to(self.device, non_blocking=True)
+        return host(np.concatenate(parts)).to(self.device, non_blocking=True)
 
     # ---- forward --------------------------------------------------------------------------------
 
@@ -311,7 +311,7 @@ class FlashInferBackend(AttentionBackend):
             if mode == ForwardMode.DECODE:
                 self._plan_decode(wrapper, spec, lens, graph_indices=indices)
             else:
-                self._plan_paged(wrapper, spec, host(lens.qo_indptr, self.device), lens, prefix_only=False,
+                self._plan_paged(wrapper, spec, host(lens.qo_indptr), lens, prefix_only=False,
                                  causal=spec.causal and not spec.cross, graph_indices=indices)
         if mode == ForwardMode.DECODE:
             self._active_decode = wrappers

@@ -90,22 +90,22 @@ class FlashInferMLABackend(AttentionBackend):
         lens = BatchLengths.from_batch(batch)
         self._has_prefix = lens.has_prefix
         self._absorbed = absorbed_for_batch(self.plan.mode(batch.forward_mode).common.mla_form, self._has_prefix)
-        qo_indptr = host(lens.qo_indptr, self.device)
+        qo_indptr = host(lens.qo_indptr)
         if self._absorbed:
             self._plan_mla(self.mla_wrapper, qo_indptr, lens)
             return
         tokens = lens.kv_pages(1)  # every cached token of the request, page size 1: slots
         self._latent_rows = page_ids(self.req_to_token, lens.rows, tokens, 1).long() if self._has_prefix else None
         head = self._head
-        self.ragged_wrapper.plan(qo_indptr, host(tokens.indptr, self.device), head.num_q_heads, head.num_q_heads, head.head_dim,
+        self.ragged_wrapper.plan(qo_indptr, host(tokens.indptr), head.num_q_heads, head.num_q_heads, head.head_dim,
                                  head_dim_vo=head.v_head_dim, causal=True, sm_scale=head.scaling,
                                  q_data_type=self.q_dtype, kv_data_type=self.q_dtype)  # K/V are decompressed in q's dtype
 
     def _plan_mla(self, wrapper, qo_indptr: torch.Tensor, lens: BatchLengths) -> None:
         pages = lens.kv_pages(self.page_size)
         head = self._head
-        metadata = self.fi.mla.MLAPlanMetadata.csr(qo_indptr, host(pages.indptr, self.device), page_ids(self.req_to_token, lens.rows, pages, self.page_size),
-                                                   host(lens.seq.astype(np.int32), self.device))
+        metadata = self.fi.mla.MLAPlanMetadata.csr(qo_indptr, host(pages.indptr), page_ids(self.req_to_token, lens.rows, pages, self.page_size),
+                                                   host(lens.seq.astype(np.int32)))
         wrapper.plan(metadata=metadata, num_heads=head.num_q_heads, head_dim_ckv=head.kv_lora_rank,
                      head_dim_kpe=head.qk_rope_head_dim, page_size=self.page_size, causal=True, sm_scale=head.scaling,
                      q_data_type=self.q_dtype, kv_data_type=self._dtype, query_layout="packed", kv_cache_layout="packed")
@@ -157,6 +157,6 @@ class FlashInferMLABackend(AttentionBackend):
         if self.checked:
             check_graph_batch(self, bs, per_req, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode)
         lens = BatchLengths.for_graph(forward_mode, req_pool_indices, seq_lens_cpu, per_req, None)
-        self._plan_mla(wrapper, host(lens.qo_indptr, self.device), lens)
+        self._plan_mla(wrapper, host(lens.qo_indptr), lens)
         self._active_mla, self._absorbed = wrapper, True
 
