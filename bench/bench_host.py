@@ -55,6 +55,19 @@ def flashinfer_row(bs: int, plan) -> dict:
     forward = lambda: fi.forward(case.q, case.k, case.v, layer, batch)  # noqa: E731
     row = {"eager_metadata": host_us(lambda: fi.init_forward_metadata(batch)), "raw_plan": host_us(raw_plan),
            "forward_only": host_us(forward)}
+
+    def metadata_by_hand(plan_first: bool) -> None:  # the backend's eager decode metadata, page ids filled before or after plan()
+        lens = BatchLengths.from_batch(batch)
+        rng = lens.kv_pages(ps)
+        ids = torch.empty(rng.total_pages, dtype=torch.int32, device="cuda")
+        if not plan_first:
+            page_ids(fi.req_to_token, lens.rows, rng, ps, out=ids)
+        wrapper.plan(host(rng.indptr), ids, host(rng.last_page_len), H, HKV, D, ps, **fi._plan_kwargs(spec, "decode"))
+        if plan_first:
+            page_ids(fi.req_to_token, lens.rows, rng, ps, out=ids)
+
+    row["by_hand_ids_then_plan"] = host_us(lambda: metadata_by_hand(False))
+    row["by_hand_plan_then_ids"] = host_us(lambda: metadata_by_hand(True))
     fi.init_forward_metadata(batch)
     caches = fi.paged_kv(layer.layer_id)
     t_b, t_r = paired_ms(forward, lambda: wrapper.run(case.q, caches))
