@@ -1,5 +1,6 @@
 """``attn_implementation="attngate"`` without a runtime on the GPU: the plan runs prefill and decode on FA4's
-varlen kernel (flash_attn.cute), or on FlashInfer's ragged wrapper when configured with attention_backend flashinfer; bf16 logits against sdpa (eager where transformers has no sdpa path), a left-padded batch, transformers' DynamicCache
+varlen kernel (flash_attn.cute), or on FlashInfer's ragged wrapper (DeepSeek's default on an H100, or when configured
+with attention_backend flashinfer); bf16 logits against sdpa (eager where transformers has no sdpa path), a left-padded batch, transformers' DynamicCache
 and static cache (decode teacher-forced with sdpa's tokens, so ties in bf16 cannot fork the sequences)."""
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ MODELS = {
     "gpt-oss-sinks": ("gpt-oss-20b", {"num_hidden_layers": 4, "sliding_window": 24, "num_local_experts": 4, "num_experts_per_tok": 4,
                                       "experts_per_token": 4, "quantization_config": None,
                                       "layer_types": ["sliding_attention", "full_attention"] * 2}),
+    # MLA at the real latent geometry; the default plan on an H100 runs both phases on FlashInfer (ragged, q/k 192, v 128)
+    "deepseek-v3-mla": ("DeepSeek-V3", {"num_key_value_heads": 8, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                                        "v_head_dim": 128, "head_dim": None, "q_lora_rank": 64, "n_routed_experts": 4,
+                                        "num_experts_per_tok": 4, "moe_intermediate_size": 256, "n_shared_experts": 1, "n_group": 1,
+                                        "topk_group": 1, "first_k_dense_replace": 1, "quantization_config": None}),
 }
 EAGER_ONLY = {"gemma2-softcap-swa", "gpt-oss-sinks"}  # transformers has no sdpa path for soft-cap and sinks
 TOL = 3e-2  # bf16, relative to the largest logit
@@ -53,7 +59,7 @@ def _close(a, b, valid) -> bool:
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_prefill_and_decode_on_fa_match_sdpa(name, cache):
+def test_prefill_and_decode_on_the_plans_kernels_match_sdpa(name, cache):
     _prefill_and_decode_match(*_pair(name), cache)
 
 
