@@ -74,9 +74,20 @@ def test_precompute_scheduler_metadata_exhaustive(name):
 
 
 def test_dp_attention_without_dp_size_is_switched_off_with_a_warning():
-    r = resolve(ServerArgs(attention_backend="fa3", enable_dp_attention=True), model("Llama-3.1-8B"), Platform.from_name("sm90"))
+    r = resolve(ServerArgs(attention_backend="fa3", enable_dp_attention=True), model("Llama-3.1-8B"), fa3_gpu())
     assert r.plan.flashattention.precompute_scheduler_metadata and not r.server_args.enable_dp_attention
     assert any("dp-attention.needs-dp-size" in w for w in r.warnings)
+
+
+@pytest.mark.parametrize("gpu, backend, kernels, precompute", [
+    ("sm90", "fa4", None, False), ("sm100", "fa4", None, False), ("sm90", "fa3", None, False),  # flash_attn.cute serves both names
+    ("sm120", "fa4", None, True), ("sm90", "fa3", ("flash_attn_interface",), True),
+])
+def test_fa4_takes_no_precomputed_schedule_outside_sm120(gpu, backend, kernels, precompute):
+    """fa.fa4-no-scheduler-precompute: SGLang leaves FA4's get_scheduler_metadata unset except on SM120."""
+    platform = Platform.from_name(gpu, kernels=kernels) if kernels else Platform.from_name(gpu)
+    r = resolve(ServerArgs(attention_backend=backend), model("Llama-3.1-8B"), platform)
+    assert r.plan.flashattention.precompute_scheduler_metadata is precompute
 
 
 # ---- 3. deterministic inference -----------------------------------------------------------------

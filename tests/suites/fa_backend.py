@@ -7,9 +7,10 @@ import functools
 import pytest
 import torch
 
-from attngate import ForwardMode, LayerKind
+from attngate import ForwardMode, LayerKind, ModelFacts, Platform, ServerArgs, resolve
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.flashattention import FlashAttentionBackend
+from helpers import MODELS
 from backend_cases import Env, MODE_OF, layer_of, make_case, plan_for, reference_out, replay_rounds, requests_around_page, run, target_in_batch
 
 PAGE_SIZES = [1, 128]
@@ -138,6 +139,9 @@ def test_fa_checked_mode_catches_out_of_range_page(env):
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_fa_scheduler_metadata_precompute_follows_the_plan(env, page_size):
     on = plan_for(env, page_size=page_size)
+    if not on.flashattention.precompute_scheduler_metadata:  # FA4 on SM90/SM100 (fa.fa4-no-scheduler-precompute): the SM120 plan does
+        on = resolve(ServerArgs(attention_backend="fa4", page_size=page_size), ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json"),
+                     Platform.from_name("sm120")).plan
     off = plan_for(env, page_size=page_size, enable_dp_attention=True, dp_size=2)
     assert on.flashattention.precompute_scheduler_metadata and not off.flashattention.precompute_scheduler_metadata
     layer = layer_of(env, LayerKind.FULL)
