@@ -13,6 +13,7 @@ in numpy and 5 to 10 µs each as torch CPU ops (bench/RESULTS.md, host time per 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -204,6 +205,27 @@ def page_ids(req_to_token: torch.Tensor, rows: torch.Tensor, pages: PageRange, p
     slots = req_to_token[rows_rep, col * page_size]
     out.copy_(slots // page_size if page_size > 1 else slots)
     return out
+
+
+def page_table(req_to_token: torch.Tensor, rows: torch.Tensor, num_pages: int, page_size: int,
+               first_token: torch.Tensor | None = None) -> torch.Tensor:
+    """``[bs, num_pages]`` int32 on the device, the padded layout of :func:`page_ids` (FA's ``page_table``):
+    row b holds the page ids of ``req_to_token[rows[b]]`` from token ``first_token[b]`` on (``[bs]`` on the
+    device, page-aligned, which callers check on the host; default 0), columns past the row's end clamped to
+    its last entry. No host sync: two launches without ``first_token`` (2-D advanced indexing instead
+    costs ~40 µs of host time), four with it."""
+    if first_token is None:
+        slots = req_to_token.index_select(0, rows)[:, : num_pages * page_size: page_size]
+        return torch.div(slots, page_size, rounding_mode="floor") if page_size > 1 else slots.contiguous()
+    width = req_to_token.shape[1]
+    cols = (first_token[:, None].long() + _strided(req_to_token.device, num_pages, page_size)[None, :]).clamp_(max=width - 1)
+    return (torch.gather(req_to_token.index_select(0, rows), 1, cols) // page_size).to(torch.int32)
+
+
+@functools.lru_cache(maxsize=64)
+def _strided(device: torch.device, num_pages: int, page_size: int) -> torch.Tensor:
+    """``[num_pages]`` int64: the first token of each page (made once per shape, not per batch)."""
+    return torch.arange(0, num_pages * page_size, page_size, device=device)
 
 
 _TRITON: list = []

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from attngate.backends.base import AttentionBackend, check_batch, check_graph_batch, check_pool_page_size
-from attngate.backends.batch_metadata import BatchLengths, check_page_aligned, host, page_ids
+from attngate.backends.batch_metadata import BatchLengths, check_page_aligned, host, page_ids, page_table
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.layer import AttentionLayer
@@ -170,7 +170,7 @@ class FlashAttentionBackend(AttentionBackend):
         problems = fa_refusals(plan, layers, torch.cuda.get_device_capability(device)[0] if cuda else None)
         if problems:
             raise BatchMetadataError(problems)
-        self._strided = torch.arange(0, req_to_token.shape[1], self.page_size, device=req_to_token.device)
+        self._max_pages = -(-req_to_token.shape[1] // self.page_size)  # a full row of req_to_token
         self._arange = torch.arange(req_to_token.shape[0] + 1, dtype=torch.int32, device=self.device)
         self.md: _Metadata | None = None
         self._graph: dict[str, torch.Tensor] | None = None
@@ -277,7 +277,7 @@ class FlashAttentionBackend(AttentionBackend):
         v = len(used)
         cu_d, used_d, req_d, start_d = dev[: v + 1], dev[v + 1: 2 * v + 1], dev[2 * v + 1: 3 * v + 1], dev[3 * v + 1:]
         pages = -(-max(used, default=1) // self.page_size)
-        table = self._pages_from(rows[req_d], start_d, self._strided[:pages])  # starts are chunk-, hence page-aligned
+        table = page_table(self.req_to_token, rows[req_d], pages, self.page_size, start_d)  # starts are chunk-, hence page-aligned
         max_q = max((b - a for a, b in zip(cu, cu[1:])), default=1)
         return _Metadata(cu_d.to(torch.int32), max_q, used_d.to(torch.int32), table)
 
@@ -285,23 +285,11 @@ class FlashAttentionBackend(AttentionBackend):
         """DECODE's local batches on the device (one query per request): the same shapes on every replay."""
         start = (seqused.long() - 1).clamp(min=0) // self.chunk * self.chunk
         md.local.seqused_k.copy_(seqused - start)
-        md.local.page_table.copy_(self._pages_from(rows, start, self._strided[: md.local.page_table.shape[1]]))
+        md.local.page_table.copy_(page_table(self.req_to_token, rows, md.local.page_table.shape[1], self.page_size, start))
 
     def _page_table(self, rows: torch.Tensor, offset: torch.Tensor | None, pages: int | None) -> torch.Tensor:
-        """``[bs, pages]`` int32: the page of each page-aligned position, starting ``offset`` tokens into the row
-        (``offset`` page-aligned: callers check it on the host)."""
-        strided = self._strided if pages is None else self._strided[:pages]
-        if offset is not None:
-            return self._pages_from(rows, offset, strided)  # encoder offsets: whole pages, checked on the host
-        ps = self.page_size  # index_select and a strided view: two launches, where 2-D advanced indexing costs ~40 µs of host time
-        slots = self.req_to_token.index_select(0, rows)[:, : strided.numel() * ps: ps]
-        return torch.div(slots, ps, rounding_mode="floor") if ps > 1 else slots.contiguous()
-
-    def _pages_from(self, rows: torch.Tensor, offset: torch.Tensor, strided: torch.Tensor) -> torch.Tensor:
-        """Page ids of each row from the page-aligned token ``offset`` on (no alignment check, no host sync)."""
-        width = self.req_to_token.shape[1]
-        cols = (offset[:, None].long() + strided[None, :]).clamp_(max=width - 1)
-        return (torch.gather(self.req_to_token[rows], 1, cols) // self.page_size).to(torch.int32)
+        """``[bs, pages]`` int32 (default: as many as a row of req_to_token holds), starting ``offset`` tokens into the row."""
+        return page_table(self.req_to_token, rows, self._max_pages if pages is None else pages, self.page_size, offset)
 
     # ---- forward -----------------------------------------------------------------------------------
 
@@ -340,7 +328,7 @@ class FlashAttentionBackend(AttentionBackend):
     # ---- CUDA graphs -------------------------------------------------------------------------------
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
-        max_pages = self._strided.numel()
+        max_pages = self._max_pages
         self._graph = {
             "cu_seqlens_q": torch.zeros(max_bs + 1, dtype=torch.int32, device=self.device),
             "seqused_k": torch.zeros(max_bs, dtype=torch.int32, device=self.device),

@@ -100,3 +100,23 @@ def test_checked_mode_names_a_host_copy_that_disagrees_with_its_device_tensor():
     with pytest.raises(BatchMetadataError) as err:
         check_batch(s.batch, s.req_to_token_pool.req_to_token, 4096)
     assert [p.where for p in err.value.problems] == ["seq_lens_cpu", "extend_seq_lens_cpu"]
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_page_table_is_the_padded_layout_of_page_ids(page_size):
+    from attngate.backends.batch_metadata import page_table
+
+    s = _setup([(0, 5), (30, 1), (7, 12)], page_size)
+    lens = BatchLengths.from_batch(s.batch)
+    rtt, rng = s.req_to_token_pool.req_to_token, lens.kv_pages(page_size)
+    flat = page_ids(rtt, lens.rows, rng, page_size)
+    width = int(rng.counts.max())
+    table = page_table(rtt, lens.rows, width, page_size)
+    assert table.dtype == torch.int32 and table.shape == (3, width)
+    for r in range(3):
+        assert table[r, : rng.counts[r]].tolist() == flat[rng.indptr[r]: rng.indptr[r + 1]].tolist()
+    first = torch.tensor([0, 2 * page_size, page_size])  # page-aligned starts: the rows shifted left by whole pages
+    shifted = page_table(rtt, lens.rows, 2, page_size, first)
+    for r in range(3):
+        assert shifted[r].tolist() == [int(rtt[lens.rows[r], min(int(first[r]) + j * page_size, rtt.shape[1] - 1)]) // page_size
+                                       for j in range(2)]
