@@ -83,6 +83,8 @@ def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=Non
         used = _lengths(problems, "seqused_k", seqused_k, bs)
         if page_table.dtype != torch.int32 or page_table.dim() != 2 or page_table.shape[0] != bs:
             problems.append(f"page_table must be [{bs}, max_pages] int32, got {page_table.dtype} {tuple(page_table.shape)}")
+        elif page_table.stride(-1) != 1:  # flash_attn.cute asserts the same
+            problems.append("page_table must be contiguous in the last dimension")
         elif used is not None:
             ps, pages = k.shape[1], k.shape[0]
             for b, n in enumerate(used):
