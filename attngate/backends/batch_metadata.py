@@ -139,8 +139,9 @@ class BatchLengths:
         bs = self.batch_size
         starts = np.empty((3, bs), dtype=np.int64)
         first, counts = starts[1], starts[2]
-        if cross:
-            first[:], end = 0, self.enc
+        if cross:  # the encoder tokens open the row
+            first[:] = 0
+            end = self.enc
         else:
             end = self.seq - self.new if prefix_only else self.seq
             if window_left >= 0:
