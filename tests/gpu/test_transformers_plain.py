@@ -29,6 +29,9 @@ MODELS = {
     "gpt-oss-sinks": ("gpt-oss-20b", {"num_hidden_layers": 4, "sliding_window": 24, "num_local_experts": 4, "num_experts_per_tok": 4,
                                       "experts_per_token": 4, "quantization_config": None,
                                       "layer_types": ["sliding_attention", "full_attention"] * 2}),
+    # alternating window and full layers (added after this session's last GPU run: checked on the CPU against sdpa only)
+    "gemma3-pattern": ("gemma-3-1b-it", {"num_hidden_layers": 4, "sliding_window": 24, "sliding_window_pattern": 2,
+                                         "query_pre_attn_scalar": 128}),
     # MLA at the real latent geometry; the default plan on an H100 runs both phases on FlashInfer (ragged, q/k 192, v 128)
     "deepseek-v3-mla": ("DeepSeek-V3", {"num_key_value_heads": 8, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
                                         "v_head_dim": 128, "head_dim": None, "q_lora_rank": 64, "n_routed_experts": 4,
