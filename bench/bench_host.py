@@ -21,53 +21,30 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
-from flash_attn.cute import flash_attn_varlen_func  # noqa: E402
-
-from attngate import ForwardMode, LayerKind  # noqa: E402
+from attngate import ForwardMode  # noqa: E402
 from attngate.backends import batch_metadata  # noqa: E402
 from attngate.backends.batch_metadata import BatchLengths, host, page_ids  # noqa: E402
-from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
-from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
-from backend_cases import GPU, layer_of, make_case, plan_for  # noqa: E402
+from backend_cases import GPU, make_case, plan_for  # noqa: E402
+from bench_flashattention import backend_and_raw as fa_backend_and_raw  # noqa: E402
+from bench_flashinfer import setup as flashinfer_setup  # noqa: E402
 from common import decode_graph_replay, host_us, paired_ms  # noqa: E402
 
 H, HKV, D = GPU.heads
 CACHED = 2047
 BATCH_SIZES = (1, 8, 64, 256)
-
-
-def _case(bs: int, ps: int):
-    return make_case(GPU, [(CACHED, 1)] * bs, ForwardMode.DECODE, ps, num_slots=bs * (CACHED + 1 + ps) // ps * ps + ps,
-                     max_context_len=CACHED + 1 + ps)
+DECODE = [(CACHED, 1)]  # one request
 
 
 def flashinfer_row(bs: int, plan) -> dict:
-    ps, layer = 16, layer_of(GPU, LayerKind.FULL)
-    case = _case(bs, ps)
-    fi = FlashInferBackend(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], "cuda")
-    batch = case.setup.batch
-    fi.init_forward_metadata(batch)
+    fi, case, layer, forward = flashinfer_setup(DECODE * bs, ForwardMode.DECODE, plan)  # page 16
+    batch, ps = case.setup.batch, fi.page_size
     spec, wrapper = fi.specs[0], fi.decode_wrappers[0]
     lens = BatchLengths.from_batch(batch)
     rng = lens.kv_pages(ps)
     args = (host(rng.indptr), page_ids(fi.req_to_token, lens.rows, rng, ps), host(rng.last_page_len), H, HKV, D, ps)
     raw_plan = lambda: wrapper.plan(*args, **fi._plan_kwargs(spec, "decode"))  # noqa: E731
-    forward = lambda: fi.forward(case.q, case.k, case.v, layer, batch)  # noqa: E731
     row = {"eager_metadata": host_us(lambda: fi.init_forward_metadata(batch)), "raw_plan": host_us(raw_plan),
            "forward_only": host_us(forward)}
-
-    def metadata_by_hand(plan_first: bool) -> None:  # the backend's eager decode metadata, page ids filled before or after plan()
-        lens = BatchLengths.from_batch(batch)
-        rng = lens.kv_pages(ps)
-        ids = torch.empty(rng.total_pages, dtype=torch.int32, device="cuda")
-        if not plan_first:
-            page_ids(fi.req_to_token, lens.rows, rng, ps, out=ids)
-        wrapper.plan(host(rng.indptr), ids, host(rng.last_page_len), H, HKV, D, ps, **fi._plan_kwargs(spec, "decode"))
-        if plan_first:
-            page_ids(fi.req_to_token, lens.rows, rng, ps, out=ids)
-
-    row["by_hand_ids_then_plan"] = host_us(lambda: metadata_by_hand(False))
-    row["by_hand_plan_then_ids"] = host_us(lambda: metadata_by_hand(True))
     fi.init_forward_metadata(batch)
     caches = fi.paged_kv(layer.layer_id)
     t_b, t_r = paired_ms(forward, lambda: wrapper.run(case.q, caches))
@@ -82,25 +59,8 @@ def flashinfer_row(bs: int, plan) -> dict:
 
 
 def fa_row(bs: int, plan) -> dict:
-    ps, layer = 128, layer_of(GPU, LayerKind.FULL)
-    case = _case(bs, ps)
-    fa = FlashAttentionBackend(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], "cuda")
+    fa, case, layer, eager, raw, forward = fa_backend_and_raw(DECODE * bs, ForwardMode.DECODE, plan)  # page 128
     batch = case.setup.batch
-    fa.init_forward_metadata(batch)
-    md = fa.md
-    k_cache, v_cache = case.pools[0].get_kv_buffer(0)
-    kc, vc = k_cache.view(-1, ps, HKV, D), v_cache.view(-1, ps, HKV, D)
-
-    def raw():
-        return flash_attn_varlen_func(case.q, kc, vc, cu_seqlens_q=md.cu_seqlens_q, max_seqlen_q=md.max_seqlen_q,
-                                      seqused_k=md.seqused_k, page_table=md.page_table, softmax_scale=D ** -0.5,
-                                      causal=True, num_splits=plan.flashattention.num_splits)
-
-    def eager():
-        fa.init_forward_metadata(batch)
-        return fa.forward(case.q, case.k, case.v, layer, batch)
-
-    forward = lambda: fa.forward(case.q, case.k, case.v, layer, batch)  # noqa: E731
     row = {"eager_step": host_us(eager), "raw_call": host_us(raw), "eager_metadata": host_us(lambda: fa.init_forward_metadata(batch)),
            "kv_write": host_us(lambda: case.pools[0].set_kv_buffer(0, batch.out_cache_loc, case.k, case.v))}
     fa.init_forward_metadata(batch)
@@ -108,14 +68,13 @@ def fa_row(bs: int, plan) -> dict:
     scheduled, fa.md.scheduler_metadata = fa.md.scheduler_metadata, None
     row["forward_only_no_scheduler_metadata"] = host_us(forward)
     fa.md.scheduler_metadata = scheduled
-    fa.init_forward_metadata(batch)
     t_b, t_r = paired_ms(forward, raw)
     row |= {"gpu_forward_ms": t_b, "gpu_raw_ms": t_r, "replay_step": host_us(decode_graph_replay(fa, case, layer, bs))}
     return {k: round(v, 4 if k.startswith("gpu") else 1) for k, v in row.items()}
 
 
 def page_id_row(bs: int) -> dict:
-    case = _case(bs, 16)
+    case = make_case(GPU, DECODE * bs, ForwardMode.DECODE, 16, num_slots=bs * (CACHED + 17) // 16 * 16 + 16, max_context_len=CACHED + 17)
     lens = BatchLengths.from_batch(case.setup.batch)
     rng, rtt = lens.kv_pages(16), case.setup.req_to_token_pool.req_to_token
     triton_ids = page_ids(rtt, lens.rows, rng, 16)
