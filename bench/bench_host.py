@@ -1,12 +1,15 @@
 """Host time per decode step and backend/raw kernel ratio over batch size, FlashInfer and FA side by side;
 prints one JSON object (run on the device; bench/plot.py draws it).
 
+Each backend call is timed in the same rounds as the raw call it is compared with
+(common.paired_host_us), since host time on a shared machine drifts by 30 % within a run.
 For every batch size (decode, 2048 cached tokens per request; 32/8 heads, head_dim 128, bf16):
 - FlashInfer (page 16): ``init_forward_metadata`` against the raw ``plan()`` it makes, called with the
   same arguments prebuilt; CUDA-graph ``init_forward_metadata_replay_cuda_graph`` against the raw
   ``plan()`` of the captured wrapper; ``forward`` alone; GPU time of ``forward`` against raw ``run()``.
 - FA (page 128): ``init_forward_metadata`` + ``forward`` against the raw kernel call on prebuilt
-  metadata, and the parts (metadata alone, KV write alone); GPU time of ``forward`` against the raw call.
+  metadata, and against the raw call plus the raw KV write (two ``index_copy_``), and the parts
+  (metadata alone, the pool's KV write alone); GPU time of ``forward`` against the raw call.
 - page ids: the Triton kernel against the torch ops that replace it off CUDA.
 """
 
@@ -27,7 +30,7 @@ from attngate.backends.batch_metadata import BatchLengths, host, page_ids  # noq
 from backend_cases import GPU, make_case, plan_for  # noqa: E402
 from bench_flashattention import backend_and_raw as fa_backend_and_raw  # noqa: E402
 from bench_flashinfer import setup as flashinfer_setup  # noqa: E402
-from common import decode_graph_replay, host_us, paired_ms  # noqa: E402
+from common import decode_graph_replay, host_us, paired_host_us, paired_ms  # noqa: E402
 
 H, HKV, D = GPU.heads
 CACHED = 2047
@@ -42,32 +45,38 @@ def flashinfer_row(bs: int, plan) -> dict:
     lens = BatchLengths.from_batch(batch)
     rng = lens.kv_pages(ps)
     args = (host(rng.indptr), page_ids(fi.req_to_token, lens.rows, rng, ps), host(rng.last_page_len), H, HKV, D, ps)
-    raw_plan = lambda: wrapper.plan(*args, **fi._plan_kwargs(spec, "decode"))  # noqa: E731
-    row = {"eager_metadata": host_us(lambda: fi.init_forward_metadata(batch)), "raw_plan": host_us(raw_plan),
-           "forward_only": host_us(forward)}
-    fi.init_forward_metadata(batch)
-    caches = fi.paged_kv(layer.layer_id)
-    t_b, t_r = paired_ms(forward, lambda: wrapper.run(case.q, caches))
-    row |= {"gpu_forward_ms": t_b, "gpu_raw_run_ms": t_r}
     replay = decode_graph_replay(fi, case, layer, bs)
     graph_wrapper = fi._graphs[(ForwardMode.DECODE, bs)][0]
-    raw_graph_plan = lambda: graph_wrapper.plan(*args, **fi._plan_kwargs(spec, "decode", cuda_graph=True))  # noqa: E731
-    replan = lambda: fi.init_forward_metadata_replay_cuda_graph(bs, batch.req_pool_indices, batch.seq_lens, batch.seq_lens_cpu,  # noqa: E731
-                                                                 None, ForwardMode.DECODE)
-    row |= {"replay_replan": host_us(replan), "raw_graph_plan": host_us(raw_graph_plan), "replay_step": host_us(replay)}
+    fi.init_forward_metadata(batch)  # the eager wrappers again, for forward()
+    caches = fi.paged_kv(layer.layer_id)
+    row = paired_host_us({
+        "eager_metadata": lambda: fi.init_forward_metadata(batch),
+        "raw_plan": lambda: wrapper.plan(*args, **fi._plan_kwargs(spec, "decode")),
+        "replay_replan": lambda: fi.init_forward_metadata_replay_cuda_graph(bs, batch.req_pool_indices, batch.seq_lens,
+                                                                            batch.seq_lens_cpu, None, ForwardMode.DECODE),
+        "raw_graph_plan": lambda: graph_wrapper.plan(*args, **fi._plan_kwargs(spec, "decode", cuda_graph=True)),
+        "replay_step": replay,
+    })
+    fi.init_forward_metadata(batch)
+    row |= paired_host_us({"forward_only": forward, "raw_run": lambda: wrapper.run(case.q, caches)})
+    t_b, t_r = paired_ms(forward, lambda: wrapper.run(case.q, caches))
+    row |= {"gpu_forward_ms": t_b, "gpu_raw_run_ms": t_r}
     return {k: round(v, 4 if k.startswith("gpu") else 1) for k, v in row.items()}
 
 
 def fa_row(bs: int, plan) -> dict:
     fa, case, layer, eager, raw, forward = fa_backend_and_raw(DECODE * bs, ForwardMode.DECODE, plan)  # page 128
-    batch = case.setup.batch
-    row = {"eager_step": host_us(eager), "raw_call": host_us(raw), "eager_metadata": host_us(lambda: fa.init_forward_metadata(batch)),
-           "kv_write": host_us(lambda: case.pools[0].set_kv_buffer(0, batch.out_cache_loc, case.k, case.v))}
+    batch, pool = case.setup.batch, case.pools[0]
+    k_words, v_words = pool._k_words[0], pool._v_words[0]  # the raw write: two index_copy_ on the pool's word views
+    k_src, v_src, loc = case.k.view(torch.int64), case.v.view(torch.int64), batch.out_cache_loc
+    row = paired_host_us({
+        "eager_step": eager, "raw_call": raw,
+        "raw_write_and_call": lambda: (k_words.index_copy_(0, loc, k_src), v_words.index_copy_(0, loc, v_src), raw()),
+        "eager_metadata": lambda: fa.init_forward_metadata(batch),
+        "kv_write": lambda: pool.set_kv_buffer(0, loc, case.k, case.v),
+    })
     fa.init_forward_metadata(batch)
-    row["forward_only"] = host_us(forward)
-    scheduled, fa.md.scheduler_metadata = fa.md.scheduler_metadata, None
-    row["forward_only_no_scheduler_metadata"] = host_us(forward)
-    fa.md.scheduler_metadata = scheduled
+    row |= paired_host_us({"forward_only": forward, "raw_call_again": raw})
     t_b, t_r = paired_ms(forward, raw)
     row |= {"gpu_forward_ms": t_b, "gpu_raw_ms": t_r, "replay_step": host_us(decode_graph_replay(fa, case, layer, bs))}
     return {k: round(v, 4 if k.startswith("gpu") else 1) for k, v in row.items()}
@@ -82,12 +91,17 @@ def page_id_row(bs: int) -> dict:
     batch_metadata._TRITON[:] = [None]  # the torch ops that run off CUDA
     try:
         torch_ids = page_ids(rtt, lens.rows, rng, 16)
-        t_torch = host_us(lambda: page_ids(rtt, lens.rows, rng, 16))
     finally:
         batch_metadata._TRITON[:] = launcher
     assert torch.equal(triton_ids, torch_ids)
-    return {"triton": round(host_us(lambda: page_ids(rtt, lens.rows, rng, 16)), 1), "torch_ops": round(t_torch, 1),
-            "triton_available": launcher[0] is not None}
+
+    def torch_ops():
+        batch_metadata._TRITON[:] = [None]
+        page_ids(rtt, lens.rows, rng, 16)
+        batch_metadata._TRITON[:] = launcher
+
+    times = paired_host_us({"triton": lambda: page_ids(rtt, lens.rows, rng, 16), "torch_ops": torch_ops})
+    return {k: round(v, 1) for k, v in times.items()} | {"triton_available": launcher[0] is not None}
 
 
 def main() -> None:

@@ -47,6 +47,24 @@ def host_us(fn: Callable[[], object], iters: int = 50, rounds: int = 3) -> float
     return best / iters * 1e6
 
 
+def paired_host_us(fns: dict[str, Callable[[], object]], iters: int = 30, rounds: int = 15) -> dict[str, float]:
+    """Host µs per call of each of ``fns``, timed in turn round after round; the best round of each. Host time on a
+    shared machine drifts by 30 % within a run, so only functions timed in the same rounds are compared."""
+    for fn in fns.values():
+        for _ in range(10):
+            fn()
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return {name: t / iters * 1e6 for name, t in best.items()}
+
+
 def decode_graph_replay(backend, case, layer, bs: int):
     """Capture one DECODE forward of ``case`` as a CUDA graph; returns a replay step (metadata update + replay)."""
     batch = case.setup.batch

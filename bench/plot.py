@@ -22,6 +22,7 @@ HOST_SERIES = (  # (table, key, label, style)
     ("flashinfer_us", "raw_graph_plan", "FlashInfer raw plan(), graph wrapper", "C1:s"),
     ("fa_us", "eager_step", "FA metadata + forward", "C2-^"),
     ("fa_us", "raw_call", "FA raw kernel call", "C2:^"),
+    ("fa_us", "raw_write_and_call", "FA raw KV write + kernel call", "C2--"),
     ("fa_us", "replay_step", "FA graph replay incl. metadata", "C3-v"),
 )
 RATIO_SERIES = (

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 from functools import cached_property
 
 import numpy as np
@@ -40,8 +41,7 @@ def host(arr: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(arr))
 
 
-@dataclass(frozen=True)
-class PageRange:
+class PageRange(NamedTuple):
     """The pages one kernel reads per request: pages ``[first_page, first_page + counts)`` of its row of
     ``req_to_token``, ``kv_len`` tokens from the first page's first slot on.
     ``indptr`` (``[bs + 1]`` int32, kv_indptr) and ``last_page_len`` (``[bs]`` int32, in [1, page_size];
@@ -136,29 +136,29 @@ class BatchLengths:
         plus the new ones unless ``prefix_only``) from the first one a query can see under ``window_left``
         (-1: no window) on. Pages are whole, so a window's range starts at the page holding its first key.
         A dozen numpy ops on ``[bs]`` arrays: this runs for every batch and every CUDA-graph replay."""
-        bs = self.batch_size
-        starts = np.empty((3, bs), dtype=np.int64)
+        bs = len(self.seq)
+        starts = np.zeros((3, bs), dtype=np.int64)
         first, counts = starts[1], starts[2]
         if cross:  # the encoder tokens open the row
-            first[:] = 0
-            end = self.enc
+            end, shifted = self.enc, False
         else:
             end = self.seq - self.new if prefix_only else self.seq
+            shifted = window_left >= 0 or self.has_encoder
             if window_left >= 0:
                 np.maximum(self.enc, end - (0 if prefix_only else self.new) - window_left, out=first)
                 first //= page_size
-            elif self.has_encoder:
+            elif shifted:
                 np.floor_divide(self.enc, page_size, out=first)
-            else:
-                first[:] = 0
-        kv_len = np.maximum(end - first * page_size, 0)
+        kv_len = np.maximum(end - first * page_size, 0) if shifted else end
         np.floor_divide(kv_len + (page_size - 1), page_size, out=counts)
-        indptr = indptr_of(counts)
-        starts[0] = indptr[:-1]
-        last_len = ((kv_len - 1) % page_size + 1).astype(np.int32)  # page_size where kv_len is 0
+        indptr = np.zeros(bs + 1, dtype=np.int32)
+        np.cumsum(counts, out=indptr[1:])
+        starts[0, 1:] = indptr[1:-1]
+        last_len = np.subtract(kv_len, counts * page_size, out=np.empty(bs, dtype=np.int32), casting="unsafe")
+        last_len += page_size  # kv_len - (counts - 1) * page_size: page_size where kv_len is 0
         return PageRange(indptr, last_len, starts, kv_len)
 
-    @property
+    @cached_property
     def has_encoder(self) -> bool:
         return bool(self.enc.any())
 
@@ -196,7 +196,7 @@ def page_ids(req_to_token: torch.Tensor, rows: torch.Tensor, pages: PageRange, p
     out = out[:total]
     if total == 0:
         return out
-    starts_dev = host(pages.starts).to(device, non_blocking=True)
+    starts_dev = torch.from_numpy(pages.starts).to(device, non_blocking=True)  # kv_pages made it contiguous
     if device.type == "cuda" and _triton_page_ids() is not None:
         _triton_page_ids()(req_to_token, rows, starts_dev, out, page_size)
         return out

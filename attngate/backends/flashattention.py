@@ -163,6 +163,7 @@ class FlashAttentionBackend(AttentionBackend):
         self._layer_gates = {kind: plan.layer(kind).common for kind in LayerKind}
         # the scheduler metadata is planned for full-attention layers; window and cross layers never take it
         self._scheduled = next((lay for lay in layers if lay.kind == LayerKind.FULL and not lay.is_mla), None)
+        self._scheduled_ids = {lay.layer_id for lay in layers if lay.kind == LayerKind.FULL and _same_shape(lay, self._scheduled)}
         self._mla = next((lay for lay in layers if lay.is_mla), None)
         self._mla_absorbed, self._mla_kv = True, None
         self.chunk = next((lay.attention_chunk_size for lay in layers if lay.kind == LayerKind.CHUNKED_LOCAL), None)
@@ -321,7 +322,7 @@ class FlashAttentionBackend(AttentionBackend):
         k_cache, v_cache = self.paged_kv(layer.layer_id)
         if cross:
             return self.kernel(q, k_cache, v_cache, seqused_k=md.encoder_seqused_k, page_table=md.encoder_page_table, **common)
-        scheduled = md.scheduler_metadata if layer.kind == LayerKind.FULL and _same_shape(layer, self._scheduled) else None
+        scheduled = md.scheduler_metadata if layer.layer_id in self._scheduled_ids else None
         return self.kernel(q, k_cache, v_cache, seqused_k=md.seqused_k, page_table=md.page_table,
                            scheduler_metadata=scheduled, **common)
 

@@ -95,6 +95,7 @@ class FlashInferBackend(AttentionBackend):
         self.checked = checked
         self.layer_gates = {kind: plan.layer(kind) for kind in LayerKind}
         self.specs = self._wrapper_specs(gates.wrapper_dispatch)
+        self._kwargs_cache: dict[tuple[int, str, bool], dict] = {}
         unwritten = [lay.layer_id for lay in layers
                      if lay.kind != LayerKind.CROSS_ATTENTION and not self.layer_gates[lay.kind].common.write_kv_cache]
         if unwritten and plan.mode(ForwardMode.EXTEND).flashinfer.paged_kv_extent != "prefix":
@@ -102,7 +103,10 @@ class FlashInferBackend(AttentionBackend):
                              "the paged wrapper (flashinfer.paged_kv_extent prefix_plus_new), which would read their stale slots")
         self.workspace = torch.empty(gates.workspace_size_mb << 20, dtype=torch.uint8, device=self.device)
         n = len(self.specs)
-        self.decode_wrappers = [self.fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=self.decode_use_tensor_cores) for _ in range(n)]
+        # an explicit decode family: 'auto' re-probes for cuDNN on every plan() (about 100 µs per step, bench/RESULTS.md)
+        self.decode_kernel_family = gates.decode_kernel_family
+        self.decode_wrappers = [self.fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=self.decode_use_tensor_cores,
+                                                                           backend=self.decode_kernel_family) for _ in range(n)]
         family = self.prefill_kernel_family = gates.prefill_kernel_family  # every prefill wrapper, graph ones included
         self.paged_wrappers = [self.fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=family) for _ in range(n)]
         self.ragged_wrappers = [self.fi.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend=family) for _ in range(n)]
@@ -137,7 +141,15 @@ class FlashInferBackend(AttentionBackend):
                 for i, s in enumerate(specs)]
 
     def _plan_kwargs(self, spec: _WrapperSpec, kind: str, *, cuda_graph: bool = False) -> dict:
-        """The plan() keywords every wrapper kind shares; the only place split settings are applied."""
+        """The plan() keywords every wrapper kind shares; the only place split settings are applied. Built once per
+        wrapper kind (they are fixed by the plan); callers get a copy they may extend."""
+        key = (spec.index, kind, cuda_graph)
+        kw = self._kwargs_cache.get(key)
+        if kw is None:
+            kw = self._kwargs_cache[key] = self._build_plan_kwargs(spec, kind, cuda_graph)
+        return dict(kw)
+
+    def _build_plan_kwargs(self, spec: _WrapperSpec, kind: str, cuda_graph: bool) -> dict:
         kw = dict(q_data_type=self.q_dtype, kv_data_type=self._dtype, sm_scale=spec.sm_scale,
                   logits_soft_cap=spec.logits_soft_cap or None, window_left=spec.window_left)
         if kind == "decode":
@@ -285,7 +297,7 @@ class FlashInferBackend(AttentionBackend):
             last = torch.zeros(bs, dtype=torch.int32, device=self.device)
             if forward_mode == ForwardMode.DECODE:
                 wrappers.append(self.fi.BatchDecodeWithPagedKVCacheWrapper(
-                    self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.decode_use_tensor_cores,
+                    self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.decode_use_tensor_cores, backend=self.decode_kernel_family,
                     paged_kv_indptr_buffer=indptr, paged_kv_indices_buffer=indices, paged_kv_last_page_len_buffer=last))
             else:
                 qo = torch.arange(0, (bs + 1) * per_req, per_req, dtype=torch.int32, device=self.device)

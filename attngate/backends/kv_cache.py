@@ -63,26 +63,30 @@ class ReqToTokenPool:
         self._free.append(index)
 
 
-def _as_words(rows: torch.Tensor) -> torch.Tensor:
-    """``rows: [n, row_elems]`` viewed as 8-byte words where its layout allows, else unchanged.
+def _as_words(buf: torch.Tensor) -> torch.Tensor:
+    """``buf: [num_slots, ..., row]`` viewed as 8-byte words along its last dim where its layout allows, else unchanged.
 
     A row scatter moves one element per thread; moving 8-byte words instead of 2-byte bf16
     elements makes the KV write several times faster on a GPU (bench/bench_kv_write.py).
     """
-    nbytes = rows.element_size()
-    if (rows.stride(-1) == 1 and rows.shape[-1] * nbytes % 8 == 0 and rows.stride(0) * nbytes % 8 == 0
-            and rows.storage_offset() * nbytes % 8 == 0):
-        return rows.view(torch.int64)
-    return rows
+    try:
+        return buf.view(torch.int64)
+    except RuntimeError:  # a row that is no whole number of words
+        return buf
 
 
-def _scatter_rows(buf_words: torch.Tensor, loc: torch.Tensor, src: torch.Tensor) -> None:
-    """``buf[loc] = src`` for ``buf_words = _as_words(buf.flatten(1))``, ``loc: [n]`` int64 (int32 is
-    widened) and ``src: [n, ...]`` of buf's dtype."""
-    src_words = _as_words(src.flatten(1))
-    if src_words.dtype != buf_words.dtype:  # an odd source layout: copy it to match the word view
-        src_words = _as_words(src.flatten(1).contiguous())
-    buf_words.index_copy_(0, loc if loc.dtype == torch.int64 else loc.long(), src_words)
+def _scatter_rows(buf_words: torch.Tensor, loc: torch.Tensor, src: torch.Tensor, dtype: torch.dtype) -> None:
+    """``buf[loc] = src`` for ``buf_words = _as_words(buf)`` of ``dtype``, ``loc: [n]`` int64 (int32 is widened) and
+    ``src: [n, ...]`` of buf's shape per slot. A handful of Python calls: this runs for every layer of every step
+    (bench/RESULTS.md, host time per step)."""
+    if src.dtype != dtype:
+        src = src.to(dtype)
+    if buf_words.dtype != dtype:
+        try:
+            src = src.view(buf_words.dtype)
+        except RuntimeError:  # an odd source layout (a strided slice of a fused qkv): copy it to match the word view
+            src = src.contiguous().view(buf_words.dtype)
+    buf_words.index_copy_(0, loc if loc.dtype == torch.int64 else loc.long(), src)
 
 
 class _PoolBase:
@@ -104,13 +108,13 @@ class MHATokenToKVPool(_PoolBase):
         v_head_dim = v_head_dim or head_dim
         self.k_buffer = [torch.zeros((num_slots, num_kv_heads, head_dim), dtype=dtype, device=device) for _ in range(num_layers)]
         self.v_buffer = [torch.zeros((num_slots, num_kv_heads, v_head_dim), dtype=dtype, device=device) for _ in range(num_layers)]
-        self._k_words = [_as_words(b.flatten(1)) for b in self.k_buffer]
-        self._v_words = [_as_words(b.flatten(1)) for b in self.v_buffer]
+        self._k_words = [_as_words(b) for b in self.k_buffer]
+        self._v_words = [_as_words(b) for b in self.v_buffer]
 
     def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write ``k: [n, num_kv_heads, head_dim]`` and ``v`` into slots ``loc: [n]`` int64 (int32 is widened)."""
-        _scatter_rows(self._k_words[layer_id], loc, k.to(self.dtype))
-        _scatter_rows(self._v_words[layer_id], loc, v.to(self.dtype))
+        _scatter_rows(self._k_words[layer_id], loc, k, self.dtype)
+        _scatter_rows(self._v_words[layer_id], loc, v, self.dtype)
 
     def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k_buffer[layer_id], self.v_buffer[layer_id]
@@ -124,11 +128,11 @@ class MLATokenToKVPool(_PoolBase):
         self.num_slots, self.page_size, self.dtype = num_slots, page_size, dtype
         self.kv_lora_rank, self.qk_rope_head_dim = kv_lora_rank, qk_rope_head_dim
         self.kv_buffer = [torch.zeros((num_slots, 1, kv_lora_rank + qk_rope_head_dim), dtype=dtype, device=device) for _ in range(num_layers)]
-        self._kv_words = [_as_words(b.flatten(1)) for b in self.kv_buffer]
+        self._kv_words = [_as_words(b) for b in self.kv_buffer]
 
     def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
         """Write ``k: [n, 1, kv_lora_rank + qk_rope_head_dim]`` (latent ++ rope) into slots ``loc``; ``v`` is unused."""
-        _scatter_rows(self._kv_words[layer_id], loc, k.to(self.dtype))
+        _scatter_rows(self._kv_words[layer_id], loc, k, self.dtype)
 
     def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(K, V) views: K is latent ++ rope, V is the latent."""

@@ -44,6 +44,28 @@ def test_fi_modes_and_layer_kinds_match_reference(env, shape, kind, page_size):
     assert torch.equal(case.pools[0].k_buffer[0][loc], case.pools[1].k_buffer[0][loc])
 
 
+def _family(wrapper) -> str:
+    return getattr(wrapper, "_backend", None) or wrapper.backend  # FlashInfer keeps it private, the stand-in public
+
+
+def test_fi_every_wrapper_runs_the_plans_kernel_family(env):
+    """No wrapper is left on FlashInfer's 'auto' (which re-probes for cuDNN on every decode plan()): eager and
+    CUDA-graph decode wrappers take flashinfer.decode_kernel_family, prefill wrappers prefill_kernel_family."""
+    plan = plan_for(env, "flashinfer", 16, "Llama-3.1-8B", speculative_algorithm="EAGLE", speculative_eagle_topk=1,
+                    speculative_num_steps=3, speculative_num_draft_tokens=4)
+    layer = layer_of(env, LayerKind.FULL)
+    fi = fi_backend(env, plan, make_case(env, REQUESTS["decode"], M.DECODE, 16), layer)
+    fi.init_cuda_graph_state(4, 16)
+    for mode in (M.DECODE, M.TARGET_VERIFY):
+        fi.init_forward_metadata_capture_cuda_graph(4, 4 * (1 if mode == M.DECODE else 4), fi.req_to_token.new_zeros(4),
+                                                    fi.req_to_token.new_ones(4) * 8, None, mode)
+    gates = plan.flashinfer
+    decode = fi.decode_wrappers + fi._graphs[(M.DECODE, 4)]
+    prefill = fi.paged_wrappers + fi.ragged_wrappers + fi._graphs[(M.TARGET_VERIFY, 4)]
+    assert {_family(w) for w in decode} == {gates.decode_kernel_family}
+    assert {_family(w) for w in prefill} == {gates.prefill_kernel_family}
+
+
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_fi_sliding_window_prefix_longer_than_window_through_ragged_and_paged(env, page_size):
     plan = plan_for(env, "flashinfer", page_size, "Mistral-7B-v0.1")
