@@ -5,7 +5,7 @@ Each backend call is timed in the same rounds as the raw call it is compared wit
 (common.paired_host_us), since host time on a shared machine drifts by 30 % within a run.
 For every batch size (decode, 2048 cached tokens per request; 32/8 heads, head_dim 128, bf16):
 - FlashInfer (page 16): ``init_forward_metadata`` against the raw ``plan()`` it makes, called with the
-  same arguments prebuilt; CUDA-graph ``init_forward_metadata_replay_cuda_graph`` against the raw
+  same arguments prebuilt (and by a wrapper left on FlashInfer's "auto" decode family); CUDA-graph ``init_forward_metadata_replay_cuda_graph`` against the raw
   ``plan()`` of the captured wrapper; ``forward`` alone; GPU time of ``forward`` against raw ``run()``.
 - FA (page 128): ``init_forward_metadata`` + ``forward`` against the raw kernel call on prebuilt
   metadata, and against the raw call plus the raw KV write (two ``index_copy_``), and the parts
@@ -47,6 +47,8 @@ def flashinfer_row(bs: int, plan) -> dict:
     args = (host(rng.indptr), page_ids(fi.req_to_token, lens.rows, rng, ps), host(rng.last_page_len), H, HKV, D, ps)
     replay = decode_graph_replay(fi, case, layer, bs)
     graph_wrapper = fi._graphs[(ForwardMode.DECODE, bs)][0]
+    # the same wrapper left on FlashInfer's "auto" (what the backend built before flashinfer.decode_kernel_family)
+    auto = fi.fi.BatchDecodeWithPagedKVCacheWrapper(fi.workspace, "NHD", use_tensor_cores=fi.decode_use_tensor_cores)
     fi.init_forward_metadata(batch)  # the eager wrappers again, for forward()
     caches = fi.paged_kv(layer.layer_id)
     row = paired_host_us({
@@ -55,6 +57,7 @@ def flashinfer_row(bs: int, plan) -> dict:
         "replay_replan": lambda: fi.init_forward_metadata_replay_cuda_graph(bs, batch.req_pool_indices, batch.seq_lens,
                                                                             batch.seq_lens_cpu, None, ForwardMode.DECODE),
         "raw_graph_plan": lambda: graph_wrapper.plan(*args, **fi._plan_kwargs(spec, "decode", cuda_graph=True)),
+        "raw_plan_auto_family": lambda: auto.plan(*args, **fi._plan_kwargs(spec, "decode")),
         "replay_step": replay,
     })
     fi.init_forward_metadata(batch)

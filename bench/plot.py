@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 HOST_SERIES = (  # (table, key, label, style)
     ("flashinfer_us", "eager_metadata", "FlashInfer init_forward_metadata", "C0-o"),
     ("flashinfer_us", "raw_plan", "FlashInfer raw plan()", "C0:o"),
+    ("flashinfer_us", "raw_plan_auto_family", "FlashInfer raw plan(), 'auto' decode family", "C0--"),
     ("flashinfer_us", "replay_replan", "FlashInfer graph re-plan", "C1-s"),
     ("flashinfer_us", "raw_graph_plan", "FlashInfer raw plan(), graph wrapper", "C1:s"),
     ("fa_us", "eager_step", "FA metadata + forward", "C2-^"),
@@ -33,14 +34,15 @@ RATIO_SERIES = (
 
 def main(src: str, dst: str) -> None:
     data = json.load(open(src))
-    fig, (host, ratio) = plt.subplots(1, 2, figsize=(13, 5))
+    fig, (host, ratio) = plt.subplots(1, 2, figsize=(13, 6.2))
     for table, key, label, style in HOST_SERIES:
         rows = data[table]
         sizes = sorted(rows, key=int)
-        host.plot([int(b) for b in sizes], [rows[b][key] for b in sizes], style, label=label)
+        if key in rows[sizes[0]]:  # older JSON files lack the newer series
+            host.plot([int(b) for b in sizes], [rows[b][key] for b in sizes], style, label=label)
     host.set(xscale="log", xlabel="batch size (decode requests)", ylabel="host µs per step (one layer)",
              title="Host time per decode step")
-    host.legend(fontsize=8)
+    host.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
     for table, num, den, label, style in RATIO_SERIES:
         rows = data[table]
         sizes = sorted(rows, key=int)
@@ -48,7 +50,7 @@ def main(src: str, dst: str) -> None:
     ratio.axhline(1.03, color="grey", linestyle="--", linewidth=0.8, label="1.03 (target)")
     ratio.set(xscale="log", xlabel="batch size (decode requests)", ylabel="GPU time, backend / raw",
               title="Backend / raw, GPU time (KV write incl.; launch-bound below 64)")
-    ratio.legend(fontsize=8)
+    ratio.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14))
     fig.suptitle(f"{data['gpu']}, torch {data['torch']}, {data['cached_tokens']} cached tokens per request")
     fig.tight_layout()
     fig.savefig(dst, dpi=110)
