@@ -1,7 +1,8 @@
 """FlashAttention backend benchmarks on the GPU; prints one JSON object (run on the device).
 
 - decode 64 x 4096 and causal prefill 8 x 4096 (32/8 heads, head_dim 128, bf16): through the
-  backend (init_forward_metadata + forward) and the raw kernel call on the same tensors, side by side;
+  backend (init_forward_metadata + forward) and the raw kernel call on the same tensors, side by side
+  (decode also against the pool's KV write plus the raw call, since the forward writes first);
 - embedding workload (64 x 512 and 8 x 4096): the fast path (fa.skip_kv_cache) against the paged path;
 - host time per step: bench/bench_host.py.
 """
@@ -64,8 +65,11 @@ def main() -> None:
     fa, case, _, step, raw, layer_forward = backend_and_raw([(4095, 1)] * 64, ForwardMode.DECODE, plan)
     kv_bytes = 64 * 4096 * HKV * D * 2 * 2
     (t_b, t_r), t_s = paired_ms(layer_forward, raw), cuda_ms(step)
+    batch, pool = case.setup.batch, case.pools[0]
+    t_b2, t_w = paired_ms(layer_forward, lambda: (pool.set_kv_buffer(0, batch.out_cache_loc, case.k, case.v), raw()))
     out["decode_64x4096"] = {"backend_layer_ms": round(t_b, 4), "raw_ms": round(t_r, 4), "backend_TBps": round(kv_bytes / t_b / 1e9, 3),
                              "raw_TBps": round(kv_bytes / t_r / 1e9, 3), "backend_over_raw": round(t_b / t_r, 3),
+                             "raw_kv_write_plus_call_ms": round(t_w, 4), "backend_over_raw_kv_write_plus_call": round(t_b2 / t_w, 3),
                              "metadata_plus_one_layer_ms": round(t_s, 4),
                              "metadata_host_us": round(host_us(lambda: fa.init_forward_metadata(case.setup.batch)), 1)}
 
