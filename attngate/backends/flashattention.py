@@ -188,6 +188,8 @@ class FlashAttentionBackend(AttentionBackend):
         lens = BatchLengths.from_batch(batch)
         check_page_aligned(lens.enc, self.page_size, "encoder_lens", "FA")
         if batch.forward_mode == ForwardMode.DECODE:  # one query per request: cu_seqlens_q is a slice of a fixed arange
+            if lens.batch_size >= self._arange.shape[0]:  # more requests than rows (DP padding shares one row)
+                self._arange = torch.arange(lens.batch_size + 1, dtype=torch.int32, device=self.device)
             cu, max_q = self._arange[: lens.batch_size + 1], 1
         else:
             cu, max_q = host(lens.qo_indptr).to(self.device, non_blocking=True), lens.max_new

@@ -6,6 +6,8 @@ that into an error on every rank. It lives under ``integrations/`` because it im
 
     from attngate.integrations.distributed import check_plan_consistency
     check_plan_consistency(resolution)        # after torch.distributed.init_process_group(...)
+
+Under DP attention it also gives every rank the batch size to pad to (:func:`dp_max_batch_size`).
 """
 
 from __future__ import annotations
@@ -57,3 +59,19 @@ def check_plan_consistency(plan_or_resolution: Plan | Resolution, group: Any = N
             text += " -- facts behind them: " + "; ".join(f"{k}: {a!r} vs {b!r}" for k, (a, b) in facts.items())
         problems.append(Problem(f"rank {rank}", text))
     raise PlanMismatchError(problems)
+
+
+def dp_max_batch_size(batch_size: int, group: Any = None) -> int:
+    """The largest decode batch size of any rank of ``group`` (one all-reduce of one integer): what every DP-attention
+    rank pads its batch to with :func:`attngate.backends.dp_padding.pad_decode_batch`, so that all ranks run the
+    same number of tokens and replay the same CUDA graph. An IDLE rank passes 0. Works over gloo and NCCL (NCCL
+    reduces on the current CUDA device). Raises RuntimeError when torch.distributed is not initialized."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise RuntimeError("dp_max_batch_size needs torch.distributed.init_process_group() first")
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    size = torch.tensor([batch_size], dtype=torch.int64, device=device)
+    dist.all_reduce(size, op=dist.ReduceOp.MAX, group=group)
+    return int(size.item())

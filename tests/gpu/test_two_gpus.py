@@ -1,7 +1,8 @@
 """Two GPUs over NCCL: attention TP = 2 through the FA and FlashInfer backends equals the 1-GPU reference after
 the all-gather of heads; DP attention with one rank IDLE and the other decoding uneven requests, eager and in
-CUDA-graph replay, with scheduler-metadata precompute off as the plan says, in checked mode. Every rank first
-checks that all ranks resolved the same plan."""
+CUDA-graph replay, with scheduler-metadata precompute off as the plan says, in checked mode; the IDLE rank then
+pads to the global batch size and runs that decode eager and replayed. Every rank first checks that all ranks
+resolved the same plan."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
 from attngate.backends.kv_cache import MHATokenToKVPool  # noqa: E402
 from attngate.backends.layer import layers_from_model  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
-from attngate.integrations.distributed import check_plan_consistency  # noqa: E402
+from attngate.backends.dp_padding import pad_decode_batch  # noqa: E402
+from attngate.integrations.distributed import check_plan_consistency, dp_max_batch_size  # noqa: E402
 from helpers import MODELS  # noqa: E402
 
 H, HKV, D, DTYPE = 32, 8, 128, torch.bfloat16
@@ -90,12 +92,30 @@ def _dp_rank(rank: int) -> str:
     layers = layers_from_model(facts, plan)[:1]
     mode = ForwardMode.DECODE if rank == 0 else ForwardMode.IDLE
     s, k, v, q = _full_case(ForwardMode.DECODE, 16)
-    if rank == 1:  # IDLE: no tokens, no metadata, an empty output
+    size = dp_max_batch_size(s.batch.batch_size if rank == 0 else 0)  # every rank pads to the largest batch
+    assert size == s.batch.batch_size
+    if rank == 1:  # IDLE: no tokens, no metadata, an empty output; padded, a decode batch of the global size
         idle = build_batch([(3, 1)], ForwardMode.IDLE, page_size=16, num_slots=1 << 14, max_context_len=2048, device="cuda")
         pool = MHATokenToKVPool(1 << 14, 16, 1, HKV, D, dtype=DTYPE, device="cuda")
         fa = FlashAttentionBackend(plan, pool, idle.req_to_token_pool.req_to_token, layers, "cuda", checked=True)
         fa.init_forward_metadata(idle.batch)
         assert fa.forward(q[:0], None, None, layers[0], idle.batch).shape == (0, H, D)
+        padded = pad_decode_batch(idle.batch, size, padding_row=0, padding_slot=(1 << 14) - 16)
+        qp, kp = torch.randn(size, H, D, device="cuda", dtype=DTYPE), torch.randn(size, HKV, D, device="cuda", dtype=DTYPE)
+        fa.init_forward_metadata(padded)
+        eager = fa.forward(qp, kp, kp, layers[0], padded)
+        fa.init_cuda_graph_state(size, size)  # and the graph every rank replays at this size
+        fa.init_forward_metadata_capture_cuda_graph(size, size, padded.req_pool_indices, padded.seq_lens, None, ForwardMode.DECODE)
+        fa.forward(qp, kp, kp, layers[0], padded)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fa.forward(qp, kp, kp, layers[0], padded)
+        fa.init_forward_metadata_replay_cuda_graph(size, padded.req_pool_indices, padded.seq_lens, padded.seq_lens_cpu, None, ForwardMode.DECODE)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert eager.shape == out.shape == (size, H, D) and bool(torch.isfinite(out.float()).all())
+        assert (eager.float() - out.float()).abs().max().item() < 2e-2
     else:
         eager = _attend(FlashAttentionBackend, plan, s, k, v, q, slice(0, H), slice(0, HKV), layers, checked=True)
         expected = _attend(ReferenceBackend, plan, s, k, v, q, slice(0, H), slice(0, HKV), layers)
