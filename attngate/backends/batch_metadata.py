@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import NamedTuple
 from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 import torch

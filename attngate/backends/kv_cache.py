@@ -81,6 +81,8 @@ def _scatter_rows(buf_words: torch.Tensor, loc: torch.Tensor, src: torch.Tensor,
     (bench/RESULTS.md, host time per step)."""
     if src.dtype != dtype:
         src = src.to(dtype)
+    if src.dim() != buf_words.dim():  # e.g. k as [n, num_kv_heads * head_dim]: per slot as the buffer holds it
+        src = src.reshape(src.shape[0], *buf_words.shape[1:-1], -1)
     if buf_words.dtype != dtype:
         try:
             src = src.view(buf_words.dtype)

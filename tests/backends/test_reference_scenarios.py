@@ -237,12 +237,13 @@ def test_seq_lens_must_be_post_write_lengths():
 @pytest.mark.parametrize("dtype,head_dim", [(torch.bfloat16, 16), (torch.float32, 16), (torch.bfloat16, 3)])
 def test_set_kv_buffer_writes_exactly_the_given_slots(dtype, head_dim):
     """The pool's row scatter (8-byte words where the layout allows) against plain indexing, for a
-    strided source (K/V split from one fused projection), int32 slot indices and odd row sizes."""
+    strided source (K/V split from one fused projection), a flattened one of another dtype, int32 slot
+    indices and odd row sizes."""
     pool = MHATokenToKVPool(64, 16, 2, HKV, head_dim, dtype=dtype)
     loc = torch.tensor([9, 0, 63, 17, 32], dtype=torch.int32)
     kv = torch.randn(5, 2, HKV, head_dim).to(dtype)
     k, v = kv[:, 0], kv[:, 1]  # non-contiguous views
-    pool.set_kv_buffer(1, loc, k, v)
+    pool.set_kv_buffer(1, loc, k, v.flatten(1).float())  # V flattened per token and in another dtype: cast and reshaped
     k_buf, v_buf = pool.get_kv_buffer(1)
     expected_k, expected_v = torch.zeros_like(k_buf), torch.zeros_like(v_buf)
     expected_k[loc.long()], expected_v[loc.long()] = k, v
