@@ -151,8 +151,7 @@ class BatchLengths:
                 np.floor_divide(self.enc, page_size, out=first)
         kv_len = np.maximum(end - first * page_size, 0) if shifted else end
         np.floor_divide(kv_len + (page_size - 1), page_size, out=counts)
-        indptr = np.zeros(bs + 1, dtype=np.int32)
-        np.cumsum(counts, out=indptr[1:])
+        indptr = indptr_of(counts)
         starts[0, 1:] = indptr[1:-1]
         last_len = np.subtract(kv_len, counts * page_size, out=np.empty(bs, dtype=np.int32), casting="unsafe")
         last_len += page_size  # kv_len - (counts - 1) * page_size: page_size where kv_len is 0
