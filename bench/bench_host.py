@@ -47,7 +47,10 @@ def flashinfer_row(bs: int, plan) -> dict:
     rng = lens.kv_pages(ps)
     args = (host(rng.indptr), page_ids(fi.req_to_token, lens.rows, rng, ps), host(rng.last_page_len), H, HKV, D, ps)
     replay = decode_graph_replay(fi, case, layer, bs)
-    graph_wrapper = fi._graphs[(ForwardMode.DECODE, bs)][0]
+    graph = fi._graphs[(ForwardMode.DECODE, bs)]
+    graph_wrapper = graph.wrappers[0]
+    # what the backend hands the captured wrapper: a view of its static page ids, which the graph itself fills
+    graph_args = (args[0], graph.indices[0][: rng.total_pages], *args[2:])
     # the same wrapper left on FlashInfer's "auto" (what the backend built before flashinfer.decode_kernel_family)
     auto = fi.fi.BatchDecodeWithPagedKVCacheWrapper(fi.workspace, "NHD", use_tensor_cores=fi.decode_use_tensor_cores)
     fi.init_forward_metadata(batch)  # the eager wrappers again, for forward()
@@ -57,7 +60,7 @@ def flashinfer_row(bs: int, plan) -> dict:
         "raw_plan": lambda: wrapper.plan(*args, **fi._plan_kwargs(spec, "decode")),
         "replay_replan": lambda: fi.init_forward_metadata_replay_cuda_graph(bs, batch.req_pool_indices, batch.seq_lens,
                                                                             batch.seq_lens_cpu, None, ForwardMode.DECODE),
-        "raw_graph_plan": lambda: graph_wrapper.plan(*args, **fi._plan_kwargs(spec, "decode", cuda_graph=True)),
+        "raw_graph_plan": lambda: graph_wrapper.plan(*graph_args, **fi._plan_kwargs(spec, "decode", cuda_graph=True)),
         "raw_plan_auto_family": lambda: auto.plan(*args, **fi._plan_kwargs(spec, "decode")),
         "replay_step": replay,
     })

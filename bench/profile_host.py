@@ -51,8 +51,9 @@ def parts(bs: int = 64) -> None:
         "kv_pages": lambda: lens.kv_pages(16),
         "h2d pageable": lambda: bm.host(rng.starts).to("cuda", non_blocking=True),
         "torch.empty cuda": lambda: torch.empty(rng.total_pages, dtype=torch.int32, device="cuda"),
-        "triton launch": lambda: launch(rtt, lens.rows, starts_dev, out, 16),
+        "triton launch": lambda: launch(rtt, lens.rows, starts_dev, None, out, 16),
         "page_ids": lambda: bm.page_ids(rtt, lens.rows, rng, 16),
+        "page_table (FA layout)": lambda: bm.page_table(rtt, lens.rows, 128, 16),
         "torch add (one op)": lambda: starts_dev + 1,
     }
     print("===== parts, host us")

@@ -105,11 +105,14 @@ def run(backend, case: Case, layer: AttentionLayer, k="new", v="new") -> torch.T
     return backend.forward(case.q, case.k if k == "new" else k, case.v if v == "new" else v, layer, case.setup.batch)
 
 
-def replay_rounds(env: Env, make_backend, plan, layer: AttentionLayer, mode: ForwardMode, page_size: int):
+def replay_rounds(env: Env, make_backend, plan, layer: AttentionLayer, mode: ForwardMode, page_size: int, *,
+                  fresh_rows: bool = False):
     """Capture one CUDA graph (4 requests), then replay it for three rounds of different lengths.
 
     ``make_backend(plan, case, layer)`` builds the backend under test. Yields ``(round, case, replayed_out)``
-    with the round's pool and request table copied into the captured ones. On the CPU the graph is
+    with the round's pool and request table copied into the captured ones. ``fresh_rows``: each round's
+    requests sit in other rows of ``req_to_token`` (rolled by the round), handed to the replay as a new
+    tensor rather than copied into the captured one, so a graph that reads the captured rows reads stale ones. On the CPU the graph is
     emulated (standins.graphs): each replay re-runs the forward, and the stand-in kernels check that it
     launches what was captured, reading the same metadata buffers.
     """
@@ -129,13 +132,15 @@ def replay_rounds(env: Env, make_backend, plan, layer: AttentionLayer, mode: For
         case = make_case(env, requests, mode, page_size, seed=i + 1)
         backend.kv_pool.k_buffer[0].copy_(case.pools[0].k_buffer[0])
         backend.kv_pool.v_buffer[0].copy_(case.pools[0].v_buffer[0])
-        rtt.copy_(case.setup.req_to_token_pool.req_to_token[: rtt.shape[0]])
+        shift = i + 1 if fresh_rows else 0
+        rtt.copy_(case.setup.req_to_token_pool.req_to_token[: rtt.shape[0]].roll(shift, dims=0))
         for name in ("q", "k", "v"):
             static[name].copy_(getattr(case, name))
         cb = case.setup.batch
-        for name in ("req_pool_indices", "seq_lens", "out_cache_loc"):
+        for name in ("seq_lens", "out_cache_loc") + (() if fresh_rows else ("req_pool_indices",)):
             getattr(static_batch, name).copy_(getattr(cb, name))
-        backend.init_forward_metadata_replay_cuda_graph(bs, static_batch.req_pool_indices, static_batch.seq_lens, cb.seq_lens_cpu, None, mode)
+        rows = (cb.req_pool_indices + shift) % rtt.shape[0] if fresh_rows else static_batch.req_pool_indices
+        backend.init_forward_metadata_replay_cuda_graph(bs, rows, static_batch.seq_lens, cb.seq_lens_cpu, None, mode)
         yield i, case, graph.replay().clone()
 
 

@@ -42,24 +42,26 @@ def host(arr: np.ndarray) -> torch.Tensor:
 
 
 class PageRange(NamedTuple):
-    """The pages one kernel reads per request: pages ``[first_page, first_page + counts)`` of its row of
-    ``req_to_token``, ``kv_len`` tokens from the first page's first slot on.
+    """The pages one kernel reads per request: ``counts`` pages of its row of ``req_to_token`` from token
+    ``first_token`` (page-aligned) on, ``kv_len`` tokens from there.
     ``indptr`` (``[bs + 1]`` int32, kv_indptr) and ``last_page_len`` (``[bs]`` int32, in [1, page_size];
     page_size for a request without pages, FlashInfer's convention) go to plan() as they are; ``starts``
-    (``[3, bs]`` int64: indptr[:-1], first_page, counts) is what :func:`page_ids` copies to the device."""
+    (``[2 * bs + 1]`` int32: indptr, then first_token) is what :func:`page_ids` copies to the device, in one copy.
+    ``shifted``: some range may start past token 0 (a window or encoder tokens), so the kernels need first_token."""
 
     indptr: np.ndarray
     last_page_len: np.ndarray
     starts: np.ndarray
     kv_len: np.ndarray
+    shifted: bool
 
     @property
-    def first_page(self) -> np.ndarray:
-        return self.starts[1]
+    def first_token(self) -> np.ndarray:
+        return self.starts[len(self.indptr):]
 
     @property
     def counts(self) -> np.ndarray:
-        return self.starts[2]
+        return np.diff(self.indptr)
 
     @property
     def total_pages(self) -> int:
@@ -137,25 +139,24 @@ class BatchLengths:
         (-1: no window) on. Pages are whole, so a window's range starts at the page holding its first key.
         A dozen numpy ops on ``[bs]`` arrays: this runs for every batch and every CUDA-graph replay."""
         bs = len(self.seq)
-        starts = np.zeros((3, bs), dtype=np.int64)
-        first, counts = starts[1], starts[2]
+        starts = np.zeros(2 * bs + 1, dtype=np.int32)
+        indptr, first = starts[: bs + 1], starts[bs + 1:]
         if cross:  # the encoder tokens open the row
             end, shifted = self.enc, False
         else:
             end = self.seq - self.new if prefix_only else self.seq
             shifted = window_left >= 0 or self.has_encoder
-            if window_left >= 0:
-                np.maximum(self.enc, end - (0 if prefix_only else self.new) - window_left, out=first)
-                first //= page_size
+            if window_left >= 0:  # from the page holding the first visible key
+                np.maximum(self.enc, end - (0 if prefix_only else self.new) - window_left, out=first, casting="unsafe")
+                first -= first % page_size
             elif shifted:
-                np.floor_divide(self.enc, page_size, out=first)
-        kv_len = np.maximum(end - first * page_size, 0) if shifted else end
-        np.floor_divide(kv_len + (page_size - 1), page_size, out=counts)
-        indptr = indptr_of(counts)
-        starts[0, 1:] = indptr[1:-1]
+                np.subtract(self.enc, self.enc % page_size, out=first, casting="unsafe")
+        kv_len = np.maximum(end - first, 0) if shifted else end
+        counts = (kv_len + (page_size - 1)) // page_size
+        np.cumsum(counts, out=indptr[1:])
         last_len = np.subtract(kv_len, counts * page_size, out=np.empty(bs, dtype=np.int32), casting="unsafe")
         last_len += page_size  # kv_len - (counts - 1) * page_size: page_size where kv_len is 0
-        return PageRange(indptr, last_len, starts, kv_len)
+        return PageRange(indptr, last_len, starts, kv_len, shifted)
 
     @cached_property
     def has_encoder(self) -> bool:
@@ -176,50 +177,66 @@ def check_page_aligned(lens: np.ndarray, page_size: int, what: str, backend: str
         raise BatchMetadataError(Problem(what, f"must be multiples of page_size {page_size} on the {backend} backend"))
 
 
-def page_ids(req_to_token: torch.Tensor, rows: torch.Tensor, pages: PageRange, page_size: int,
-             out: torch.Tensor | None = None) -> torch.Tensor:
+def page_ids(req_to_token: torch.Tensor, rows: torch.Tensor, pages: PageRange, page_size: int) -> torch.Tensor:
     """``[pages.total_pages]`` int32 on ``req_to_token``'s device: request b's page ids
-    ``req_to_token[rows[b], (first_page[b] + j) * page_size] // page_size`` for ``j < counts[b]``, request by
-    request (kv_indices). Sized on the host: no device sync. With ``page_size`` 1 these are token slots.
-    ``out``: a buffer of at least that many int32 to fill (a CUDA graph's static indices); its prefix is returned.
-
-    On CUDA with Triton installed one kernel does it (as SGLang's create_flashinfer_kv_indices_triton);
-    elsewhere a few torch ops compute the same.
-    """
-    total = pages.total_pages
+    ``req_to_token[rows[b], first_token[b] + j * page_size] // page_size`` for ``j < counts[b]``, request by request
+    (kv_indices). Sized on the host, its ranges copied to the device in one copy: no device sync. With
+    ``page_size`` 1 these are token slots."""
     device = req_to_token.device
-    if out is None:
-        out = torch.empty(total, dtype=torch.int32, device=device)
-    elif out.numel() < total or out.dtype != torch.int32:
-        raise ValueError(f"out holds {out.numel()} {out.dtype}, the batch needs {total} int32 page ids")
-    out = out[:total]
-    if total == 0:
-        return out
-    starts_dev = torch.from_numpy(pages.starts).to(device, non_blocking=True)  # kv_pages made it contiguous
-    if device.type == "cuda" and _triton_page_ids() is not None:
-        _triton_page_ids()(req_to_token, rows, starts_dev, out, page_size)
-        return out
-    offset = starts_dev[1] - starts_dev[0]  # column (in pages) of the flat position 0 of each request
-    rows_rep = torch.repeat_interleave(rows, starts_dev[2], output_size=total)
-    col = torch.repeat_interleave(offset, starts_dev[2], output_size=total) + torch.arange(total, device=device)
-    slots = req_to_token[rows_rep, col * page_size]
-    out.copy_(slots // page_size if page_size > 1 else slots)
+    out = torch.empty(pages.total_pages, dtype=torch.int32, device=device)
+    if out.numel():
+        starts = torch.from_numpy(pages.starts).to(device, non_blocking=True)  # kv_pages made it contiguous
+        first = starts[len(pages.indptr):] if pages.shifted else None
+        fill_page_ids(req_to_token, rows, starts, first, out, page_size)
     return out
 
 
+def fill_page_ids(req_to_token: torch.Tensor, rows: torch.Tensor, kv_indptr: torch.Tensor, first_token: torch.Tensor | None,
+                  out: torch.Tensor, page_size: int) -> None:
+    """Writes :func:`page_ids` into ``out`` (int32, at least ``kv_indptr[-1]`` long) from device arrays alone
+    (``rows: [bs]``, ``kv_indptr``: int32 whose first ``bs + 1`` entries are read, ``first_token: [bs]`` or None
+    for 0), with no host sync and
+    no shape that depends on them: it may run inside a CUDA graph, reading that graph's static buffers.
+
+    On CUDA with Triton installed one kernel does it (as SGLang's create_flashinfer_kv_indices_triton);
+    elsewhere a few torch ops over the whole of ``out`` compute the same.
+    """
+    if rows.numel() == 0:
+        return
+    if req_to_token.device.type == "cuda" and _triton_page_ids() is not None:
+        _triton_page_ids()(req_to_token, rows, kv_indptr, first_token, out, page_size)
+        return
+    j = torch.arange(out.numel(), device=out.device)
+    indptr = kv_indptr[: rows.numel() + 1].long()
+    b = torch.searchsorted(indptr[1:], j, right=True).clamp_(max=rows.numel() - 1)  # the request of flat position j
+    col = (j - indptr[b]) * page_size
+    if first_token is not None:
+        col += first_token.long()[b]
+    slots = req_to_token[rows[b], col.clamp_(max=req_to_token.shape[1] - 1)]
+    out.copy_(torch.where(j < indptr[-1], slots // page_size, out))
+
+
 def page_table(req_to_token: torch.Tensor, rows: torch.Tensor, num_pages: int, page_size: int,
-               first_token: torch.Tensor | None = None) -> torch.Tensor:
+               first_token: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """``[bs, num_pages]`` int32 on the device, the padded layout of :func:`page_ids` (FA's ``page_table``):
     row b holds the page ids of ``req_to_token[rows[b]]`` from token ``first_token[b]`` on (``[bs]`` on the
     device, page-aligned, which callers check on the host; default 0), columns past the row's end clamped to
-    its last entry. No host sync: two launches without ``first_token`` (2-D advanced indexing instead
-    costs ~40 µs of host time), four with it."""
-    if first_token is None:
-        slots = req_to_token.index_select(0, rows)[:, : num_pages * page_size: page_size]
-        return torch.div(slots, page_size, rounding_mode="floor") if page_size > 1 else slots.contiguous()
-    width = req_to_token.shape[1]
-    cols = (first_token[:, None].long() + _strided(req_to_token.device, num_pages, page_size)[None, :]).clamp_(max=width - 1)
-    return (torch.gather(req_to_token.index_select(0, rows), 1, cols) // page_size).to(torch.int32)
+    its last entry. ``out``: a ``[bs, num_pages]`` int32 buffer to fill instead (a CUDA graph's static table).
+    No host sync: one Triton launch on CUDA; elsewhere torch ops."""
+    bs = rows.shape[0]
+    if out is None:
+        out = torch.empty(bs, num_pages, dtype=torch.int32, device=req_to_token.device)
+    if bs == 0 or num_pages == 0:
+        return out
+    if req_to_token.device.type == "cuda" and _triton_page_ids() is not None:
+        _triton_page_ids()(req_to_token, rows, None, first_token, out, page_size, num_pages)
+        return out
+    cols = _strided(req_to_token.device, num_pages, page_size)[None, :]
+    if first_token is not None:
+        cols = first_token[:, None].long() + cols
+    cols = cols.clamp(max=req_to_token.shape[1] - 1).expand(bs, num_pages)
+    out.copy_(torch.gather(req_to_token.index_select(0, rows), 1, cols) // page_size)
+    return out
 
 
 @functools.lru_cache(maxsize=64)

@@ -218,14 +218,13 @@ class FlashAttentionBackend(AttentionBackend):
         seqused = seq_lens if encoder_lens is None else seq_lens - encoder_lens
         if extent == "prefix":
             seqused = seqused - extend_seq_lens
-        table = self._page_table(rows, encoder_lens, pages)
         if in_place:
             md.seqused_k.copy_(seqused)
-            md.page_table.copy_(table)
+            self._page_table(rows, encoder_lens, None, out=md.page_table)
             if md.local is not None:
                 self._local_decode_in_place(md, rows, seqused)
         else:
-            md.seqused_k, md.page_table = seqused.to(torch.int32), table
+            md.seqused_k, md.page_table = seqused.to(torch.int32), self._page_table(rows, encoder_lens, pages)
         if encoder_lens is not None:
             md.encoder_seqused_k = encoder_lens.to(torch.int32)
             md.encoder_page_table = self._page_table(rows, None, pages)
@@ -288,11 +287,13 @@ class FlashAttentionBackend(AttentionBackend):
         """DECODE's local batches on the device (one query per request): the same shapes on every replay."""
         start = (seqused.long() - 1).clamp(min=0) // self.chunk * self.chunk
         md.local.seqused_k.copy_(seqused - start)
-        md.local.page_table.copy_(page_table(self.req_to_token, rows, md.local.page_table.shape[1], self.page_size, start))
+        page_table(self.req_to_token, rows, md.local.page_table.shape[1], self.page_size, start, out=md.local.page_table)
 
-    def _page_table(self, rows: torch.Tensor, offset: torch.Tensor | None, pages: int | None) -> torch.Tensor:
-        """``[bs, pages]`` int32 (default: as many as a row of req_to_token holds), starting ``offset`` tokens into the row."""
-        return page_table(self.req_to_token, rows, self._max_pages if pages is None else pages, self.page_size, offset)
+    def _page_table(self, rows: torch.Tensor, offset: torch.Tensor | None, pages: int | None,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+        """``[bs, pages]`` int32 (default: as many as a row of req_to_token holds), starting ``offset`` tokens into the
+        row; ``out``: a graph's static table to fill instead."""
+        return page_table(self.req_to_token, rows, self._max_pages if pages is None else pages, self.page_size, offset, out)
 
     # ---- forward -----------------------------------------------------------------------------------
 

@@ -17,6 +17,12 @@ Every prefill wrapper (ragged, paged, CUDA-graph) runs the kernel family ``flash
 every wrapper kind through one place. plan() gets its indptr and last_page_len arrays on the host
 (FlashInfer reads them there and copies them to the device itself): a device array would cost a
 device-to-host copy that waits for all queued GPU work, so the host could not run ahead.
+
+CUDA graphs: the page ids are built inside the graph. Re-planning a captured wrapper copies the
+lengths (plan() fills its static kv_indptr) and the request rows; the graph's first layer of each
+wrapper fills the wrapper's static kv_indices from those buffers (one kernel, replayed with the
+graph), so a replay's host work is the lengths and plan() alone. plan() of the fa2 and fa3 families
+never reads the page ids on the host; run() reads them on the device.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import numpy as np
 import torch
 
 from attngate.backends.base import AttentionBackend, check_batch, check_graph_batch, check_pool_page_size
-from attngate.backends.batch_metadata import BatchLengths, PageRange, check_page_aligned, host, page_ids
+from attngate.backends.batch_metadata import BatchLengths, PageRange, check_page_aligned, fill_page_ids, host, page_ids
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.flashinfer_mla import FlashInferMLABackend, mla_refusals
@@ -49,6 +55,19 @@ class _WrapperSpec:
     sm_scale: float
     cross: bool  # KV = the encoder tokens
     heads: tuple[int, int, int]  # num_q_heads, num_kv_heads, head_dim of its layers
+
+
+@dataclass
+class _Graph:
+    """One captured (forward mode, batch size): its wrappers and the static buffers their kernels read."""
+
+    wrappers: list
+    per_req: int  # new tokens per request
+    rows: torch.Tensor  # [bs] int64, req_pool_indices, copied in at each re-plan
+    indptr: list[torch.Tensor]  # per wrapper, [bs + 1] int32 kv_indptr, filled by plan()
+    indices: list[torch.Tensor]  # per wrapper, kv_indices, filled inside the graph
+    first_token: list[torch.Tensor | None]  # per wrapper whose ranges can start past token 0: [bs] int32, copied in
+    filled: set[int]  # wrappers whose page ids this forward has filled (checks the layer order at capture)
 
 
 def flashinfer_refusals(plan: Plan, layers: list[AttentionLayer]) -> list[Problem]:
@@ -111,9 +130,12 @@ class FlashInferBackend(AttentionBackend):
         self.paged_wrappers = [self.fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=family) for _ in range(n)]
         self.ragged_wrappers = [self.fi.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend=family) for _ in range(n)]
         self._active_decode, self._active_paged = self.decode_wrappers, self.paged_wrappers  # graph replays swap these
-        self._graphs: dict[tuple[ForwardMode, int], list] = {}
-        self._graph_per_req: dict[tuple[ForwardMode, int], int] = {}
-        self._graph_indices: dict[tuple[ForwardMode, int], list[torch.Tensor]] = {}  # static kv_indices of each captured wrapper
+        self._graphs: dict[tuple[ForwardMode, int], _Graph] = {}
+        self._graph: _Graph | None = None  # the graph whose buffers the current forward reads (None: eager)
+        has_encoder = any(lay.kind == LayerKind.CROSS_ATTENTION for lay in layers)
+        self._shiftable = [s.window_left >= 0 or (has_encoder and not s.cross) for s in self.specs]
+        self._first_layer = [min((lay.layer_id for lay in layers if self.layer_gates[lay.kind].flashinfer.wrapper_index == s.index), default=-1)
+                             for s in self.specs]
         self._batch_path: str = "none"
         self._merge_rows: torch.Tensor | None = None
         self._dtype = kv_pool.dtype
@@ -142,12 +164,12 @@ class FlashInferBackend(AttentionBackend):
 
     def _plan_kwargs(self, spec: _WrapperSpec, kind: str, *, cuda_graph: bool = False) -> dict:
         """The plan() keywords every wrapper kind shares; the only place split settings are applied. Built once per
-        wrapper kind (they are fixed by the plan); callers get a copy they may extend."""
+        wrapper kind (they are fixed by the plan): callers pass it on with ``**`` and copy it to extend it."""
         key = (spec.index, kind, cuda_graph)
         kw = self._kwargs_cache.get(key)
         if kw is None:
             kw = self._kwargs_cache[key] = self._build_plan_kwargs(spec, kind, cuda_graph)
-        return dict(kw)
+        return kw
 
     def _build_plan_kwargs(self, spec: _WrapperSpec, kind: str, cuda_graph: bool) -> dict:
         kw = dict(q_data_type=self.q_dtype, kv_data_type=self._dtype, sm_scale=spec.sm_scale,
@@ -171,12 +193,13 @@ class FlashInferBackend(AttentionBackend):
         if self.checked:
             check_batch(batch, self.req_to_token, self.kv_pool.num_slots)
         mode = batch.forward_mode
-        self._active_decode, self._active_paged = self.decode_wrappers, self.paged_wrappers
+        self._active_decode, self._active_paged, self._graph = self.decode_wrappers, self.paged_wrappers, None
         if mode == ForwardMode.IDLE:
             self._batch_path = "none"
             return
         lens = BatchLengths.from_batch(batch)
-        check_page_aligned(lens.enc, self.page_size, "encoder_lens", "FlashInfer")
+        if lens.has_encoder:
+            check_page_aligned(lens.enc, self.page_size, "encoder_lens", "FlashInfer")
         if mode == ForwardMode.DECODE:
             self._batch_path = "decode"
             for spec, wrapper in zip(self.specs, self.decode_wrappers):
@@ -211,23 +234,30 @@ class FlashInferBackend(AttentionBackend):
     def _pages(self, spec: _WrapperSpec, lens: BatchLengths, *, prefix_only: bool) -> PageRange:
         return lens.kv_pages(self.page_size, window_left=spec.window_left, prefix_only=prefix_only, cross=spec.cross)
 
-    def _plan_decode(self, wrapper, spec: _WrapperSpec, lens: BatchLengths, *, graph_indices: torch.Tensor | None = None) -> None:
-        """``graph_indices``: the captured wrapper's static kv_indices buffer, filled in place (plan()'s copy of it onto itself is free)."""
+    def _plan_decode(self, wrapper, spec: _WrapperSpec, lens: BatchLengths, graph: _Graph | None = None) -> None:
         rng = self._pages(spec, lens, prefix_only=False)
-        q_heads, kv_heads, head_dim = spec.heads
-        ids = page_ids(self.req_to_token, lens.rows, rng, self.page_size, out=graph_indices)
-        wrapper.plan(host(rng.indptr), ids, host(rng.last_page_len), q_heads, kv_heads, head_dim, self.page_size,
-                     **self._plan_kwargs(spec, "decode", cuda_graph=graph_indices is not None))
+        wrapper.plan(host(rng.indptr), self._ids_for_plan(spec, lens, rng, graph), host(rng.last_page_len), *spec.heads,
+                     self.page_size, **self._plan_kwargs(spec, "decode", cuda_graph=graph is not None))
 
     def _plan_paged(self, wrapper, spec: _WrapperSpec, qo_indptr: torch.Tensor, lens: BatchLengths, *, prefix_only: bool,
-                    causal: bool, window_mask: bool = False, graph_indices: torch.Tensor | None = None) -> None:
+                    causal: bool, window_mask: bool = False, graph: _Graph | None = None) -> None:
         rng = self._pages(spec, lens, prefix_only=prefix_only)
-        kw = self._plan_kwargs(spec, "paged", cuda_graph=graph_indices is not None)
+        kw = self._plan_kwargs(spec, "paged", cuda_graph=graph is not None)
         if window_mask:  # paged half of a ragged+paged window layer: queries sit after the prefix
-            kw["custom_mask"] = self._prefix_window_mask(spec, rng, lens)
-            kw["window_left"] = -1
-        wrapper.plan(qo_indptr, host(rng.indptr), page_ids(self.req_to_token, lens.rows, rng, self.page_size, out=graph_indices),
-                     host(rng.last_page_len), *spec.heads, self.page_size, causal=causal, **kw)
+            kw = kw | dict(custom_mask=self._prefix_window_mask(spec, rng, lens), window_left=-1)
+        wrapper.plan(qo_indptr, host(rng.indptr), self._ids_for_plan(spec, lens, rng, graph), host(rng.last_page_len),
+                     *spec.heads, self.page_size, causal=causal, **kw)
+
+    def _ids_for_plan(self, spec: _WrapperSpec, lens: BatchLengths, rng: PageRange, graph: _Graph | None) -> torch.Tensor:
+        """Eager: the page ids, built now. CUDA graph: a view of the wrapper's static kv_indices (plan()'s copy of
+        it onto itself is skipped), which the graph fills (:meth:`_fill_graph_ids`); only the ranges' first
+        tokens are copied in now, for wrappers whose ranges can start past token 0."""
+        if graph is None:
+            return page_ids(self.req_to_token, lens.rows, rng, self.page_size)
+        first = graph.first_token[spec.index]
+        if first is not None:
+            first.copy_(host(rng.first_token), non_blocking=True)
+        return graph.indices[spec.index][: rng.total_pages]
 
     def _prefix_window_mask(self, spec: _WrapperSpec, rng: PageRange, lens: BatchLengths) -> torch.Tensor:
         """Flattened ``[sum(new_i * kv_len_i)]`` bool: key at ``start + j`` is visible to the query at ``prefix + i``
@@ -235,7 +265,7 @@ class FlashInferBackend(AttentionBackend):
         parts = []
         for b in range(lens.batch_size):
             q_pos = lens.enc[b] + lens.prefix[b] + np.arange(lens.new[b])
-            k_pos = rng.first_page[b] * self.page_size + np.arange(rng.kv_len[b])
+            k_pos = rng.first_token[b] + np.arange(rng.kv_len[b])
             parts.append((k_pos[None, :] >= q_pos[:, None] - spec.window_left).reshape(-1))
         return host(np.concatenate(parts)).to(self.device, non_blocking=True)
 
@@ -243,7 +273,21 @@ class FlashInferBackend(AttentionBackend):
 
     def _wrapper_of(self, layer: AttentionLayer) -> tuple[int, _WrapperSpec]:
         i = self.layer_gates[layer.kind].flashinfer.wrapper_index
+        if self._graph is not None:
+            self._fill_graph_ids(i, layer)
         return i, self.specs[i]
+
+    def _fill_graph_ids(self, i: int, layer: AttentionLayer) -> None:
+        """Under a CUDA graph's buffers, the first layer of wrapper ``i`` fills its page ids: launched in every
+        forward that layer runs in, so the capture holds the launch and each replay rebuilds the ids."""
+        g = self._graph
+        if layer.layer_id == self._first_layer[i]:
+            fill_page_ids(self.req_to_token, g.rows, g.indptr[i], g.first_token[i], g.indices[i], self.page_size)
+            g.filled.add(i)
+        elif i not in g.filled:
+            raise BatchMetadataError(Problem(
+                f"layer {layer.layer_id}", f"a CUDA-graph forward runs layer {self._first_layer[i]} first: it fills the page ids of "
+                f"wrapper {i}, which this layer reads"))
 
     def _write(self, layer, batch, k, v, spec: _WrapperSpec, save: bool) -> None:
         if save and k is not None and self.layer_gates[layer.kind].common.write_kv_cache:
@@ -289,44 +333,47 @@ class FlashInferBackend(AttentionBackend):
             raise ValueError(f"batch size {bs} exceeds the {self._graph_max[0]} of init_cuda_graph_state")
         max_pages = self.req_to_token.shape[1] // self.page_size + 1
         per_req = num_tokens // max(bs, 1)
-        wrappers, self._graph_indices[(forward_mode, bs)] = [], []
-        for _spec in self.specs:
-            indptr = torch.zeros(bs + 1, dtype=torch.int32, device=self.device)
-            indices = torch.zeros(bs * max_pages, dtype=torch.int32, device=self.device)
-            self._graph_indices[(forward_mode, bs)].append(indices)
-            last = torch.zeros(bs, dtype=torch.int32, device=self.device)
+        zeros = lambda n: torch.zeros(n, dtype=torch.int32, device=self.device)  # noqa: E731
+        g = _Graph([], per_req, torch.zeros(bs, dtype=torch.int64, device=self.device), [zeros(bs + 1) for _ in self.specs],
+                   [zeros(bs * max_pages) for _ in self.specs], [zeros(bs) if s else None for s in self._shiftable], set())
+        for indptr, indices in zip(g.indptr, g.indices):
+            last = zeros(bs)
             if forward_mode == ForwardMode.DECODE:
-                wrappers.append(self.fi.BatchDecodeWithPagedKVCacheWrapper(
+                g.wrappers.append(self.fi.BatchDecodeWithPagedKVCacheWrapper(
                     self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.decode_use_tensor_cores, backend=self.decode_kernel_family,
                     paged_kv_indptr_buffer=indptr, paged_kv_indices_buffer=indices, paged_kv_last_page_len_buffer=last))
             else:
                 qo = torch.arange(0, (bs + 1) * per_req, per_req, dtype=torch.int32, device=self.device)
-                wrappers.append(self.fi.BatchPrefillWithPagedKVCacheWrapper(
+                g.wrappers.append(self.fi.BatchPrefillWithPagedKVCacheWrapper(
                     self.workspace, "NHD", use_cuda_graph=True, qo_indptr_buf=qo, paged_kv_indptr_buf=indptr,
                     paged_kv_indices_buf=indices, paged_kv_last_page_len_buf=last, backend=self.prefill_kernel_family))
-        self._graphs[(forward_mode, bs)] = wrappers
-        self._replan_graph(bs, req_pool_indices, seq_lens.cpu(), per_req, encoder_lens, forward_mode)
+        self._graphs[(forward_mode, bs)] = g
+        self._replan_graph(g, req_pool_indices, seq_lens.cpu(), encoder_lens, forward_mode)
 
     def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode):
-        per_req = self._graph_per_req[(forward_mode, bs)]
+        g = self._graphs[(forward_mode, bs)]
         if self.checked:
-            check_graph_batch(self, bs, per_req, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode)
-        self._replan_graph(bs, req_pool_indices, seq_lens_cpu, per_req, encoder_lens, forward_mode)
+            check_graph_batch(self, bs, g.per_req, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode)
+        self._replan_graph(g, req_pool_indices, seq_lens_cpu, encoder_lens, forward_mode)
 
-    def _replan_graph(self, bs, rows, seq_lens_cpu, per_req, encoder_lens, mode) -> None:
-        """Plan the captured wrappers of ``bs`` for new lengths: plan() refills their static buffers in place."""
-        self._graph_per_req[(mode, bs)] = per_req
-        lens = BatchLengths.for_graph(mode, rows, seq_lens_cpu, per_req, encoder_lens)
-        check_page_aligned(lens.enc, self.page_size, "encoder_lens", "FlashInfer")
-        wrappers = self._graphs[(mode, bs)]
-        for spec, wrapper, indices in zip(self.specs, wrappers, self._graph_indices[(mode, bs)]):
-            if mode == ForwardMode.DECODE:
-                self._plan_decode(wrapper, spec, lens, graph_indices=indices)
+    def _replan_graph(self, g: _Graph, rows, seq_lens_cpu, encoder_lens, mode) -> None:
+        """Plan the captured wrappers for new lengths: plan() refills their static buffers in place, the rows are
+        copied into the graph's, and the graph itself rebuilds the page ids."""
+        lens = BatchLengths.for_graph(mode, rows, seq_lens_cpu, g.per_req, encoder_lens)
+        if lens.has_encoder:
+            check_page_aligned(lens.enc, self.page_size, "encoder_lens", "FlashInfer")
+        g.rows.copy_(rows, non_blocking=True)
+        g.filled.clear()
+        decode = mode == ForwardMode.DECODE
+        qo_indptr = None if decode else host(lens.qo_indptr)
+        for spec, wrapper in zip(self.specs, g.wrappers):
+            if decode:
+                self._plan_decode(wrapper, spec, lens, g)
             else:
-                self._plan_paged(wrapper, spec, host(lens.qo_indptr), lens, prefix_only=False,
-                                 causal=spec.causal and not spec.cross, graph_indices=indices)
-        if mode == ForwardMode.DECODE:
-            self._active_decode = wrappers
+                self._plan_paged(wrapper, spec, qo_indptr, lens, prefix_only=False, causal=spec.causal and not spec.cross, graph=g)
+        if decode:
+            self._active_decode = g.wrappers
         else:
-            self._active_paged = wrappers
-        self._batch_path = "decode" if mode == ForwardMode.DECODE else "paged"
+            self._active_paged = g.wrappers
+        self._batch_path = "decode" if decode else "paged"
+        self._graph = g

@@ -10,6 +10,8 @@ import torch
 from attngate import ForwardMode, LayerKind
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.flashinfer import FlashInferBackend
+from attngate.backends.kv_cache import MHATokenToKVPool
+from attngate.backends.layer import AttentionLayer
 from backend_cases import Env, MODE_OF, layer_of, make_case, plan_for, reference_out, replay_rounds, requests_around_page, run, target_in_batch
 
 M = ForwardMode
@@ -60,8 +62,8 @@ def test_fi_every_wrapper_runs_the_plans_kernel_family(env):
         fi.init_forward_metadata_capture_cuda_graph(4, 4 * (1 if mode == M.DECODE else 4), fi.req_to_token.new_zeros(4),
                                                     fi.req_to_token.new_ones(4) * 8, None, mode)
     gates = plan.flashinfer
-    decode = fi.decode_wrappers + fi._graphs[(M.DECODE, 4)]
-    prefill = fi.paged_wrappers + fi.ragged_wrappers + fi._graphs[(M.TARGET_VERIFY, 4)]
+    decode = fi.decode_wrappers + fi._graphs[(M.DECODE, 4)].wrappers
+    prefill = fi.paged_wrappers + fi.ragged_wrappers + fi._graphs[(M.TARGET_VERIFY, 4)].wrappers
     assert {_family(w) for w in decode} == {gates.decode_kernel_family}
     assert {_family(w) for w in prefill} == {gates.prefill_kernel_family}
 
@@ -154,6 +156,36 @@ def test_fi_cuda_graph_replay_equals_eager(env, mode, page_size):
         assert max_diff(replayed, reference_out(env, case, plan, layer)) < env.tol, f"round {i}"
         eager = fi_backend(env, plan, case, layer)
         assert max_diff(replayed, run(eager, case, layer)) < env.tol, f"round {i}"
+
+
+@pytest.mark.parametrize("model", ["Llama-3.1-8B", "gemma-2-9b"])
+def test_fi_cuda_graph_builds_page_ids_from_the_rows_given_at_replay(env, model):
+    """The graph fills its page ids from its own static rows, copied from whatever tensor the replay is given;
+    gemma-2 (window and full layers, two wrappers) also exercises the window's first-token buffer."""
+    plan = plan_for(env, "flashinfer", 16, model)
+    kinds = [LayerKind.SLIDING_WINDOW, LayerKind.FULL] if model == "gemma-2-9b" else [LayerKind.FULL]
+    for kind in kinds:
+        layer = layer_of(env, kind, **({"sliding_window_size": 100} if kind == LayerKind.SLIDING_WINDOW else {}))
+        for i, case, replayed in replay_rounds(env, functools.partial(fi_backend, env), plan, layer, M.DECODE, 16, fresh_rows=True):
+            assert max_diff(replayed, reference_out(env, case, plan, layer)) < env.tol, f"{kind.value} round {i}"
+
+
+def test_fi_cuda_graph_forward_must_run_each_wrappers_first_layer_first(env):
+    """The first layer of a wrapper fills the graph's page ids; a captured forward that starts elsewhere would read
+    stale ones, so it is refused, naming the layer to run first."""
+    plan = plan_for(env, "flashinfer", 16)
+    h, hkv, d = env.heads
+    layers = [AttentionLayer(i, h, hkv, d, d, d ** -0.5, kind=LayerKind.FULL) for i in (3, 4)]
+    case = make_case(env, [(5, 1), (40, 1)], M.DECODE, 16)
+    pool = MHATokenToKVPool(1 << 16, 16, 5, hkv, d, dtype=env.dtype, device=env.device)
+    fi = FlashInferBackend(plan, pool, case.setup.req_to_token_pool.req_to_token, layers, env.device)
+    fi.init_cuda_graph_state(2, 2)
+    b = case.setup.batch
+    fi.init_forward_metadata_capture_cuda_graph(2, 2, b.req_pool_indices, b.seq_lens, None, M.DECODE)
+    with pytest.raises(BatchMetadataError, match="runs layer 3 first"):
+        fi.forward(case.q, case.k, case.v, layers[1], b)
+    fi.forward(case.q, case.k, case.v, layers[0], b)
+    fi.forward(case.q, case.k, case.v, layers[1], b)  # layer 3 filled them
 
 
 def test_fi_checked_mode_catches_out_of_range_slot(env):
