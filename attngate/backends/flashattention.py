@@ -161,6 +161,7 @@ class FlashAttentionBackend(AttentionBackend):
         self.kernel = _Fa3Kernel() if fa.provider == "flash_attn_interface" else _Fa4Kernel()
         self.checked = checked
         self._layer_gates = {kind: plan.layer(kind).common for kind in LayerKind}
+        self._kv_extent = {mode: plan.mode(mode).flashattention.kv_extent for mode in ForwardMode}
         # the scheduler metadata is planned for full-attention layers; window and cross layers never take it
         self._scheduled = next((lay for lay in layers if lay.kind == LayerKind.FULL and not lay.is_mla), None)
         self._scheduled_ids = {lay.layer_id for lay in layers if lay.kind == LayerKind.FULL and _same_shape(lay, self._scheduled)}
@@ -186,7 +187,8 @@ class FlashAttentionBackend(AttentionBackend):
             self.md = None
             return
         lens = BatchLengths.from_batch(batch)
-        check_page_aligned(lens.enc, self.page_size, "encoder_lens", "FA")
+        if lens.has_encoder:
+            check_page_aligned(lens.enc, self.page_size, "encoder_lens", "FA")
         if batch.forward_mode == ForwardMode.DECODE:  # one query per request: cu_seqlens_q is a slice of a fixed arange
             if lens.batch_size >= self._arange.shape[0]:  # more requests than rows (DP padding shares one row)
                 self._arange = torch.arange(lens.batch_size + 1, dtype=torch.int32, device=self.device)
@@ -210,7 +212,7 @@ class FlashAttentionBackend(AttentionBackend):
                           pages: int | None = None) -> None:
         """seqused_k and page_table (and the encoder's) on the device; ``in_place`` refills a graph's static buffers
         (``extend_seq_lens`` then the graph's new tokens per request)."""
-        extent = self.plan.mode(mode).flashattention.kv_extent
+        extent = self._kv_extent[mode]
         if extent == "none":
             return
         if in_place and encoder_lens is not None:  # eager batches checked this on their host copy
