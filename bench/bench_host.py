@@ -20,6 +20,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,11 +54,25 @@ def flashinfer_row(bs: int, plan) -> dict:
     graph_args = (args[0], graph.indices[0][: rng.total_pages], *args[2:])
     # the same wrapper left on FlashInfer's "auto" (what the backend built before flashinfer.decode_kernel_family)
     auto = fi.fi.BatchDecodeWithPagedKVCacheWrapper(fi.workspace, "NHD", use_tensor_cores=fi.decode_use_tensor_cores)
+    fixed = (rng.indptr.copy(), rng.last_page_len.copy())
+    fixed_t = tuple(host(f) for f in fixed)
+
+    def lengths():  # the backend's host-side work before plan(): lengths, page ranges, host tensors
+        r = BatchLengths.from_batch(batch).kv_pages(ps)
+        return host(r.indptr), host(r.last_page_len)
+
     fi.init_forward_metadata(batch)  # the eager wrappers again, for forward()
     caches = fi.paged_kv(layer.layer_id)
     row = paired_host_us({
         "eager_metadata": lambda: fi.init_forward_metadata(batch),
         "raw_plan": lambda: wrapper.plan(*args, **fi._plan_kwargs(spec, "decode")),
+        # the same call on fresh host arrays, as every step's plan() gets: is the prebuilt-argument baseline favoured?
+        "raw_plan_fresh_arrays": lambda: wrapper.plan(host(rng.indptr.copy()), args[1], host(rng.last_page_len.copy()), *args[3:],
+                                                      **fi._plan_kwargs(spec, "decode")),
+        "raw_plan_arrays_copied_into_fixed_ones": lambda: (np.copyto(fixed[0], rng.indptr), np.copyto(fixed[1], rng.last_page_len),
+                                                           wrapper.plan(fixed_t[0], args[1], fixed_t[1], *args[3:], **fi._plan_kwargs(spec, "decode"))),
+        "lengths_then_raw_plan": lambda: (lengths(), wrapper.plan(*args, **fi._plan_kwargs(spec, "decode"))),
+        "lengths": lengths,
         "replay_replan": lambda: fi.init_forward_metadata_replay_cuda_graph(bs, batch.req_pool_indices, batch.seq_lens,
                                                                             batch.seq_lens_cpu, None, ForwardMode.DECODE),
         "raw_graph_plan": lambda: graph_wrapper.plan(*graph_args, **fi._plan_kwargs(spec, "decode", cuda_graph=True)),

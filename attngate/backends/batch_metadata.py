@@ -195,16 +195,17 @@ def fill_page_ids(req_to_token: torch.Tensor, rows: torch.Tensor, kv_indptr: tor
                   out: torch.Tensor, page_size: int) -> None:
     """Writes :func:`page_ids` into ``out`` (int32, at least ``kv_indptr[-1]`` long) from device arrays alone
     (``rows: [bs]``, ``kv_indptr``: int32 whose first ``bs + 1`` entries are read, ``first_token: [bs]`` or None
-    for 0), with no host sync and
-    no shape that depends on them: it may run inside a CUDA graph, reading that graph's static buffers.
+    for 0), with no host sync and no shape that depends on them: it may run inside a CUDA graph, reading that
+    graph's static buffers.
 
     On CUDA with Triton installed one kernel does it (as SGLang's create_flashinfer_kv_indices_triton);
     elsewhere a few torch ops over the whole of ``out`` compute the same.
     """
     if rows.numel() == 0:
         return
-    if req_to_token.device.type == "cuda" and _triton_page_ids() is not None:
-        _triton_page_ids()(req_to_token, rows, kv_indptr, first_token, out, page_size)
+    launch = _triton_page_ids() if req_to_token.is_cuda else None
+    if launch is not None:
+        launch(req_to_token, rows, kv_indptr, first_token, out, page_size)
         return
     j = torch.arange(out.numel(), device=out.device)
     indptr = kv_indptr[: rows.numel() + 1].long()
@@ -228,8 +229,9 @@ def page_table(req_to_token: torch.Tensor, rows: torch.Tensor, num_pages: int, p
         out = torch.empty(bs, num_pages, dtype=torch.int32, device=req_to_token.device)
     if bs == 0 or num_pages == 0:
         return out
-    if req_to_token.device.type == "cuda" and _triton_page_ids() is not None:
-        _triton_page_ids()(req_to_token, rows, None, first_token, out, page_size, num_pages)
+    launch = _triton_page_ids() if req_to_token.is_cuda else None
+    if launch is not None:
+        launch(req_to_token, rows, None, first_token, out, page_size, num_pages)
         return out
     cols = _strided(req_to_token.device, num_pages, page_size)[None, :]
     if first_token is not None:
@@ -249,7 +251,8 @@ _TRITON: list = []
 
 
 def _triton_page_ids():
-    """The Triton launcher of :func:`page_ids`, or None where Triton is not installed (imported on first use)."""
+    """The Triton launcher of :func:`fill_page_ids` and :func:`page_table`, or None where Triton is not installed
+    (imported on first use)."""
     if not _TRITON:
         try:
             from attngate.backends import page_ids_triton
