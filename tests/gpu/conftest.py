@@ -2,8 +2,9 @@
 
 A cold run on one H100 takes about 15 minutes, most of it FlashInfer JIT-building its kernel variants
 (fa3 prefill variants 70 to 100 s each, decode and fa2 variants 10 to 20 s; FA4 2 to 3 s each):
-test_flashinfer.py 6 minutes cold (2 warm), test_standin_drift.py 3, test_flashattention.py with
-test_mla_and_local.py 3.2, test_transformers_plain.py 4, test_page_ids.py seconds. test_two_gpus.py
+test_flashinfer.py with test_page_ids.py 6 minutes cold (5:41 and 5:56 in two cold runs on an H100, 2
+warm), test_flashattention.py with test_mla_and_local.py and test_standin_drift.py 4 after it on the same
+host (FlashInfer's variants then built), test_transformers_plain.py 4. test_two_gpus.py
 needs two GPUs (2 minutes on 2 x H200). Tests share variants where they can (the same head dim, dtype
 and mask modes), so that a new test adds as few builds as possible.
 """
