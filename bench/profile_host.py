@@ -61,6 +61,37 @@ def parts(bs: int = 64) -> None:
         print(f"{name:28s} {host_us(fn):8.1f}")
 
 
+def gc_effect(bs: int = 64) -> None:
+    """Host µs of FlashInfer's eager decode metadata, its raw plan(), and the backend's host length work followed by
+    the raw plan(), with Python's cyclic GC on and off (paired rounds): does garbage collection account for plan()
+    running slower after our host work?"""
+    import gc
+
+    from attngate.backends.batch_metadata import BatchLengths, host, page_ids
+    from bench_flashinfer import setup
+    from common import paired_host_us
+
+    fi, case, layer, _ = setup([(2047, 1)] * bs, ForwardMode.DECODE, plan_for(GPU, "flashinfer", 16))
+    batch, spec, wrapper = case.setup.batch, fi.specs[0], fi.decode_wrappers[0]
+    rng = BatchLengths.from_batch(batch).kv_pages(16)
+    args = (host(rng.indptr), page_ids(fi.req_to_token, batch.req_pool_indices, rng, 16), host(rng.last_page_len), *GPU.heads, 16)
+    kw = fi._plan_kwargs(spec, "decode")
+
+    def lengths_then_plan():
+        r = BatchLengths.from_batch(batch).kv_pages(16)
+        host(r.indptr), host(r.last_page_len)
+        wrapper.plan(*args, **kw)
+
+    fns = {"eager_metadata": lambda: fi.init_forward_metadata(batch), "raw_plan": lambda: wrapper.plan(*args, **kw),
+           "lengths_then_raw_plan": lengths_then_plan}
+    rows = {}
+    for state in ("gc_on", "gc_off"):
+        gc.enable() if state == "gc_on" else gc.disable()
+        rows[state] = {k: round(v, 1) for k, v in paired_host_us(fns).items()}
+    gc.enable()
+    print("===== gc effect, host us, batch", bs, rows)
+
+
 def main(bs: int = 64) -> None:
     parts(bs)
     layer = layer_of(GPU, LayerKind.FULL)
@@ -75,4 +106,8 @@ def main(bs: int = 64) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["gc"]:
+        for size in (1, 64):
+            gc_effect(size)
+    else:
+        main()
