@@ -5,9 +5,11 @@ Each backend call is timed in the same rounds as the raw call it is compared wit
 (common.paired_host_us), since host time on a shared machine drifts by 30 % within a run.
 For every batch size (decode, 2048 cached tokens per request; 32/8 heads, head_dim 128, bf16):
 - FlashInfer (page 16): ``init_forward_metadata`` against the raw ``plan()`` it makes, called with the
-  same arguments prebuilt (and by a wrapper left on FlashInfer's "auto" decode family); CUDA-graph
-  ``init_forward_metadata_replay_cuda_graph`` against the raw ``plan()`` of the captured wrapper;
-  ``forward`` alone; GPU time of ``forward`` against raw ``run()``.
+  same arguments prebuilt (and by a wrapper left on FlashInfer's "auto" decode family, on fresh host
+  arrays, on arrays copied into fixed ones, and after the backend's host length work); CUDA-graph
+  ``init_forward_metadata_replay_cuda_graph`` against the raw ``plan()`` of the captured wrapper, handed the
+  view of its static page ids that the backend hands it; ``forward`` alone; GPU time of ``forward`` against
+  raw ``run()``.
 - FA (page 128): ``init_forward_metadata`` + ``forward`` against the raw kernel call on prebuilt
   metadata, and against the raw call plus the raw KV write (two ``index_copy_``), and the parts
   (metadata alone, the pool's KV write alone); GPU time of ``forward`` against the raw call.
