@@ -362,6 +362,10 @@ class FlashInferBackend(AttentionBackend):
         lens = BatchLengths.for_graph(mode, rows, seq_lens_cpu, g.per_req, encoder_lens)
         if lens.has_encoder:
             check_page_aligned(lens.enc, self.page_size, "encoder_lens", "FlashInfer")
+            # a wrapper captured without first tokens fills its page ids from token 0; self-attention ranges here start later
+            if any(first is None and not spec.cross for spec, first in zip(self.specs, g.first_token)):
+                raise BatchMetadataError(Problem("encoder_lens", "this CUDA graph's layers have no cross attention and read "
+                                                                 "from token 0, but the batch has encoder tokens"))
         g.rows.copy_(rows, non_blocking=True)
         g.filled.clear()
         decode = mode == ForwardMode.DECODE

@@ -188,6 +188,21 @@ def test_fi_cuda_graph_forward_must_run_each_wrappers_first_layer_first(env):
     fi.forward(case.q, case.k, case.v, layers[1], b)  # layer 3 filled them
 
 
+def test_fi_cuda_graph_of_a_decoder_only_model_refuses_encoder_tokens(env):
+    """The captured page-id fill of a layer set without window or cross attention reads every range from token 0;
+    a replay whose ranges would start after encoder tokens is refused, not read from the wrong tokens."""
+    plan = plan_for(env, "flashinfer", 16)
+    layer = layer_of(env, LayerKind.FULL)
+    case = make_case(env, [(5, 1), (40, 1)], M.DECODE, 16)
+    fi = fi_backend(env, plan, case, layer)
+    fi.init_cuda_graph_state(2, 2)
+    b = case.setup.batch
+    fi.init_forward_metadata_capture_cuda_graph(2, 2, b.req_pool_indices, b.seq_lens, None, M.DECODE)
+    enc = torch.full((2,), 16, dtype=torch.int32, device=env.device)
+    with pytest.raises(BatchMetadataError, match="encoder_lens"):
+        fi.init_forward_metadata_replay_cuda_graph(2, b.req_pool_indices, b.seq_lens + 16, b.seq_lens_cpu + 16, enc, M.DECODE)
+
+
 def test_fi_checked_mode_catches_out_of_range_slot(env):
     plan = plan_for(env, "flashinfer", 16)
     layer = layer_of(env, LayerKind.FULL)
