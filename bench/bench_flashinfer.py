@@ -42,6 +42,16 @@ def setup(requests, mode, plan):
     return fi, case, layer, forward
 
 
+def decode_plan_args(fi: FlashInferBackend, batch):
+    """The page ranges of a decode batch and the positional plan() arguments the backend's wrapper 0 gets for it,
+    prebuilt: what the benches call the raw ``plan()`` with."""
+    from attngate.backends.batch_metadata import BatchLengths, host, page_ids
+
+    rng = BatchLengths.from_batch(batch).kv_pages(fi.page_size)
+    ids = page_ids(fi.req_to_token, batch.req_pool_indices, rng, fi.page_size)
+    return rng, (host(rng.indptr), ids, host(rng.last_page_len), *fi.specs[0].heads, fi.page_size)
+
+
 def main() -> None:
     out: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     default, det = plan_for(GPU, "flashinfer", PS), plan_for(GPU, "flashinfer", PS, enable_deterministic_inference=True)

@@ -33,7 +33,7 @@ from attngate.backends import batch_metadata  # noqa: E402
 from attngate.backends.batch_metadata import BatchLengths, host, page_ids  # noqa: E402
 from backend_cases import GPU, make_case, plan_for  # noqa: E402
 from bench_flashattention import backend_and_raw as fa_backend_and_raw  # noqa: E402
-from bench_flashinfer import setup as flashinfer_setup  # noqa: E402
+from bench_flashinfer import decode_plan_args, setup as flashinfer_setup  # noqa: E402
 from common import decode_graph_replay, host_us, paired_host_us, paired_ms  # noqa: E402
 
 H, HKV, D = GPU.heads
@@ -46,9 +46,7 @@ def flashinfer_row(bs: int, plan) -> dict:
     fi, case, layer, forward = flashinfer_setup(DECODE * bs, ForwardMode.DECODE, plan)  # page 16
     batch, ps = case.setup.batch, fi.page_size
     spec, wrapper = fi.specs[0], fi.decode_wrappers[0]
-    lens = BatchLengths.from_batch(batch)
-    rng = lens.kv_pages(ps)
-    args = (host(rng.indptr), page_ids(fi.req_to_token, lens.rows, rng, ps), host(rng.last_page_len), H, HKV, D, ps)
+    rng, args = decode_plan_args(fi, batch)
     replay = decode_graph_replay(fi, case, layer, bs)
     graph = fi._graphs[(ForwardMode.DECODE, bs)]
     graph_wrapper = graph.wrappers[0]

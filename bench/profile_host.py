@@ -67,14 +67,13 @@ def gc_effect(bs: int = 64) -> None:
     running slower after our host work?"""
     import gc
 
-    from attngate.backends.batch_metadata import BatchLengths, host, page_ids
-    from bench_flashinfer import setup
+    from attngate.backends.batch_metadata import BatchLengths, host
+    from bench_flashinfer import decode_plan_args, setup
     from common import paired_host_us
 
     fi, case, layer, _ = setup([(2047, 1)] * bs, ForwardMode.DECODE, plan_for(GPU, "flashinfer", 16))
     batch, spec, wrapper = case.setup.batch, fi.specs[0], fi.decode_wrappers[0]
-    rng = BatchLengths.from_batch(batch).kv_pages(16)
-    args = (host(rng.indptr), page_ids(fi.req_to_token, batch.req_pool_indices, rng, 16), host(rng.last_page_len), *GPU.heads, 16)
+    _, args = decode_plan_args(fi, batch)
     kw = fi._plan_kwargs(spec, "decode")
 
     def lengths_then_plan():
