@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,3 +59,30 @@ class RulesError(AttngateError):
     """A rules file that does not load or type-check; every problem has ``file:line:col``."""
 
     title = "invalid rules"
+
+
+class InputErrors(AttngateError):
+    """Several inputs were bad at once (say the server flags and the model config): every one's error, each
+    under its own title. ``errors`` holds them; ``problems`` is all of theirs."""
+
+    def __init__(self, errors: list[AttngateError]):
+        self.errors = list(errors)
+        super().__init__([p for err in self.errors for p in err.problems])
+
+    def _render(self) -> str:
+        return "\n".join(str(err) for err in self.errors)
+
+
+def load_all(*loaders: Callable[[], Any]) -> list[Any]:
+    """Run every loader, also after one failed, and return their values. The AttngateErrors of all of them are
+    raised together (the one error, or InputErrors), so a user sees every bad input at once; other exceptions
+    propagate."""
+    values, errors = [], []
+    for load in loaders:
+        try:
+            values.append(load())
+        except AttngateError as err:
+            errors.append(err)
+    if errors:
+        raise errors[0] if len(errors) == 1 else InputErrors(errors)
+    return values

@@ -100,6 +100,31 @@ def test_bad_rules_file_exit_2(tmp_path):
     assert lint.exit_code == 2 and f"{bad}:3:" in lint.output
 
 
+def test_every_bad_input_reported_at_once(tmp_path):
+    """Flags, model config, GPU and rules file all bad: one run names all four, not only the first."""
+    res = explain("--model", str(tmp_path / "nope.json"), "--tp-size", "x", "--gpu", "sm99", "--rules", str(tmp_path))
+    assert res.exit_code == 2
+    for needle in ("--tp-size", "nope.json: cannot read", "--gpu: unknown GPU architecture", "is a directory"):
+        assert needle in res.output, needle
+
+
+def test_matrix_reports_every_bad_config(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    res = runner.invoke(app, ["matrix", str(tmp_path / "nope.json"), str(bad), str(MODELS / "Qwen3-8B.json"), "--gpu", "sm91"])
+    assert res.exit_code == 2
+    for needle in ("nope.json: cannot read", f"{bad}:1:2: not JSON", "unknown GPU architecture 'sm91'"):
+        assert needle in res.output, needle
+
+
+def test_diff_reports_both_bad_files(tmp_path):
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("version: 1\nrules: 3\n")
+    b.write_text("version: [\n")
+    res = runner.invoke(app, ["diff", str(a), str(b)])
+    assert res.exit_code == 2 and str(a) in res.output and str(b) in res.output
+
+
 def test_args_file_with_flag_override(tmp_path):
     args = tmp_path / "args.yaml"
     args.write_text("attention_backend: flashinfer\nenable_deterministic_inference: true\n")

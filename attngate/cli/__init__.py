@@ -52,10 +52,9 @@ def explain(
 ) -> None:
     """Resolve the attention plan for SGLang server flags (e.g. --attention-backend fa3 --page-size 16; every
     flag: attngate flags) and explain it: one screen by default, --gate NAME for one gate, --all for every table."""
-    from attngate.errors import AttngateError
+    from attngate.errors import AttngateError, load_all
     from attngate.facts.model import ModelFacts
     from attngate.facts.modes import ForwardMode
-    from attngate.facts.platform import Platform
     from attngate.gates.resolution import PlanError
     from attngate.gates.resolve import resolve
     from attngate.rules.load import load_rules
@@ -63,11 +62,9 @@ def explain(
 
     if mode is not None and mode not in {m.value for m in ForwardMode}:
         raise typer.BadParameter(f"{mode!r} is not a forward mode: {', '.join(m.value for m in ForwardMode)}", param_hint="--mode")
-    try:
-        args = _server_args(ctx.args, args_file)
-        facts = ModelFacts.from_hf_config(model)
-        platform = _platform(gpu, kernels)
-        rule_set = load_rules(rules)
+    try:  # every bad input at once, not only the first
+        args, facts, platform, rule_set = load_all(lambda: _server_args(ctx.args, args_file), lambda: ModelFacts.from_hf_config(model),
+                                                   lambda: _platform(gpu, kernels), lambda: load_rules(rules))
     except AttngateError as err:
         raise _fail(err) from None
     try:
@@ -144,18 +141,14 @@ def diff(
     """For every gate of every scope (and acceptance and adjustments): does some input make OLD and NEW resolve it
     differently? Each difference with a witness input and the rules responsible on each side.
     Exit 0 equivalent, 1 different, 2 bad input."""
-    from attngate.errors import RulesError
+    from attngate.errors import AttngateError, load_all
     from attngate.rules.diff import diff_rules
     from attngate.rules.load import load_rules
 
-    problems, loaded = [], []
-    for path in (old, new):
-        try:
-            loaded.append(load_rules(path))
-        except RulesError as err:
-            problems += err.problems
-    if problems:
-        raise _fail(RulesError(problems)) from None
+    try:
+        loaded = load_all(lambda: load_rules(old), lambda: load_rules(new))
+    except AttngateError as err:
+        raise _fail(err) from None
     differences = diff_rules(*loaded)
     if output is OutputFormat.json:
         import dataclasses
@@ -178,16 +171,19 @@ def matrix(
     output: MatrixFormat = typer.Option(MatrixFormat.table, "--format", help="table or markdown (the README's table is generated with markdown)"),
 ) -> None:
     """Print the support matrix: which candidate backend each model can run on this GPU, and why not."""
-    from attngate.errors import AttngateError
-    from attngate.cli.render import matrix_markdown, render_matrix
+    from attngate.errors import AttngateError, load_all
+    from attngate.cli.render import load_model_configs, matrix_markdown, render_matrix
+    from attngate.rules.load import load_rules
 
-    try:
-        if output is MatrixFormat.markdown:
-            typer.echo(matrix_markdown(models, _platform(gpu, kernels), rules))
-        else:
-            render_matrix(models, _platform(gpu, kernels), rules)
+    try:  # every bad input at once, not only the first
+        configs, platform, rule_set = load_all(lambda: load_model_configs(models), lambda: _platform(gpu, kernels),
+                                               lambda: load_rules(rules))
     except AttngateError as err:
         raise _fail(err) from None
+    if output is MatrixFormat.markdown:
+        typer.echo(matrix_markdown(configs, platform, rule_set))
+    else:
+        render_matrix(configs, platform, rule_set)
 
 
 def _platform(gpu: str | None, kernels: str | None):
