@@ -61,6 +61,30 @@ class RulesError(AttngateError):
     title = "invalid rules"
 
 
+class UsageError(AttngateError, TypeError, ValueError):
+    """A library call given a wrong argument (a dict where ServerArgs goes, one string where a list of names
+    goes, a forward mode that does not exist): names the parameter and what it takes. Also a TypeError and a
+    ValueError, as Python's own argument errors are."""
+
+    title = "invalid call"
+
+
+def check_arguments(*checks: tuple[str, object, type | tuple[type, ...], str]) -> None:
+    """UsageError listing every ``(parameter, value, accepted types, how to build one)`` whose value is of
+    none of the types; a ``str`` given where a list of names goes is refused by passing ``(list, tuple, ...)``."""
+    problems = []
+    for name, value, types, hint in checks:
+        if not isinstance(value, types):
+            accepted = " or ".join(_type_name(t) for t in (types if isinstance(types, tuple) else (types,)))
+            problems.append(Problem(name, f"takes {accepted}, not {_type_name(type(value))}" + (f"; {hint}" if hint else "")))
+    if problems:
+        raise UsageError(problems)
+
+
+def _type_name(t: type) -> str:
+    return "None" if t is type(None) else t.__name__
+
+
 class InputErrors(AttngateError):
     """Several inputs were bad at once (say the server flags and the model config): every one's error, each
     under its own title. ``errors`` holds them; ``problems`` is all of theirs."""

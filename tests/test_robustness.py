@@ -129,6 +129,29 @@ def test_library_objects_validate_on_construction_and_copy():
         Plan.from_json("[" * 5000 + "]" * 5000)
 
 
+def test_library_calls_with_wrong_arguments_name_every_parameter():
+    """A dict where ServerArgs goes, one string where a list goes: a UsageError naming each parameter, not an
+    AttributeError from deep inside resolve()."""
+    from attngate import Platform, resolve
+    from attngate.errors import UsageError
+
+    with pytest.raises(UsageError) as err:
+        resolve({"page_size": 16}, None, Platform.from_name("sm90"), "rules.yaml", allow_known_failures="fa3.eagle-tree")
+    assert [p.where for p in err.value.problems] == ["server_args", "model", "rules", "allow_known_failures"]
+    assert isinstance(err.value, TypeError) and isinstance(err.value, AttngateError)
+    with pytest.raises(UsageError, match="kernels: takes list or tuple or None, not str"):
+        Platform.from_name("sm90", kernels="flashinfer")
+    with pytest.raises(UsageError, match="from_hf_dict"):
+        ModelFacts.from_hf_config({"model_type": "llama"})
+    with pytest.raises(UsageError, match="parse_rules"):
+        load_rules(3)
+    plan = Plan(prefill_backend="fa3", decode_backend="fa3")
+    with pytest.raises(UsageError, match="no ForwardMode 'decod'.*did you mean 'decode'"):
+        plan.mode("decod")
+    with pytest.raises(ValueError, match="no LayerKind 'window'"):
+        plan.layer("window")
+
+
 @settings(max_examples=60, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
 @given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),

@@ -14,7 +14,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import ConfigDict, model_validator
 
-from attngate.errors import ModelConfigError, Problem
+from attngate.errors import ModelConfigError, Problem, check_arguments
 from attngate.facts.modes import LayerKind
 from attngate.inputs import parse_json, read_text
 from attngate.validated import ValidatedModel
@@ -128,7 +128,9 @@ class ModelFacts(ValidatedModel):
 
     @classmethod
     def from_hf_config(cls, path: str | Path) -> "ModelFacts":
-        """Read a ``config.json`` (or a folder holding one). Raises ModelConfigError naming the key."""
+        """Read a ``config.json`` (or a folder holding one). Raises ModelConfigError naming the key (UsageError for a
+        path that is no path)."""
+        check_arguments(("path", path, (str, Path), "a config mapping goes to ModelFacts.from_hf_dict"))
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"

@@ -14,7 +14,7 @@ from typing import get_args
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from attngate._suggest import did_you_mean
-from attngate.errors import PlatformError, Problem
+from attngate.errors import PlatformError, Problem, check_arguments
 from attngate.facts.choices import GPU_ARCHS, KERNEL_PROVIDERS, GpuArch
 
 #: What ``pip install attngate[gpu]`` installs: FlashInfer and FA4's flash_attn.cute (no FA3 wheel on PyPI).
@@ -55,8 +55,10 @@ class Platform(BaseModel):
 
         ``kernels`` names every installed provider (``flashinfer``, ``flash_attn.cute``,
         ``flash_attn_interface``; default: :data:`DEFAULT_PROVIDERS`); ``facts`` override single
-        ``has_*`` fields. Raises PlatformError listing every unknown name.
+        ``has_*`` fields. Raises PlatformError listing every unknown name (UsageError for arguments of the wrong type).
         """
+        check_arguments(("name", name, str, "e.g. 'sm90'"),
+                        ("kernels", kernels, (list, tuple, type(None)), "a list of provider names, e.g. ['flashinfer']"))
         text = name.strip().lower().removeprefix("sm_").removeprefix("sm").replace(".", "")
         arch = f"sm{text}"
         problems = []

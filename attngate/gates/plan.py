@@ -15,7 +15,8 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, computed_field
 
-from attngate.errors import AttngateError, Problem
+from attngate._suggest import did_you_mean
+from attngate.errors import AttngateError, Problem, UsageError
 from attngate.facts.choices import AttentionBackendName
 from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.inputs import parse_json
@@ -134,6 +135,15 @@ class PlanLoadError(AttngateError):
     title = "invalid plan"
 
 
+def _member(enum: type[ForwardMode] | type[LayerKind], value: object, parameter: str) -> Any:
+    try:
+        return enum(value)
+    except ValueError:
+        names = [m.value for m in enum]
+        raise UsageError(Problem(parameter, f"no {enum.__name__} {value!r}; one of {', '.join(names)}"
+                                 + did_you_mean(str(value), names))) from None
+
+
 class Plan(ValidatedModel):
     """The resolved attention plan. Backends read it and nothing else.
 
@@ -154,10 +164,12 @@ class Plan(ValidatedModel):
     layers: LayerTable = LayerTable()  # type: ignore[valid-type]
 
     def mode(self, mode: ForwardMode | str) -> ModeGates:
-        return getattr(self.modes, ForwardMode(mode).value)
+        """The gates of one forward mode (a ForwardMode or its value, e.g. ``"decode"``); UsageError for none such."""
+        return getattr(self.modes, _member(ForwardMode, mode, "mode").value)
 
     def layer(self, kind: LayerKind | str) -> LayerGates:
-        return getattr(self.layers, LayerKind(kind).value)
+        """The gates of one layer kind (a LayerKind or its value, e.g. ``"sliding_window"``); UsageError for none such."""
+        return getattr(self.layers, _member(LayerKind, kind, "kind").value)
 
     def model_post_init(self, context: Any) -> None:
         self._sealed = self.fingerprint  # what the plan held when it was validated

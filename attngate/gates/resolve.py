@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, Iterable
+from typing import Any, Collection, Iterable
 
 from attngate._suggest import did_you_mean
+from attngate.errors import check_arguments
 from attngate.facts.choices import CANDIDATE_BACKENDS
 from attngate.facts.model import ModelFacts
 from attngate.facts.modes import ForwardMode, LayerKind
@@ -50,7 +51,7 @@ _BACKEND_ARGS = ("attention_backend", "prefill_attention_backend", "decode_atten
 
 
 def resolve(server_args: ServerArgs, model: ModelFacts, platform: Platform, rules: RuleSet | None = None, *,
-            allow_known_failures: Iterable[str] = ()) -> Resolution:
+            allow_known_failures: Collection[str] = ()) -> Resolution:
     """Resolve the attention Plan for one server configuration.
 
     Args:
@@ -62,8 +63,15 @@ def resolve(server_args: ServerArgs, model: ModelFacts, platform: Platform, rule
             a match becomes a warning instead of an error. An id that names no known_failure rule is an error.
 
     Returns a :class:`Resolution` (``.plan``, adjusted ``.server_args``, ``.adjustments``,
-    ``.explanation``). Raises :class:`PlanError` with every violation when the configuration is invalid.
+    ``.explanation``). Raises :class:`PlanError` with every violation when the configuration is invalid, and
+    :class:`attngate.errors.UsageError` naming every argument of the wrong type.
     """
+    check_arguments(
+        ("server_args", server_args, ServerArgs, "ServerArgs(...) or ServerArgs.from_object(sglang_server_args)"),
+        ("model", model, ModelFacts, "ModelFacts.from_hf_config(path)"),
+        ("platform", platform, Platform, "Platform.from_name('sm90') or Platform.detect()"),
+        ("rules", rules, (RuleSet, type(None)), "load_rules(path), or None for the shipped rules"),
+        ("allow_known_failures", allow_known_failures, (list, tuple, set, frozenset), "a list of known_failure ids, even for one"))
     rules = rules or load_rules()
     index = _index(rules)
     allowed = _check_allowed(rules, allow_known_failures)

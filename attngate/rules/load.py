@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from attngate._suggest import did_you_mean
-from attngate.errors import Problem, RulesError
+from attngate.errors import Problem, RulesError, check_arguments
 from attngate.facts.schema import FACTS, LAYER_FACT, MODE_FACT, FactType
 from attngate.facts.server_args import ServerArgs
 from attngate.gates.registry import GATES, Scope
@@ -120,7 +120,9 @@ def _load_cached(path: str, mtime_ns: int) -> RuleSet:
 
 
 def load_rules(path: str | Path | None = None) -> RuleSet:
-    """Load a rules file (default: the shipped ``rules.yaml``). Raises RulesError listing every problem."""
+    """Load a rules file (default: the shipped ``rules.yaml``). Raises RulesError listing every problem (UsageError
+    for a path that is no path)."""
+    check_arguments(("path", path, (str, Path, type(None)), "rules text goes to parse_rules"))
     path = Path(path) if path is not None else shipped_rules_path()
     try:
         stat = path.stat()
