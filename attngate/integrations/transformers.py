@@ -43,7 +43,7 @@ from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.kv_cache import MHATokenToKVPool, MLATokenToKVPool, PageAllocator, ReqToTokenPool
 from attngate.backends.layer import AttentionLayer, layers_from_model
 from attngate.backends.reference import ReferenceBackend
-from attngate.errors import Problem
+from attngate.errors import Problem, UsageError
 from attngate.facts.model import ModelFacts
 from attngate.facts.modes import ForwardMode
 from attngate.facts.platform import Platform
@@ -53,6 +53,7 @@ from attngate.gates.resolve import resolve
 from attngate.integrations.transformers_plain import configure, plain_attention  # noqa: F401 - configure is public here
 
 ATTN_IMPLEMENTATION = "attngate"
+_EXTEND_MODES = (ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2)
 _ACTIVE: contextvars.ContextVar["AttngateRuntime | None"] = contextvars.ContextVar("attngate_runtime", default=None)
 
 
@@ -147,22 +148,53 @@ class AttngateRuntime:
         return row
 
     def free_request(self, req: int) -> None:
+        if req not in self._requests:
+            raise BatchMetadataError(Problem(f"request {req}", "unknown request (freed already, or never added)"))
         r = self._requests.pop(req)
         self.allocator.free(r.pages)
         self.req_to_token_pool.free(r.row)
 
     # ---- forward passes ------------------------------------------------------------------------------
 
-    def extend(self, new_tokens: dict[int, torch.Tensor], mode: ForwardMode = ForwardMode.EXTEND) -> torch.Tensor:
-        """Run the new tokens of each request (``{req: ids [n]}``) as one forward; returns ``[num_tokens, ...]`` outputs."""
-        return self._forward(mode, new_tokens)
+    def extend(self, new_tokens: dict[int, torch.Tensor], mode: ForwardMode | str = ForwardMode.EXTEND) -> torch.Tensor:
+        """Run the new tokens of each request (``{req: ids [n]}``, int64, or a list of ints) as one forward of ``mode``
+        (EXTEND, TARGET_VERIFY or DRAFT_EXTEND_V2); returns ``[num_tokens, vocab]`` logits (hidden states for a
+        model without a head). Raises BatchMetadataError naming every bad request, nothing applied."""
+        if mode not in [m.value for m in _EXTEND_MODES]:  # a list: mode may be anything, hashable or not
+            raise UsageError(Problem("mode", f"extend runs {', '.join(m.value for m in _EXTEND_MODES)}, not {mode!r}; "
+                                             "one token per request: decode()"))
+        return self._forward(ForwardMode(mode), new_tokens)
 
     def decode(self, next_tokens: dict[int, int | torch.Tensor]) -> torch.Tensor:
-        """One token per request as a DECODE forward; returns ``[batch_size, ...]`` outputs."""
-        return self._forward(ForwardMode.DECODE, {r: torch.as_tensor(t).reshape(1) for r, t in next_tokens.items()})
+        """One token per request (``{req: id}``) as a DECODE forward; returns ``[batch_size, vocab]`` logits."""
+        ids = self._as_ids(next_tokens)
+        problems = [Problem(f"request {r}", f"decode takes one token per request, not {t.numel()}") for r, t in ids.items() if t.numel() != 1]
+        if problems:
+            raise BatchMetadataError(problems)
+        return self._forward(ForwardMode.DECODE, ids)
 
-    def _forward(self, mode: ForwardMode, new_tokens: dict[int, torch.Tensor]) -> torch.Tensor:
+    def _as_ids(self, new_tokens: dict[int, object]) -> dict[int, torch.Tensor]:
+        """Each request's ids as a 1-D integer tensor; BatchMetadataError naming every value that is not one."""
+        if not isinstance(new_tokens, dict):
+            raise UsageError(Problem("new_tokens", f"takes a dict {{request: token ids}}, not {type(new_tokens).__name__}"))
+        ids, problems = {}, []
+        for req, value in new_tokens.items():
+            try:
+                t = torch.as_tensor(value)
+            except (TypeError, ValueError, RuntimeError):
+                t = None
+            if t is None or t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool or t.dim() > 1:
+                got = f"a {t.dim()}-D {t.dtype} tensor" if t is not None else type(value).__name__
+                problems.append(Problem(f"request {req}", f"token ids must be a 1-D integer tensor or a list of ints, not {got}"))
+            else:
+                ids[req] = t.reshape(-1)
+        if problems:
+            raise BatchMetadataError(problems)
+        return ids
+
+    def _forward(self, mode: ForwardMode, new_tokens: dict[int, object]) -> torch.Tensor:
         """One forward; all or nothing: on any error every request keeps its length and pages."""
+        new_tokens = self._as_ids(new_tokens)
         self._check_tokens(new_tokens)
         reqs = [self._requests[r] for r in new_tokens]
         before = [(r.seq_len, len(r.pages)) for r in reqs]
@@ -176,8 +208,10 @@ class AttngateRuntime:
             raise
 
     def _check_tokens(self, new_tokens: dict[int, torch.Tensor]) -> None:
-        """BatchMetadataError naming every unknown request, empty input and token id outside the vocabulary."""
+        """BatchMetadataError naming every unknown request, empty input, token id outside the vocabulary and request
+        that would outgrow its row of req_to_token (max_context_len)."""
         vocab = getattr(self.model.config, "vocab_size", None)
+        width = self.req_to_token_pool.req_to_token.shape[1]
         problems = []
         for req, ids in new_tokens.items():
             where = f"request {req}"
@@ -185,8 +219,11 @@ class AttngateRuntime:
                 problems.append(Problem(where, "unknown request (add_request first)"))
             elif ids.numel() == 0:
                 problems.append(Problem(where, "no new tokens"))
-            elif ids.is_floating_point() or (vocab and (int(ids.min()) < 0 or int(ids.max()) >= vocab)):
+            elif vocab and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
                 problems.append(Problem(where, f"token ids must be integers in [0, {vocab})"))
+            elif self._requests[req].seq_len + ids.numel() > width:
+                problems.append(Problem(where, f"{self._requests[req].seq_len} cached + {ids.numel()} new tokens exceed "
+                                               f"max_context_len {width}"))
         if problems:
             raise BatchMetadataError(problems)
 

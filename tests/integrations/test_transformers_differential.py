@@ -159,6 +159,7 @@ def test_a_failed_forward_leaves_every_request_as_it_was():
     """A token id past the vocabulary is refused before anything changes; a forward that fails inside the
     model rolls every request back, so the next decode still matches transformers."""
     from attngate.backends.errors import BatchMetadataError
+    from attngate.errors import UsageError
 
     ref, ours = _pair(_config("Llama-3.1-8B", {}))
     rt = AttngateRuntime(ours, page_size=4, num_slots=256)
@@ -170,6 +171,17 @@ def test_a_failed_forward_leaves_every_request_as_it_was():
         rt.extend({req: torch.tensor([5, ours.config.vocab_size + 3])})
     with pytest.raises(BatchMetadataError, match="request 99: unknown request"):
         rt.decode({99: 1})
+    with pytest.raises(BatchMetadataError) as bad:  # every bad request of the batch, none applied
+        rt.extend({req: torch.ones(2, 2, dtype=torch.long), 98: "abc"})
+    assert [p.where for p in bad.value.problems] == [f"request {req}", "request 98"]
+    with pytest.raises(BatchMetadataError, match=f"request {req}: 7 cached \\+ 2048 new tokens exceed max_context_len 2048"):
+        rt.extend({req: torch.ones(2048, dtype=torch.long)})
+    with pytest.raises(BatchMetadataError, match="decode takes one token per request, not 2"):
+        rt.decode({req: [1, 2]})
+    with pytest.raises(UsageError, match="extend runs extend, target_verify, draft_extend_v2, not 'idle'"):
+        rt.extend({req: [1]}, mode="idle")
+    with pytest.raises(BatchMetadataError, match="request 97: unknown request"):
+        rt.free_request(97)
     real_forward = rt.model.forward
     rt.model.forward = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("inside the model"))
     with pytest.raises(RuntimeError, match="inside the model"):
