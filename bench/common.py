@@ -10,6 +10,12 @@ import torch
 from attngate import ForwardMode
 
 
+def _sync() -> None:
+    """Drain the GPU before a timed round (nothing to drain on a CPU-only machine)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def cuda_ms(fn: Callable[[], object], iters: int = 30, warmup: int = 5) -> float:
     """Mean GPU time per call in ms (CUDA events around ``iters`` back-to-back calls)."""
     for _ in range(warmup):
@@ -56,12 +62,12 @@ def paired_host_us(fns: dict[str, Callable[[], object]], iters: int = 30, rounds
     best = dict.fromkeys(fns, float("inf"))
     for _ in range(rounds):
         for name, fn in fns.items():
-            torch.cuda.synchronize()
+            _sync()
             t0 = time.perf_counter()
             for _ in range(iters):
                 fn()
             best[name] = min(best[name], time.perf_counter() - t0)
-    torch.cuda.synchronize()
+    _sync()
     return {name: t / iters * 1e6 for name, t in best.items()}
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attngate import ForwardMode, ModelFacts, Platform, ServerArgs, resolve
+from attngate import ForwardMode, LayerKind, ModelFacts, Platform, ServerArgs, resolve
 from attngate.backends.batch_builder import BatchSetup, build_batch
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.kv_cache import MHATokenToKVPool
@@ -93,6 +93,15 @@ def layer_of(env: Env, kind, **kw) -> AttentionLayer:
     return AttentionLayer(0, h, hkv, d, d, d ** -0.5, kind=kind, **kw)
 
 
+def with_cross_layer(backend_cls, env: Env, plan, case: Case, layer: AttentionLayer, **kw):
+    """``backend_cls`` over ``layer`` (id 0) plus a cross-attention layer (id 1) on a pool of two layers, as an
+    encoder-decoder model has both (a backend sizes its graph buffers for encoder tokens from its layers)."""
+    h, hkv, d = env.heads
+    pool = MHATokenToKVPool(case.pools[0].num_slots, case.pools[0].page_size, 2, hkv, d, dtype=env.dtype, device=env.device)
+    layers = [layer] + ([] if layer.kind == LayerKind.CROSS_ATTENTION else [AttentionLayer(1, h, hkv, d, d, d ** -0.5, kind=LayerKind.CROSS_ATTENTION)])
+    return backend_cls(plan, pool, case.setup.req_to_token_pool.req_to_token, layers, env.device, **kw)
+
+
 def reference_out(env: Env, case: Case, plan, layer: AttentionLayer, k="new", v="new") -> torch.Tensor:
     """The reference backend's output of the case; ``k``/``v`` as in :func:`run` (None: cross attention reads the cache)."""
     ref = ReferenceBackend(plan, case.pools[1], case.setup.req_to_token_pool.req_to_token, [layer], env.device)
@@ -106,30 +115,36 @@ def run(backend, case: Case, layer: AttentionLayer, k="new", v="new") -> torch.T
 
 
 def replay_rounds(env: Env, make_backend, plan, layer: AttentionLayer, mode: ForwardMode, page_size: int, *,
-                  fresh_rows: bool = False):
+                  fresh_rows: bool = False, encoder_pages: list[list[int]] | None = None):
     """Capture one CUDA graph (4 requests), then replay it for three rounds of different lengths.
 
     ``make_backend(plan, case, layer)`` builds the backend under test. Yields ``(round, case, replayed_out)``
     with the round's pool and request table copied into the captured ones. ``fresh_rows``: each round's
     requests sit in other rows of ``req_to_token`` (rolled by the round), handed to the replay as a new
-    tensor rather than copied into the captured one, so a graph that reads the captured rows reads stale ones. On the CPU the graph is
-    emulated (standins.graphs): each replay re-runs the forward, and the stand-in kernels check that it
-    launches what was captured, reading the same metadata buffers.
+    tensor rather than copied into the captured one, so a graph that reads the captured rows reads stale ones.
+    ``encoder_pages``: per round, each request's encoder tokens in pages (an encoder-decoder batch: the graph is
+    captured with, and each replay handed, the static encoder_lens; a cross-attention layer reads the cache).
+    On the CPU the graph is emulated (standins.graphs): each replay re-runs the forward, and the stand-in kernels
+    check that it launches what was captured, reading the same metadata buffers.
     """
-    bs, per_req = 4, (1 if mode == ForwardMode.DECODE else 4)
+    bs, per_req = 4, 1 if mode == ForwardMode.DECODE else 3
     rounds = [[(p, per_req) for p in prefixes] for prefixes in ([5, 300, 127, 64], [1000, 2, 129, 255], [17, 17, 900, 3])]
-    first = make_case(env, rounds[0], mode, page_size, seed=0)
+    encoders = [[n * page_size for n in pages] for pages in encoder_pages] if encoder_pages else [None] * len(rounds)
+    cross = layer.kind == LayerKind.CROSS_ATTENTION
+    first = make_case(env, rounds[0], mode, page_size, seed=0, encoder_lens=encoders[0])
     rtt = first.setup.req_to_token_pool.req_to_token
     backend = make_backend(plan, first, layer)
     backend.init_cuda_graph_state(bs, bs * per_req)
     static = {name: getattr(first, name).clone() for name in ("q", "k", "v")}
     b = first.setup.batch
+    enc = b.encoder_lens.clone() if encoder_pages else None
     static_batch = ForwardBatch(mode, bs, b.req_pool_indices.clone(), b.seq_lens.clone(), b.seq_lens_cpu.clone(),
-                                b.extend_prefix_lens.clone(), b.extend_seq_lens.clone(), b.out_cache_loc.clone())
-    backend.init_forward_metadata_capture_cuda_graph(bs, bs * per_req, static_batch.req_pool_indices, static_batch.seq_lens, None, mode)
-    graph = _Graph(env, lambda: backend.forward(static["q"], static["k"], static["v"], layer, static_batch))
+                                b.extend_prefix_lens.clone(), b.extend_seq_lens.clone(), b.out_cache_loc.clone(), enc)
+    backend.init_forward_metadata_capture_cuda_graph(bs, bs * per_req, static_batch.req_pool_indices, static_batch.seq_lens, enc, mode)
+    k_v = (None, None) if cross else (static["k"], static["v"])
+    graph = _Graph(env, lambda: backend.forward(static["q"], *k_v, layer, static_batch))
     for i, requests in enumerate(rounds):
-        case = make_case(env, requests, mode, page_size, seed=i + 1)
+        case = make_case(env, requests, mode, page_size, seed=i + 1, encoder_lens=encoders[i])
         backend.kv_pool.k_buffer[0].copy_(case.pools[0].k_buffer[0])
         backend.kv_pool.v_buffer[0].copy_(case.pools[0].v_buffer[0])
         shift = i + 1 if fresh_rows else 0
@@ -137,10 +152,10 @@ def replay_rounds(env: Env, make_backend, plan, layer: AttentionLayer, mode: For
         for name in ("q", "k", "v"):
             static[name].copy_(getattr(case, name))
         cb = case.setup.batch
-        for name in ("seq_lens", "out_cache_loc") + (() if fresh_rows else ("req_pool_indices",)):
+        for name in ("seq_lens", "out_cache_loc") + (() if fresh_rows else ("req_pool_indices",)) + (("encoder_lens",) if enc is not None else ()):
             getattr(static_batch, name).copy_(getattr(cb, name))
         rows = (cb.req_pool_indices + shift) % rtt.shape[0] if fresh_rows else static_batch.req_pool_indices
-        backend.init_forward_metadata_replay_cuda_graph(bs, rows, static_batch.seq_lens, cb.seq_lens_cpu, None, mode)
+        backend.init_forward_metadata_replay_cuda_graph(bs, rows, static_batch.seq_lens, cb.seq_lens_cpu, enc, mode)
         yield i, case, graph.replay().clone()
 
 

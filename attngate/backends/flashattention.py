@@ -221,12 +221,19 @@ class FlashAttentionBackend(AttentionBackend):
         if extent == "prefix":
             seqused = seqused - extend_seq_lens
         if in_place:
+            if (encoder_lens is None) != (md.encoder_seqused_k is None):  # the cross layers read the captured buffers
+                raise BatchMetadataError(Problem("encoder_lens", "this CUDA graph was captured " + (
+                    "without encoder tokens; capture it with encoder_lens" if encoder_lens is not None else "with encoder tokens, "
+                    "which this replay does not give")))
             md.seqused_k.copy_(seqused)
             self._page_table(rows, encoder_lens, None, out=md.page_table)
             if md.local is not None:
                 self._local_decode_in_place(md, rows, seqused)
-        else:
-            md.seqused_k, md.page_table = seqused.to(torch.int32), self._page_table(rows, encoder_lens, pages)
+            if encoder_lens is not None:
+                md.encoder_seqused_k.copy_(encoder_lens)
+                self._page_table(rows, None, None, out=md.encoder_page_table)
+            return
+        md.seqused_k, md.page_table = seqused.to(torch.int32), self._page_table(rows, encoder_lens, pages)
         if encoder_lens is not None:
             md.encoder_seqused_k = encoder_lens.to(torch.int32)
             md.encoder_page_table = self._page_table(rows, None, pages)
@@ -340,6 +347,9 @@ class FlashAttentionBackend(AttentionBackend):
             "seqused_k": torch.zeros(max_bs, dtype=torch.int32, device=self.device),
             "page_table": torch.zeros(max_bs, max_pages, dtype=torch.int32, device=self.device),
         }
+        if any(lay.kind == LayerKind.CROSS_ATTENTION for lay in self.layers):  # graphs of batches with encoder tokens
+            self._graph["encoder_seqused_k"] = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
+            self._graph["encoder_page_table"] = torch.zeros(max_bs, max_pages, dtype=torch.int32, device=self.device)
         if self.chunk is not None:
             self._graph["local_seqused_k"] = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
             self._graph["local_page_table"] = torch.zeros(max_bs, -(-self.chunk // self.page_size), dtype=torch.int32, device=self.device)
@@ -358,6 +368,10 @@ class FlashAttentionBackend(AttentionBackend):
         self.md = self._graph_md[bs] = _Metadata(g["cu_seqlens_q"][: bs + 1], per_req, g["seqused_k"][:bs], g["page_table"][:bs])
         if self.chunk is not None:  # one query per request: one local batch each, the request's current chunk
             self.md.local = _Metadata(g["cu_seqlens_q"][: bs + 1], 1, g["local_seqused_k"][:bs], g["local_page_table"][:bs])
+        if encoder_lens is not None:
+            if "encoder_seqused_k" not in g:
+                raise ValueError("a CUDA graph with encoder tokens needs a cross-attention layer among the backend's layers")
+            self.md.encoder_seqused_k, self.md.encoder_page_table = g["encoder_seqused_k"][:bs], g["encoder_page_table"][:bs]
         self._fill_kv_metadata(self.md, forward_mode, req_pool_indices, seq_lens, per_req, encoder_lens, in_place=True)
 
     def _graph_mla_form(self, mode: ForwardMode) -> None:

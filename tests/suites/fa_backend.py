@@ -11,7 +11,7 @@ from attngate import ForwardMode, LayerKind, ModelFacts, Platform, ServerArgs, r
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.flashattention import FlashAttentionBackend
 from helpers import MODELS
-from backend_cases import Env, MODE_OF, layer_of, make_case, plan_for, reference_out, replay_rounds, requests_around_page, run, target_in_batch
+from backend_cases import Env, MODE_OF, layer_of, make_case, plan_for, reference_out, replay_rounds, requests_around_page, run, target_in_batch, with_cross_layer
 
 PAGE_SIZES = [1, 128]
 M = ForwardMode
@@ -121,6 +121,19 @@ def test_fa_cuda_graph_replay_reads_the_rows_given_at_replay(env, page_size):
     layer = layer_of(env, LayerKind.FULL)
     for i, case, replayed in replay_rounds(env, functools.partial(fa_backend, env), plan, layer, M.DECODE, page_size, fresh_rows=True):
         assert max_diff(replayed, reference_out(env, case, plan, layer)) < env.tol, f"round {i}"
+
+
+@pytest.mark.parametrize("kind", [LayerKind.CROSS_ATTENTION, LayerKind.FULL])
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_fa_cuda_graph_replay_with_encoder_tokens(env, kind, page_size):
+    """An encoder-decoder decode graph: each replay's encoder lengths and rows reach the buffers the graph reads
+    (the cross layer's encoder page table and lengths, the self layer's table after the encoder tokens)."""
+    plan = plan_for(env, page_size=page_size)
+    layer = layer_of(env, kind)
+    kv = dict(k=None, v=None) if kind == LayerKind.CROSS_ATTENTION else {}
+    for i, case, replayed in replay_rounds(env, functools.partial(with_cross_layer, FlashAttentionBackend, env), plan, layer, M.DECODE,
+                                           page_size, fresh_rows=True, encoder_pages=[[2, 8, 1, 4], [8, 1, 2, 2], [1, 3, 8, 1]]):
+        assert max_diff(replayed, reference_out(env, case, plan, layer, **kv)) < env.tol, f"round {i}"
 
 
 @pytest.mark.parametrize("mode", [M.DECODE, M.EXTEND])

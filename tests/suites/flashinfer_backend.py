@@ -12,7 +12,7 @@ from attngate.backends.errors import BatchMetadataError
 from attngate.backends.flashinfer import FlashInferBackend
 from attngate.backends.kv_cache import MHATokenToKVPool
 from attngate.backends.layer import AttentionLayer
-from backend_cases import Env, MODE_OF, layer_of, make_case, plan_for, reference_out, replay_rounds, requests_around_page, run, target_in_batch
+from backend_cases import Env, MODE_OF, layer_of, make_case, plan_for, reference_out, replay_rounds, requests_around_page, run, target_in_batch, with_cross_layer
 
 M = ForwardMode
 PAGE_SIZES = [1, 16]
@@ -168,6 +168,19 @@ def test_fi_cuda_graph_builds_page_ids_from_the_rows_given_at_replay(env, model)
         layer = layer_of(env, kind, **({"sliding_window_size": 100} if kind == LayerKind.SLIDING_WINDOW else {}))
         for i, case, replayed in replay_rounds(env, functools.partial(fi_backend, env), plan, layer, M.DECODE, 16, fresh_rows=True):
             assert max_diff(replayed, reference_out(env, case, plan, layer)) < env.tol, f"{kind.value} round {i}"
+
+
+@pytest.mark.parametrize("kind", [LayerKind.CROSS_ATTENTION, LayerKind.FULL])
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_fi_cuda_graph_replay_with_encoder_tokens(env, kind, page_size):
+    """Whisper's decode graph: each replay's encoder lengths and rows reach the cross wrapper's page ids and the
+    self-attention wrapper's first tokens (its ranges start after the encoder tokens)."""
+    plan = plan_for(env, "flashinfer", page_size, "whisper-large-v3-turbo")
+    layer = layer_of(env, kind)
+    kv = dict(k=None, v=None) if kind == LayerKind.CROSS_ATTENTION else {}
+    for i, case, replayed in replay_rounds(env, functools.partial(with_cross_layer, FlashInferBackend, env), plan, layer, M.DECODE,
+                                           page_size, fresh_rows=True, encoder_pages=[[2, 8, 1, 4], [8, 1, 2, 2], [1, 3, 8, 1]]):
+        assert max_diff(replayed, reference_out(env, case, plan, layer, **kv)) < env.tol, f"round {i}"
 
 
 def test_fi_cuda_graph_forward_must_run_each_wrappers_first_layer_first(env):

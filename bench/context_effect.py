@@ -1,0 +1,111 @@
+"""Is FlashInfer's decode ``plan()`` slower right after other host work than in a tight loop of its own, and is
+that specific to the backend's work? Prints one JSON object.
+
+bench_host.py measures the backend's eager metadata against the raw ``plan()`` called in a loop of its own, and
+``plan()`` after the backend's host length work costing 40 to 60 µs more than the two apart. Here, in paired rounds
+at batch 1 and 64, ``plan()`` runs alone and after each of: the backend's host length work (``BatchLengths``,
+``kv_pages``, the host tensors); numpy work of no use, of about the same length; pure-Python work of no use, of
+about the same length. ``excess`` is ``(work then plan) - work - plan``. If the numpy work of no use costs
+``plan()`` as much, the excess is the price of running ``plan()`` after any C-extension work (caches and branch
+predictors no longer hot), which every real server step pays, not work of ours that could be removed.
+
+With CUDA and FlashInfer it times the real wrapper (run on the device); elsewhere the CPU stand-in of tests/standins,
+whose ``plan()`` is Python and torch CPU ops too: an analog that runs on a CPU machine.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
+
+from attngate import ForwardMode, LayerKind  # noqa: E402
+from attngate.backends.batch_metadata import BatchLengths, host  # noqa: E402
+from backend_cases import CPU, GPU, layer_of, make_case, plan_for  # noqa: E402
+from common import paired_host_us  # noqa: E402
+
+PS = 16
+
+
+def _real_kernels() -> bool:
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import flashinfer  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _backend(bs: int, real: bool):
+    """The FlashInfer backend over ``bs`` decode requests of 2048 tokens (CPU stand-in: 512), its batch and the raw
+    plan() call with prebuilt arguments."""
+    if not real:
+        from standins import flashinfer
+
+        sys.modules["flashinfer"] = flashinfer.module()
+    from attngate.backends.flashinfer import FlashInferBackend
+    from bench_flashinfer import decode_plan_args
+
+    env = GPU if real else CPU
+    cached = 2047 if real else 511
+    case = make_case(env, [(cached, 1)] * bs, ForwardMode.DECODE, PS, num_slots=bs * (cached + 17) // PS * PS + PS,
+                     max_context_len=cached + 17)
+    fi = FlashInferBackend(plan_for(env, "flashinfer", PS), case.pools[0], case.setup.req_to_token_pool.req_to_token,
+                           [layer_of(env, LayerKind.FULL)], env.device)
+    batch = case.setup.batch
+    fi.init_forward_metadata(batch)
+    _, args = decode_plan_args(fi, batch)
+    wrapper, kw = fi.decode_wrappers[0], fi._plan_kwargs(fi.specs[0], "decode")
+    return fi, batch, lambda: wrapper.plan(*args, **kw)
+
+
+def row(bs: int, real: bool) -> dict:
+    fi, batch, plan = _backend(bs, real)
+
+    def lengths():  # the backend's host work before plan(), as bench_host's row "lengths"
+        r = BatchLengths.from_batch(batch).kv_pages(PS)
+        return host(r.indptr), host(r.last_page_len)
+
+    unrelated = np.arange(64, dtype=np.int64)
+    numpy_reps = [1]
+    python_reps = [1]
+
+    def numpy_work():  # as many tiny numpy calls as take about as long as lengths()
+        for _ in range(numpy_reps[0]):
+            np.cumsum(unrelated * 3 + 1)
+
+    def python_work():
+        return sum(i * i for i in range(python_reps[0]))
+
+    goal = paired_host_us({"lengths": lengths})["lengths"]
+    for work, reps in ((numpy_work, numpy_reps), (python_work, python_reps)):
+        for _ in range(4):  # scale the work of no use to the length of the backend's
+            reps[0] = max(1, round(reps[0] * goal / paired_host_us({"w": work}, rounds=5)["w"]))
+    works = {"lengths": lengths, "numpy_work": numpy_work, "python_work": python_work}
+    fns = {"plan": plan, **works, **{f"{name}_then_plan": (lambda w: lambda: (w(), plan()))(w) for name, w in works.items()}}
+    t = paired_host_us(fns)
+    out = {k: round(v, 1) for k, v in t.items()}
+    out |= {f"{name}_excess": round(t[f"{name}_then_plan"] - t[name] - t["plan"], 1) for name in works}
+    out |= {"backend_eager_metadata": round(paired_host_us({"m": lambda: fi.init_forward_metadata(batch)})["m"], 1)}
+    return out
+
+
+def main() -> None:
+    real = _real_kernels()
+    out: dict = {"kernels": "flashinfer" if real else "CPU stand-in (tests/standins)",
+                 "machine": torch.cuda.get_device_name() if real else platform.processor() or platform.machine(),
+                 "python": platform.python_version(), "torch": torch.__version__}
+    out["rows_us"] = {bs: row(bs, real) for bs in (1, 64)}
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
