@@ -74,8 +74,9 @@ class AttentionBackend(ABC):
 
     def init_forward_metadata_replay_cuda_graph(self, bs: int, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
                                                 seq_lens_cpu: torch.Tensor, encoder_lens: torch.Tensor | None,
-                                                forward_mode: ForwardMode) -> None:
-        """Update the static buffers in place before a replay."""
+                                                forward_mode: ForwardMode, encoder_lens_cpu: torch.Tensor | None = None) -> None:
+        """Update the static buffers in place before a replay. ``encoder_lens_cpu``: ``encoder_lens`` on the host, as
+        ``seq_lens_cpu`` is ``seq_lens`` (without it, a batch with encoder tokens costs a device-to-host copy, a sync)."""
         raise NotImplementedError(f"{type(self).__name__} does not capture CUDA graphs")
 
     def get_cuda_graph_seq_len_fill_value(self) -> int:
@@ -125,13 +126,14 @@ def check_batch(batch: ForwardBatch, req_to_token: torch.Tensor, num_slots: int)
 
 def check_graph_batch(backend: AttentionBackend, bs: int, per_req: int, req_pool_indices: torch.Tensor,
                       seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, encoder_lens: torch.Tensor | None,
-                      forward_mode: ForwardMode) -> None:
+                      forward_mode: ForwardMode, encoder_lens_cpu: torch.Tensor | None = None) -> None:
     """``check_batch`` for a CUDA-graph replay: ``per_req`` new tokens per request (their slots are in the
     graph's static buffers, so only lengths, rows and ``req_to_token`` are checked)."""
     new = torch.full_like(seq_lens, per_req)
     prefix = seq_lens - new - (encoder_lens if encoder_lens is not None else 0)
     no_slots = torch.zeros(bs * per_req, dtype=torch.int64, device=seq_lens.device)
-    batch = ForwardBatch(forward_mode, bs, req_pool_indices, seq_lens, seq_lens_cpu, prefix, new, no_slots, encoder_lens)
+    batch = ForwardBatch(forward_mode, bs, req_pool_indices, seq_lens, seq_lens_cpu, prefix, new, no_slots, encoder_lens,
+                         encoder_lens_cpu=encoder_lens_cpu)
     check_batch(batch, backend.req_to_token, backend.kv_pool.num_slots)
 
 

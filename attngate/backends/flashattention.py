@@ -209,14 +209,15 @@ class FlashAttentionBackend(AttentionBackend):
 
     def _fill_kv_metadata(self, md: _Metadata, mode: ForwardMode, rows: torch.Tensor, seq_lens: torch.Tensor,
                           extend_seq_lens: torch.Tensor | int, encoder_lens: torch.Tensor | None, *, in_place: bool = False,
-                          pages: int | None = None) -> None:
+                          pages: int | None = None, encoder_lens_cpu: torch.Tensor | None = None) -> None:
         """seqused_k and page_table (and the encoder's) on the device; ``in_place`` refills a graph's static buffers
-        (``extend_seq_lens`` then the graph's new tokens per request)."""
+        (``extend_seq_lens`` then the graph's new tokens per request; ``encoder_lens_cpu`` spares a sync)."""
         extent = self._kv_extent[mode]
         if extent == "none":
             return
         if in_place and encoder_lens is not None:  # eager batches checked this on their host copy
-            check_page_aligned(encoder_lens.cpu().numpy(), self.page_size, "encoder_lens", "FA")
+            host_enc = encoder_lens_cpu if encoder_lens_cpu is not None else encoder_lens.cpu()
+            check_page_aligned(host_enc.numpy(), self.page_size, "encoder_lens", "FA")
         seqused = seq_lens if encoder_lens is None else seq_lens - encoder_lens
         if extent == "prefix":
             seqused = seqused - extend_seq_lens
@@ -382,13 +383,15 @@ class FlashAttentionBackend(AttentionBackend):
             raise ValueError(f"the plan runs MLA non-absorbed in {mode.value}; only absorbed modes replay as CUDA graphs")
         self._mla_absorbed, self._mla_kv = True, None
 
-    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode):
+    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode,
+                                                encoder_lens_cpu=None):
         md = self.md = self._graph_md[bs]  # eager batches in between replaced self.md
         self._graph_mla_form(forward_mode)
         per_req = md.max_seqlen_q
         if self.checked:
-            check_graph_batch(self, bs, per_req, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode)
-        self._fill_kv_metadata(md, forward_mode, req_pool_indices, seq_lens, per_req, encoder_lens, in_place=True)
+            check_graph_batch(self, bs, per_req, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode, encoder_lens_cpu)
+        self._fill_kv_metadata(md, forward_mode, req_pool_indices, seq_lens, per_req, encoder_lens, in_place=True,
+                               encoder_lens_cpu=encoder_lens_cpu)
 
 
 def _same_shape(a: AttentionLayer, b: AttentionLayer | None) -> bool:

@@ -350,16 +350,17 @@ class FlashInferBackend(AttentionBackend):
         self._graphs[(forward_mode, bs)] = g
         self._replan_graph(g, req_pool_indices, seq_lens.cpu(), encoder_lens, forward_mode)
 
-    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode):
+    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode,
+                                                encoder_lens_cpu=None):
         g = self._graphs[(forward_mode, bs)]
         if self.checked:
-            check_graph_batch(self, bs, g.per_req, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode)
-        self._replan_graph(g, req_pool_indices, seq_lens_cpu, encoder_lens, forward_mode)
+            check_graph_batch(self, bs, g.per_req, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode, encoder_lens_cpu)
+        self._replan_graph(g, req_pool_indices, seq_lens_cpu, encoder_lens, forward_mode, encoder_lens_cpu)
 
-    def _replan_graph(self, g: _Graph, rows, seq_lens_cpu, encoder_lens, mode) -> None:
+    def _replan_graph(self, g: _Graph, rows, seq_lens_cpu, encoder_lens, mode, encoder_lens_cpu=None) -> None:
         """Plan the captured wrappers for new lengths: plan() refills their static buffers in place, the rows are
         copied into the graph's, and the graph itself rebuilds the page ids."""
-        lens = BatchLengths.for_graph(mode, rows, seq_lens_cpu, g.per_req, encoder_lens)
+        lens = BatchLengths.for_graph(mode, rows, seq_lens_cpu, g.per_req, encoder_lens, encoder_lens_cpu)
         if lens.has_encoder:
             check_page_aligned(lens.enc, self.page_size, "encoder_lens", "FlashInfer")
             # a wrapper captured without first tokens fills its page ids from token 0; self-attention ranges here start later

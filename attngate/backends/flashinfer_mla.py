@@ -152,7 +152,8 @@ class FlashInferMLABackend(AttentionBackend):
         self._graphs[(forward_mode, bs)] = (wrapper, num_tokens // max(bs, 1))
         self.init_forward_metadata_replay_cuda_graph(bs, req_pool_indices, seq_lens, seq_lens.cpu(), encoder_lens, forward_mode)
 
-    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode):
+    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode,
+                                                encoder_lens_cpu=None):  # MLA models have no encoder
         wrapper, per_req = self._graphs[(forward_mode, bs)]
         if self.checked:
             check_graph_batch(self, bs, per_req, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode)
