@@ -24,6 +24,7 @@ from attngate.backends.layer import AttentionLayer  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
 from helpers import MODELS  # noqa: E402
 from standins import flashinfer as standin  # noqa: E402
+from standins.graphs import RECORDER  # noqa: E402
 
 H, RANK, ROPE, NOPE, VDIM = 4, 512, 64, 128, 128  # DeepSeek geometry: the fa3 ragged kernel runs 192/128 only
 REQUESTS = {ForwardMode.EXTEND: [(0, 5), (17, 3), (70, 9), (3, 1)], ForwardMode.DECODE: [(0, 1), (17, 1), (70, 1), (63, 1)],
@@ -100,7 +101,9 @@ def test_flashinfer_mla_refuses_other_geometry_at_construction():
 
 @pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2])
 def test_flashinfer_mla_graph_replay_metadata_follows_each_rounds_lengths(mode):
-    """Capture with one batch, replay with others: the static wrapper is re-planned from the replay's lengths."""
+    """Capture with one batch, replay with others (emulated, standins.graphs): the static wrapper is re-planned from
+    the replay's lengths, and the graph fills its page ids from the rows handed to the replay (a new tensor each
+    round, the requests in other rows), not from the captured ones."""
     plan = _plan(16)
     assert plan.mode(mode).common.capture_cuda_graph
     layer = _layer(torch.Generator().manual_seed(1))
@@ -111,12 +114,36 @@ def test_flashinfer_mla_graph_replay_metadata_follows_each_rounds_lengths(mode):
     fi = FlashInferBackend(plan, pools0[0], rtt, [layer], "cpu", checked=True)
     fi.init_cuda_graph_state(2, 2 * per_req)
     fi.init_forward_metadata_capture_cuda_graph(2, 2 * per_req, s0.batch.req_pool_indices, s0.batch.seq_lens, None, mode)
+    _, _, q0, latent0 = _case(rounds[0], mode, 16)
+    with RECORDER.capture():
+        fi.forward(q0, latent0, None, layer, s0.batch)
     for i, requests in enumerate(rounds):
         s, pools, q, latent = _case(requests, mode, 16, seed=i + 1)
         pools0[0].kv_buffer[0].copy_(pools[0].kv_buffer[0])
-        rtt.copy_(s.req_to_token_pool.req_to_token[: rtt.shape[0]])
-        fi.init_forward_metadata_replay_cuda_graph(2, s.batch.req_pool_indices, s.batch.seq_lens, s.batch.seq_lens_cpu, None, mode)
-        got = fi.forward(q, latent, None, layer, s.batch)
+        rtt.copy_(s.req_to_token_pool.req_to_token[: rtt.shape[0]].roll(i + 1, dims=0))
+        rows = (s.batch.req_pool_indices + i + 1) % rtt.shape[0]
+        fi.init_forward_metadata_replay_cuda_graph(2, rows, s.batch.seq_lens, s.batch.seq_lens_cpu, None, mode)
+        with RECORDER.replay():
+            got = fi.forward(q, latent, None, layer, s.batch)
         ref = ReferenceBackend(plan, pools[1], s.req_to_token_pool.req_to_token, [layer])
         ref.init_forward_metadata(s.batch)
         torch.testing.assert_close(got, ref.forward(q, latent, None, layer, s.batch), atol=1e-4, rtol=1e-4)
+
+
+def test_flashinfer_mla_graph_forward_must_run_the_first_layer_first():
+    """The first MLA layer fills the graph's page ids; a captured forward that starts at another layer would read
+    stale ones, so it is refused, naming the layer to run first."""
+    plan = _plan(16)
+    gen = torch.Generator().manual_seed(1)
+    layers = [AttentionLayer(i, H, 1, NOPE + ROPE, VDIM, 0.2, is_mla=True, kv_lora_rank=RANK, qk_rope_head_dim=ROPE,
+                             w_kc=torch.randn(H, NOPE, RANK, generator=gen), w_vc=torch.randn(H, RANK, VDIM, generator=gen))
+              for i in (3, 4)]
+    s, _, q, latent = _case([(5, 1), (40, 1)], ForwardMode.DECODE, 16)
+    pool = MLATokenToKVPool(2048, 16, 5, RANK, ROPE, dtype=torch.float32)
+    fi = FlashInferBackend(plan, pool, s.req_to_token_pool.req_to_token, layers, "cpu")
+    fi.init_cuda_graph_state(2, 2)
+    fi.init_forward_metadata_capture_cuda_graph(2, 2, s.batch.req_pool_indices, s.batch.seq_lens, None, ForwardMode.DECODE)
+    with pytest.raises(BatchMetadataError, match="runs layer 3 first"):
+        fi.forward(q, latent, None, layers[1], s.batch)
+    fi.forward(q, latent, None, layers[0], s.batch)
+    fi.forward(q, latent, None, layers[1], s.batch)  # layer 3 filled them

@@ -415,6 +415,10 @@ class BatchMLAPagedAttentionWrapper:
             b = self.buffers
             if b["qo_indptr"].numel() != m.qo_indptr.numel() or b["kv_indices"].numel() < m.kv_indices.numel():
                 raise ValueError("BatchMLAPagedAttentionWrapper.plan: the batch does not fit the CUDA-graph buffers")
+            src, buf = m.kv_indices, b["kv_indices"]  # FlashInfer allows a view of the buffer itself, nothing else overlapping
+            if src.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr() and src.storage_offset() != buf.storage_offset():
+                raise ValueError("BatchMLAPagedAttentionWrapper.plan: kv_indices overlaps the reserved kv_indices buffer; "
+                                 "only exact same-source/same-target reuse is allowed")
             b["qo_indptr"].copy_(m.qo_indptr)
             b["kv_indptr"].copy_(m.kv_indptr)
             b["kv_indices"][: m.kv_indices.numel()].copy_(m.kv_indices)
