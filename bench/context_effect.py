@@ -11,6 +11,8 @@ predictors no longer hot), which every real server step pays, not work of ours t
 
 With CUDA and FlashInfer it times the real wrapper (run on the device); elsewhere the CPU stand-in of tests/standins,
 whose ``plan()`` is Python and torch CPU ops too: an analog that runs on a CPU machine.
+``python3 bench/context_effect.py loop NAME CALLS`` runs one of the timed calls only, for an instruction count under
+valgrind (is the excess more work, or the same work running slower?).
 """
 
 from __future__ import annotations
@@ -67,7 +69,9 @@ def _backend(bs: int, real: bool):
     return fi, batch, lambda: wrapper.plan(*args, **kw)
 
 
-def row(bs: int, real: bool) -> dict:
+def _calls(bs: int, real: bool, calibrate: bool = True) -> tuple[dict, object, object]:
+    """The timed calls: plan(), each work, each work then plan(); and the backend and batch. ``calibrate``: size the
+    work of no use by timing it (off for instruction counts, whose set-up must not vary)."""
     fi, batch, plan = _backend(bs, real)
 
     def lengths():  # the backend's host work before plan(), as bench_host's row "lengths"
@@ -85,17 +89,31 @@ def row(bs: int, real: bool) -> dict:
     def python_work():
         return sum(i * i for i in range(python_reps[0]))
 
-    goal = paired_host_us({"lengths": lengths})["lengths"]
-    for work, reps in ((numpy_work, numpy_reps), (python_work, python_reps)):
+    goal = paired_host_us({"lengths": lengths})["lengths"] if calibrate else 0
+    for work, reps in ((numpy_work, numpy_reps), (python_work, python_reps)) if calibrate else ():
         for _ in range(4):  # scale the work of no use to the length of the backend's
             reps[0] = max(1, round(reps[0] * goal / paired_host_us({"w": work}, rounds=5)["w"]))
     works = {"lengths": lengths, "numpy_work": numpy_work, "python_work": python_work}
     fns = {"plan": plan, **works, **{f"{name}_then_plan": (lambda w: lambda: (w(), plan()))(w) for name, w in works.items()}}
+    return fns, fi, batch
+
+
+def row(bs: int, real: bool) -> dict:
+    fns, fi, batch = _calls(bs, real)
     t = paired_host_us(fns)
     out = {k: round(v, 1) for k, v in t.items()}
-    out |= {f"{name}_excess": round(t[f"{name}_then_plan"] - t[name] - t["plan"], 1) for name in works}
+    out |= {f"{name}_excess": round(t[f"{name}_then_plan"] - t[name] - t["plan"], 1) for name in ("lengths", "numpy_work", "python_work")}
     out |= {"backend_eager_metadata": round(paired_host_us({"m": lambda: fi.init_forward_metadata(batch)})["m"], 1)}
     return out
+
+
+def loop(name: str, calls: int, bs: int = 64) -> None:
+    """Run one of the timed calls ``calls`` times and nothing else after the set-up, for an instruction count:
+    ``valgrind --tool=callgrind python3 bench/context_effect.py loop NAME CALLS`` at two values of CALLS; the
+    difference over the difference in CALLS is the instructions per call."""
+    fns, _, _ = _calls(bs, _real_kernels(), calibrate=False)
+    for _ in range(calls):
+        fns[name]()
 
 
 def main() -> None:
@@ -108,4 +126,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["loop"]:
+        loop(sys.argv[2], int(sys.argv[3]))
+    else:
+        main()
