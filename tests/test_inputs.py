@@ -53,6 +53,15 @@ def test_from_object_ignores_extra_attributes():
     assert (args.attention_backend, args.page_size) == ("fa4", 128)
 
 
+@pytest.mark.parametrize("obj, needle", [({"page_size": 16}, r"ServerArgs\(\*\*mapping\)"), (None, "NoneType has none"),
+                                         (SimpleNamespace(model_path="/x"), "none of the server arguments")])
+def test_from_object_refuses_what_would_silently_give_the_defaults(obj, needle):
+    from attngate.errors import UsageError
+
+    with pytest.raises(UsageError, match=needle):
+        ServerArgs.from_object(obj)
+
+
 def test_frozen():
     with pytest.raises(Exception):
         ServerArgs().page_size = 3  # type: ignore[misc]

@@ -8,14 +8,14 @@ SGLang's own ``ServerArgs`` (:meth:`ServerArgs.from_object`). Every problem is r
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Optional
 
 from pydantic import ConfigDict, Field
 
 from attngate._suggest import did_you_mean
-from attngate.errors import Problem, ServerArgsError
+from attngate.errors import Problem, ServerArgsError, UsageError
 from attngate.facts.choices import (
     AttentionBackendName,
     DisaggregationMode,
@@ -132,9 +132,17 @@ class ServerArgs(ValidatedModel):
 
     @classmethod
     def from_object(cls, obj: object) -> "ServerArgs":
-        """Read every known field from ``obj``'s attributes (e.g. SGLang's ServerArgs); extras ignored."""
+        """Read every known field from ``obj``'s attributes (e.g. SGLang's ServerArgs); extras ignored. UsageError for
+        a mapping (its keys are no attributes: ``ServerArgs(**mapping)``) or an object with none of the fields, which
+        would silently give SGLang's defaults."""
+        if isinstance(obj, Mapping):
+            raise UsageError(Problem("obj", f"takes an object with server-argument attributes, not a {type(obj).__name__}; "
+                                            "for a mapping: ServerArgs(**mapping)"))
         missing = object()
         data = {n: v for n in cls.model_fields if (v := getattr(obj, n, missing)) is not missing}
+        if not data:
+            raise UsageError(Problem("obj", f"{type(obj).__name__} has none of the server arguments as attributes "
+                                            "(e.g. attention_backend, page_size)"))
         return cls._validate(data, [], lambda n: f"{type(obj).__name__}.{n}")
 
     @classmethod
