@@ -123,6 +123,16 @@ def test_fa_cuda_graph_replay_reads_the_rows_given_at_replay(env, page_size):
         assert max_diff(replayed, reference_out(env, case, plan, layer)) < env.tol, f"round {i}"
 
 
+@pytest.mark.parametrize("mode", [M.DECODE, M.TARGET_VERIFY, M.DRAFT_EXTEND_V2])
+def test_fa_cuda_graph_replay_of_a_window_layer(env, mode):
+    """gemma-2's sliding-window layer in every mode the plan captures, rows handed fresh at each replay."""
+    plan = plan_for(env, "fa4", 128, "gemma-2-9b", speculative_algorithm="EAGLE", speculative_eagle_topk=1, speculative_num_steps=3, speculative_num_draft_tokens=4)
+    assert plan.mode(mode).common.capture_cuda_graph and plan.layer(LayerKind.SLIDING_WINDOW).common.use_window
+    layer = layer_of(env, LayerKind.SLIDING_WINDOW, sliding_window_size=100)
+    for i, case, replayed in replay_rounds(env, functools.partial(fa_backend, env), plan, layer, mode, 128, fresh_rows=True):
+        assert max_diff(replayed, reference_out(env, case, plan, layer)) < env.tol, f"round {i}"
+
+
 @pytest.mark.parametrize("kind", [LayerKind.CROSS_ATTENTION, LayerKind.FULL])
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_fa_cuda_graph_replay_with_encoder_tokens(env, kind, page_size):

@@ -170,6 +170,17 @@ def test_fi_cuda_graph_builds_page_ids_from_the_rows_given_at_replay(env, model)
             assert max_diff(replayed, reference_out(env, case, plan, layer)) < env.tol, f"{kind.value} round {i}"
 
 
+@pytest.mark.parametrize("mode", [M.TARGET_VERIFY, M.DRAFT_EXTEND_V2])
+def test_fi_cuda_graph_replay_of_a_window_layer_with_draft_tokens(env, mode):
+    """gemma-2's sliding-window layer in the captured prefill-wrapper modes (several tokens per request): the window's
+    first tokens reach the graph's buffers at each replay, rows handed fresh."""
+    plan = plan_for(env, "flashinfer", 16, "gemma-2-9b", speculative_algorithm="EAGLE", speculative_eagle_topk=1, speculative_num_steps=3, speculative_num_draft_tokens=4)
+    assert plan.mode(mode).common.capture_cuda_graph
+    layer = layer_of(env, LayerKind.SLIDING_WINDOW, sliding_window_size=100)
+    for i, case, replayed in replay_rounds(env, functools.partial(fi_backend, env), plan, layer, mode, 16, fresh_rows=True):
+        assert max_diff(replayed, reference_out(env, case, plan, layer)) < env.tol, f"round {i}"
+
+
 @pytest.mark.parametrize("kind", [LayerKind.CROSS_ATTENTION, LayerKind.FULL])
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_fi_cuda_graph_replay_with_encoder_tokens(env, kind, page_size):
