@@ -137,6 +137,19 @@ def check_graph_batch(backend: AttentionBackend, bs: int, per_req: int, req_pool
     check_batch(batch, backend.req_to_token, backend.kv_pool.num_slots)
 
 
+def check_capture_mode(plan: Plan, bs: int, mode: ForwardMode) -> None:
+    """ValueError unless a backend may capture a CUDA graph of ``bs`` requests in ``mode``: the plan's
+    ``capture_cuda_graph`` table is the one source; an IDLE batch replays the DECODE graph, padded to its batch
+    size (:func:`attngate.backends.dp_padding.pad_decode_batch`, as SGLang does), so it has no graph of its own."""
+    if mode == ForwardMode.IDLE:
+        raise ValueError("IDLE batches replay the DECODE graph padded to its batch size (attngate.backends.dp_padding."
+                         "pad_decode_batch); capture DECODE")
+    if not plan.mode(mode).common.capture_cuda_graph:
+        raise ValueError(f"the plan captures no CUDA graph for forward mode {mode.value}")
+    if bs < 1:
+        raise ValueError(f"a CUDA graph serves 1 request or more, not {bs}")
+
+
 def check_heads_per_rank(plan: Plan, layers: list[AttentionLayer]) -> None:
     """Under attention TP (``plan.common.attn_tp_size > 1``) every layer carries the plan's per-rank heads
     (build them with ``layers_from_model(model, plan)``); BatchMetadataError naming each layer that does not."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attngate.backends.base import AttentionBackend, check_batch, check_graph_batch, check_pool_page_size
+from attngate.backends.base import AttentionBackend, check_batch, check_capture_mode, check_graph_batch, check_pool_page_size
 from attngate.backends.batch_metadata import BatchLengths, check_page_aligned, host, page_ids, page_table
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
@@ -356,8 +356,7 @@ class FlashAttentionBackend(AttentionBackend):
             self._graph["local_page_table"] = torch.zeros(max_bs, -(-self.chunk // self.page_size), dtype=torch.int32, device=self.device)
 
     def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode):
-        if not self.plan.mode(forward_mode).common.capture_cuda_graph:  # the plan's table is the one source
-            raise ValueError(f"the plan captures no CUDA graph for forward mode {forward_mode.value}")
+        check_capture_mode(self.plan, bs, forward_mode)  # the plan's table is the one source
         if self._graph is None:
             raise RuntimeError("call init_cuda_graph_state first")
         g = self._graph

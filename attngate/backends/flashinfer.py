@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from attngate.backends.base import AttentionBackend, check_batch, check_graph_batch, check_pool_page_size
+from attngate.backends.base import AttentionBackend, check_batch, check_capture_mode, check_graph_batch, check_pool_page_size
 from attngate.backends.batch_metadata import BatchLengths, PageRange, check_page_aligned, fill_page_ids, host, page_ids
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
@@ -327,8 +327,7 @@ class FlashInferBackend(AttentionBackend):
         self._graph_max = (max_bs, max_num_tokens)  # wrappers and their static buffers are made per captured batch size
 
     def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode):
-        if not self.plan.mode(forward_mode).common.capture_cuda_graph:  # the plan's table is the one source
-            raise ValueError(f"the plan captures no CUDA graph for forward mode {forward_mode.value}")
+        check_capture_mode(self.plan, bs, forward_mode)  # the plan's table is the one source
         if bs > self._graph_max[0]:
             raise ValueError(f"batch size {bs} exceeds the {self._graph_max[0]} of init_cuda_graph_state")
         max_pages = self.req_to_token.shape[1] // self.page_size + 1

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from attngate.backends.base import AttentionBackend, check_batch, check_graph_batch, check_pool_page_size
+from attngate.backends.base import AttentionBackend, check_batch, check_capture_mode, check_graph_batch, check_pool_page_size
 from attngate.backends.batch_metadata import BatchLengths, fill_page_ids, host, page_ids
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
@@ -169,8 +169,7 @@ class FlashInferMLABackend(AttentionBackend):
     def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode):
         """One MLA wrapper per (mode, batch size), ``num_tokens // bs`` queries per request (1 for DECODE; the
         draft tokens of TARGET_VERIFY / DRAFT_EXTEND_V2), its static buffers re-planned in place before each replay."""
-        if not self.plan.mode(forward_mode).common.capture_cuda_graph:
-            raise ValueError(f"the plan captures no CUDA graph for forward mode {forward_mode.value}")
+        check_capture_mode(self.plan, bs, forward_mode)  # the plan's table is the one source
         if not absorbed_for_batch(self.plan.mode(forward_mode).common.mla_form, True):
             raise ValueError(f"the plan runs MLA non-absorbed in {forward_mode.value}; only absorbed modes replay as CUDA graphs")
         if bs > self._graph_max_bs:

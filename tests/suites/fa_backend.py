@@ -123,6 +123,23 @@ def test_fa_cuda_graph_replay_reads_the_rows_given_at_replay(env, page_size):
         assert max_diff(replayed, reference_out(env, case, plan, layer)) < env.tol, f"round {i}"
 
 
+@pytest.mark.parametrize("bs, mode, needle", [(2, M.IDLE, "replay the DECODE graph padded"), (2, M.EXTEND, "no CUDA graph for forward mode extend"),
+                                             (0, M.DECODE, "1 request or more")])
+def test_cuda_graph_capture_refuses_what_no_graph_serves(env, bs, mode, needle):
+    """IDLE batches run the padded DECODE graph, EXTEND is not captured, a graph needs a request: a clear ValueError from
+    every GPU backend (the FA backend here; FlashInfer shares the check) before anything is allocated."""
+    from attngate.backends.flashinfer import FlashInferBackend
+
+    case = make_case(env, [(5, 1), (9, 1)], M.DECODE, 16)
+    layer = layer_of(env, LayerKind.FULL)
+    for cls, backend in ((FlashAttentionBackend, "fa4"), (FlashInferBackend, "flashinfer")):
+        b = cls(plan_for(env, backend, 16), case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], env.device)
+        b.init_cuda_graph_state(2, 2)
+        rows, seq = case.setup.batch.req_pool_indices[:bs], case.setup.batch.seq_lens[:bs]
+        with pytest.raises(ValueError, match=needle):
+            b.init_forward_metadata_capture_cuda_graph(bs, bs, rows, seq, None, mode)
+
+
 @pytest.mark.parametrize("mode", [M.DECODE, M.TARGET_VERIFY, M.DRAFT_EXTEND_V2])
 def test_fa_cuda_graph_replay_of_a_window_layer(env, mode):
     """gemma-2's sliding-window layer in every mode the plan captures, rows handed fresh at each replay."""
