@@ -104,6 +104,23 @@ def with_cross_layer(backend_cls, env: Env, plan, case: Case, layer: AttentionLa
     return backend_cls(plan, pool, case.setup.req_to_token_pool.req_to_token, layers, env.device, **kw)
 
 
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.float() - b.float()).abs().max().item()
+
+
+SPECULATIVE = dict(speculative_algorithm="EAGLE", speculative_eagle_topk=1, speculative_num_steps=3, speculative_num_draft_tokens=4)
+ENCODER_PAGES = [[2, 8, 1, 4], [8, 1, 2, 2], [1, 3, 8, 1]]  # per replay round, each request's encoder tokens in pages
+
+
+def assert_replays_match_reference(env: Env, make_backend, plan, layer: AttentionLayer, mode: ForwardMode, page_size: int,
+                                   **rounds) -> None:
+    """Every round of :func:`replay_rounds` (``rounds``: its keywords) within ``env.tol`` of the reference backend; a
+    cross-attention layer reads K/V from the cache."""
+    kv = dict(k=None, v=None) if layer.kind == LayerKind.CROSS_ATTENTION else {}
+    for i, case, replayed in replay_rounds(env, make_backend, plan, layer, mode, page_size, **rounds):
+        assert max_diff(replayed, reference_out(env, case, plan, layer, **kv)) < env.tol, f"{layer.kind.value} round {i}"
+
+
 def reference_out(env: Env, case: Case, plan, layer: AttentionLayer, k="new", v="new") -> torch.Tensor:
     """The reference backend's output of the case; ``k``/``v`` as in :func:`run` (None: cross attention reads the cache)."""
     ref = ReferenceBackend(plan, case.pools[1], case.setup.req_to_token_pool.req_to_token, [layer], env.device)

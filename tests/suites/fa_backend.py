@@ -12,6 +12,7 @@ from attngate.backends.errors import BatchMetadataError
 from attngate.backends.flashattention import FlashAttentionBackend
 from helpers import MODELS
 from backend_cases import Env, MODE_OF, layer_of, make_case, plan_for, reference_out, replay_rounds, requests_around_page, run, target_in_batch, with_cross_layer
+from backend_cases import ENCODER_PAGES, SPECULATIVE, assert_replays_match_reference, max_diff
 
 PAGE_SIZES = [1, 128]
 M = ForwardMode
@@ -20,10 +21,6 @@ REQUESTS = requests_around_page(PAGE_SIZES[-1])
 
 def fa_backend(env: Env, plan, case, layer, **kw) -> FlashAttentionBackend:
     return FlashAttentionBackend(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], env.device, **kw)
-
-
-def max_diff(a, b) -> float:
-    return (a.float() - b.float()).abs().max().item()
 
 
 def rel_err(got: torch.Tensor, expected: torch.Tensor) -> float:
@@ -103,8 +100,7 @@ def test_fa_embedding_fast_path_equals_paged_path_and_reference(env, page_size):
 @pytest.mark.parametrize("mode", [M.DRAFT_EXTEND_V2, M.TARGET_VERIFY, M.DECODE])
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_fa_cuda_graph_replay_equals_eager_and_reference(env, mode, page_size):
-    plan = plan_for(env, page_size=page_size, speculative_algorithm="EAGLE", speculative_eagle_topk=1,
-                    speculative_num_steps=3, speculative_num_draft_tokens=4)
+    plan = plan_for(env, page_size=page_size, **SPECULATIVE)
     assert plan.mode(mode).common.capture_cuda_graph and plan.mode(mode).flashattention.kv_extent == "prefix_plus_new"
     layer = layer_of(env, LayerKind.FULL)
     for i, case, replayed in replay_rounds(env, functools.partial(fa_backend, env), plan, layer, mode, page_size):
@@ -119,8 +115,7 @@ def test_fa_cuda_graph_replay_reads_the_rows_given_at_replay(env, page_size):
     """The replay hook refills the static page table from the rows it is handed, not from the captured tensor."""
     plan = plan_for(env, page_size=page_size)
     layer = layer_of(env, LayerKind.FULL)
-    for i, case, replayed in replay_rounds(env, functools.partial(fa_backend, env), plan, layer, M.DECODE, page_size, fresh_rows=True):
-        assert max_diff(replayed, reference_out(env, case, plan, layer)) < env.tol, f"round {i}"
+    assert_replays_match_reference(env, functools.partial(fa_backend, env), plan, layer, M.DECODE, page_size, fresh_rows=True)
 
 
 @pytest.mark.parametrize("bs, mode, needle", [(2, M.IDLE, "replay the DECODE graph padded"), (2, M.EXTEND, "no CUDA graph for forward mode extend"),
@@ -143,11 +138,10 @@ def test_cuda_graph_capture_refuses_what_no_graph_serves(env, bs, mode, needle):
 @pytest.mark.parametrize("mode", [M.DECODE, M.TARGET_VERIFY, M.DRAFT_EXTEND_V2])
 def test_fa_cuda_graph_replay_of_a_window_layer(env, mode):
     """gemma-2's sliding-window layer in every mode the plan captures, rows handed fresh at each replay."""
-    plan = plan_for(env, "fa4", 128, "gemma-2-9b", speculative_algorithm="EAGLE", speculative_eagle_topk=1, speculative_num_steps=3, speculative_num_draft_tokens=4)
+    plan = plan_for(env, "fa4", 128, "gemma-2-9b", **SPECULATIVE)
     assert plan.mode(mode).common.capture_cuda_graph and plan.layer(LayerKind.SLIDING_WINDOW).common.use_window
     layer = layer_of(env, LayerKind.SLIDING_WINDOW, sliding_window_size=100)
-    for i, case, replayed in replay_rounds(env, functools.partial(fa_backend, env), plan, layer, mode, 128, fresh_rows=True):
-        assert max_diff(replayed, reference_out(env, case, plan, layer)) < env.tol, f"round {i}"
+    assert_replays_match_reference(env, functools.partial(fa_backend, env), plan, layer, mode, 128, fresh_rows=True)
 
 
 @pytest.mark.parametrize("kind", [LayerKind.CROSS_ATTENTION, LayerKind.FULL])
@@ -157,10 +151,8 @@ def test_fa_cuda_graph_replay_with_encoder_tokens(env, kind, page_size):
     (the cross layer's encoder page table and lengths, the self layer's table after the encoder tokens)."""
     plan = plan_for(env, page_size=page_size)
     layer = layer_of(env, kind)
-    kv = dict(k=None, v=None) if kind == LayerKind.CROSS_ATTENTION else {}
-    for i, case, replayed in replay_rounds(env, functools.partial(with_cross_layer, FlashAttentionBackend, env), plan, layer, M.DECODE,
-                                           page_size, fresh_rows=True, encoder_pages=[[2, 8, 1, 4], [8, 1, 2, 2], [1, 3, 8, 1]]):
-        assert max_diff(replayed, reference_out(env, case, plan, layer, **kv)) < env.tol, f"round {i}"
+    assert_replays_match_reference(env, functools.partial(with_cross_layer, FlashAttentionBackend, env), plan, layer, M.DECODE, page_size,
+                                   fresh_rows=True, encoder_pages=ENCODER_PAGES)
 
 
 @pytest.mark.parametrize("mode", [M.DECODE, M.EXTEND])

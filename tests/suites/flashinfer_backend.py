@@ -13,6 +13,7 @@ from attngate.backends.flashinfer import FlashInferBackend
 from attngate.backends.kv_cache import MHATokenToKVPool
 from attngate.backends.layer import AttentionLayer
 from backend_cases import Env, MODE_OF, layer_of, make_case, plan_for, reference_out, replay_rounds, requests_around_page, run, target_in_batch, with_cross_layer
+from backend_cases import ENCODER_PAGES, SPECULATIVE, assert_replays_match_reference, max_diff
 
 M = ForwardMode
 PAGE_SIZES = [1, 16]
@@ -26,10 +27,6 @@ KINDS = {
 
 def fi_backend(env: Env, plan, case, layer, **kw) -> FlashInferBackend:
     return FlashInferBackend(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], env.device, **kw)
-
-
-def max_diff(a, b) -> float:
-    return (a.float() - b.float()).abs().max().item()
 
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
@@ -148,8 +145,7 @@ def test_fi_without_deterministic_mode_batch_invariance_is_not_guaranteed(env):
 @pytest.mark.parametrize("mode", [M.DECODE, M.TARGET_VERIFY, M.DRAFT_EXTEND_V2])
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_fi_cuda_graph_replay_equals_eager(env, mode, page_size):
-    plan = plan_for(env, "flashinfer", page_size, "Llama-3.1-8B", speculative_algorithm="EAGLE", speculative_eagle_topk=1,
-                    speculative_num_steps=3, speculative_num_draft_tokens=4)
+    plan = plan_for(env, "flashinfer", page_size, "Llama-3.1-8B", **SPECULATIVE)
     assert plan.mode(mode).common.capture_cuda_graph
     layer = layer_of(env, LayerKind.FULL)
     for i, case, replayed in replay_rounds(env, functools.partial(fi_backend, env), plan, layer, mode, page_size):
@@ -166,19 +162,17 @@ def test_fi_cuda_graph_builds_page_ids_from_the_rows_given_at_replay(env, model)
     kinds = [LayerKind.SLIDING_WINDOW, LayerKind.FULL] if model == "gemma-2-9b" else [LayerKind.FULL]
     for kind in kinds:
         layer = layer_of(env, kind, **({"sliding_window_size": 100} if kind == LayerKind.SLIDING_WINDOW else {}))
-        for i, case, replayed in replay_rounds(env, functools.partial(fi_backend, env), plan, layer, M.DECODE, 16, fresh_rows=True):
-            assert max_diff(replayed, reference_out(env, case, plan, layer)) < env.tol, f"{kind.value} round {i}"
+        assert_replays_match_reference(env, functools.partial(fi_backend, env), plan, layer, M.DECODE, 16, fresh_rows=True)
 
 
 @pytest.mark.parametrize("mode", [M.TARGET_VERIFY, M.DRAFT_EXTEND_V2])
 def test_fi_cuda_graph_replay_of_a_window_layer_with_draft_tokens(env, mode):
     """gemma-2's sliding-window layer in the captured prefill-wrapper modes (several tokens per request): the window's
     first tokens reach the graph's buffers at each replay, rows handed fresh."""
-    plan = plan_for(env, "flashinfer", 16, "gemma-2-9b", speculative_algorithm="EAGLE", speculative_eagle_topk=1, speculative_num_steps=3, speculative_num_draft_tokens=4)
+    plan = plan_for(env, "flashinfer", 16, "gemma-2-9b", **SPECULATIVE)
     assert plan.mode(mode).common.capture_cuda_graph
     layer = layer_of(env, LayerKind.SLIDING_WINDOW, sliding_window_size=100)
-    for i, case, replayed in replay_rounds(env, functools.partial(fi_backend, env), plan, layer, mode, 16, fresh_rows=True):
-        assert max_diff(replayed, reference_out(env, case, plan, layer)) < env.tol, f"round {i}"
+    assert_replays_match_reference(env, functools.partial(fi_backend, env), plan, layer, mode, 16, fresh_rows=True)
 
 
 @pytest.mark.parametrize("kind", [LayerKind.CROSS_ATTENTION, LayerKind.FULL])
@@ -188,10 +182,8 @@ def test_fi_cuda_graph_replay_with_encoder_tokens(env, kind, page_size):
     self-attention wrapper's first tokens (its ranges start after the encoder tokens)."""
     plan = plan_for(env, "flashinfer", page_size, "whisper-large-v3-turbo")
     layer = layer_of(env, kind)
-    kv = dict(k=None, v=None) if kind == LayerKind.CROSS_ATTENTION else {}
-    for i, case, replayed in replay_rounds(env, functools.partial(with_cross_layer, FlashInferBackend, env), plan, layer, M.DECODE,
-                                           page_size, fresh_rows=True, encoder_pages=[[2, 8, 1, 4], [8, 1, 2, 2], [1, 3, 8, 1]]):
-        assert max_diff(replayed, reference_out(env, case, plan, layer, **kv)) < env.tol, f"round {i}"
+    assert_replays_match_reference(env, functools.partial(with_cross_layer, FlashInferBackend, env), plan, layer, M.DECODE, page_size,
+                                   fresh_rows=True, encoder_pages=ENCODER_PAGES)
 
 
 def test_fi_cuda_graph_forward_must_run_each_wrappers_first_layer_first(env):
