@@ -23,6 +23,7 @@ from attngate.backends.kv_cache import MHATokenToKVPool  # noqa: E402
 from attngate.backends.layer import AttentionLayer  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
 from helpers import MODELS  # noqa: E402
+from standins.graphs import RECORDER  # noqa: E402
 from standins.kernel_math import attend, request_mask  # noqa: E402
 
 H, HKV, D = 8, 2, 16
@@ -57,6 +58,8 @@ class FakeFa3(types.ModuleType):
                                 window_size=(-1, -1), attention_chunk=0, softcap=0.0, rotary_interleaved=True,
                                 scheduler_metadata=None, num_splits=0, pack_gqa=None, sm_margin=0, return_softmax_lse=False):
         self.calls.append(("flash_attn_with_kvcache", dict(locals())))
+        RECORDER.launch("flash_attn_with_kvcache", cache_seqlens=cache_seqlens, page_table=page_table, cu_seqlens_q=cu_seqlens_q,
+                        max_seqlen_q=max_seqlen_q, scheduler_metadata=scheduler_metadata, num_splits=num_splits)
         assert k is None and v is None, "the backend writes the cache itself"
         page_size = k_cache.shape[1]
         out = []
@@ -173,6 +176,25 @@ def test_fa3_chunked_local_layers_run_as_local_virtual_batches(fa3, mode, page_s
 RANK, ROPE, NOPE, VDIM = 32, 8, 16, 12
 
 
+def _mla_layer(gen: torch.Generator) -> AttentionLayer:
+    return AttentionLayer(0, H, 1, NOPE + ROPE, VDIM, 0.2, is_mla=True, kv_lora_rank=RANK, qk_rope_head_dim=ROPE,
+                          w_kc=torch.randn(H, NOPE, RANK, generator=gen) / RANK ** 0.5,
+                          w_vc=torch.randn(H, RANK, VDIM, generator=gen) / RANK ** 0.5)
+
+
+def _mla_batch(requests, mode: ForwardMode, page_size: int, gen: torch.Generator, seed: int = 1):
+    """A batch whose prefixes' latent is cached in two identical MLA pools; its q and new latent."""
+    from attngate.backends.kv_cache import MLATokenToKVPool
+
+    s = build_batch(requests, mode, page_size=page_size, num_slots=1024, max_context_len=256, seed=seed)
+    pools = [MLATokenToKVPool(1024, page_size, 1, RANK, ROPE, dtype=torch.float32) for _ in range(2)]
+    for (prefix, _), slots in zip(requests, s.slots):
+        latent = torch.randn(prefix, 1, RANK + ROPE, generator=gen)
+        for pool in pools:
+            pool.set_kv_buffer(0, slots[:prefix], latent)
+    return s, pools, torch.randn(s.batch.num_tokens, H, NOPE + ROPE, generator=gen), torch.randn(s.batch.num_tokens, 1, RANK + ROPE, generator=gen)
+
+
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("mode, flags, kernel", [
     (ForwardMode.EXTEND, {}, "flash_attn_varlen_func"),  # non-absorbed, the prefix decompressed
@@ -181,22 +203,11 @@ RANK, ROPE, NOPE, VDIM = 32, 8, 16, 12
     (ForwardMode.TARGET_VERIFY, {}, "flash_attn_with_kvcache"),
 ])
 def test_fa3_mla_in_the_form_the_plan_names(fa3, mode, flags, kernel, page_size):
-    from attngate.backends.kv_cache import MLATokenToKVPool
-
     plan = _plan("DeepSeek-V2-Lite", page_size, **flags)
     gen = torch.Generator().manual_seed(5)
-    layer = AttentionLayer(0, H, 1, NOPE + ROPE, VDIM, 0.2, is_mla=True, kv_lora_rank=RANK, qk_rope_head_dim=ROPE,
-                           w_kc=torch.randn(H, NOPE, RANK, generator=gen) / RANK ** 0.5,
-                           w_vc=torch.randn(H, RANK, VDIM, generator=gen) / RANK ** 0.5)
+    layer = _mla_layer(gen)
     requests = [(p, 1) for p, _ in REQUESTS] if mode == ForwardMode.DECODE else REQUESTS
-    s = build_batch(requests, mode, page_size=page_size, num_slots=1024, max_context_len=256, seed=1)
-    pools = [MLATokenToKVPool(1024, page_size, 1, RANK, ROPE, dtype=torch.float32) for _ in range(2)]
-    for (prefix, _), slots in zip(requests, s.slots):
-        latent = torch.randn(prefix, 1, RANK + ROPE, generator=gen)
-        for pool in pools:
-            pool.set_kv_buffer(0, slots[:prefix], latent)
-    q = torch.randn(s.batch.num_tokens, H, NOPE + ROPE, generator=gen)
-    latent = torch.randn(s.batch.num_tokens, 1, RANK + ROPE, generator=gen)
+    s, pools, q, latent = _mla_batch(requests, mode, page_size, gen)
     outs = []
     for cls, pool in ((FlashAttentionBackend, pools[0]), (ReferenceBackend, pools[1])):
         backend = cls(plan, pool, s.req_to_token_pool.req_to_token, [layer], "cpu")
@@ -209,3 +220,32 @@ def test_fa3_mla_in_the_form_the_plan_names(fa3, mode, flags, kernel, page_size)
         assert call["qv"].shape[-1] == RANK and call["q"].shape[-1] == ROPE and call["v_cache"].shape[-1] == RANK
     else:
         assert call["cu_seqlens_k"][-1] == sum(p + n for p, n in requests)  # prefix and new, decompressed
+
+
+@pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.TARGET_VERIFY])
+def test_fa3_mla_cuda_graph_replay_follows_each_round(fa3, mode):
+    """Absorbed MLA decode graphs (emulated, standins.graphs): each replay's lengths and rows (a new tensor, the
+    requests in other rows) reach the static page table and lengths the captured kernel reads."""
+    plan = _plan("DeepSeek-V2-Lite", 16)
+    assert plan.mode(mode).common.capture_cuda_graph
+    gen = torch.Generator().manual_seed(5)
+    layer, per_req = _mla_layer(gen), 1 if mode == ForwardMode.DECODE else 3
+    rounds = [[(5, per_req), (40, per_req)], [(70, per_req), (0, per_req)], [(16, per_req), (100, per_req)]]
+    s0, pools0, q0, latent0 = _mla_batch(rounds[0], mode, 16, gen, seed=0)
+    rtt = s0.req_to_token_pool.req_to_token
+    fa = FlashAttentionBackend(plan, pools0[0], rtt, [layer], "cpu", checked=True)
+    fa.init_cuda_graph_state(2, 2 * per_req)
+    fa.init_forward_metadata_capture_cuda_graph(2, 2 * per_req, s0.batch.req_pool_indices, s0.batch.seq_lens, None, mode)
+    with RECORDER.capture():
+        fa.forward(q0, latent0, None, layer, s0.batch)
+    for i, requests in enumerate(rounds):
+        s, pools, q, latent = _mla_batch(requests, mode, 16, gen, seed=i + 1)
+        pools0[0].kv_buffer[0].copy_(pools[0].kv_buffer[0])
+        rtt.copy_(s.req_to_token_pool.req_to_token[: rtt.shape[0]].roll(i + 1, dims=0))
+        rows = (s.batch.req_pool_indices + i + 1) % rtt.shape[0]
+        fa.init_forward_metadata_replay_cuda_graph(2, rows, s.batch.seq_lens, s.batch.seq_lens_cpu, None, mode)
+        with RECORDER.replay():
+            got = fa.forward(q, latent, None, layer, s.batch)
+        ref = ReferenceBackend(plan, pools[1], s.req_to_token_pool.req_to_token, [layer])
+        ref.init_forward_metadata(s.batch)
+        torch.testing.assert_close(got, ref.forward(q, latent, None, layer, s.batch), atol=1e-4, rtol=1e-4, msg=f"round {i}")
