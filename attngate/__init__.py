@@ -13,7 +13,7 @@ Nothing here imports torch or a kernel package.
 
 from __future__ import annotations
 
-from attngate.errors import AttngateError, ModelConfigError, PlatformError, RulesError, ServerArgsError
+from attngate.errors import AttngateError, ModelConfigError, PlatformError, RulesError, ServerArgsError, UsageError
 from attngate.facts.model import ModelFacts
 from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.facts.platform import Platform
@@ -26,5 +26,5 @@ from attngate.rules.load import RuleSet, load_rules
 __all__ = [
     "AttngateError", "ForwardMode", "LayerKind", "ModelConfigError", "ModelFacts", "Plan", "PlanError",
     "Platform", "PlatformError", "Resolution", "RuleSet", "RulesError", "ServerArgs", "ServerArgsError",
-    "load_rules", "resolve",
+    "UsageError", "load_rules", "resolve",
 ]
