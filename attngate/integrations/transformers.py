@@ -167,11 +167,7 @@ class AttngateRuntime:
 
     def decode(self, next_tokens: dict[int, int | torch.Tensor]) -> torch.Tensor:
         """One token per request (``{req: id}``) as a DECODE forward; returns ``[batch_size, vocab]`` logits."""
-        ids = self._as_ids(next_tokens)
-        problems = [Problem(f"request {r}", f"decode takes one token per request, not {t.numel()}") for r, t in ids.items() if t.numel() != 1]
-        if problems:
-            raise BatchMetadataError(problems)
-        return self._forward(ForwardMode.DECODE, ids)
+        return self._forward(ForwardMode.DECODE, next_tokens)
 
     def _as_ids(self, new_tokens: dict[int, object]) -> dict[int, torch.Tensor]:
         """Each request's ids as a 1-D integer tensor; BatchMetadataError naming every value that is not one."""
@@ -195,7 +191,7 @@ class AttngateRuntime:
     def _forward(self, mode: ForwardMode, new_tokens: dict[int, object]) -> torch.Tensor:
         """One forward; all or nothing: on any error every request keeps its length and pages."""
         new_tokens = self._as_ids(new_tokens)
-        self._check_tokens(new_tokens)
+        self._check_tokens(new_tokens, mode)
         reqs = [self._requests[r] for r in new_tokens]
         before = [(r.seq_len, len(r.pages)) for r in reqs]
         try:
@@ -207,7 +203,7 @@ class AttngateRuntime:
                 r.seq_len = seq_len
             raise
 
-    def _check_tokens(self, new_tokens: dict[int, torch.Tensor]) -> None:
+    def _check_tokens(self, new_tokens: dict[int, torch.Tensor], mode: ForwardMode) -> None:
         """BatchMetadataError naming every unknown request, empty input, token id outside the vocabulary and request
         that would outgrow its row of req_to_token (max_context_len)."""
         vocab = getattr(self.model.config, "vocab_size", None)
@@ -219,6 +215,8 @@ class AttngateRuntime:
                 problems.append(Problem(where, "unknown request (add_request first)"))
             elif ids.numel() == 0:
                 problems.append(Problem(where, "no new tokens"))
+            elif mode == ForwardMode.DECODE and ids.numel() != 1:
+                problems.append(Problem(where, f"decode takes one token per request, not {ids.numel()}"))
             elif vocab and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
                 problems.append(Problem(where, f"token ids must be integers in [0, {vocab})"))
             elif self._requests[req].seq_len + ids.numel() > width:
