@@ -27,10 +27,6 @@ from attngate.errors import Problem
 from attngate.facts.modes import ForwardMode
 
 
-#: Batches up to this many requests get their page ranges in plain Python (BatchLengths._kv_pages_python).
-PYTHON_RANGES_MAX_BS = 128
-
-
 def indptr_of(counts: np.ndarray) -> np.ndarray:
     """``[len(counts) + 1]`` int32 prefix sums (qo_indptr, kv_indptr, cu_seqlens)."""
     out = np.zeros(len(counts) + 1, dtype=np.int32)
@@ -141,13 +137,7 @@ class BatchLengths:
         """The pages a kernel reads per request: the encoder tokens (``cross``), or the decoder tokens (prefix,
         plus the new ones unless ``prefix_only``) from the first one a query can see under ``window_left``
         (-1: no window) on. Pages are whole, so a window's range starts at the page holding its first key.
-        This runs for every batch and every CUDA-graph replay: up to ``PYTHON_RANGES_MAX_BS`` requests in plain Python
-        (:meth:`_kv_pages_python`), beyond that a dozen numpy ops on ``[bs]`` arrays."""
-        if len(self.seq) <= PYTHON_RANGES_MAX_BS:
-            return self._kv_pages_python(page_size, window_left, prefix_only, cross)
-        return self._kv_pages_numpy(page_size, window_left, prefix_only, cross)
-
-    def _kv_pages_numpy(self, page_size: int, window_left: int, prefix_only: bool, cross: bool) -> PageRange:
+        A dozen numpy ops on ``[bs]`` arrays: this runs for every batch and every CUDA-graph replay."""
         bs = len(self.seq)
         starts = np.zeros(2 * bs + 1, dtype=np.int32)
         indptr, first = starts[: bs + 1], starts[bs + 1:]
@@ -167,32 +157,6 @@ class BatchLengths:
         last_len = np.subtract(kv_len, counts * page_size, out=np.empty(bs, dtype=np.int32), casting="unsafe")
         last_len += page_size  # kv_len - (counts - 1) * page_size: page_size where kv_len is 0
         return PageRange(indptr, last_len, starts, kv_len, shifted)
-
-    def _kv_pages_python(self, page_size: int, window_left: int, prefix_only: bool, cross: bool) -> PageRange:
-        """:meth:`kv_pages` request by request in plain Python, then one array per result. For small batches this is
-        cheaper than numpy's dozen calls, and FlashInfer's plan() right after runs 20 to 35 µs faster than after them
-        (bench/context_effect.py parts, H100): numpy's code evicts plan()'s from the CPU's caches."""
-        seq, new, enc = self.seq.tolist(), self.new.tolist(), self.enc.tolist()
-        shifted = not cross and (window_left >= 0 or any(enc))
-        indptr, first, kv_len, last_len = [0], [], [], []
-        for s, n, e in zip(seq, new, enc):
-            if cross:  # the encoder tokens open the row
-                end, f = e, 0
-            else:
-                end = s - n if prefix_only else s
-                if window_left >= 0:  # from the page holding the first visible key
-                    f = max(e, end - (0 if prefix_only else n) - window_left)
-                    f -= f % page_size
-                else:
-                    f = e - e % page_size
-            k = max(end - f, 0) if shifted else end
-            c = -(-k // page_size)
-            indptr.append(indptr[-1] + c)
-            first.append(f if shifted else 0)
-            kv_len.append(k)
-            last_len.append(k - (c - 1) * page_size if c else page_size)
-        starts = np.array(indptr + first, dtype=np.int32)
-        return PageRange(starts[: len(indptr)], np.array(last_len, dtype=np.int32), starts, np.array(kv_len, dtype=np.int64), shifted)
 
     @cached_property
     def has_encoder(self) -> bool:

@@ -32,15 +32,14 @@ def _visible_slots(setup, r: int, lens: BatchLengths, *, window_left: int, prefi
     return setup.slots[r][first_key:end].tolist()
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(requests=requests_st, page_size=st.sampled_from([1, 4, 16]), window_left=st.sampled_from([-1, 0, 5, 33]),
-       prefix_only=st.booleans(), cross=st.booleans(), impl=st.sampled_from(["python", "numpy"]))
-def test_page_ranges_and_ids_cover_exactly_the_readable_keys(requests, page_size, window_left, prefix_only, cross, impl):
-    """Both implementations of the ranges (plain Python for small batches, numpy beyond) against brute force."""
+       prefix_only=st.booleans(), cross=st.booleans())
+def test_page_ranges_and_ids_cover_exactly_the_readable_keys(requests, page_size, window_left, prefix_only, cross):
     enc = [page_size * (i % 3) for i in range(len(requests))] if cross else None
     s = _setup(requests, page_size, enc)
     lens = BatchLengths.from_batch(s.batch)
-    rng = getattr(lens, f"_kv_pages_{impl}")(page_size, -1 if cross else window_left, prefix_only, cross)
+    rng = lens.kv_pages(page_size, window_left=-1 if cross else window_left, prefix_only=prefix_only, cross=cross)
     ids = page_ids(s.req_to_token_pool.req_to_token, lens.rows, rng, page_size)
     assert ids.dtype == torch.int32 and ids.numel() == rng.total_pages
     for r in range(len(requests)):
@@ -121,34 +120,3 @@ def test_page_table_is_the_padded_layout_of_page_ids(page_size):
     for r in range(3):
         assert shifted[r].tolist() == [int(rtt[lens.rows[r], min(int(first[r]) + j * page_size, rtt.shape[1] - 1)]) // page_size
                                        for j in range(2)]
-
-
-@settings(max_examples=80, deadline=None)
-@given(requests=st.lists(st.tuples(st.integers(0, 300), st.integers(1, 9)), min_size=1, max_size=8),
-       enc=st.lists(st.integers(0, 40), min_size=8, max_size=8), page_size=st.sampled_from([1, 3, 16]),
-       window_left=st.sampled_from([-1, 0, 7, 100]), prefix_only=st.booleans(), cross=st.booleans())
-def test_python_and_numpy_page_ranges_are_identical(requests, enc, page_size, window_left, prefix_only, cross):
-    """Every field, every dtype, encoder tokens that are not whole pages included."""
-    seq = [e + p + n for e, (p, n) in zip(enc, requests)]
-    lens = BatchLengths(ForwardMode.EXTEND, torch.arange(len(requests)), np.array(seq, dtype=np.int64),
-                        np.array([n for _, n in requests], dtype=np.int64), np.array(enc[: len(requests)], dtype=np.int64))
-    a = lens._kv_pages_python(page_size, window_left, prefix_only, cross)
-    b = lens._kv_pages_numpy(page_size, window_left, prefix_only, cross)
-    assert a.shifted == b.shifted
-    for name in ("indptr", "last_page_len", "starts", "kv_len"):
-        x, y = getattr(a, name), getattr(b, name)
-        assert x.dtype == y.dtype and x.tolist() == y.tolist(), name
-
-
-def test_kv_pages_takes_numpy_beyond_the_python_batch_limit(monkeypatch):
-    from attngate.backends import batch_metadata
-
-    lens = BatchLengths.for_graph(ForwardMode.DECODE, torch.arange(3), torch.tensor([5, 17, 40], dtype=torch.int32), 1, None)
-    calls = []
-    for impl in ("python", "numpy"):
-        original = getattr(BatchLengths, f"_kv_pages_{impl}")
-        monkeypatch.setattr(BatchLengths, f"_kv_pages_{impl}", lambda self, *a, impl=impl, f=original: calls.append(impl) or f(self, *a))
-    lens.kv_pages(16)
-    monkeypatch.setattr(batch_metadata, "PYTHON_RANGES_MAX_BS", 2)
-    lens.kv_pages(16)
-    assert calls == ["python", "numpy"]
