@@ -11,6 +11,7 @@ predictors no longer hot), which every real server step pays, not work of ours t
 
 With CUDA and FlashInfer it times the real wrapper (run on the device); elsewhere the CPU stand-in of tests/standins,
 whose ``plan()`` is Python and torch CPU ops too: an analog that runs on a CPU machine.
+``python3 bench/context_effect.py parts`` times each part of the length work alone and then ``plan()``;
 ``python3 bench/context_effect.py loop NAME CALLS`` runs one of the timed calls only, for an instruction count under
 valgrind (is the excess more work, or the same work running slower?).
 """
@@ -107,6 +108,49 @@ def row(bs: int, real: bool) -> dict:
     return out
 
 
+def parts_row(bs: int, real: bool) -> dict:
+    """The length work's parts, each alone and then plan(): which of them costs plan() the excess?"""
+    fi, batch, plan = _backend(bs, real)
+    lens = BatchLengths.from_batch(batch)
+    rng = lens.kv_pages(PS)
+    seq_cpu = batch.seq_lens_cpu
+    def python_lengths():  # the same decode ranges in pure Python (what a small-batch path could do instead)
+        indptr, last = [0], []
+        for n in seq_cpu.tolist():
+            c = -(-n // PS)
+            indptr.append(indptr[-1] + c)
+            last.append(n - (c - 1) * PS if c else PS)
+        return torch.tensor(indptr, dtype=torch.int32), torch.tensor(last, dtype=torch.int32)
+
+    def python_lengths_numpy_out():  # the same, handing numpy arrays on (as PageRange holds)
+        indptr, last = [0], []
+        for n in seq_cpu.tolist():
+            c = -(-n // PS)
+            indptr.append(indptr[-1] + c)
+            last.append(n - (c - 1) * PS if c else PS)
+        return host(np.array(indptr, dtype=np.int32)), host(np.array(last, dtype=np.int32))
+
+    def lengths():
+        r = BatchLengths.from_batch(batch).kv_pages(PS)
+        return host(r.indptr), host(r.last_page_len)
+
+    assert all(torch.equal(a, b) for a, b in zip(python_lengths(), lengths()))
+    parts = {
+        "lengths": lengths,
+        "python_lengths": python_lengths,
+        "python_lengths_numpy_out": python_lengths_numpy_out,
+        "from_batch": lambda: BatchLengths.from_batch(batch),
+        "kv_pages": lambda: lens.kv_pages(PS),
+        "host_tensors": lambda: (host(rng.indptr), host(rng.last_page_len)),
+        "tensor_to_numpy": lambda: seq_cpu.numpy().astype(np.int64),
+        "numpy_arith_int32_out": lambda: np.cumsum((lens.seq + 15) // 16, out=np.zeros(bs + 1, dtype=np.int32)[1:]),
+    }
+    fns = {"plan": plan, **parts, **{f"{n}_then_plan": (lambda w: lambda: (w(), plan()))(w) for n, w in parts.items()}}
+    t = paired_host_us(fns)
+    return {n: round(t[n], 1) for n in parts} | {f"{n}_excess": round(t[f"{n}_then_plan"] - t[n] - t["plan"], 1) for n in parts} \
+        | {"plan": round(t["plan"], 1)}
+
+
 def loop(name: str, calls: int, bs: int = 64) -> None:
     """Run one of the timed calls ``calls`` times and nothing else after the set-up, for an instruction count:
     ``valgrind --tool=callgrind python3 bench/context_effect.py loop NAME CALLS`` at two values of CALLS; the
@@ -128,5 +172,8 @@ def main() -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["loop"]:
         loop(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1:2] == ["parts"]:
+        real = _real_kernels()
+        print(json.dumps({bs: parts_row(bs, real) for bs in (1, 64)}, indent=2))
     else:
         main()
