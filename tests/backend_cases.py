@@ -190,6 +190,51 @@ def _no_device_to_host_copies(active: bool):
         yield
 
 
+def mla_cpu_batch(requests, mode: ForwardMode, page_size: int, gen: torch.Generator, *, heads: int, nope: int, rank: int,
+                  rope: int, seed: int = 1, num_slots: int = 2048):
+    """A CPU batch (float32) whose prefixes' latent (``rank + rope`` per token) is cached in two identical MLA pools:
+    ``(setup, pools, q [T, heads, nope + rope], latent [T, 1, rank + rope])``."""
+    from attngate.backends.kv_cache import MLATokenToKVPool
+
+    s = build_batch(requests, mode, page_size=page_size, num_slots=num_slots, max_context_len=256, seed=seed)
+    pools = [MLATokenToKVPool(num_slots, page_size, 1, rank, rope, dtype=torch.float32) for _ in range(2)]
+    for (prefix, _), slots in zip(requests, s.slots):
+        latent = torch.randn(prefix, 1, rank + rope, generator=gen)
+        for pool in pools:
+            pool.set_kv_buffer(0, slots[:prefix], latent)
+    n = s.batch.num_tokens
+    return s, pools, torch.randn(n, heads, nope + rope, generator=gen), torch.randn(n, 1, rank + rope, generator=gen)
+
+
+def assert_mla_replays_match_reference(backend_cls, plan, layer: AttentionLayer, mode: ForwardMode, make_batch) -> None:
+    """An absorbed-MLA CUDA graph on the CPU (emulated, standins.graphs): captured with one batch of two requests,
+    replayed for three rounds of other lengths whose requests sit in other rows of req_to_token (handed to the replay
+    as a new tensor), each within 1e-4 of the reference backend. ``make_batch(requests, mode, seed)`` returns
+    ``(setup, (pool, reference_pool), q, latent)``."""
+    from standins.graphs import RECORDER
+
+    per_req = 1 if mode == ForwardMode.DECODE else 3
+    rounds = [[(5, per_req), (40, per_req)], [(70, per_req), (0, per_req)], [(16, per_req), (100, per_req)]]
+    s0, pools0, q0, latent0 = make_batch(rounds[0], mode, 0)
+    rtt = s0.req_to_token_pool.req_to_token
+    backend = backend_cls(plan, pools0[0], rtt, [layer], "cpu", checked=True)
+    backend.init_cuda_graph_state(2, 2 * per_req)
+    backend.init_forward_metadata_capture_cuda_graph(2, 2 * per_req, s0.batch.req_pool_indices, s0.batch.seq_lens, None, mode)
+    with RECORDER.capture():
+        backend.forward(q0, latent0, None, layer, s0.batch)
+    for i, requests in enumerate(rounds):
+        s, pools, q, latent = make_batch(requests, mode, i + 1)
+        pools0[0].kv_buffer[0].copy_(pools[0].kv_buffer[0])
+        rtt.copy_(s.req_to_token_pool.req_to_token[: rtt.shape[0]].roll(i + 1, dims=0))
+        rows = (s.batch.req_pool_indices + i + 1) % rtt.shape[0]
+        backend.init_forward_metadata_replay_cuda_graph(2, rows, s.batch.seq_lens, s.batch.seq_lens_cpu, None, mode)
+        with RECORDER.replay():
+            got = backend.forward(q, latent, None, layer, s.batch)
+        ref = ReferenceBackend(plan, pools[1], s.req_to_token_pool.req_to_token, [layer])
+        ref.init_forward_metadata(s.batch)
+        torch.testing.assert_close(got, ref.forward(q, latent, None, layer, s.batch), atol=1e-4, rtol=1e-4, msg=f"round {i}")
+
+
 def target_in_batch(env: Env, make_backend, plan, layer: AttentionLayer, mode: ForwardMode, others: int, target: tuple[int, int],
                     *, max_prefix: int, max_new: int, num_slots: int, encoder: int | None = None,
                     kv_from_cache: bool = False) -> torch.Tensor:

@@ -23,6 +23,7 @@ from attngate.backends.kv_cache import MHATokenToKVPool  # noqa: E402
 from attngate.backends.layer import AttentionLayer  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
 from helpers import MODELS  # noqa: E402
+from backend_cases import assert_mla_replays_match_reference, mla_cpu_batch  # noqa: E402
 from standins.graphs import RECORDER  # noqa: E402
 from standins.kernel_math import attend, request_mask  # noqa: E402
 
@@ -183,16 +184,7 @@ def _mla_layer(gen: torch.Generator) -> AttentionLayer:
 
 
 def _mla_batch(requests, mode: ForwardMode, page_size: int, gen: torch.Generator, seed: int = 1):
-    """A batch whose prefixes' latent is cached in two identical MLA pools; its q and new latent."""
-    from attngate.backends.kv_cache import MLATokenToKVPool
-
-    s = build_batch(requests, mode, page_size=page_size, num_slots=1024, max_context_len=256, seed=seed)
-    pools = [MLATokenToKVPool(1024, page_size, 1, RANK, ROPE, dtype=torch.float32) for _ in range(2)]
-    for (prefix, _), slots in zip(requests, s.slots):
-        latent = torch.randn(prefix, 1, RANK + ROPE, generator=gen)
-        for pool in pools:
-            pool.set_kv_buffer(0, slots[:prefix], latent)
-    return s, pools, torch.randn(s.batch.num_tokens, H, NOPE + ROPE, generator=gen), torch.randn(s.batch.num_tokens, 1, RANK + ROPE, generator=gen)
+    return mla_cpu_batch(requests, mode, page_size, gen, heads=H, nope=NOPE, rank=RANK, rope=ROPE, seed=seed, num_slots=1024)
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -229,23 +221,5 @@ def test_fa3_mla_cuda_graph_replay_follows_each_round(fa3, mode):
     plan = _plan("DeepSeek-V2-Lite", 16)
     assert plan.mode(mode).common.capture_cuda_graph
     gen = torch.Generator().manual_seed(5)
-    layer, per_req = _mla_layer(gen), 1 if mode == ForwardMode.DECODE else 3
-    rounds = [[(5, per_req), (40, per_req)], [(70, per_req), (0, per_req)], [(16, per_req), (100, per_req)]]
-    s0, pools0, q0, latent0 = _mla_batch(rounds[0], mode, 16, gen, seed=0)
-    rtt = s0.req_to_token_pool.req_to_token
-    fa = FlashAttentionBackend(plan, pools0[0], rtt, [layer], "cpu", checked=True)
-    fa.init_cuda_graph_state(2, 2 * per_req)
-    fa.init_forward_metadata_capture_cuda_graph(2, 2 * per_req, s0.batch.req_pool_indices, s0.batch.seq_lens, None, mode)
-    with RECORDER.capture():
-        fa.forward(q0, latent0, None, layer, s0.batch)
-    for i, requests in enumerate(rounds):
-        s, pools, q, latent = _mla_batch(requests, mode, 16, gen, seed=i + 1)
-        pools0[0].kv_buffer[0].copy_(pools[0].kv_buffer[0])
-        rtt.copy_(s.req_to_token_pool.req_to_token[: rtt.shape[0]].roll(i + 1, dims=0))
-        rows = (s.batch.req_pool_indices + i + 1) % rtt.shape[0]
-        fa.init_forward_metadata_replay_cuda_graph(2, rows, s.batch.seq_lens, s.batch.seq_lens_cpu, None, mode)
-        with RECORDER.replay():
-            got = fa.forward(q, latent, None, layer, s.batch)
-        ref = ReferenceBackend(plan, pools[1], s.req_to_token_pool.req_to_token, [layer])
-        ref.init_forward_metadata(s.batch)
-        torch.testing.assert_close(got, ref.forward(q, latent, None, layer, s.batch), atol=1e-4, rtol=1e-4, msg=f"round {i}")
+    assert_mla_replays_match_reference(FlashAttentionBackend, plan, _mla_layer(gen), mode,
+                                       lambda requests, m, seed: _mla_batch(requests, m, 16, gen, seed))

@@ -15,7 +15,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from attngate import ForwardMode, ModelFacts, Platform, ServerArgs, resolve  # noqa: E402
-from attngate.backends.batch_builder import build_batch  # noqa: E402
 from attngate.backends.errors import BatchMetadataError  # noqa: E402
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
 from attngate.backends.flashinfer_mla import FlashInferMLABackend  # noqa: E402
@@ -24,7 +23,7 @@ from attngate.backends.layer import AttentionLayer  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
 from helpers import MODELS  # noqa: E402
 from standins import flashinfer as standin  # noqa: E402
-from standins.graphs import RECORDER  # noqa: E402
+from backend_cases import assert_mla_replays_match_reference, mla_cpu_batch  # noqa: E402
 
 H, RANK, ROPE, NOPE, VDIM = 4, 512, 64, 128, 128  # DeepSeek geometry: the fa3 ragged kernel runs 192/128 only
 REQUESTS = {ForwardMode.EXTEND: [(0, 5), (17, 3), (70, 9), (3, 1)], ForwardMode.DECODE: [(0, 1), (17, 1), (70, 1), (63, 1)],
@@ -48,14 +47,8 @@ def _layer(gen):
 
 
 def _case(requests, mode, page_size, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    s = build_batch(requests, mode, page_size=page_size, num_slots=2048, max_context_len=256, seed=seed)
-    pools = [MLATokenToKVPool(2048, page_size, 1, RANK, ROPE, dtype=torch.float32) for _ in range(2)]
-    for (prefix, _), slots in zip(requests, s.slots):
-        latent = torch.randn(prefix, 1, RANK + ROPE, generator=gen)
-        for pool in pools:
-            pool.set_kv_buffer(0, slots[:prefix], latent)
-    return s, pools, torch.randn(s.batch.num_tokens, H, NOPE + ROPE, generator=gen), torch.randn(s.batch.num_tokens, 1, RANK + ROPE, generator=gen)
+    return mla_cpu_batch(requests, mode, page_size, torch.Generator().manual_seed(seed), heads=H, nope=NOPE, rank=RANK,
+                         rope=ROPE, seed=seed)
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -106,29 +99,8 @@ def test_flashinfer_mla_graph_replay_metadata_follows_each_rounds_lengths(mode):
     round, the requests in other rows), not from the captured ones."""
     plan = _plan(16)
     assert plan.mode(mode).common.capture_cuda_graph
-    layer = _layer(torch.Generator().manual_seed(1))
-    per_req = 1 if mode == ForwardMode.DECODE else 3
-    rounds = [[(5, per_req), (40, per_req)], [(70, per_req), (0, per_req)], [(16, per_req), (17, per_req)]]
-    s0, pools0, _, _ = _case(rounds[0], mode, 16)
-    rtt = s0.req_to_token_pool.req_to_token
-    fi = FlashInferBackend(plan, pools0[0], rtt, [layer], "cpu", checked=True)
-    fi.init_cuda_graph_state(2, 2 * per_req)
-    fi.init_forward_metadata_capture_cuda_graph(2, 2 * per_req, s0.batch.req_pool_indices, s0.batch.seq_lens, None, mode)
-    _, _, q0, latent0 = _case(rounds[0], mode, 16)
-    with RECORDER.capture():
-        fi.forward(q0, latent0, None, layer, s0.batch)
-    for i, requests in enumerate(rounds):
-        s, pools, q, latent = _case(requests, mode, 16, seed=i + 1)
-        pools0[0].kv_buffer[0].copy_(pools[0].kv_buffer[0])
-        rtt.copy_(s.req_to_token_pool.req_to_token[: rtt.shape[0]].roll(i + 1, dims=0))
-        rows = (s.batch.req_pool_indices + i + 1) % rtt.shape[0]
-        fi.init_forward_metadata_replay_cuda_graph(2, rows, s.batch.seq_lens, s.batch.seq_lens_cpu, None, mode)
-        with RECORDER.replay():
-            got = fi.forward(q, latent, None, layer, s.batch)
-        ref = ReferenceBackend(plan, pools[1], s.req_to_token_pool.req_to_token, [layer])
-        ref.init_forward_metadata(s.batch)
-        torch.testing.assert_close(got, ref.forward(q, latent, None, layer, s.batch), atol=1e-4, rtol=1e-4)
-
+    assert_mla_replays_match_reference(FlashInferBackend, plan, _layer(torch.Generator().manual_seed(1)), mode,
+                                       lambda requests, m, seed: _case(requests, m, 16, seed=seed))
 
 def test_flashinfer_mla_graph_forward_must_run_the_first_layer_first():
     """The first MLA layer fills the graph's page ids; a captured forward that starts at another layer would read
