@@ -217,6 +217,30 @@ def fill_page_ids(req_to_token: torch.Tensor, rows: torch.Tensor, kv_indptr: tor
     out.copy_(torch.where(j < indptr[-1], slots // page_size, out))
 
 
+@dataclass
+class GraphPageIds:
+    """The page ids of one CUDA-graph wrapper, built inside the graph: the replay hook copies the rows (and first
+    tokens) in and plan() fills ``kv_indptr``; then, in every captured forward, the wrapper's first layer launches
+    :func:`fill_page_ids` on these buffers, so each replay rebuilds the ids with no host work."""
+
+    rows: torch.Tensor  # [bs] int64, req_pool_indices (may be shared by a graph's wrappers)
+    kv_indptr: torch.Tensor  # [bs + 1] int32
+    kv_indices: torch.Tensor  # [at least every page a batch of bs may read] int32
+    first_token: torch.Tensor | None  # [bs] int32 for ranges that can start past token 0, else None (token 0)
+    first_layer: int  # the layer that fills the ids
+    filled: bool = False  # the current forward has filled them
+
+    def on_layer(self, layer_id: int, req_to_token: torch.Tensor, page_size: int) -> None:
+        """Before a layer of this wrapper runs: its first layer fills the ids; a layer before it would read stale
+        ones (BatchMetadataError naming the layer to run first)."""
+        if layer_id == self.first_layer:
+            fill_page_ids(req_to_token, self.rows, self.kv_indptr, self.first_token, self.kv_indices, page_size)
+            self.filled = True
+        elif not self.filled:
+            raise BatchMetadataError(Problem(f"layer {layer_id}", f"a CUDA-graph forward runs layer {self.first_layer} first: "
+                                                                  "it fills the page ids this layer reads"))
+
+
 def page_table(req_to_token: torch.Tensor, rows: torch.Tensor, num_pages: int, page_size: int,
                first_token: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """``[bs, num_pages]`` int32 on the device, the padded layout of :func:`page_ids` (FA's ``page_table``):

@@ -360,7 +360,7 @@ class FlashAttentionBackend(AttentionBackend):
         if self._graph is None:
             raise RuntimeError("call init_cuda_graph_state first")
         g = self._graph
-        per_req = num_tokens // max(bs, 1)
+        per_req = num_tokens // bs
         if self.chunk is not None and forward_mode != ForwardMode.DECODE:
             raise ValueError(f"chunked-local layers replay DECODE graphs only, not {forward_mode.value}: its local batches vary in number")
         self._graph_mla_form(forward_mode)

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from attngate.backends.base import AttentionBackend, check_batch, check_capture_mode, check_graph_batch, check_pool_page_size
-from attngate.backends.batch_metadata import BatchLengths, PageRange, check_page_aligned, fill_page_ids, host, page_ids
+from attngate.backends.batch_metadata import BatchLengths, GraphPageIds, PageRange, check_page_aligned, host, page_ids
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.flashinfer_mla import FlashInferMLABackend, mla_refusals
@@ -59,15 +59,12 @@ class _WrapperSpec:
 
 @dataclass
 class _Graph:
-    """One captured (forward mode, batch size): its wrappers and the static buffers their kernels read."""
+    """One captured (forward mode, batch size): its wrappers and, per wrapper, the page ids the graph builds."""
 
     wrappers: list
     per_req: int  # new tokens per request
-    rows: torch.Tensor  # [bs] int64, req_pool_indices, copied in at each re-plan
-    indptr: list[torch.Tensor]  # per wrapper, [bs + 1] int32 kv_indptr, filled by plan()
-    indices: list[torch.Tensor]  # per wrapper, kv_indices, filled inside the graph
-    first_token: list[torch.Tensor | None]  # per wrapper whose ranges can start past token 0: [bs] int32, copied in
-    filled: set[int]  # wrappers whose page ids this forward has filled (checks the layer order at capture)
+    rows: torch.Tensor  # [bs] int64, req_pool_indices, copied in at each re-plan; shared by the wrappers' ids
+    ids: list[GraphPageIds]
 
 
 def flashinfer_refusals(plan: Plan, layers: list[AttentionLayer]) -> list[Problem]:
@@ -250,14 +247,14 @@ class FlashInferBackend(AttentionBackend):
 
     def _ids_for_plan(self, spec: _WrapperSpec, lens: BatchLengths, rng: PageRange, graph: _Graph | None) -> torch.Tensor:
         """Eager: the page ids, built now. CUDA graph: a view of the wrapper's static kv_indices (plan()'s copy of
-        it onto itself is skipped), which the graph fills (:meth:`_fill_graph_ids`); only the ranges' first
+        it onto itself is skipped), which the graph fills (:meth:`GraphPageIds.on_layer`); only the ranges' first
         tokens are copied in now, for wrappers whose ranges can start past token 0."""
         if graph is None:
             return page_ids(self.req_to_token, lens.rows, rng, self.page_size)
-        first = graph.first_token[spec.index]
-        if first is not None:
-            first.copy_(host(rng.first_token), non_blocking=True)
-        return graph.indices[spec.index][: rng.total_pages]
+        ids = graph.ids[spec.index]
+        if ids.first_token is not None:
+            ids.first_token.copy_(host(rng.first_token), non_blocking=True)
+        return ids.kv_indices[: rng.total_pages]
 
     def _prefix_window_mask(self, spec: _WrapperSpec, rng: PageRange, lens: BatchLengths) -> torch.Tensor:
         """Flattened ``[sum(new_i * kv_len_i)]`` bool: key at ``start + j`` is visible to the query at ``prefix + i``
@@ -273,21 +270,9 @@ class FlashInferBackend(AttentionBackend):
 
     def _wrapper_of(self, layer: AttentionLayer) -> tuple[int, _WrapperSpec]:
         i = self.layer_gates[layer.kind].flashinfer.wrapper_index
-        if self._graph is not None:
-            self._fill_graph_ids(i, layer)
+        if self._graph is not None:  # under a CUDA graph's buffers: the wrapper's first layer fills its page ids
+            self._graph.ids[i].on_layer(layer.layer_id, self.req_to_token, self.page_size)
         return i, self.specs[i]
-
-    def _fill_graph_ids(self, i: int, layer: AttentionLayer) -> None:
-        """Under a CUDA graph's buffers, the first layer of wrapper ``i`` fills its page ids: launched in every
-        forward that layer runs in, so the capture holds the launch and each replay rebuilds the ids."""
-        g = self._graph
-        if layer.layer_id == self._first_layer[i]:
-            fill_page_ids(self.req_to_token, g.rows, g.indptr[i], g.first_token[i], g.indices[i], self.page_size)
-            g.filled.add(i)
-        elif i not in g.filled:
-            raise BatchMetadataError(Problem(
-                f"layer {layer.layer_id}", f"a CUDA-graph forward runs layer {self._first_layer[i]} first: it fills the page ids of "
-                f"wrapper {i}, which this layer reads"))
 
     def _write(self, layer, batch, k, v, spec: _WrapperSpec, save: bool) -> None:
         if save and k is not None and self.layer_gates[layer.kind].common.write_kv_cache:
@@ -331,21 +316,22 @@ class FlashInferBackend(AttentionBackend):
         if bs > self._graph_max[0]:
             raise ValueError(f"batch size {bs} exceeds the {self._graph_max[0]} of init_cuda_graph_state")
         max_pages = self.req_to_token.shape[1] // self.page_size + 1
-        per_req = num_tokens // max(bs, 1)
+        per_req = num_tokens // bs
         zeros = lambda n: torch.zeros(n, dtype=torch.int32, device=self.device)  # noqa: E731
-        g = _Graph([], per_req, torch.zeros(bs, dtype=torch.int64, device=self.device), [zeros(bs + 1) for _ in self.specs],
-                   [zeros(bs * max_pages) for _ in self.specs], [zeros(bs) if s else None for s in self._shiftable], set())
-        for indptr, indices in zip(g.indptr, g.indices):
+        rows = torch.zeros(bs, dtype=torch.int64, device=self.device)
+        g = _Graph([], per_req, rows, [GraphPageIds(rows, zeros(bs + 1), zeros(bs * max_pages), zeros(bs) if shiftable else None, first)
+                                       for shiftable, first in zip(self._shiftable, self._first_layer)])
+        for ids in g.ids:
             last = zeros(bs)
             if forward_mode == ForwardMode.DECODE:
                 g.wrappers.append(self.fi.BatchDecodeWithPagedKVCacheWrapper(
                     self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.decode_use_tensor_cores, backend=self.decode_kernel_family,
-                    paged_kv_indptr_buffer=indptr, paged_kv_indices_buffer=indices, paged_kv_last_page_len_buffer=last))
+                    paged_kv_indptr_buffer=ids.kv_indptr, paged_kv_indices_buffer=ids.kv_indices, paged_kv_last_page_len_buffer=last))
             else:
                 qo = torch.arange(0, (bs + 1) * per_req, per_req, dtype=torch.int32, device=self.device)
                 g.wrappers.append(self.fi.BatchPrefillWithPagedKVCacheWrapper(
-                    self.workspace, "NHD", use_cuda_graph=True, qo_indptr_buf=qo, paged_kv_indptr_buf=indptr,
-                    paged_kv_indices_buf=indices, paged_kv_last_page_len_buf=last, backend=self.prefill_kernel_family))
+                    self.workspace, "NHD", use_cuda_graph=True, qo_indptr_buf=qo, paged_kv_indptr_buf=ids.kv_indptr,
+                    paged_kv_indices_buf=ids.kv_indices, paged_kv_last_page_len_buf=last, backend=self.prefill_kernel_family))
         self._graphs[(forward_mode, bs)] = g
         self._replan_graph(g, req_pool_indices, seq_lens.cpu(), encoder_lens, forward_mode)
 
@@ -363,11 +349,12 @@ class FlashInferBackend(AttentionBackend):
         if lens.has_encoder:
             check_page_aligned(lens.enc, self.page_size, "encoder_lens", "FlashInfer")
             # a wrapper captured without first tokens fills its page ids from token 0; self-attention ranges here start later
-            if any(first is None and not spec.cross for spec, first in zip(self.specs, g.first_token)):
+            if any(ids.first_token is None and not spec.cross for spec, ids in zip(self.specs, g.ids)):
                 raise BatchMetadataError(Problem("encoder_lens", "this CUDA graph's layers have no cross attention and read "
                                                                  "from token 0, but the batch has encoder tokens"))
         g.rows.copy_(rows, non_blocking=True)
-        g.filled.clear()
+        for ids in g.ids:
+            ids.filled = False
         decode = mode == ForwardMode.DECODE
         qo_indptr = None if decode else host(lens.qo_indptr)
         for spec, wrapper in zip(self.specs, g.wrappers):

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from attngate.backends.base import AttentionBackend, check_batch, check_capture_mode, check_graph_batch, check_pool_page_size
-from attngate.backends.batch_metadata import BatchLengths, fill_page_ids, host, page_ids
+from attngate.backends.batch_metadata import BatchLengths, GraphPageIds, host, page_ids
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.layer import AttentionLayer
@@ -40,14 +40,11 @@ from attngate.gates.plan import Plan
 
 @dataclass
 class _MLAGraph:
-    """One captured (forward mode, batch size): its MLA wrapper and the static buffers its kernels read."""
+    """One captured (forward mode, batch size): its MLA wrapper and the page ids the graph builds."""
 
     wrapper: object
     per_req: int  # queries per request
-    rows: torch.Tensor  # [bs] int64, req_pool_indices, copied in at each re-plan
-    kv_indptr: torch.Tensor  # [bs + 1] int32, filled by plan()
-    kv_indices: torch.Tensor  # page ids, filled inside the graph
-    filled: bool = False  # this forward's first layer has filled kv_indices
+    ids: GraphPageIds
 
 
 def mla_refusals(plan: Plan, layers: list[AttentionLayer]) -> list[Problem]:
@@ -120,10 +117,10 @@ class FlashInferMLABackend(AttentionBackend):
     def _plan_mla(self, wrapper, qo_indptr: torch.Tensor, lens: BatchLengths, graph: _MLAGraph | None = None) -> None:
         """Plan the MLA wrapper. Eager: page ids built now. CUDA graph: plan() gets a view of the graph's static
         kv_indices (its copy onto itself is skipped; the fa2 and fa3 families read no page id on the host), which the
-        graph's first layer fills (:meth:`_fill_graph_ids`)."""
+        graph's first layer fills (:meth:`GraphPageIds.on_layer`)."""
         pages = lens.kv_pages(self.page_size)
         head = self._head
-        ids = graph.kv_indices[: pages.total_pages] if graph is not None else page_ids(self.req_to_token, lens.rows, pages, self.page_size)
+        ids = graph.ids.kv_indices[: pages.total_pages] if graph is not None else page_ids(self.req_to_token, lens.rows, pages, self.page_size)
         metadata = self.fi.mla.MLAPlanMetadata.csr(qo_indptr, host(pages.indptr), ids, host(lens.seq.astype(np.int32)))
         wrapper.plan(metadata=metadata, num_heads=head.num_q_heads, head_dim_ckv=head.kv_lora_rank,
                      head_dim_kpe=head.qk_rope_head_dim, page_size=self.page_size, causal=True, sm_scale=head.scaling,
@@ -137,8 +134,8 @@ class FlashInferMLABackend(AttentionBackend):
     def forward_extend(self, q, k, v, layer: AttentionLayer, batch: ForwardBatch, save_kv_cache: bool) -> torch.Tensor:
         """``q: [T, H, qk_nope + qk_rope]``, ``k: [T, 1, kv_lora_rank + qk_rope]`` (the latent) -> ``[T, H, v_head_dim]``."""
         check_mla_weights(layer)
-        if self._graph is not None:
-            self._fill_graph_ids(layer)
+        if self._graph is not None:  # under a CUDA graph's buffers: the first layer fills the page ids
+            self._graph.ids.on_layer(layer.layer_id, self.req_to_token, self.page_size)
         if save_kv_cache and k is not None:  # every MLA layer kind writes: mla_refusals checked the plan at construction
             self.kv_pool.set_kv_buffer(layer.layer_id, batch.out_cache_loc, k)
         cache = self.kv_pool.kv_buffer[layer.layer_id]
@@ -149,17 +146,6 @@ class FlashInferMLABackend(AttentionBackend):
         latent = cache[self._latent_rows] if self._has_prefix else k
         k_full, v_full = decompress(latent, layer, q.dtype)
         return self.ragged_wrapper.run(q, k_full, v_full)
-
-    def _fill_graph_ids(self, layer: AttentionLayer) -> None:
-        """Under a CUDA graph's buffers the first layer fills the page ids from the graph's static rows and the kv_indptr
-        plan() wrote: launched in every forward, so the capture holds the launch and each replay rebuilds the ids."""
-        g = self._graph
-        if layer.layer_id == self._first_layer:
-            fill_page_ids(self.req_to_token, g.rows, g.kv_indptr, None, g.kv_indices, self.page_size)
-            g.filled = True
-        elif not g.filled:
-            raise BatchMetadataError(Problem(f"layer {layer.layer_id}", f"a CUDA-graph forward runs layer {self._first_layer} first: "
-                                                                        "it fills the page ids every layer reads"))
 
     # ---- CUDA graphs ---------------------------------------------------------------------------------
 
@@ -180,8 +166,9 @@ class FlashInferMLABackend(AttentionBackend):
                        kv_indices=torch.zeros(max_pages, dtype=torch.int32, device=self.device),
                        kv_len_arr=torch.zeros(bs, dtype=torch.int32, device=self.device))
         wrapper = self.fi.mla.BatchMLAPagedAttentionWrapper(self.workspace, use_cuda_graph=True, backend=self._family, **buffers)
-        rows = torch.zeros(bs, dtype=torch.int64, device=self.device)
-        self._graphs[(forward_mode, bs)] = _MLAGraph(wrapper, num_tokens // max(bs, 1), rows, buffers["kv_indptr"], buffers["kv_indices"])
+        ids = GraphPageIds(torch.zeros(bs, dtype=torch.int64, device=self.device), buffers["kv_indptr"], buffers["kv_indices"], None,
+                           self._first_layer)
+        self._graphs[(forward_mode, bs)] = _MLAGraph(wrapper, num_tokens // bs, ids)
         self.init_forward_metadata_replay_cuda_graph(bs, req_pool_indices, seq_lens, seq_lens.cpu(), encoder_lens, forward_mode)
 
     def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode,
@@ -190,8 +177,8 @@ class FlashInferMLABackend(AttentionBackend):
         if self.checked:
             check_graph_batch(self, bs, g.per_req, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode)
         lens = BatchLengths.for_graph(forward_mode, req_pool_indices, seq_lens_cpu, g.per_req, None)
-        g.rows.copy_(req_pool_indices, non_blocking=True)
-        g.filled = False
+        g.ids.rows.copy_(req_pool_indices, non_blocking=True)
+        g.ids.filled = False
         self._plan_mla(g.wrapper, host(lens.qo_indptr), lens, g)
         self._active_mla, self._absorbed, self._graph = g.wrapper, True, g
 
