@@ -52,6 +52,14 @@ def decode_plan_args(fi: FlashInferBackend, batch):
     return rng, (host(rng.indptr), ids, host(rng.last_page_len), *fi.specs[0].heads, fi.page_size)
 
 
+def host_length_work(batch, page_size: int):
+    """The backend's host-side work before a decode plan(): lengths, page ranges, the host tensors plan() gets."""
+    from attngate.backends.batch_metadata import BatchLengths, host
+
+    r = BatchLengths.from_batch(batch).kv_pages(page_size)
+    return host(r.indptr), host(r.last_page_len)
+
+
 def main() -> None:
     out: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     default, det = plan_for(GPU, "flashinfer", PS), plan_for(GPU, "flashinfer", PS, enable_deterministic_inference=True)

@@ -18,6 +18,7 @@ For every batch size (decode, 2048 cached tokens per request; 32/8 heads, head_d
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -33,7 +34,7 @@ from attngate.backends import batch_metadata  # noqa: E402
 from attngate.backends.batch_metadata import BatchLengths, host, page_ids  # noqa: E402
 from backend_cases import GPU, make_case, plan_for  # noqa: E402
 from bench_flashattention import backend_and_raw as fa_backend_and_raw  # noqa: E402
-from bench_flashinfer import decode_plan_args, setup as flashinfer_setup  # noqa: E402
+from bench_flashinfer import decode_plan_args, host_length_work, setup as flashinfer_setup  # noqa: E402
 from common import decode_graph_replay, host_us, paired_host_us, paired_ms  # noqa: E402
 
 H, HKV, D = GPU.heads
@@ -57,9 +58,7 @@ def flashinfer_row(bs: int, plan) -> dict:
     fixed = (rng.indptr.copy(), rng.last_page_len.copy())
     fixed_t = tuple(host(f) for f in fixed)
 
-    def lengths():  # the backend's host-side work before plan(): lengths, page ranges, host tensors
-        r = BatchLengths.from_batch(batch).kv_pages(ps)
-        return host(r.indptr), host(r.last_page_len)
+    lengths = functools.partial(host_length_work, batch, ps)
 
     fi.init_forward_metadata(batch)  # the eager wrappers again, for forward()
     caches = fi.paged_kv(layer.layer_id)

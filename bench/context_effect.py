@@ -18,6 +18,7 @@ valgrind (is the excess more work, or the same work running slower?).
 
 from __future__ import annotations
 
+import functools
 import json
 import platform
 import sys
@@ -32,6 +33,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 from attngate import ForwardMode, LayerKind  # noqa: E402
 from attngate.backends.batch_metadata import BatchLengths, host  # noqa: E402
 from backend_cases import CPU, GPU, layer_of, make_case, plan_for  # noqa: E402
+from bench_flashinfer import decode_plan_args, host_length_work  # noqa: E402
 from common import paired_host_us  # noqa: E402
 
 PS = 16
@@ -55,7 +57,6 @@ def _backend(bs: int, real: bool):
 
         sys.modules["flashinfer"] = flashinfer.module()
     from attngate.backends.flashinfer import FlashInferBackend
-    from bench_flashinfer import decode_plan_args
 
     env = GPU if real else CPU
     cached = 2047 if real else 511
@@ -75,9 +76,7 @@ def _calls(bs: int, real: bool, calibrate: bool = True) -> tuple[dict, object, o
     work of no use by timing it (off for instruction counts, whose set-up must not vary)."""
     fi, batch, plan = _backend(bs, real)
 
-    def lengths():  # the backend's host work before plan(), as bench_host's row "lengths"
-        r = BatchLengths.from_batch(batch).kv_pages(PS)
-        return host(r.indptr), host(r.last_page_len)
+    lengths = functools.partial(host_length_work, batch, PS)  # as bench_host's row "lengths"
 
     unrelated = np.arange(64, dtype=np.int64)
     numpy_reps = [1]
@@ -130,9 +129,7 @@ def parts_row(bs: int, real: bool) -> dict:
             last.append(n - (c - 1) * PS if c else PS)
         return host(np.array(indptr, dtype=np.int32)), host(np.array(last, dtype=np.int32))
 
-    def lengths():
-        r = BatchLengths.from_batch(batch).kv_pages(PS)
-        return host(r.indptr), host(r.last_page_len)
+    lengths = functools.partial(host_length_work, batch, PS)
 
     assert all(torch.equal(a, b) for a, b in zip(python_lengths(), lengths()))
     parts = {

@@ -67,8 +67,7 @@ def gc_effect(bs: int = 64) -> None:
     running slower after our host work?"""
     import gc
 
-    from attngate.backends.batch_metadata import BatchLengths, host
-    from bench_flashinfer import decode_plan_args, setup
+    from bench_flashinfer import decode_plan_args, host_length_work, setup
     from common import paired_host_us
 
     fi, case, layer, _ = setup([(2047, 1)] * bs, ForwardMode.DECODE, plan_for(GPU, "flashinfer", 16))
@@ -77,8 +76,7 @@ def gc_effect(bs: int = 64) -> None:
     kw = fi._plan_kwargs(spec, "decode")
 
     def lengths_then_plan():
-        r = BatchLengths.from_batch(batch).kv_pages(16)
-        host(r.indptr), host(r.last_page_len)
+        host_length_work(batch, 16)
         wrapper.plan(*args, **kw)
 
     fns = {"eager_metadata": lambda: fi.init_forward_metadata(batch), "raw_plan": lambda: wrapper.plan(*args, **kw),
