@@ -16,7 +16,7 @@ pytest.importorskip("flash_attn.cute")
 from attngate import ForwardMode, LayerKind  # noqa: E402
 from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
-from backend_cases import GPU, MODE_OF, layer_of, make_case, plan_for, requests_around_page, run  # noqa: E402
+from backend_cases import GPU, MODE_OF, layer_of, make_case, max_diff, plan_for, requests_around_page, run  # noqa: E402
 from standins import flash_attn_cute, flashinfer  # noqa: E402
 
 NAMES = ("flashinfer", "flash_attn", "flash_attn.cute", "flash_attn.cute.interface")
@@ -58,10 +58,6 @@ def fi(plan, case, layer):
 
 def fa(plan, case, layer):
     return FlashAttentionBackend(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], "cuda")
-
-
-def max_diff(a, b) -> float:
-    return (a.float() - b.float()).abs().max().item()
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
