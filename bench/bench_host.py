@@ -52,7 +52,7 @@ def flashinfer_row(bs: int, plan) -> dict:
     graph = fi._graphs[(ForwardMode.DECODE, bs)]
     graph_wrapper = graph.wrappers[0]
     # what the backend hands the captured wrapper: a view of its static page ids, which the graph itself fills
-    graph_args = (args[0], graph.indices[0][: rng.total_pages], *args[2:])
+    graph_args = (args[0], graph.ids[0].kv_indices[: rng.total_pages], *args[2:])
     # the same wrapper left on FlashInfer's "auto" (what the backend built before flashinfer.decode_kernel_family)
     auto = fi.fi.BatchDecodeWithPagedKVCacheWrapper(fi.workspace, "NHD", use_tensor_cores=fi.decode_use_tensor_cores)
     fixed = (rng.indptr.copy(), rng.last_page_len.copy())
