@@ -3,6 +3,7 @@ pools holding the same cached prefix (backend under test, reference), sized by a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from contextlib import contextmanager
 from unittest import mock
@@ -134,7 +135,7 @@ def run(backend, case: Case, layer: AttentionLayer, k="new", v="new") -> torch.T
 
 
 def replay_rounds(env: Env, make_backend, plan, layer: AttentionLayer, mode: ForwardMode, page_size: int, *,
-                  fresh_rows: bool = False, encoder_pages: list[list[int]] | None = None):
+                  fresh_rows: bool = False, encoder_pages: list[list[int]] | None = None, then: ForwardMode | None = None):
     """Capture one CUDA graph (4 requests), then replay it for three rounds of different lengths.
 
     ``make_backend(plan, case, layer)`` builds the backend under test. Yields ``(round, case, replayed_out)``
@@ -143,41 +144,52 @@ def replay_rounds(env: Env, make_backend, plan, layer: AttentionLayer, mode: For
     tensor rather than copied into the captured one, so a graph that reads the captured rows reads stale ones.
     ``encoder_pages``: per round, each request's encoder tokens in pages (an encoder-decoder batch: the graph is
     captured with, and each replay handed, the static encoder_lens; a cross-attention layer reads the cache).
+    ``then``: a second graph, of this forward mode at the same batch size, is captured on the same backend after the
+    first, and each round replays both (``mode``'s, then ``then``'s), yielding each: graphs of two modes (SGLang's
+    decode and target-verify graphs) must keep their own metadata.
     On the CPU the graph is emulated (standins.graphs): each replay re-runs the forward, and the stand-in kernels
     check that it launches what was captured, reading the same metadata buffers.
     """
-    bs, per_req = 4, 1 if mode == ForwardMode.DECODE else 3
-    rounds = [[(p, per_req) for p in prefixes] for prefixes in ([5, 300, 127, 64], [1000, 2, 129, 255], [17, 17, 900, 3])]
-    encoders = [[n * page_size for n in pages] for pages in encoder_pages] if encoder_pages else [None] * len(rounds)
+    bs, modes = 4, (mode,) if then is None else (mode, then)
+    per_req = {m: 1 if m == ForwardMode.DECODE else 3 for m in modes}
+    prefixes = ([5, 300, 127, 64], [1000, 2, 129, 255], [17, 17, 900, 3])
+    encoders = [[n * page_size for n in pages] for pages in encoder_pages] if encoder_pages else [None] * len(prefixes)
     cross = layer.kind == LayerKind.CROSS_ATTENTION
-    first = make_case(env, rounds[0], mode, page_size, seed=0, encoder_lens=encoders[0])
+    requests = lambda m, i: [(p, per_req[m]) for p in prefixes[i]]  # noqa: E731
+    captured = {m: make_case(env, requests(m, 0), m, page_size, seed=0, encoder_lens=encoders[0]) for m in modes}
+    first = captured[mode]
     rtt = first.setup.req_to_token_pool.req_to_token
     backend = make_backend(plan, first, layer)
-    backend.init_cuda_graph_state(bs, bs * per_req)
-    static = {name: getattr(first, name).clone() for name in ("q", "k", "v")}
-    b = first.setup.batch
-    enc = b.encoder_lens.clone() if encoder_pages else None
-    static_batch = ForwardBatch(mode, bs, b.req_pool_indices.clone(), b.seq_lens.clone(), b.seq_lens_cpu.clone(),
-                                b.extend_prefix_lens.clone(), b.extend_seq_lens.clone(), b.out_cache_loc.clone(), enc)
-    backend.init_forward_metadata_capture_cuda_graph(bs, bs * per_req, static_batch.req_pool_indices, static_batch.seq_lens, enc, mode)
-    k_v = (None, None) if cross else (static["k"], static["v"])
-    graph = _Graph(env, lambda: backend.forward(static["q"], *k_v, layer, static_batch))
-    for i, requests in enumerate(rounds):
-        case = make_case(env, requests, mode, page_size, seed=i + 1, encoder_lens=encoders[i])
-        backend.kv_pool.k_buffer[0].copy_(case.pools[0].k_buffer[0])
-        backend.kv_pool.v_buffer[0].copy_(case.pools[0].v_buffer[0])
-        shift = i + 1 if fresh_rows else 0
-        rtt.copy_(case.setup.req_to_token_pool.req_to_token[: rtt.shape[0]].roll(shift, dims=0))
-        for name in ("q", "k", "v"):
-            static[name].copy_(getattr(case, name))
-        cb = case.setup.batch
-        for name in ("seq_lens", "out_cache_loc") + (() if fresh_rows else ("req_pool_indices",)) + (("encoder_lens",) if enc is not None else ()):
-            getattr(static_batch, name).copy_(getattr(cb, name))
-        rows = (cb.req_pool_indices + shift) % rtt.shape[0] if fresh_rows else static_batch.req_pool_indices
-        with _no_device_to_host_copies(enc is not None):  # the host copies of the lengths are all the hook reads
-            backend.init_forward_metadata_replay_cuda_graph(bs, rows, static_batch.seq_lens, cb.seq_lens_cpu, enc, mode,
-                                                            encoder_lens_cpu=cb.encoder_lens_cpu)
-        yield i, case, graph.replay().clone()
+    backend.init_cuda_graph_state(bs, bs * max(per_req.values()))
+    graphs = {}
+    for m in modes:  # each graph: its static q/k/v and batch, captured from the mode's first round
+        static = {name: getattr(captured[m], name).clone() for name in ("q", "k", "v")}
+        b = captured[m].setup.batch
+        enc = b.encoder_lens.clone() if encoder_pages else None
+        static_batch = ForwardBatch(m, bs, b.req_pool_indices.clone(), b.seq_lens.clone(), b.seq_lens_cpu.clone(),
+                                    b.extend_prefix_lens.clone(), b.extend_seq_lens.clone(), b.out_cache_loc.clone(), enc)
+        backend.init_forward_metadata_capture_cuda_graph(bs, bs * per_req[m], static_batch.req_pool_indices, static_batch.seq_lens, enc, m)
+        k_v = (None, None) if cross else (static["k"], static["v"])
+        graph = _Graph(env, functools.partial(lambda st, sb, kv: backend.forward(st["q"], *kv, layer, sb), static, static_batch, k_v))
+        graphs[m] = (static, static_batch, graph)
+    for i in range(len(prefixes)):
+        for m in modes:
+            case = make_case(env, requests(m, i), m, page_size, seed=i + 1, encoder_lens=encoders[i])
+            static, static_batch, graph = graphs[m]
+            backend.kv_pool.k_buffer[0].copy_(case.pools[0].k_buffer[0])
+            backend.kv_pool.v_buffer[0].copy_(case.pools[0].v_buffer[0])
+            shift = i + 1 if fresh_rows else 0
+            rtt.copy_(case.setup.req_to_token_pool.req_to_token[: rtt.shape[0]].roll(shift, dims=0))
+            for name in ("q", "k", "v"):
+                static[name].copy_(getattr(case, name))
+            cb, enc = case.setup.batch, static_batch.encoder_lens
+            for name in ("seq_lens", "out_cache_loc") + (() if fresh_rows else ("req_pool_indices",)) + (("encoder_lens",) if enc is not None else ()):
+                getattr(static_batch, name).copy_(getattr(cb, name))
+            rows = (cb.req_pool_indices + shift) % rtt.shape[0] if fresh_rows else static_batch.req_pool_indices
+            with _no_device_to_host_copies(enc is not None):  # the host copies of the lengths are all the hook reads
+                backend.init_forward_metadata_replay_cuda_graph(bs, rows, static_batch.seq_lens, cb.seq_lens_cpu, enc, m,
+                                                                encoder_lens_cpu=cb.encoder_lens_cpu)
+            yield i, case, graph.replay().clone()
 
 
 @contextmanager
@@ -262,7 +274,7 @@ class _Graph:
     """A CUDA graph of ``fn`` on the GPU; on the CPU the emulation of standins.graphs."""
 
     def __init__(self, env: Env, fn: Callable[[], torch.Tensor]) -> None:
-        self.fn, self.cuda = fn, env.device == "cuda"
+        self.fn, self.cuda, self.name = fn, env.device == "cuda", f"graph {id(self)}"
         fn()  # compile / JIT outside the capture
         if self.cuda:
             torch.cuda.synchronize()
@@ -273,12 +285,12 @@ class _Graph:
             from standins.graphs import RECORDER
 
             self.recorder = RECORDER
-            with RECORDER.capture():
+            with RECORDER.capture(self.name):
                 fn()
 
     def replay(self) -> torch.Tensor:
         if self.cuda:
             self.graph.replay()
             return self.out
-        with self.recorder.replay():
+        with self.recorder.replay(self.name):
             return self.fn()

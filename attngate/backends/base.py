@@ -150,6 +150,16 @@ def check_capture_mode(plan: Plan, bs: int, mode: ForwardMode) -> None:
         raise ValueError(f"a CUDA graph serves 1 request or more, not {bs}")
 
 
+def captured_graph(graphs: dict, mode: ForwardMode, bs: int):
+    """The graph state a backend captured for ``(mode, bs)``; ValueError naming what was captured when there is none
+    (a replay of a batch size or mode never captured would otherwise read another graph's buffers)."""
+    graph = graphs.get((mode, bs))
+    if graph is None:
+        have = ", ".join(f"{m.value} x {n}" for m, n in sorted(graphs, key=lambda key: (key[0].value, key[1]))) or "none"
+        raise ValueError(f"no CUDA graph was captured for forward mode {mode.value} at batch size {bs} (captured: {have})")
+    return graph
+
+
 def check_heads_per_rank(plan: Plan, layers: list[AttentionLayer]) -> None:
     """Under attention TP (``plan.common.attn_tp_size > 1``) every layer carries the plan's per-rank heads
     (build them with ``layers_from_model(model, plan)``); BatchMetadataError naming each layer that does not."""

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from attngate.backends.base import AttentionBackend, check_batch, check_capture_mode, check_graph_batch, check_pool_page_size
+from attngate.backends.base import (AttentionBackend, captured_graph, check_batch, check_capture_mode, check_graph_batch,
+                                    check_pool_page_size)
 from attngate.backends.batch_metadata import BatchLengths, check_page_aligned, host, page_ids, page_table
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
@@ -176,7 +177,8 @@ class FlashAttentionBackend(AttentionBackend):
         self._arange = torch.arange(req_to_token.shape[0] + 1, dtype=torch.int32, device=self.device)
         self.md: _Metadata | None = None
         self._graph: dict[str, torch.Tensor] | None = None
-        self._graph_md: dict[int, _Metadata] = {}  # per captured batch size: views of the static buffers
+        # per captured (mode, batch size): its own cu_seqlens_q, views of the shared static buffers that replays refill
+        self._graph_md: dict[tuple[ForwardMode, int], _Metadata] = {}
 
     # ---- metadata ----------------------------------------------------------------------------------
 
@@ -344,7 +346,6 @@ class FlashAttentionBackend(AttentionBackend):
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         max_pages = self._max_pages
         self._graph = {
-            "cu_seqlens_q": torch.zeros(max_bs + 1, dtype=torch.int32, device=self.device),
             "seqused_k": torch.zeros(max_bs, dtype=torch.int32, device=self.device),
             "page_table": torch.zeros(max_bs, max_pages, dtype=torch.int32, device=self.device),
         }
@@ -364,10 +365,11 @@ class FlashAttentionBackend(AttentionBackend):
         if self.chunk is not None and forward_mode != ForwardMode.DECODE:
             raise ValueError(f"chunked-local layers replay DECODE graphs only, not {forward_mode.value}: its local batches vary in number")
         self._graph_mla_form(forward_mode)
-        g["cu_seqlens_q"][: bs + 1].copy_(torch.arange(0, bs + 1, device=self.device, dtype=torch.int32) * per_req)
-        self.md = self._graph_md[bs] = _Metadata(g["cu_seqlens_q"][: bs + 1], per_req, g["seqused_k"][:bs], g["page_table"][:bs])
+        # not refilled at replay: each graph keeps its own (a graph of another mode at this bs has other offsets)
+        cu = torch.arange(0, (bs + 1) * per_req, per_req, device=self.device, dtype=torch.int32)
+        self.md = self._graph_md[(forward_mode, bs)] = _Metadata(cu, per_req, g["seqused_k"][:bs], g["page_table"][:bs])
         if self.chunk is not None:  # one query per request: one local batch each, the request's current chunk
-            self.md.local = _Metadata(g["cu_seqlens_q"][: bs + 1], 1, g["local_seqused_k"][:bs], g["local_page_table"][:bs])
+            self.md.local = _Metadata(cu, 1, g["local_seqused_k"][:bs], g["local_page_table"][:bs])
         if encoder_lens is not None:
             if "encoder_seqused_k" not in g:
                 raise ValueError("a CUDA graph with encoder tokens needs a cross-attention layer among the backend's layers")
@@ -384,7 +386,7 @@ class FlashAttentionBackend(AttentionBackend):
 
     def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode,
                                                 encoder_lens_cpu=None):
-        md = self.md = self._graph_md[bs]  # eager batches in between replaced self.md
+        md = self.md = captured_graph(self._graph_md, forward_mode, bs)  # eager batches in between replaced self.md
         self._graph_mla_form(forward_mode)
         per_req = md.max_seqlen_q
         if self.checked:

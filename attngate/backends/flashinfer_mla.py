@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from attngate.backends.base import AttentionBackend, check_batch, check_capture_mode, check_graph_batch, check_pool_page_size
+from attngate.backends.base import (AttentionBackend, captured_graph, check_batch, check_capture_mode, check_graph_batch,
+                                    check_pool_page_size)
 from attngate.backends.batch_metadata import BatchLengths, GraphPageIds, host, page_ids
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
@@ -173,7 +174,7 @@ class FlashInferMLABackend(AttentionBackend):
 
     def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode,
                                                 encoder_lens_cpu=None):  # MLA models have no encoder
-        g = self._graphs[(forward_mode, bs)]
+        g = captured_graph(self._graphs, forward_mode, bs)
         if self.checked:
             check_graph_batch(self, bs, g.per_req, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode)
         lens = BatchLengths.for_graph(forward_mode, req_pool_indices, seq_lens_cpu, g.per_req, None)

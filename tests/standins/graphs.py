@@ -16,22 +16,26 @@ import torch
 
 
 class GraphRecorder:
+    """Graphs by name (a backend may hold several, e.g. one per forward mode at a batch size)."""
+
     def __init__(self) -> None:
         self.phase: str | None = None
+        self.graphs: dict[str, list[tuple]] = {}
         self.launches: list[tuple] = []
         self.position = 0
 
     @contextmanager
-    def capture(self):
+    def capture(self, name: str = "graph"):
         self.phase, self.launches = "capture", []
+        self.graphs[name] = self.launches
         try:
             yield
         finally:
             self.phase = None
 
     @contextmanager
-    def replay(self):
-        self.phase, self.position = "replay", 0
+    def replay(self, name: str = "graph"):
+        self.phase, self.position, self.launches = "replay", 0, self.graphs[name]
         try:
             yield
             assert self.position == len(self.launches), f"replay launched {self.position} kernels, the capture {len(self.launches)}"

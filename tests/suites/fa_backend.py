@@ -135,6 +135,33 @@ def test_cuda_graph_capture_refuses_what_no_graph_serves(env, bs, mode, needle):
             b.init_forward_metadata_capture_cuda_graph(bs, bs, rows, seq, None, mode)
 
 
+@pytest.mark.parametrize("backend", ["fa4", "flashinfer"])
+def test_cuda_graphs_of_two_modes_at_one_batch_size_keep_their_own_metadata(env, backend):
+    """SGLang captures decode and target-verify graphs at the same batch sizes: on one backend each graph replays with
+    its own query layout (1 and 3 tokens per request), whichever was captured or replayed last; a replay of a
+    (mode, batch size) never captured is a clear ValueError naming the graphs there are."""
+    from attngate.backends.flashinfer import FlashInferBackend
+
+    cls = FlashInferBackend if backend == "flashinfer" else FlashAttentionBackend
+    plan = plan_for(env, backend, 16, **SPECULATIVE)
+    layer = layer_of(env, LayerKind.FULL)
+    made = []
+
+    def make(plan, case, layer):
+        made.append(cls(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], env.device, checked=True))
+        return made[-1]
+
+    seen = []
+    for i, case, replayed in replay_rounds(env, make, plan, layer, M.DECODE, 16, then=M.TARGET_VERIFY):
+        seen.append(case.setup.batch.forward_mode)
+        assert max_diff(replayed, reference_out(env, case, plan, layer)) < env.tol, f"round {i}, {seen[-1].value}"
+    assert seen == [M.DECODE, M.TARGET_VERIFY] * 3
+    b = case.setup.batch
+    with pytest.raises(ValueError, match=r"no CUDA graph was captured for forward mode draft_extend_v2 at batch size 4 \(captured: "
+                                         r"decode x 4, target_verify x 4\)"):
+        made[0].init_forward_metadata_replay_cuda_graph(4, b.req_pool_indices, b.seq_lens, b.seq_lens_cpu, None, M.DRAFT_EXTEND_V2)
+
+
 @pytest.mark.parametrize("mode", [M.DECODE, M.TARGET_VERIFY, M.DRAFT_EXTEND_V2])
 def test_fa_cuda_graph_replay_of_a_window_layer(env, mode):
     """gemma-2's sliding-window layer in every mode the plan captures, rows handed fresh at each replay."""
