@@ -71,3 +71,28 @@ def test_known_failures_fixture_makes_strict_xfails(pytester):
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-rxX")
     result.assert_outcomes(passed=1, xfailed=1, failed=1)  # the fixed one XPASSes strictly: a failure to notice
     result.stdout.fnmatch_lines(["*XPASS(strict)*known failure known.fa-eagle-tree-verify-drift*"])
+
+
+def test_a_resolve_stopped_by_disagreeing_adjustments_still_counts_the_forbid_rules_it_evaluated():
+    """fa4 prefill wants 128-token pages and flashmla decode 64: resolve stops in the adjust phase, reporting the
+    matching forbid rule too, and coverage sees that rule fire."""
+    import pytest
+
+    from attngate import ModelFacts, Platform, PlanError, ServerArgs, resolve
+    from attngate.gates.resolve import OBSERVERS
+    from attngate.rules.coverage import RuleCoverage
+    from attngate.rules.load import load_rules
+    from helpers import MODELS
+
+    rules = load_rules()
+    coverage = RuleCoverage(rules.filename)
+    OBSERVERS.append(coverage.observe)
+    try:
+        with pytest.raises(PlanError) as err:
+            resolve(ServerArgs.from_flags("--prefill-attention-backend fa4 --decode-attention-backend flashmla --attention-backend fa4".split()),
+                    ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json"), Platform.from_name("sm100"), rules)
+    finally:
+        OBSERVERS.remove(coverage.observe)
+    assert "page-size.incompatible-backends" in {v.rule for v in err.value.violations}
+    never = {r["rule"] for r in coverage.report(rules)["never_fired"]}
+    assert "page-size.incompatible-backends" not in never

@@ -188,3 +188,19 @@ def test_unguarded_order_comparison_is_rejected_before_anything_runs():
     for guarded in ("page_size is not None and page_size > 1", "page_size is None or page_size > 1",
                     "not (page_size is None or page_size <= 1)", "is_embedding and page_size is not None and page_size >= 2"):
         parse_rules(HEAD + rule(when=guarded, set={"fa.skip_kv_cache": True}), "rules.yaml")
+
+
+def test_lint_reasons_about_two_facts_compared_with_each_other():
+    """``fact == fact`` / ``!=`` / ``<`` are encoded for the solver (comparing two facts once crashed lint): rules
+    that cannot match together are no conflict, rules that can are."""
+    from attngate.rules.lint import lint_rules
+
+    rs = _mini("""\
+      - {id: same, summary: s, why: w, source: s, when: prefill_backend == decode_backend, set: {fa.num_splits: 1}}
+      - {id: split, summary: s, why: w, source: s, when: prefill_backend != decode_backend, set: {fa.num_splits: 2}}
+      - {id: more-tp, summary: s, why: w, source: s, when: tp_size > dp_size, set: {fa.num_splits: 3}}
+    """)
+    found = [str(f) for f in lint_rules(rs)]
+    assert not any("'same' and 'split'" in f for f in found), found
+    assert any("'same' and 'more-tp' can both match" in f for f in found), found
+    assert any("'more-tp' and 'split' can both match" in f or "'split' and 'more-tp' can both match" in f for f in found), found

@@ -68,7 +68,8 @@ def test_no_rule_can_combine_mla_with_skip_kv_cache(rules):
 def test_precompute_scheduler_metadata_exhaustive(name):
     m = model(name)
     for dp, cp in itertools.product([False, True], [False, True]):
-        args = ServerArgs(attention_backend="fa3", enable_dp_attention=dp, dp_size=2 if dp else 1, enable_prefill_cp=cp)
+        args = ServerArgs(attention_backend="fa3", enable_dp_attention=dp, dp_size=2 if dp else 1, tp_size=2 if dp else 1,
+                          enable_prefill_cp=cp)
         r = resolve(args, m, fa3_gpu())
         assert r.plan.flashattention.precompute_scheduler_metadata is not (dp or cp or m.use_mla)
 
@@ -210,6 +211,19 @@ def test_draft_extend_v2_reads_prefix_plus_new(backend, gpu, cuda_graph):
     ("--attention-backend fa3", "DeepSeek-V2-Lite", "sm90", lambda r: r.plan.common.mla_chunked_prefix_cache),
     ("--attention-backend triton", "DeepSeek-V2-Lite", "sm90", lambda r: not r.plan.common.mla_chunked_prefix_cache),
     ("--rl-on-policy-target fsdp", "Llama-3.1-8B", "sm90", lambda r: r.server_args.enable_deterministic_inference and r.plan.flashattention.num_splits == 1),
+    ("--disaggregation-mode decode", "Llama-3.1-8B", "sm90",  # R55: chunk cache on the decode server, with a warning
+     lambda r: r.server_args.disable_radix_cache and any("pd.decode-role-chunk-cache" in w for w in r.warnings)),
+    ("--disaggregation-mode prefill", "Llama-3.1-8B", "sm90",  # R56: the prefill server replays no decode graph
+     lambda r: not r.plan.common.cuda_graph and not any(r.plan.mode(m).common.capture_cuda_graph for m in ForwardMode)),
+    ("--disaggregation-mode null", "Llama-3.1-8B", "sm90", lambda r: r.plan.common.cuda_graph and not r.server_args.disable_radix_cache),
+    ("--speculative-algorithm STANDALONE", "Llama-3.1-8B", "sm90",  # R45: a chain, where EAGLE on Llama picks a tree
+     lambda r: (r.server_args.speculative_num_steps, r.server_args.speculative_eagle_topk, r.server_args.speculative_num_draft_tokens) == (3, 1, 4)),
+    ("--kv-cache-dtype fp4_mx_block16 --attention-backend triton", "Llama-3.1-8B", "sm90", lambda r: r.plan.prefill_backend == "triton"),
+    ("--kv-cache-dtype fp4_mx_block16 --prefill-attention-backend fa4 --decode-attention-backend triton --attention-backend fa4",
+     "Llama-3.1-8B", "sm100", lambda r: r.plan.decode_backend == "triton"),
+    ("--kv-cache-dtype fp4_mx_block16 --prefill-attention-backend flashinfer --decode-attention-backend triton", "Llama-3.1-8B", "sm90",
+     lambda r: r.plan.prefill_backend == "flashinfer"),  # two backends, neither FA4: SGLang only warns
+    ("--enable-dp-attention --dp-size 2 --tp-size 4", "Llama-3.1-8B", "sm90", lambda r: r.plan.common.attn_tp_size == 2),
 ])
 def test_rule_outcomes(flags, name, gpu, check):
     r = resolve(ServerArgs.from_flags(flags.split()), model(name), fa3_gpu(gpu),  # SGLang's hosts have FA3
@@ -236,6 +250,14 @@ def test_rule_outcomes(flags, name, gpu, check):
     ("--attention-backend flashinfer", "Llama-4-Scout-17B-16E-Instruct", "sm90", "llama4.backends"),
     ("--enable-deterministic-inference --attention-backend flashinfer", "DeepSeek-V2-Lite", "sm90", "deterministic.deepseek-backend"),
     ("--prefill-attention-backend fa4 --decode-attention-backend flashmla --attention-backend fa4", "Llama-3.1-8B", "sm100", "page-size.incompatible-backends"),
+    ("--kv-cache-dtype fp4_mx_block16", "Llama-3.1-8B", "sm90", "kv4.backends"),  # the default fa3 reads no FP4 pages
+    ("--kv-cache-dtype fp4_mx_block16 --attention-backend flashinfer", "Llama-3.1-8B", "sm90", "kv4.backends"),
+    ("--kv-cache-dtype fp4_mx_block16 --attention-backend triton", "DeepSeek-V2-Lite", "sm90", "kv4.backends"),  # MLA: its own list
+    ("--kv-cache-dtype fp4_mx_block16 --prefill-attention-backend fa4 --decode-attention-backend flashinfer --attention-backend fa4",
+     "Llama-3.1-8B", "sm100", "kv4.fa4-prefill-decode-backend"),
+    ("--enable-dp-attention --dp-size 2 --tp-size 3", "Llama-3.1-8B", "sm90", "dp-attention.tp-divisible-by-dp"),
+    ("--speculative-algorithm NGRAM --enable-dp-attention --dp-size 2 --tp-size 2", "Llama-3.1-8B", "sm90", "spec.ngram-no-dp-attention"),
+    ("--disaggregation-mode decode --enable-hierarchical-cache", "Llama-3.1-8B", "sm90", "hicache.needs-radix-cache"),  # after R55
 ])
 def test_rule_rejections(flags, name, gpu, rule):
     with pytest.raises(PlanError) as err:

@@ -176,6 +176,8 @@ def _adjust(state: dict[str, Any], fixed: dict[str, Any], index: _Index) -> tupl
             for name, by_value in wanted.items() if len(by_value) > 1
         ]
         if conflicts:  # forbid rules that already match usually say why, so report them too
+            for observe in OBSERVERS:  # (and rule coverage sees them evaluated)
+                observe(index.rules, "global", facts)
             raise PlanError([*_rule_violations(facts, index), *conflicts], state, done)
         round_ = [Adjustment(rules[0].id, name, state[name], value, rules[0].message or "", rules[0].issue)
                   for name, by_value in wanted.items() for value, rules in by_value.items() if state[name] != value]

@@ -129,7 +129,9 @@ class _Encoder:
         rv, rn, rref = self.operand(right)
         if lref and rref:
             eq = z3.Or(z3.And(ln, rn), z3.And(z3.Not(ln), z3.Not(rn), lv == rv))
-            return {ast.Eq: eq, ast.NotEq: z3.Not(eq)}.get(type(op)) or _order(op, lv, rv, z3.And(z3.Not(ln), z3.Not(rn)))
+            if isinstance(op, (ast.Eq, ast.NotEq)):  # (a z3 expression has no truth value: no `or` fallback here)
+                return eq if isinstance(op, ast.Eq) else z3.Not(eq)
+            return _order(op, lv, rv, z3.And(z3.Not(ln), z3.Not(rn)))
         value, none, literal = (lv, ln, rv) if lref else (rv, rn, lv)
         if isinstance(op, (ast.Is, ast.IsNot)):
             return none if isinstance(op, ast.Is) else z3.Not(none)

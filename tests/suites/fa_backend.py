@@ -206,7 +206,7 @@ def test_fa_checked_mode_catches_out_of_range_page(env):
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_fa_scheduler_metadata_precompute_follows_the_plan(env, page_size):
-    plans = [plan_for(env, page_size=page_size), plan_for(env, page_size=page_size, enable_dp_attention=True, dp_size=2)]
+    plans = [plan_for(env, page_size=page_size), plan_for(env, page_size=page_size, enable_dp_attention=True, dp_size=2, tp_size=2)]
     if env.device == "cpu":  # the stand-ins run any GPU's plan: add SM120's, where FA4 takes a precomputed schedule
         plans.append(resolve(ServerArgs(attention_backend="fa4", page_size=page_size),
                              ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json"), Platform.from_name("sm120")).plan)
