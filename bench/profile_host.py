@@ -61,6 +61,53 @@ def parts(bs: int = 64) -> None:
         print(f"{name:28s} {host_us(fn):8.1f}")
 
 
+def launch_cost() -> None:
+    """Host µs of one FA-layout page table (decode, 2048 cached tokens per request) built four ways, paired rounds:
+    Triton through its JIT dispatch (what the backends run), Triton through the compiled kernel's own launcher
+    (the dispatch's argument binding and specialisation skipped), ``page_table`` as the backends call it (with its
+    ``torch.empty``), and torch ops (``index_select`` into the table, then an in-place floor division); beside
+    them one torch op and the backend's host length work, for scale."""
+    import json
+
+    import torch
+
+    from attngate.backends import batch_metadata as bm
+    from attngate.backends import page_ids_triton as pt
+    from common import paired_host_us
+
+    out = {}
+    for bs in (1, 64, 256):
+        for ps in (16, 128):
+            case = make_case(GPU, [(2047, 1)] * bs, ForwardMode.DECODE, ps, num_slots=bs * (2048 + ps) // ps * ps + ps,
+                             max_context_len=2048 + ps)
+            batch, rtt = case.setup.batch, case.setup.req_to_token_pool.req_to_token
+            rows = batch.req_pool_indices
+            pages = -(-int(batch.seq_lens_cpu.max()) // ps)
+            table, ref = torch.empty(bs, pages, dtype=torch.int32, device="cuda"), bm.page_table(rtt, rows, pages, ps)
+            args = (rtt, rows, rows, rows, table, rtt.stride(0), rtt.shape[1], pages, ps)
+            compiled = pt._page_ids_kernel[(bs,)](*args, CSR=False, HAS_FIRST=False, BLOCK=64)
+            strided = rtt[:, : pages * ps: ps]
+
+            def torch_ops():
+                torch.index_select(strided, 0, rows, out=table)
+                table.div_(ps, rounding_mode="floor")
+
+            for fn in (lambda: compiled[(bs, 1, 1)](*args, False, False, 64), torch_ops):
+                table.zero_()
+                fn()
+                assert torch.equal(table, ref)
+            row = paired_host_us({
+                "triton_jit_dispatch": lambda: pt.launch(rtt, rows, None, None, table, ps, pages),
+                "triton_compiled_launcher": lambda: compiled[(bs, 1, 1)](*args, False, False, 64),
+                "page_table_as_called": lambda: bm.page_table(rtt, rows, pages, ps),
+                "torch_ops": torch_ops,
+                "one_torch_add": lambda: batch.seq_lens + 1,
+                "host_length_work": lambda: bm.BatchLengths.from_batch(batch).max_seq,
+            })
+            out[f"bs {bs}, page {ps}"] = {k: round(v, 1) for k, v in row.items()}
+    print("===== page-table launch cost, host us\n" + json.dumps(out, indent=1))
+
+
 def gc_effect(bs: int = 64) -> None:
     """Host µs of FlashInfer's eager decode metadata, its raw plan(), and the backend's host length work followed by
     the raw plan(), with Python's cyclic GC on and off (paired rounds): does garbage collection account for plan()
@@ -106,5 +153,7 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["gc"]:
         for size in (1, 64):
             gc_effect(size)
+    elif sys.argv[1:] == ["launch"]:
+        launch_cost()
     else:
         main()
