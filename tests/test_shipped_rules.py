@@ -224,6 +224,10 @@ def test_draft_extend_v2_reads_prefix_plus_new(backend, gpu, cuda_graph):
     ("--kv-cache-dtype fp4_mx_block16 --prefill-attention-backend flashinfer --decode-attention-backend triton", "Llama-3.1-8B", "sm90",
      lambda r: r.plan.prefill_backend == "flashinfer"),  # two backends, neither FA4: SGLang only warns
     ("--enable-dp-attention --dp-size 2 --tp-size 4", "Llama-3.1-8B", "sm90", lambda r: r.plan.common.attn_tp_size == 2),
+    ("--attention-backend hpc_ops", "Llama-3.1-8B", "sm90", lambda r: r.server_args.page_size == 64),
+    ("--prefill-attention-backend flashinfer --decode-attention-backend fa3 --page-size 16 --speculative-algorithm EAGLE "
+     "--speculative-eagle-topk 4 --speculative-num-steps 3 --speculative-num-draft-tokens 8", "gemma-2-9b", "sm90",
+     lambda r: r.plan.prefill_backend == "flashinfer"),  # the tree verify runs on the prefill backend, FlashInfer
 ])
 def test_rule_outcomes(flags, name, gpu, check):
     r = resolve(ServerArgs.from_flags(flags.split()), model(name), fa3_gpu(gpu),  # SGLang's hosts have FA3
@@ -258,6 +262,13 @@ def test_rule_outcomes(flags, name, gpu, check):
     ("--enable-dp-attention --dp-size 2 --tp-size 3", "Llama-3.1-8B", "sm90", "dp-attention.tp-divisible-by-dp"),
     ("--speculative-algorithm NGRAM --enable-dp-attention --dp-size 2 --tp-size 2", "Llama-3.1-8B", "sm90", "spec.ngram-no-dp-attention"),
     ("--disaggregation-mode decode --enable-hierarchical-cache", "Llama-3.1-8B", "sm90", "hicache.needs-radix-cache"),  # after R55
+    ("--attention-backend hpc_ops", "whisper-large-v3-turbo", "sm90", "hpc-ops.mha-decoder-only-no-speculation"),
+    ("--attention-backend hpc_ops --speculative-algorithm EAGLE", "Llama-3.1-8B", "sm90", "hpc-ops.mha-decoder-only-no-speculation"),
+    ("--attention-backend fa3 --page-size 16 --speculative-algorithm EAGLE --speculative-eagle-topk 4 --speculative-num-steps 3 "
+     "--speculative-num-draft-tokens 8", "gemma-2-9b", "sm90", "fa.tree-verify-window-needs-page-1"),
+    ("--prefill-attention-backend flashinfer --decode-attention-backend fa3 --speculative-attention-mode decode --page-size 16 "
+     "--speculative-algorithm EAGLE --speculative-eagle-topk 4 --speculative-num-steps 3 --speculative-num-draft-tokens 8",
+     "gemma-2-9b", "sm90", "fa.tree-verify-window-needs-page-1"),  # verify runs on the decode backend
 ])
 def test_rule_rejections(flags, name, gpu, rule):
     with pytest.raises(PlanError) as err:
