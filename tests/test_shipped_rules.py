@@ -262,6 +262,8 @@ def test_rule_outcomes(flags, name, gpu, check):
     ("--enable-dp-attention --dp-size 2 --tp-size 3", "Llama-3.1-8B", "sm90", "dp-attention.tp-divisible-by-dp"),
     ("--speculative-algorithm NGRAM --enable-dp-attention --dp-size 2 --tp-size 2", "Llama-3.1-8B", "sm90", "spec.ngram-no-dp-attention"),
     ("--disaggregation-mode decode --enable-hierarchical-cache", "Llama-3.1-8B", "sm90", "hicache.needs-radix-cache"),  # after R55
+    ("--attention-backend flashmla --speculative-algorithm EAGLE --speculative-eagle-topk 2 --speculative-num-steps 3 "
+     "--speculative-num-draft-tokens 4", "DeepSeek-V2-Lite", "sm90", "mla-backends.topk-one"),
     ("--attention-backend hpc_ops", "whisper-large-v3-turbo", "sm90", "hpc-ops.mha-decoder-only-no-speculation"),
     ("--attention-backend hpc_ops --speculative-algorithm EAGLE", "Llama-3.1-8B", "sm90", "hpc-ops.mha-decoder-only-no-speculation"),
     ("--attention-backend fa3 --page-size 16 --speculative-algorithm EAGLE --speculative-eagle-topk 4 --speculative-num-steps 3 "
