@@ -264,6 +264,8 @@ def test_rule_outcomes(flags, name, gpu, check):
     ("--disaggregation-mode decode --enable-hierarchical-cache", "Llama-3.1-8B", "sm90", "hicache.needs-radix-cache"),  # after R55
     ("--attention-backend flashmla --speculative-algorithm EAGLE --speculative-eagle-topk 2 --speculative-num-steps 3 "
      "--speculative-num-draft-tokens 4", "DeepSeek-V2-Lite", "sm90", "mla-backends.topk-one"),
+    ("--speculative-algorithm EAGLE --speculative-eagle-topk 1", "Llama-3.1-8B", "sm90", "spec.params-all-or-none"),
+    ("--speculative-algorithm NEXTN --speculative-num-draft-tokens 4", "DeepSeek-V3", "sm90", "spec.params-all-or-none"),
     ("--attention-backend hpc_ops", "whisper-large-v3-turbo", "sm90", "hpc-ops.mha-decoder-only-no-speculation"),
     ("--attention-backend hpc_ops --speculative-algorithm EAGLE", "Llama-3.1-8B", "sm90", "hpc-ops.mha-decoder-only-no-speculation"),
     ("--attention-backend fa3 --page-size 16 --speculative-algorithm EAGLE --speculative-eagle-topk 4 --speculative-num-steps 3 "
