@@ -204,3 +204,37 @@ def test_lint_reasons_about_two_facts_compared_with_each_other():
     assert not any("'same' and 'split'" in f for f in found), found
     assert any("'same' and 'more-tp' can both match" in f for f in found), found
     assert any("'more-tp' and 'split' can both match" in f or "'split' and 'more-tp' can both match" in f for f in found), found
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("{from: nope}", "speculative_num_draft_tokens: unknown fact 'nope'"),
+    ("{from: use_mla}", "speculative_num_draft_tokens is int or None; fact use_mla is bool"),
+    ("{from: speculative_chain_draft_tokens, and: 1}", "a computed value is written {from: FACT}"),
+])
+def test_an_adjust_value_from_a_fact_is_type_checked(value, expected):
+    found = problems(HEAD + "  - {id: r, kind: adjust, summary: s, why: w, source: s, message: m, when: speculative_num_steps is not None, "
+                            f"adjust: {{speculative_num_draft_tokens: {value}}}}}\n")
+    assert any(expected in p for p in found), found
+
+
+def test_an_adjust_value_from_a_fact_is_resolved_linted_and_diffed():
+    """``{from: FACT}`` takes the fact's value when the rule fires; lint proves the rules settle, and diff compares
+    the computed value with a literal one."""
+    from attngate.rules.diff import diff_rules
+    from attngate.rules.lint import lint_rules
+
+    computed = _mini("""\
+      - {id: chain, kind: adjust, summary: s, why: w, source: s, message: m, when: speculative_num_steps is not None and speculative_num_draft_tokens != speculative_chain_draft_tokens, adjust: {speculative_num_draft_tokens: {from: speculative_chain_draft_tokens}}}
+      - {id: fill, kind: adjust, summary: s, why: w, source: s, when: attention_backend is None, adjust: {attention_backend: fa3, page_size: 1}, message: m}
+    """)
+    literal = _mini("""\
+      - {id: chain, kind: adjust, summary: s, why: w, source: s, message: m, when: speculative_num_steps is not None and speculative_num_draft_tokens != 4, adjust: {speculative_num_draft_tokens: 4}}
+      - {id: fill, kind: adjust, summary: s, why: w, source: s, when: attention_backend is None, adjust: {attention_backend: fa3, page_size: 1}, message: m}
+    """)
+    r = resolve(ServerArgs(speculative_algorithm="EAGLE", speculative_num_steps=6, speculative_eagle_topk=1), model("Llama-3.1-8B"),
+                Platform.from_name("sm90"), computed)
+    assert r.server_args.speculative_num_draft_tokens == 7
+    assert lint_rules(computed) == []
+    differences = [d for d in diff_rules(literal, computed) if d.name == "speculative_num_draft_tokens"]
+    assert differences and differences[0].old != differences[0].new, differences
+    assert not [d for d in diff_rules(computed, computed)]

@@ -224,6 +224,13 @@ def test_draft_extend_v2_reads_prefix_plus_new(backend, gpu, cuda_graph):
     ("--kv-cache-dtype fp4_mx_block16 --prefill-attention-backend flashinfer --decode-attention-backend triton", "Llama-3.1-8B", "sm90",
      lambda r: r.plan.prefill_backend == "flashinfer"),  # two backends, neither FA4: SGLang only warns
     ("--enable-dp-attention --dp-size 2 --tp-size 4", "Llama-3.1-8B", "sm90", lambda r: r.plan.common.attn_tp_size == 2),
+    ("--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 8",
+     "Llama-3.1-8B", "sm90", lambda r: r.server_args.speculative_num_draft_tokens == 4  # R47: a chain drafts steps + 1
+     and any("spec.chain-draft-tokens" in w for w in r.warnings)),
+    ("--speculative-algorithm EAGLE --speculative-num-steps 5 --speculative-eagle-topk 1", "Llama-3.1-8B", "sm90",
+     lambda r: r.server_args.speculative_num_draft_tokens == 6),
+    ("--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 2 --speculative-num-draft-tokens 8",
+     "Llama-3.1-8B", "sm90", lambda r: r.server_args.speculative_num_draft_tokens == 8),  # a tree keeps its count
     ("--attention-backend hpc_ops", "Llama-3.1-8B", "sm90", lambda r: r.server_args.page_size == 64),
     ("--prefill-attention-backend flashinfer --decode-attention-backend fa3 --page-size 16 --speculative-algorithm EAGLE "
      "--speculative-eagle-topk 4 --speculative-num-steps 3 --speculative-num-draft-tokens 8", "gemma-2-9b", "sm90",

@@ -121,6 +121,8 @@ _DERIVED_FACTS = [
     FactSpec("attn_heads_split_evenly", FactType("bool"), "derived",
              "query heads divide by attn_tp_size, and KV heads divide by it or it by them"),
     FactSpec("dp_divides_tp", FactType("bool"), "derived", "tp_size is a multiple of dp_size"),
+    FactSpec("speculative_chain_draft_tokens", FactType("int", None, True), "derived",
+             "speculative_num_steps + 1 (a chain's draft tokens), None without speculative_num_steps"),
 ]
 MODE_FACT = FactSpec("forward_mode", FactType("str", tuple(m.value for m in ForwardMode)), "mode", "forward mode of the batch")
 LAYER_FACT = FactSpec("layer_kind", FactType("str", tuple(k.value for k in LayerKind)), "layer", "kind of the attention layer")
@@ -156,6 +158,7 @@ def derived_facts(values: dict[str, Any]) -> dict[str, Any]:
         "num_kv_heads_per_rank": max(kv // attn_tp, 1),
         "attn_heads_split_evenly": q % attn_tp == 0 and (kv % attn_tp == 0 or attn_tp % kv == 0),
         "dp_divides_tp": tp % dp == 0,
+        "speculative_chain_draft_tokens": None if values["speculative_num_steps"] is None else values["speculative_num_steps"] + 1,
     }
 
 

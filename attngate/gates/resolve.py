@@ -40,7 +40,7 @@ from attngate.gates.resolution import (
     Violation,
 )
 from attngate.rules.condition import gate_key
-from attngate.rules.load import Rule, RuleSet, load_rules
+from attngate.rules.load import FactValue, Rule, RuleSet, load_rules
 
 MAX_ADJUST_ROUNDS = 32
 #: Called as ``observer(rules, scope, facts)`` with every evaluation context of every resolve() (scope
@@ -167,6 +167,7 @@ def _adjust(state: dict[str, Any], fixed: dict[str, Any], index: _Index) -> tupl
         for rule in index.adjust:
             if rule.matches(facts):
                 for name, value in rule.adjusts.items():
+                    value = value.of(facts) if isinstance(value, FactValue) else value
                     wanted.setdefault(name, {}).setdefault(value, []).append(rule)
         done = [a for r in rounds for a in r]
         conflicts = [

@@ -21,7 +21,7 @@ import z3
 
 from attngate.gates.registry import GATES
 from attngate.rules.lint import _Encoder, lit
-from attngate.rules.load import RuleSet
+from attngate.rules.load import FactValue, RuleSet
 from attngate.rules.prove import ResolutionModel, encode_resolution
 
 
@@ -93,8 +93,12 @@ def _adjust_differences(a: _Side, b: _Side, timeout_ms: int) -> list[Difference]
             v_expr, n_expr = value, none
             for rule in reversed([r for r in side.rules.rules if name in r.adjusts]):
                 new = rule.adjusts[name]
-                v_expr = z3.If(side.model.cond[rule.id], value if new is None else lit(new), v_expr)
-                n_expr = z3.If(side.model.cond[rule.id], z3.BoolVal(new is None), n_expr)
+                if isinstance(new, FactValue):  # the fact's value when the rule fires
+                    new_value, new_none = side.enc.var(new.fact)
+                else:
+                    new_value, new_none = (value if new is None else lit(new)), z3.BoolVal(new is None)
+                v_expr = z3.If(side.model.cond[rule.id], new_value, v_expr)
+                n_expr = z3.If(side.model.cond[rule.id], new_none, n_expr)
             results.append((v_expr, n_expr))
         (va, na), (vb, nb) = results
         _, m = _find(solver, z3.Or(na != nb, z3.And(z3.Not(na), va != vb)))

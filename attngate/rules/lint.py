@@ -30,7 +30,7 @@ from attngate.facts.choices import GPU_ARCHS
 from attngate.facts.modes import LayerKind
 from attngate.facts.schema import FACTS, LAYER_FACT, MODE_FACT, FactType
 from attngate.gates.registry import GATES
-from attngate.rules.load import Rule, RuleSet
+from attngate.rules.load import FactValue, Rule, RuleSet
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +114,11 @@ class _Encoder:
         return z3.And(*out)
 
     def equals(self, name: str, literal: Any) -> Any:
-        """``name == literal`` with Python's None semantics."""
+        """``name == literal`` with Python's None semantics; a FactValue literal: ``name == fact``."""
         value, none = self.var(name)
+        if isinstance(literal, FactValue):
+            other, other_none = self.var(literal.fact)
+            return z3.Or(z3.And(none, other_none), z3.And(z3.Not(none), z3.Not(other_none), value == other))
         return none if literal is None else z3.And(z3.Not(none), value == _lit(literal))
 
     def operand(self, node: ast.expr) -> tuple[Any, Any, bool]:

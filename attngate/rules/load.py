@@ -36,6 +36,21 @@ _SCOPE_HINTS = {
 
 
 @dataclass(frozen=True, slots=True)
+class FactValue:
+    """An adjust value read from a fact when the rule fires (``adjust: {arg: {from: FACT}}``): how a rule sets an
+    argument to a computed value (a derived fact such as ``speculative_chain_draft_tokens``) while conditions keep
+    no arithmetic."""
+
+    fact: str
+
+    def of(self, facts: dict[str, Any]) -> Any:
+        return facts[self.fact]
+
+    def __repr__(self) -> str:
+        return f"{{from: {self.fact}}}"
+
+
+@dataclass(frozen=True, slots=True)
 class Rule:
     """A loaded, type-checked rule. ``where`` is its ``file:line:col``."""
 
@@ -48,7 +63,7 @@ class Rule:
     condition: Condition
     scope: Scope
     sets: dict[str, Any]  # gate -> value (kind set)
-    adjusts: dict[str, Any]  # server arg -> value (kind adjust; known_failure fallback)
+    adjusts: dict[str, Any]  # server arg -> value or FactValue (kind adjust; known_failure fallback)
     message: str | None
     issue: str | None
     backends: tuple[str, ...]
@@ -306,6 +321,7 @@ GATES_TYPES: dict[Scope, dict[str, FactType]] = {
 
 def _check_values(values: dict[str, Any], types: dict[str, FactType], what: str, doc: YamlDocument,
                   path: tuple, problems: list[Problem]) -> dict[str, Any]:
+    out = dict(values)
     for name, value in values.items():
         where = doc.where(path + (name,))
         ftype = types.get(name)
@@ -313,9 +329,28 @@ def _check_values(values: dict[str, Any], types: dict[str, FactType], what: str,
             other = GATES.get(name)
             hint = f" ({name} is a {other.scope} gate)" if other and what == "gate" else did_you_mean(str(name), types)
             problems.append(Problem(where, f"unknown {what} {name!r}{hint}"))
+        elif isinstance(value, dict) and what == "server argument":
+            out[name] = _fact_value(name, value, ftype, where, problems)
         elif not ftype.accepts(value):
             problems.append(Problem(where, f"{name} is {ftype.describe()}, got {value!r}" + (did_you_mean(value, map(str, ftype.choices)) if ftype.choices and isinstance(value, str) else "")))
-    return dict(values)
+    return out
+
+
+def _fact_value(name: str, value: dict, ftype: FactType, where: str, problems: list[Problem]) -> FactValue | None:
+    """``{from: FACT}``: FACT must be a global fact whose values ``name`` accepts."""
+    fact = value.get("from") if set(value) == {"from"} else None
+    if not isinstance(fact, str):
+        problems.append(Problem(where, f"{name}: a computed value is written {{from: FACT}}, got {value!r}"))
+        return None
+    source = _GLOBAL_FACT_TYPES.get(fact)
+    if source is None:
+        problems.append(Problem(where, f"{name}: unknown fact {fact!r}" + did_you_mean(fact, _GLOBAL_FACT_TYPES)))
+        return None
+    choices_fit = not ftype.choices or (source.choices is not None and set(source.choices) <= set(ftype.choices))
+    if source.base != ftype.base or (source.optional and not ftype.optional) or not choices_fit:
+        problems.append(Problem(where, f"{name} is {ftype.describe()}; fact {fact} is {source.describe()}"))
+        return None
+    return FactValue(fact)
 
 
 def _check_condition(spec: RuleSpec, scope: Scope, doc: YamlDocument, path: tuple, problems: list[Problem],
