@@ -40,7 +40,7 @@ from attngate.gates.resolution import (
     Violation,
 )
 from attngate.rules.condition import gate_key
-from attngate.rules.load import FactValue, Rule, RuleSet, load_rules
+from attngate.rules.load import Rule, RuleSet, adjust_value, load_rules
 
 MAX_ADJUST_ROUNDS = 32
 #: Called as ``observer(rules, scope, facts)`` with every evaluation context of every resolve() (scope
@@ -167,8 +167,7 @@ def _adjust(state: dict[str, Any], fixed: dict[str, Any], index: _Index) -> tupl
         for rule in index.adjust:
             if rule.matches(facts):
                 for name, value in rule.adjusts.items():
-                    value = value.of(facts) if isinstance(value, FactValue) else value
-                    wanted.setdefault(name, {}).setdefault(value, []).append(rule)
+                    wanted.setdefault(name, {}).setdefault(adjust_value(value, facts), []).append(rule)
         done = [a for r in rounds for a in r]
         conflicts = [
             Violation(" vs ".join(r.id for rs in by_value.values() for r in rs),
@@ -296,4 +295,4 @@ def _backend_verdicts(facts: dict[str, Any], index: _Index) -> list[BackendVerdi
 
 def _switches_away(rules: Iterable[Rule], facts: dict[str, Any], backend: str) -> list[Rule]:
     return [r for r in rules if r.matches(facts)
-            and any(r.adjusts.get(arg, backend) != backend for arg in _BACKEND_ARGS)]
+            and any(adjust_value(r.adjusts.get(arg, backend), facts) != backend for arg in _BACKEND_ARGS)]

@@ -50,6 +50,11 @@ class FactValue:
         return f"{{from: {self.fact}}}"
 
 
+def adjust_value(value: Any, facts: dict[str, Any]) -> Any:
+    """What an adjust value sets the argument to under ``facts``: the literal, or a FactValue's fact."""
+    return value.of(facts) if isinstance(value, FactValue) else value
+
+
 @dataclass(frozen=True, slots=True)
 class Rule:
     """A loaded, type-checked rule. ``where`` is its ``file:line:col``."""
