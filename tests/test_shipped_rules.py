@@ -216,6 +216,11 @@ def test_draft_extend_v2_reads_prefix_plus_new(backend, gpu, cuda_graph):
     ("--disaggregation-mode prefill", "Llama-3.1-8B", "sm90",  # R56: the prefill server replays no decode graph
      lambda r: not r.plan.common.cuda_graph and not any(r.plan.mode(m).common.capture_cuda_graph for m in ForwardMode)),
     ("--disaggregation-mode null", "Llama-3.1-8B", "sm90", lambda r: r.plan.common.cuda_graph and not r.server_args.disable_radix_cache),
+    ("--speculative-algorithm NGRAM", "Llama-3.1-8B", "sm100", lambda r: r.plan.prefill_backend == "flashinfer"),  # R3: no topk given
+    ("--speculative-algorithm NGRAM --speculative-eagle-topk 1", "Llama-3.1-8B", "sm100", lambda r: r.plan.prefill_backend == "trtllm_mha"),
+    ("--speculative-algorithm DFLASH", "Llama-3.1-8B", "sm100", lambda r: r.plan.prefill_backend == "trtllm_mha"),  # forces topk 1
+    ("--speculative-algorithm STANDALONE", "Llama-3.1-8B", "sm100",  # its (3, 1, 4) is filled before the default backend
+     lambda r: r.plan.prefill_backend == "trtllm_mha"),
     ("--speculative-algorithm STANDALONE", "Llama-3.1-8B", "sm90",  # R45: a chain, where EAGLE on Llama picks a tree
      lambda r: (r.server_args.speculative_num_steps, r.server_args.speculative_eagle_topk, r.server_args.speculative_num_draft_tokens) == (3, 1, 4)),
     ("--kv-cache-dtype fp4_mx_block16 --attention-backend triton", "Llama-3.1-8B", "sm90", lambda r: r.plan.prefill_backend == "triton"),
