@@ -429,3 +429,11 @@ def test_a_known_failure_is_refused_naming_its_entry_unless_allowed(flags, name,
     assert any(w.startswith(f"known failure {entry} allowed") for w in r.warnings)
     with pytest.raises(PlanError, match="did you mean"):
         resolve(args, model(name), Platform.from_name("sm90"), allow_known_failures=[entry + "x"])
+
+
+@pytest.mark.parametrize("name, backend", [("Llama-3.1-8B", "triton"), ("gpt-oss-20b", "triton")])
+def test_default_backend_without_flashinfer_installed_is_triton(name, backend):
+    """R5: the generic MHA default is flashinfer only where FlashInfer imports, else triton (as for sinks)."""
+    r = resolve(ServerArgs(), model(name), Platform.from_name("sm80", has_flashinfer=False))
+    assert r.plan.prefill_backend == backend
+    assert resolve(ServerArgs(), model("Llama-3.1-8B"), Platform.from_name("sm80")).plan.prefill_backend == "flashinfer"
