@@ -217,7 +217,16 @@ def test_draft_extend_v2_reads_prefix_plus_new(backend, gpu, cuda_graph):
      lambda r: not r.plan.common.cuda_graph and not any(r.plan.mode(m).common.capture_cuda_graph for m in ForwardMode)),
     ("--disaggregation-mode null", "Llama-3.1-8B", "sm90", lambda r: r.plan.common.cuda_graph and not r.server_args.disable_radix_cache),
     ("--speculative-algorithm NGRAM", "Llama-3.1-8B", "sm100", lambda r: r.plan.prefill_backend == "flashinfer"),  # R3: no topk given
-    ("--speculative-algorithm NGRAM --speculative-eagle-topk 1", "Llama-3.1-8B", "sm100", lambda r: r.plan.prefill_backend == "trtllm_mha"),
+    ("--speculative-algorithm NGRAM", "Llama-3.1-8B", "sm90",  # R49: breadth 10, 12 draft tokens, 12 // 10 steps
+     lambda r: (r.server_args.speculative_eagle_topk, r.server_args.speculative_num_draft_tokens, r.server_args.speculative_num_steps)
+     == (10, 12, 1) and r.plan.prefill_backend == "fa3"),
+    ("--speculative-algorithm NGRAM --speculative-ngram-max-bfs-breadth 4 --speculative-num-draft-tokens 8 --enable-mixed-chunk",
+     "Llama-3.1-8B", "sm90", lambda r: (r.server_args.speculative_eagle_topk, r.server_args.speculative_num_steps) == (4, 2)
+     and not r.server_args.enable_mixed_chunk),
+    ("--speculative-algorithm NGRAM --attention-backend flashinfer --page-size 16", "Llama-3.1-8B", "sm90",
+     lambda r: r.plan.common.page_size == 16),
+    ("--speculative-algorithm DFLASH --speculative-num-steps 4 --speculative-eagle-topk 2", "Llama-3.1-8B", "sm90",
+     lambda r: (r.server_args.speculative_num_steps, r.server_args.speculative_eagle_topk) == (1, 1)),
     ("--speculative-algorithm DFLASH", "Llama-3.1-8B", "sm100", lambda r: r.plan.prefill_backend == "trtllm_mha"),  # forces topk 1
     ("--speculative-algorithm STANDALONE", "Llama-3.1-8B", "sm100",  # its (3, 1, 4) is filled before the default backend
      lambda r: r.plan.prefill_backend == "trtllm_mha"),
@@ -276,6 +285,9 @@ def test_rule_outcomes(flags, name, gpu, check):
     ("--disaggregation-mode decode --enable-hierarchical-cache", "Llama-3.1-8B", "sm90", "hicache.needs-radix-cache"),  # after R55
     ("--attention-backend flashmla --speculative-algorithm EAGLE --speculative-eagle-topk 2 --speculative-num-steps 3 "
      "--speculative-num-draft-tokens 4", "DeepSeek-V2-Lite", "sm90", "mla-backends.topk-one"),
+    ("--speculative-algorithm NGRAM --page-size 16", "Llama-3.1-8B", "sm90", "spec.ngram-page-tree-flashinfer-only"),
+    ("--speculative-algorithm NGRAM --speculative-eagle-topk 1", "Llama-3.1-8B", "sm100", "spec.trtllm-mha-topk-one"),  # breadth 10
+    ("--speculative-algorithm DFLASH --enable-dp-attention --dp-size 2 --tp-size 2", "Llama-3.1-8B", "sm90", "spec.dflash-no-dp-attention"),
     ("--speculative-algorithm EAGLE --speculative-eagle-topk 1", "Llama-3.1-8B", "sm90", "spec.params-all-or-none"),
     ("--speculative-algorithm NEXTN --speculative-num-draft-tokens 4", "DeepSeek-V3", "sm90", "spec.params-all-or-none"),
     ("--attention-backend hpc_ops", "whisper-large-v3-turbo", "sm90", "hpc-ops.mha-decoder-only-no-speculation"),

@@ -123,6 +123,8 @@ _DERIVED_FACTS = [
     FactSpec("dp_divides_tp", FactType("bool"), "derived", "tp_size is a multiple of dp_size"),
     FactSpec("speculative_chain_draft_tokens", FactType("int", None, True), "derived",
              "speculative_num_steps + 1 (a chain's draft tokens), None without speculative_num_steps"),
+    FactSpec("speculative_ngram_num_steps", FactType("int", None, True), "derived",
+             "speculative_num_draft_tokens // speculative_eagle_topk (NGRAM's steps), None without both"),
 ]
 MODE_FACT = FactSpec("forward_mode", FactType("str", tuple(m.value for m in ForwardMode)), "mode", "forward mode of the batch")
 LAYER_FACT = FactSpec("layer_kind", FactType("str", tuple(k.value for k in LayerKind)), "layer", "kind of the attention layer")
@@ -148,6 +150,7 @@ def model_facts(model: ModelFacts) -> dict[str, Any]:
 def derived_facts(values: dict[str, Any]) -> dict[str, Any]:
     """Facts computed from server arguments and model facts (``values`` holds both)."""
     tp, dp = values["tp_size"], values["dp_size"]
+    draft, topk = values["speculative_num_draft_tokens"], values["speculative_eagle_topk"]
     attn_tp = max(tp // dp, 1) if values["enable_dp_attention"] else tp
     q, kv = values["num_attention_heads"], 1 if values["use_mla"] else values["num_key_value_heads"]
     return {
@@ -159,6 +162,7 @@ def derived_facts(values: dict[str, Any]) -> dict[str, Any]:
         "attn_heads_split_evenly": q % attn_tp == 0 and (kv % attn_tp == 0 or attn_tp % kv == 0),
         "dp_divides_tp": tp % dp == 0,
         "speculative_chain_draft_tokens": None if values["speculative_num_steps"] is None else values["speculative_num_steps"] + 1,
+        "speculative_ngram_num_steps": None if not (draft and topk) else draft // topk,
     }
 
 

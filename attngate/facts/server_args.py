@@ -66,6 +66,7 @@ class ServerArgs(ValidatedModel):
     speculative_num_draft_tokens: Optional[int] = Field(None, ge=1, le=1 << 16)
     speculative_draft_model_path: Optional[str] = None
     speculative_attention_mode: SpeculativeAttentionMode = "prefill"
+    speculative_ngram_max_bfs_breadth: int = Field(10, ge=1, le=1024)
     enable_deterministic_inference: bool = False
     rl_on_policy_target: Optional[str] = None
     disable_cuda_graph: bool = False
