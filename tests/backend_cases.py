@@ -109,6 +109,11 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.float() - b.float()).abs().max().item()
 
 
+def rel_err(got: torch.Tensor, expected: torch.Tensor) -> float:
+    """Largest absolute difference over the largest magnitude of ``expected``."""
+    return max_diff(got, expected) / expected.float().abs().max().item()
+
+
 SPECULATIVE = dict(speculative_algorithm="EAGLE", speculative_eagle_topk=1, speculative_num_steps=3, speculative_num_draft_tokens=4)
 ENCODER_PAGES = [[2, 8, 1, 4], [8, 1, 2, 2], [1, 3, 8, 1]]  # per replay round, each request's encoder tokens in pages
 

@@ -20,16 +20,12 @@ from attngate.backends.forward_batch import ForwardBatch  # noqa: E402
 from attngate.backends.kv_cache import MLATokenToKVPool  # noqa: E402
 from attngate.backends.layer import AttentionLayer  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
-from backend_cases import GPU, MODE_OF, plan_for, requests_around_page  # noqa: E402
+from backend_cases import GPU, MODE_OF, plan_for, rel_err, requests_around_page  # noqa: E402
 
 M = ForwardMode
 RANK, ROPE, NOPE, VDIM = 512, 64, 128, 128
 MLA_MODELS = {16: "DeepSeek-V2-Lite", 128: "DeepSeek-V3"}
 REQUESTS = requests_around_page(64)  # uneven requests on both sides of a 64-token page boundary, for every page size
-
-
-def rel_err(got: torch.Tensor, expected: torch.Tensor) -> float:
-    return ((got.float() - expected.float()).abs().max() / expected.float().abs().max()).item()
 
 
 def mla_layer(heads: int, gen: torch.Generator) -> AttentionLayer:

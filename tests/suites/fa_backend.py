@@ -12,7 +12,7 @@ from attngate.backends.errors import BatchMetadataError
 from attngate.backends.flashattention import FlashAttentionBackend
 from helpers import MODELS
 from backend_cases import Env, MODE_OF, layer_of, make_case, plan_for, reference_out, replay_rounds, requests_around_page, run, target_in_batch, with_cross_layer
-from backend_cases import ENCODER_PAGES, SPECULATIVE, assert_replays_match_reference, max_diff
+from backend_cases import ENCODER_PAGES, SPECULATIVE, assert_replays_match_reference, max_diff, rel_err
 
 PAGE_SIZES = [1, 128]
 M = ForwardMode
@@ -21,10 +21,6 @@ REQUESTS = requests_around_page(PAGE_SIZES[-1])
 
 def fa_backend(env: Env, plan, case, layer, **kw) -> FlashAttentionBackend:
     return FlashAttentionBackend(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], env.device, **kw)
-
-
-def rel_err(got: torch.Tensor, expected: torch.Tensor) -> float:
-    return ((got.float() - expected.float()).abs().max() / expected.float().abs().max()).item()
 
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
