@@ -20,8 +20,8 @@ from typing import Any
 import z3
 
 from attngate.gates.registry import GATES
-from attngate.rules.lint import _Encoder, lit
-from attngate.rules.load import FactValue, RuleSet
+from attngate.rules.lint import _Encoder
+from attngate.rules.load import RuleSet
 from attngate.rules.prove import ResolutionModel, encode_resolution
 
 
@@ -92,11 +92,7 @@ def _adjust_differences(a: _Side, b: _Side, timeout_ms: int) -> list[Difference]
         for side in (a, b):  # the value after one step: the first matching adjust rule's, else the input
             v_expr, n_expr = value, none
             for rule in reversed([r for r in side.rules.rules if name in r.adjusts]):
-                new = rule.adjusts[name]
-                if isinstance(new, FactValue):  # the fact's value when the rule fires
-                    new_value, new_none = side.enc.var(new.fact)
-                else:
-                    new_value, new_none = (value if new is None else lit(new)), z3.BoolVal(new is None)
+                new_value, new_none = side.enc.term(name, rule.adjusts[name])
                 v_expr = z3.If(side.model.cond[rule.id], new_value, v_expr)
                 n_expr = z3.If(side.model.cond[rule.id], new_none, n_expr)
             results.append((v_expr, n_expr))

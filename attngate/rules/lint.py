@@ -113,13 +113,19 @@ class _Encoder:
             left = right
         return z3.And(*out)
 
+    def term(self, name: str, value: Any) -> tuple[Any, Any]:
+        """(value, is-None) terms of a value given to ``name``: a literal, None, or a FactValue's fact."""
+        if isinstance(value, FactValue):
+            return self.var(value.fact)
+        if value is None:
+            return self.var(name)[0], z3.BoolVal(True)
+        return _lit(value), z3.BoolVal(False)
+
     def equals(self, name: str, literal: Any) -> Any:
-        """``name == literal`` with Python's None semantics; a FactValue literal: ``name == fact``."""
+        """``name == literal`` with Python's None semantics (``literal`` as :meth:`term` takes it)."""
         value, none = self.var(name)
-        if isinstance(literal, FactValue):
-            other, other_none = self.var(literal.fact)
-            return z3.Or(z3.And(none, other_none), z3.And(z3.Not(none), z3.Not(other_none), value == other))
-        return none if literal is None else z3.And(z3.Not(none), value == _lit(literal))
+        other, other_none = self.term(name, literal)
+        return z3.Or(z3.And(none, other_none), z3.And(z3.Not(none), z3.Not(other_none), value == other))
 
     def operand(self, node: ast.expr) -> tuple[Any, Any, bool]:
         if isinstance(node, (ast.Name, ast.Attribute)):
