@@ -19,6 +19,12 @@ from backend_cases import GPU, layer_of, make_case, plan_for  # noqa: E402
 from common import decode_graph_replay  # noqa: E402
 
 
+def decode_case(bs: int, ps: int):
+    """``bs`` decode requests of 2048 tokens (2047 cached) on ``ps``-token pages, the shape every row here times."""
+    return make_case(GPU, [(2047, 1)] * bs, ForwardMode.DECODE, ps, num_slots=bs * (2048 + ps) // ps * ps + ps,
+                     max_context_len=2048 + ps)
+
+
 def profile(name: str, fn, iters: int = 300, top: int = 22) -> None:
     for _ in range(20):
         fn()
@@ -39,7 +45,7 @@ def parts(bs: int = 64) -> None:
     from attngate.backends import batch_metadata as bm
     from common import host_us
 
-    case = make_case(GPU, [(2047, 1)] * bs, ForwardMode.DECODE, 16, num_slots=bs * 2064, max_context_len=2064)
+    case = decode_case(bs, 16)
     batch, rtt = case.setup.batch, case.setup.req_to_token_pool.req_to_token
     lens = bm.BatchLengths.from_batch(batch)
     rng = lens.kv_pages(16)
@@ -78,8 +84,7 @@ def launch_cost() -> None:
     out = {}
     for bs in (1, 64, 256):
         for ps in (16, 128):
-            case = make_case(GPU, [(2047, 1)] * bs, ForwardMode.DECODE, ps, num_slots=bs * (2048 + ps) // ps * ps + ps,
-                             max_context_len=2048 + ps)
+            case = decode_case(bs, ps)
             batch, rtt = case.setup.batch, case.setup.req_to_token_pool.req_to_token
             rows = batch.req_pool_indices
             pages = -(-int(batch.seq_lens_cpu.max()) // ps)
@@ -92,13 +97,16 @@ def launch_cost() -> None:
                 torch.index_select(strided, 0, rows, out=table)
                 table.div_(ps, rounding_mode="floor")
 
-            for fn in (lambda: compiled[(bs, 1, 1)](*args, False, False, 64), torch_ops):
+            def compiled_launch():
+                compiled[(bs, 1, 1)](*args, False, False, 64)  # the constexprs positionally, as the launcher takes them
+
+            for fn in (compiled_launch, torch_ops):
                 table.zero_()
                 fn()
                 assert torch.equal(table, ref)
             row = paired_host_us({
                 "triton_jit_dispatch": lambda: pt.launch(rtt, rows, None, None, table, ps, pages),
-                "triton_compiled_launcher": lambda: compiled[(bs, 1, 1)](*args, False, False, 64),
+                "triton_compiled_launcher": compiled_launch,
                 "page_table_as_called": lambda: bm.page_table(rtt, rows, pages, ps),
                 "torch_ops": torch_ops,
                 "one_torch_add": lambda: batch.seq_lens + 1,
@@ -140,7 +148,7 @@ def main(bs: int = 64) -> None:
     parts(bs)
     layer = layer_of(GPU, LayerKind.FULL)
     for name, cls, backend, ps in (("flashinfer", FlashInferBackend, "flashinfer", 16), ("fa", FlashAttentionBackend, "fa4", 128)):
-        case = make_case(GPU, [(2047, 1)] * bs, ForwardMode.DECODE, ps, num_slots=bs * (2048 + ps) // ps * ps + ps, max_context_len=2048 + ps)
+        case = decode_case(bs, ps)
         be = cls(plan_for(GPU, backend, ps), case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], "cuda")
         batch = case.setup.batch
         profile(f"{name} init_forward_metadata", lambda: be.init_forward_metadata(batch))
