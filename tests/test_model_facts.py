@@ -71,6 +71,43 @@ def test_derived_facts():
     assert ModelFacts.from_hf_config(MODELS / "all-MiniLM-L6-v2.json").is_encoder_only
 
 
+def _llama(**changes) -> dict:
+    raw = json.loads((MODELS / "Llama-3.1-8B.json").read_text())
+    raw.update(changes)
+    return raw
+
+
+def test_hybrid_models_list_only_their_attention_layers():
+    """Qwen3-Next / Qwen3.5 (linear attention), LFM2 (short convolution), GraniteMoeHybrid (Mamba) and NemotronH
+    (``hybrid_override_pattern``) as their Hub configs state them: the layers without softmax attention hold no
+    KV cache and are left out, the rest keep their order."""
+    qwen3_next = _llama(architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next",
+                        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 8)
+    lfm2 = _llama(model_type="lfm2", layer_types=["conv", "conv", "full_attention", "conv"] * 8)
+    granite = _llama(model_type="granitemoehybrid", layer_types=["mamba"] * 5 + ["attention"] + ["mamba"] * 26)
+    nemotron_h = _llama(model_type="nemotron_h", hybrid_override_pattern="M-M-M*-E" * 4)
+    counts = [Counter(ModelFacts.from_hf_dict(raw).layer_kinds) for raw in (qwen3_next, lfm2, granite, nemotron_h)]
+    assert counts == [{K.FULL: 8}, {K.FULL: 8}, {K.FULL: 1}, {K.FULL: 4}]
+
+
+@pytest.mark.parametrize("changes, key", [
+    ({"layer_types": ["linear_attention"] * 32}, "layer_types: names no attention layer"),
+    ({"hybrid_override_pattern": "M-" * 16}, "hybrid_override_pattern: names no attention layer"),
+    ({"hybrid_override_pattern": "M*"}, "hybrid_override_pattern: must be a string of num_hidden_layers=32"),
+    ({"sliding_window": 4096, "sliding_window_pattern": "LLXG"}, "sliding_window_pattern: must be an integer or a string of 'L'"),
+])
+def test_hybrid_and_letter_patterns_that_cannot_be_read_name_their_key(changes, key):
+    with pytest.raises(ModelConfigError, match=key):
+        ModelFacts.from_hf_dict(_llama(**changes))
+
+
+def test_exaone4_letter_pattern_repeats_local_and_global_layers():
+    """EXAONE 4's ``sliding_window_pattern: "LLLG"`` means what the integer 4 means (transformers' Exaone4Config)."""
+    letters = ModelFacts.from_hf_dict(_llama(model_type="exaone4", sliding_window=4096, sliding_window_pattern="LLLG"))
+    number = ModelFacts.from_hf_dict(_llama(model_type="exaone4", sliding_window=4096, sliding_window_pattern=4))
+    assert letters.layer_kinds == number.layer_kinds and letters.layer_kinds[:4] == (K.SLIDING_WINDOW,) * 3 + (K.FULL,)
+
+
 def test_folder_path_reads_config_json(tmp_path):
     (tmp_path / "config.json").write_text((MODELS / "Qwen3-8B.json").read_text())
     assert ModelFacts.from_hf_config(tmp_path).num_key_value_heads == 8
@@ -79,7 +116,7 @@ def test_folder_path_reads_config_json(tmp_path):
 def test_malformed_configs_name_every_bad_key(tmp_path):
     bad = json.loads((MODELS / "gpt-oss-20b.json").read_text())
     bad["num_key_value_heads"] = 7
-    bad["layer_types"][3] = "linear_attention"
+    bad["layer_types"][3] = "global_attention"
     bad["sliding_window"] = "wide"
     path = tmp_path / "config.json"
     path.write_text(json.dumps(bad))

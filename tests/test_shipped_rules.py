@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import ast
 import itertools
+import json
 import math
 import random
 
 import pytest
 import z3
 
-from attngate import ForwardMode, LayerKind, Platform, PlanError, ServerArgs, resolve
+from attngate import ForwardMode, LayerKind, ModelFacts, Platform, PlanError, ServerArgs, resolve
 from attngate.facts.schema import FACTS, base_facts
 from attngate.gates.registry import GATES
 from attngate.rules.condition import gate_key
@@ -449,3 +450,60 @@ def test_default_backend_without_flashinfer_installed_is_triton(name, backend):
     r = resolve(ServerArgs(), model(name), Platform.from_name("sm80", has_flashinfer=False))
     assert r.plan.prefill_backend == backend
     assert resolve(ServerArgs(), model("Llama-3.1-8B"), Platform.from_name("sm80")).plan.prefill_backend == "flashinfer"
+
+
+# ---- model overrides of architectures outside examples/models (R66 to R70) ----------------------------
+
+def _as_architecture(architecture: str, model_type: str, **config) -> ModelFacts:
+    """Llama-3.1-8B's attention under another architecture's name, with the layer layout its Hub config gives."""
+    raw = json.loads((MODELS / "Llama-3.1-8B.json").read_text())
+    raw.update(architectures=[architecture], model_type=model_type, **config)
+    return ModelFacts.from_hf_dict(raw)
+
+
+OLMO3 = dict(sliding_window=4096, layer_types=["sliding_attention"] * 3 + ["full_attention"] + ["sliding_attention"] * 3 + ["full_attention"] * 25)
+QWEN3_NEXT = dict(layer_types=["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"] * 25)
+LFM2 = dict(layer_types=["conv", "conv", "full_attention"] + ["conv"] * 29)
+EXAONE4 = dict(sliding_window=4096, sliding_window_pattern="LLLG")
+
+
+@pytest.mark.parametrize("flags, arch, gpu, backend, hybrid_pool_off", [
+    ("", ("Olmo2ForCausalLM", "olmo2"), "sm90", "fa3", True),
+    ("", ("Olmo2ForCausalLM", "olmo2"), "sm80", "fa3", True),  # FA3 from SM80 up, never FlashInfer
+    ("", ("Olmo2ForCausalLM", "olmo2"), "sm100", "trtllm_mha", True),
+    ("", ("Olmo3ForCausalLM", "olmo3", OLMO3), "sm90", "fa3", False),  # its window/full mix keeps the hybrid pool
+    ("--enable-hierarchical-cache", ("Olmo3ForCausalLM", "olmo3", OLMO3), "sm90", "fa3", True),  # ... but not with HiCache
+    ("--attention-backend triton", ("Olmo2ForCausalLM", "olmo2"), "sm90", "triton", True),
+    ("", ("Gemma4ForCausalLM", "gemma4_text"), "sm90", "triton", False),
+    ("", ("Gemma4ForConditionalGeneration", "gemma4"), "sm100", "trtllm_mha", False),
+    ("--attention-backend fa4", ("Gemma4ForCausalLM", "gemma4_text"), "sm100", "fa4", False),
+    ("", ("Exaone4ForCausalLM", "exaone4", EXAONE4), "sm90", "fa3", True),
+    ("", ("Exaone4ForCausalLM", "exaone4"), "sm80", "flashinfer", False),  # no window layers: no constraint
+    ("", ("NemotronHForCausalLM", "nemotron_h", {"hybrid_override_pattern": "M-M*" * 8}), "sm100", "flashinfer", False),
+    ("", ("Lfm2ForCausalLM", "lfm2", LFM2), "sm90", "fa3", False),  # off SM100: the generic default
+    ("", ("FalconH1ForCausalLM", "falcon_h1"), "sm100", "triton", False),
+    ("", ("Qwen3NextForCausalLM", "qwen3_next", QWEN3_NEXT), "sm100", "triton", False),  # radix cache on, no speculation
+    ("--disable-radix-cache", ("Qwen3NextForCausalLM", "qwen3_next", QWEN3_NEXT), "sm100", "trtllm_mha", False),
+    ("", ("Qwen3NextForCausalLM", "qwen3_next", QWEN3_NEXT), "sm90", "fa3", False),
+])
+def test_model_override_defaults(flags, arch, gpu, backend, hybrid_pool_off):
+    r = resolve(ServerArgs.from_flags(flags.split()), _as_architecture(*arch[:2], **(arch[2] if len(arch) > 2 else {})), fa3_gpu(gpu))
+    assert (r.plan.prefill_backend, r.server_args.disable_hybrid_swa_memory) == (backend, hybrid_pool_off)
+    if backend == "trtllm_mha":
+        assert r.server_args.page_size == 64
+
+
+@pytest.mark.parametrize("flags, arch, gpu, rule", [
+    ("--attention-backend flashinfer", ("Olmo2ForCausalLM", "olmo2"), "sm90", "olmo2.no-flashinfer"),
+    ("--attention-backend fa3", ("Gemma4ForCausalLM", "gemma4_text"), "sm90", "gemma4.backends"),
+    ("--prefill-attention-backend flashinfer", ("Gemma4ForCausalLM", "gemma4_text"), "sm90", "gemma4.backends"),
+    ("", ("Exaone4ForCausalLM", "exaone4", EXAONE4), "sm80", "exaone4.backends"),  # the default flashinfer
+    ("--attention-backend fa4", ("Exaone4ForCausalLM", "exaone4", EXAONE4), "sm100", "exaone4.backends"),
+    ("--attention-backend triton", ("Lfm2ForCausalLM", "lfm2", LFM2), "sm90", "hybrid.first-layer-not-attention-no-triton"),
+    ("--attention-backend triton", ("NemotronHForCausalLM", "nemotron_h"), "sm90", "hybrid.first-layer-not-attention-no-triton"),
+])
+def test_model_override_rejections(flags, arch, gpu, rule):
+    facts = _as_architecture(*arch[:2], **(arch[2] if len(arch) > 2 else {}))
+    with pytest.raises(PlanError) as err:
+        resolve(ServerArgs.from_flags(flags.split()), facts, fa3_gpu(gpu))
+    assert rule in {v.rule for v in err.value.violations}, err.value

@@ -3,7 +3,7 @@
 Source of the layouts: transformers' config classes (Gemma2 alternation, Gemma3
 ``sliding_window_pattern``, ``layer_types``, Qwen2 ``use_sliding_window``/``max_window_layers``,
 Llama-4 ``attention_chunk_size``/``no_rope_layers``, Mllama ``cross_attention_layers``, Whisper's
-encoder-decoder keys) and SGLang's ``ModelConfig`` (MLA where ``kv_lora_rank`` is present).
+encoder-decoder keys, the hybrid models' ``layer_types`` and NemotronH's ``hybrid_override_pattern``) and SGLang's ``ModelConfig`` (MLA where ``kv_lora_rank`` is present).
 """
 
 from __future__ import annotations
@@ -19,11 +19,19 @@ from attngate.facts.modes import LayerKind
 from attngate.inputs import parse_json, read_text
 from attngate.validated import ValidatedModel
 
-_LAYER_TYPE_NAMES = {
+_LAYER_TYPE_NAMES: dict[str, LayerKind | None] = {
     "full_attention": LayerKind.FULL,
+    "attention": LayerKind.FULL,  # GraniteMoeHybrid
     "sliding_attention": LayerKind.SLIDING_WINDOW,
     "chunked_attention": LayerKind.CHUNKED_LOCAL,
+    # hybrid models' layers without softmax attention (Qwen3-Next / Qwen3.5, LFM2, GraniteMoeHybrid): no KV cache
+    "linear_attention": None,
+    "conv": None,
+    "mamba": None,
+    "mamba2": None,
 }
+#: NemotronH's ``hybrid_override_pattern``: one character per layer, "*" attention, "M" Mamba-2, "-" MLP, "E" MoE.
+_HYBRID_PATTERN_CHARS = frozenset("*M-E")
 #: Defaults that transformers applies when a nested ``text_config`` omits a key.
 _TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma3_text": {"sliding_window_pattern": 6, "sliding_window": 4096, "head_dim": 256},
@@ -38,7 +46,9 @@ class ModelFacts(ValidatedModel):
 
     Head dims are in elements; ``layer_kinds`` lists every attention layer in execution order
     (encoder layers first for an encoder-decoder model, then each decoder layer's self attention
-    followed by its cross attention).
+    followed by its cross attention). A hybrid model's layers without softmax attention (linear
+    attention, Mamba, short convolution) hold no KV cache and are not listed, so entry i is the
+    model's i-th attention layer, as SGLang numbers the layers of a hybrid model's KV pool.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -312,12 +322,17 @@ class _ConfigReader:
         layer_types = self.get("layer_types")
         if layer_types is not None:
             return self._from_layer_types(layer_types, n), window, chunk
+        hybrid = self.get("hybrid_override_pattern")
+        if hybrid is not None:
+            return self._from_hybrid_pattern(hybrid, n), window, chunk
         if chunk is not None:
             return self._chunked_llama4(n), window, chunk
         if window is None:
             return (LayerKind.FULL,) * n, None, None
         if model_type == "gemma2":  # even layers slide, odd layers are global
             return tuple(LayerKind.SLIDING_WINDOW if i % 2 == 0 else LayerKind.FULL for i in range(n)), window, None
+        if isinstance(self.get("sliding_window_pattern"), str):  # EXAONE 4: "LLLG", local (L) or global (G) per layer, repeated
+            return self._from_letter_pattern(self.get("sliding_window_pattern"), n), window, None
         pattern = self.int_("sliding_window_pattern")
         if pattern is not None:  # every pattern-th layer is global
             return tuple(LayerKind.FULL if (i + 1) % pattern == 0 else LayerKind.SLIDING_WINDOW for i in range(n)), window, None
@@ -333,11 +348,30 @@ class _ConfigReader:
             return ()
         kinds = []
         for i, name in enumerate(layer_types):
-            kind = _LAYER_TYPE_NAMES.get(name) if isinstance(name, str) else None
-            if kind is None:
+            if not isinstance(name, str) or name not in _LAYER_TYPE_NAMES:
                 self._bad(f"{key}[{i}]", f"unsupported layer type {name!r}; attngate knows {sorted(_LAYER_TYPE_NAMES)}")
-            kinds.append(kind or LayerKind.FULL)
-        return tuple(kinds)
+                kinds.append(LayerKind.FULL)
+            elif _LAYER_TYPE_NAMES[name] is not None:
+                kinds.append(_LAYER_TYPE_NAMES[name])
+        return self._some_attention(tuple(kinds), key)
+
+    def _from_letter_pattern(self, pattern: str, n: int) -> tuple[LayerKind, ...]:
+        if not pattern or not set(pattern) <= {"L", "G"}:
+            self._bad(self.where("sliding_window_pattern"), f"must be an integer or a string of 'L' (local) and 'G' (global), got {pattern!r}")
+            return ()
+        return tuple(LayerKind.SLIDING_WINDOW if pattern[i % len(pattern)] == "L" else LayerKind.FULL for i in range(n))
+
+    def _from_hybrid_pattern(self, pattern: Any, n: int) -> tuple[LayerKind, ...]:
+        key = self.where("hybrid_override_pattern")
+        if not isinstance(pattern, str) or len(pattern) != n or not set(pattern) <= _HYBRID_PATTERN_CHARS:
+            self._bad(key, f"must be a string of num_hidden_layers={n} characters from '*M-E' ('*': attention), got {pattern!r}")
+            return ()
+        return self._some_attention((LayerKind.FULL,) * pattern.count("*"), key)
+
+    def _some_attention(self, kinds: tuple[LayerKind, ...], key: str) -> tuple[LayerKind, ...]:
+        if not kinds:
+            self._bad(key, "names no attention layer; attngate plans softmax attention only")
+        return kinds
 
     def _chunked_llama4(self, n: int) -> tuple[LayerKind, ...]:
         # Llama-4: RoPE layers attend within chunks; every no_rope_layer_interval-th layer is global NoPE.
