@@ -57,6 +57,9 @@ REINJECTIONS = {
         lambda t: t.replace("when: sm_major == 9 and flashinfer_fa3_head_dims and not flashinfer_prefill_custom_mask\n",
                             "when: sm_major == 9 and flashinfer_fa3_head_dims\n"),
         "flashinfer-fa3-plans-no-custom-mask"),
+    "no-op KV pool under MLA or cross attention": (lambda t: t.replace("when: prefill_only_disable_kv_cache and (use_mla or has_cross_attention)\n",
+                                                                      "when: prefill_only_disable_kv_cache and use_mla\n"),
+                                                   "no-kv-pool-no-kv-traffic"),
 }
 
 

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from attngate import PlanError, RulesError, resolve
+from attngate.rules.lint import lint_rules
 from attngate.rules.load import RuleSet, parse_rules
 from helpers import ROOT, model, resolve_flags
 from attngate import Platform, ServerArgs
@@ -32,9 +33,9 @@ def problems(text: str) -> list[str]:
 
 @pytest.mark.parametrize("when, expected", [
     ("is_embeding", "rules.yaml:7:11: rule 'r': unknown fact 'is_embeding' (did you mean 'is_embedding'?)"),
-    ("page_size == 'x'", "rules.yaml:7:24: rule 'r': page_size is int or None, compared with 'x'"),
+    ("page_size == 'x'", "rules.yaml:7:24: rule 'r': page_size is int in [1, 65536] or None, compared with 'x'"),
     ("attention_backend == 'fa33'", "rules.yaml:7:32: rule 'r': 'fa33' is not a value of attention_backend (25 choices) (did you mean 'fa3'?)"),
-    ("page_size", "rules.yaml:7:11: rule 'r': page_size is int or None, not a bool; compare it explicitly"),
+    ("page_size", "rules.yaml:7:11: rule 'r': page_size is int in [1, 65536] or None, not a bool; compare it explicitly"),
     ("__import__('os').system('x')", "rules.yaml:7:11: rule 'r': a call is not allowed in a condition"),
     ("page_size + 1 > 2", "rules.yaml:7:11: rule 'r': arithmetic is not allowed in a comparison"),
     ("is_embedding and (", "syntax error"),
@@ -43,6 +44,7 @@ def problems(text: str) -> list[str]:
     ("page_size is 3", "'is' is only for None"),
     ("use_mla is None", "use_mla is never None"),
     ("kv_cache_dtype < 'x'", "needs a number"),
+    ("dp_size == 0", "rules.yaml:7:22: rule 'r': dp_size is int in [1, 65536], compared with 0"),  # ServerArgs' bounds
 ])
 def test_condition_errors_have_locations(when, expected):
     found = problems(HEAD + rule(when=when, set={"fa.skip_kv_cache": True}))
@@ -146,7 +148,6 @@ def test_conflicting_set_rules_are_an_error():
     with pytest.raises(PlanError) as err:
         resolve(ServerArgs(), model("DeepSeek-V2-Lite"), Platform.from_name("sm90"), rs)
     assert err.value.violations[0].kind == "conflict" and "a sets 1, b sets 2" in err.value.violations[0].message
-    from attngate.rules.lint import lint_rules
 
     assert any("'a' and 'b' can both match" in str(f) for f in lint_rules(rs))
 
@@ -193,7 +194,6 @@ def test_unguarded_order_comparison_is_rejected_before_anything_runs():
 def test_lint_reasons_about_two_facts_compared_with_each_other():
     """``fact == fact`` / ``!=`` / ``<`` are encoded for the solver (comparing two facts once crashed lint): rules
     that cannot match together are no conflict, rules that can are."""
-    from attngate.rules.lint import lint_rules
 
     rs = _mini("""\
       - {id: same, summary: s, why: w, source: s, when: prefill_backend == decode_backend, set: {fa.num_splits: 1}}
@@ -208,7 +208,7 @@ def test_lint_reasons_about_two_facts_compared_with_each_other():
 
 @pytest.mark.parametrize("value, expected", [
     ("{from: nope}", "speculative_num_draft_tokens: unknown fact 'nope'"),
-    ("{from: use_mla}", "speculative_num_draft_tokens is int or None; fact use_mla is bool"),
+    ("{from: use_mla}", "speculative_num_draft_tokens is int in [1, 65536] or None; fact use_mla is bool"),
     ("{from: speculative_chain_draft_tokens, and: 1}", "a computed value is written {from: FACT}"),
 ])
 def test_an_adjust_value_from_a_fact_is_type_checked(value, expected):
@@ -221,7 +221,6 @@ def test_an_adjust_value_from_a_fact_is_resolved_linted_and_diffed():
     """``{from: FACT}`` takes the fact's value when the rule fires; lint proves the rules settle, and diff compares
     the computed value with a literal one."""
     from attngate.rules.diff import diff_rules
-    from attngate.rules.lint import lint_rules
 
     computed = _mini("""\
       - {id: chain, kind: adjust, summary: s, why: w, source: s, message: m, when: speculative_num_steps is not None and speculative_num_draft_tokens != speculative_chain_draft_tokens, adjust: {speculative_num_draft_tokens: {from: speculative_chain_draft_tokens}}}
@@ -238,3 +237,19 @@ def test_an_adjust_value_from_a_fact_is_resolved_linted_and_diffed():
     differences = [d for d in diff_rules(literal, computed) if d.name == "speculative_num_draft_tokens"]
     assert differences and differences[0].old != differences[0].new, differences
     assert not [d for d in diff_rules(computed, computed)]
+
+
+def test_numbers_outside_a_facts_bounds_are_refused_where_they_could_never_hold():
+    """ServerArgs' ge/le bounds (and counts >= 1) are part of a fact's type: an adjust value or an equality outside
+    them is an error at load; an order comparison outside them is only always true or false, so it stays legal."""
+    assert problems(HEAD + rule(kind="adjust", adjust={"page_size": 0}, message="m")) == [
+        "rules.yaml:10:18: page_size is int in [1, 65536] or None, got 0"]
+    parse_rules(HEAD + rule(kind="forbid", when="dp_size >= 0", message="m"), "rules.yaml")
+
+
+def test_lint_proves_over_the_inputs_the_schema_allows_only():
+    """Without the bounds z3 would find dp_size = 0 or num_attention_heads = 0, which no ServerArgs or config holds."""
+    text = HEAD + rule(kind="forbid", when="False", message="m") + (
+        "invariants:\n  - id: counts-are-positive\n    summary: s\n"
+        "    assert: dp_size >= 1 and attn_cp_size >= 1 and num_attention_heads >= 1 and attn_tp_size >= 1\n    source: s\n")
+    assert not [f for f in lint_rules(parse_rules(text, "rules.yaml")) if "invariant" in f.message]

@@ -17,7 +17,7 @@ from attngate.facts.schema import FACTS, base_facts
 from attngate.gates.registry import GATES
 from attngate.rules.condition import gate_key
 from attngate.rules.lint import _Encoder, lint_rules
-from helpers import MODELS, fa3_gpu, model
+from helpers import MODELS, fa3_gpu, model, resolve_flags
 
 FA_GPU = {"fa3": "sm90", "fa4": "sm100", "flashinfer": "sm90"}
 
@@ -507,3 +507,45 @@ def test_model_override_rejections(flags, arch, gpu, rule):
     with pytest.raises(PlanError) as err:
         resolve(ServerArgs.from_flags(flags.split()), facts, fa3_gpu(gpu))
     assert rule in {v.rule for v in err.value.violations}, err.value
+
+
+# ---- --prefill-only-disable-kv-cache (R34): a no-op KV pool ----------------------------------------
+
+PREFILL_ONLY = "--is-embedding --prefill-only-disable-kv-cache --chunked-prefill-size -1 --disable-radix-cache"
+
+
+def test_prefill_only_disable_kv_cache_takes_the_fa_fast_path_on_every_layer():
+    r = resolve_flags(PREFILL_ONLY, "Qwen3-Embedding-8B")
+    assert r.plan.prefill_backend == "fa3" and r.plan.flashattention.skip_kv_cache
+    assert not r.plan.layer("full").common.write_kv_cache and r.plan.mode("extend").flashattention.kv_extent == "none"
+
+
+@pytest.mark.parametrize("flags, name, gpu, rule", [
+    ("--prefill-only-disable-kv-cache --chunked-prefill-size -1 --disable-radix-cache", "Qwen3-Embedding-8B", "sm90",
+     "prefill-only-kv.needs-embedding"),
+    ("--is-embedding --prefill-only-disable-kv-cache --disable-radix-cache", "Qwen3-Embedding-8B", "sm90",
+     "prefill-only-kv.needs-unchunked-prefill"),  # chunked_prefill_size left unset is not -1
+    ("--is-embedding --prefill-only-disable-kv-cache --chunked-prefill-size -1", "Qwen3-Embedding-8B", "sm90",
+     "prefill-only-kv.needs-no-radix-cache"),
+    (PREFILL_ONLY + " --kv-cache-dtype mxfp8", "Qwen3-Embedding-8B", "sm100", "prefill-only-kv.no-fp4-or-mxfp8-pool"),
+    (PREFILL_ONLY + " --attn-cp-size 2 --tp-size 2", "Qwen3-Embedding-8B", "sm90", "prefill-only-kv.no-context-parallel-or-hisparse"),
+    (PREFILL_ONLY + " --enable-hisparse", "Qwen3-Embedding-8B", "sm90", "prefill-only-kv.no-context-parallel-or-hisparse"),
+    (PREFILL_ONLY, "Qwen3-Embedding-8B", "sm80", "prefill-only-kv.prefill-on-fa"),  # the default flashinfer
+    (PREFILL_ONLY + " --attention-backend fa3", "DeepSeek-V2-Lite", "sm90", "prefill-only-kv.layers-the-fast-path-skips"),
+    (PREFILL_ONLY + " --attention-backend fa3", "Llama-3.2-11B-Vision-Instruct", "sm90", "prefill-only-kv.layers-the-fast-path-skips"),
+    ("--attention-backend trtllm_mha --attn-cp-size 2 --tp-size 2", "Llama-3.1-8B", "sm90", "trtllm-mha.prefill-cp-blackwell"),
+])
+def test_prefill_only_and_context_parallel_rejections(flags, name, gpu, rule):
+    with pytest.raises(PlanError) as err:
+        resolve(ServerArgs.from_flags(flags.split()), model(name), fa3_gpu(gpu))
+    assert rule in {v.rule for v in err.value.violations}, err.value
+
+
+@pytest.mark.parametrize("flags, attn_tp, q_heads", [
+    ("--tp-size 8", 8, 4),
+    ("--tp-size 8 --attn-cp-size 2", 4, 8),  # SGLang's derive_attention_widths: CP ranks take a share of TP
+    ("--tp-size 8 --dp-size 2 --enable-dp-attention --attn-cp-size 2", 2, 16),
+])
+def test_attention_context_parallelism_narrows_attention_tp(flags, attn_tp, q_heads):
+    plan = resolve_flags(flags, "Llama-3.1-8B").plan
+    assert (plan.common.attn_tp_size, plan.common.num_q_heads_per_rank) == (attn_tp, q_heads)

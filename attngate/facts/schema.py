@@ -7,6 +7,7 @@ also read ``forward_mode`` / ``layer_kind``.
 
 from __future__ import annotations
 
+import dataclasses
 import types
 import typing
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ class FactType:
     base: Base
     choices: tuple[Any, ...] | None = None
     optional: bool = False
+    minimum: int | None = None  # inclusive bounds of an int or float fact (ServerArgs' ge/le; counts are >= 1)
+    maximum: int | None = None
 
     def accepts(self, value: Any) -> bool:
         if value is None:
@@ -40,10 +43,14 @@ class FactType:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         else:
             ok = isinstance(value, str)
-        return ok and (self.choices is None or value in self.choices)
+        in_range = value is None or self.base not in ("int", "float") or not ok or (
+            (self.minimum is None or value >= self.minimum) and (self.maximum is None or value <= self.maximum))
+        return ok and in_range and (self.choices is None or value in self.choices)
 
     def describe(self) -> str:
         text = f"one of {list(self.choices)}" if self.choices else self.base
+        if self.minimum is not None or self.maximum is not None:
+            text += f" in [{'-inf' if self.minimum is None else self.minimum}, {'inf' if self.maximum is None else self.maximum}]"
         return f"{text} or None" if self.optional else text
 
     @classmethod
@@ -63,6 +70,13 @@ class FactType:
         names = {bool: "bool", int: "int", float: "float", str: "str"}
         return cls(names[annotation], None, optional)  # type: ignore[arg-type]
 
+    @classmethod
+    def from_field(cls, field: Any) -> "FactType":
+        """FactType of a pydantic field, with its ``ge`` / ``le`` bounds."""
+        t = cls.from_annotation(field.annotation)
+        bounds = {name: getattr(m, name) for m in field.metadata for name in ("ge", "le") if hasattr(m, name)}
+        return dataclasses.replace(t, minimum=bounds.get("ge"), maximum=bounds.get("le"))
+
 
 @dataclass(frozen=True, slots=True)
 class FactSpec:
@@ -72,27 +86,27 @@ class FactSpec:
     doc: str
 
 
-def _model_fact(name: str, annotation: Any, doc: str) -> FactSpec:
-    return FactSpec(name, FactType.from_annotation(annotation), "model", doc)
+def _model_fact(name: str, annotation: Any, doc: str, *, minimum: int | None = None) -> FactSpec:
+    return FactSpec(name, dataclasses.replace(FactType.from_annotation(annotation), minimum=minimum), "model", doc)
 
 
 _MODEL_FACTS = [
     _model_fact("architecture", str, "first entry of config.json architectures"),
     _model_fact("model_type", str, "config.json model_type"),
     _model_fact("use_mla", bool, "multi-head latent attention (config has kv_lora_rank)"),
-    _model_fact("num_attention_heads", int, "query heads"),
-    _model_fact("num_key_value_heads", int, "KV heads"),
-    _model_fact("gqa_group_size", int, "query heads per KV head"),
-    _model_fact("head_dim", int, "QK head dim, elements"),
-    _model_fact("v_head_dim", int, "V head dim, elements"),
-    _model_fact("kv_lora_rank", Optional[int], "MLA latent (ckv) width, elements; None without MLA"),
-    _model_fact("qk_rope_head_dim", Optional[int], "MLA rope part (kpe) of the QK head dim, elements"),
+    _model_fact("num_attention_heads", int, "query heads", minimum=1),
+    _model_fact("num_key_value_heads", int, "KV heads", minimum=1),
+    _model_fact("gqa_group_size", int, "query heads per KV head", minimum=1),
+    _model_fact("head_dim", int, "QK head dim, elements", minimum=1),
+    _model_fact("v_head_dim", int, "V head dim, elements", minimum=1),
+    _model_fact("kv_lora_rank", Optional[int], "MLA latent (ckv) width, elements; None without MLA", minimum=1),
+    _model_fact("qk_rope_head_dim", Optional[int], "MLA rope part (kpe) of the QK head dim, elements", minimum=1),
     _model_fact("has_asymmetric_kv", bool, "head_dim != v_head_dim"),
-    _model_fact("sliding_window", Optional[int], "active sliding window, tokens"),
+    _model_fact("sliding_window", Optional[int], "active sliding window, tokens", minimum=1),
     _model_fact("has_sliding_window", bool, "some layer uses a sliding window"),
     _model_fact("is_hybrid_swa", bool, "sliding-window and full-attention layers mixed"),
     _model_fact("is_local_attention_model", bool, "chunked local attention layers (Llama-4)"),
-    _model_fact("attention_chunk_size", Optional[int], "local attention chunk, tokens"),
+    _model_fact("attention_chunk_size", Optional[int], "local attention chunk, tokens", minimum=1),
     _model_fact("is_encoder_decoder", bool, "encoder-decoder model (Whisper)"),
     _model_fact("has_cross_attention", bool, "some layer attends over encoder tokens"),
     _model_fact("is_encoder_only", bool, "every layer is bidirectional (BERT, gte-Qwen2)"),
@@ -113,10 +127,11 @@ _DERIVED_FACTS = [
              "prefill_attention_backend, else attention_backend"),
     FactSpec("decode_backend", FactType("str", ATTENTION_BACKENDS, True), "derived",
              "decode_attention_backend, else attention_backend"),
-    FactSpec("attn_tp_size", FactType("int"), "derived",
-             "ranks one attention layer's heads are split over: tp_size / dp_size under DP attention, else tp_size"),
-    FactSpec("num_q_heads_per_rank", FactType("int"), "derived", "query heads of one attention TP rank"),
-    FactSpec("num_kv_heads_per_rank", FactType("int"), "derived",
+    FactSpec("attn_tp_size", FactType("int", minimum=1), "derived",
+             "ranks one attention layer's heads are split over: tp_size / dp_size under DP attention, else tp_size, "
+             "then / attn_cp_size"),
+    FactSpec("num_q_heads_per_rank", FactType("int", minimum=1), "derived", "query heads of one attention TP rank"),
+    FactSpec("num_kv_heads_per_rank", FactType("int", minimum=1), "derived",
              "KV heads of one attention TP rank (replicated when attn_tp_size exceeds them; 1 for MLA's latent)"),
     FactSpec("attn_heads_split_evenly", FactType("bool"), "derived",
              "query heads divide by attn_tp_size, and KV heads divide by it or it by them"),
@@ -132,7 +147,7 @@ LAYER_FACT = FactSpec("layer_kind", FactType("str", tuple(k.value for k in Layer
 
 def _server_arg_facts() -> list[FactSpec]:
     return [
-        FactSpec(name, FactType.from_annotation(field.annotation), "server_args", field.description or "server argument")
+        FactSpec(name, FactType.from_field(field), "server_args", field.description or "server argument")
         for name, field in ServerArgs.model_fields.items()
     ]
 
@@ -151,7 +166,8 @@ def derived_facts(values: dict[str, Any]) -> dict[str, Any]:
     """Facts computed from server arguments and model facts (``values`` holds both)."""
     tp, dp = values["tp_size"], values["dp_size"]
     draft, topk = values["speculative_num_draft_tokens"], values["speculative_eagle_topk"]
-    attn_tp = max(tp // dp, 1) if values["enable_dp_attention"] else tp
+    # SGLang's derive_attention_widths: attention DP and attention CP ranks each take a share of the TP group
+    attn_tp = max((tp // dp if values["enable_dp_attention"] else tp) // values["attn_cp_size"], 1)
     q, kv = values["num_attention_heads"], 1 if values["use_mla"] else values["num_key_value_heads"]
     return {
         "prefill_backend": values["prefill_attention_backend"] or values["attention_backend"],

@@ -49,6 +49,7 @@ class ServerArgs(ValidatedModel):
     context_length: Optional[int] = Field(None, ge=1, le=1 << 40, description="tokens")
     dtype: ModelDtype = "auto"
     is_embedding: bool = False
+    prefill_only_disable_kv_cache: bool = Field(False, description="embedding servers: a no-op KV pool, nothing written or read")
     chunked_prefill_size: Optional[int] = Field(None, ge=-1, le=1 << 40, description="tokens; -1 disables")
     disable_radix_cache: bool = False
     disable_chunked_prefix_cache: bool = False
@@ -60,6 +61,8 @@ class ServerArgs(ValidatedModel):
     dp_size: int = Field(1, ge=1, le=1 << 16)
     enable_dp_attention: bool = False
     enable_prefill_cp: bool = False
+    attn_cp_size: int = Field(1, ge=1, le=1 << 16, description="attention context-parallel ranks")
+    enable_hisparse: bool = False
     speculative_algorithm: Optional[SpeculativeAlgorithm] = None
     speculative_num_steps: Optional[int] = Field(None, ge=0, le=1024)
     speculative_eagle_topk: Optional[int] = Field(None, ge=0, le=1024)

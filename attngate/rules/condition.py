@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import warnings
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from attngate._suggest import did_you_mean
@@ -195,8 +195,8 @@ class _Checker:
             self.fail(node, f"{name} is {ftype.describe()}; {_op(op)} needs a number")
         elif isinstance(op, _ORDER_OPS) and ftype.optional and name not in guarded:
             self.fail(node, f"{name} may be None, and {_op(op)} on None raises; guard it: '{name} is not None and ...'")
-        else:
-            self.literal_fits(lnode, name, ftype, literal)
+        else:  # an order comparison with a number out of range is a tautology, not a type error: bounds only for ==
+            self.literal_fits(lnode, name, ftype if not isinstance(op, _ORDER_OPS) else replace(ftype, minimum=None, maximum=None), literal)
 
     def literal_fits(self, node: ast.AST, name: str, ftype: FactType, value: Any) -> None:
         if value is None and ftype.optional:

@@ -56,6 +56,8 @@ class _Encoder:
         self.vars: dict[str, tuple[Any, Any]] = {}  # name -> (value, is_none)
         self.axioms: list[Any] = []
         self.predicates = {p.name: p.condition.tree.body for p in rules.predicates}
+        for name in self.types:  # every variable now, so `axioms` is complete before any solver takes it
+            self.var(name)
         self._derive_backends()
         self._link_gpu_arch()
         self._link_layer_kind()
@@ -69,6 +71,10 @@ class _Encoder:
             none = z3.Bool(f"{symbol}?none") if t.optional else z3.BoolVal(False)
             if t.choices:
                 self.axioms.append(z3.Or(none, *[value == _lit(c) for c in t.choices]))
+            if t.minimum is not None:
+                self.axioms.append(z3.Or(none, value >= t.minimum))
+            if t.maximum is not None:
+                self.axioms.append(z3.Or(none, value <= t.maximum))
             self.vars[name] = (value, none)
         return self.vars[name]
 
