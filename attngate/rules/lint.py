@@ -56,6 +56,7 @@ class _Encoder:
         self.vars: dict[str, tuple[Any, Any]] = {}  # name -> (value, is_none)
         self.axioms: list[Any] = []
         self.predicates = {p.name: p.condition.tree.body for p in rules.predicates}
+        self._encoded_predicates: dict[str, Any] = {}
         for name in self.types:  # every variable now, so `axioms` is complete before any solver takes it
             self.var(name)
         self._derive_backends()
@@ -108,8 +109,10 @@ class _Encoder:
             return z3.BoolVal(bool(node.value))
         if isinstance(node, (ast.Name, ast.Attribute)):
             name = _name(node)
-            if name in self.predicates:
-                return self.encode(self.predicates[name])
+            if name in self.predicates:  # encoded once: predicates are read by many rules
+                if name not in self._encoded_predicates:
+                    self._encoded_predicates[name] = self.encode(self.predicates[name])
+                return self._encoded_predicates[name]
             value, none = self.var(name)
             return z3.And(z3.Not(none), value)
         assert isinstance(node, ast.Compare)
@@ -192,7 +195,7 @@ def lint_rules(rules: RuleSet) -> list[Finding]:
     Solver calls grow linearly with the rules: conflicts are found by one query per gate or
     argument (then one more per conflict found), never by checking every pair of rules.
     """
-    enc = _Encoder(rules)
+    enc = _Encoder(rules, all_gates=True)  # the invariant proofs below read gates of every scope
     cond = {r.id: enc.encode(r.condition.tree.body) for r in rules.rules}
     solver = z3.Solver()
     solver.add(*enc.axioms)
@@ -201,10 +204,10 @@ def lint_rules(rules: RuleSet) -> list[Finding]:
 
     findings: list[Finding] = []
     for p in rules.predicates:
-        if not _sat(solver, enc.encode(p.condition.tree.body)):
+        if not _satisfiable(solver, enc.encode(p.condition.tree.body)):
             findings.append(Finding(p.where, f"predicate {p.name!r} can never be true"))
     for rule in rules.rules:
-        if not _sat(solver, cond[rule.id]):
+        if not _satisfiable(solver, cond[rule.id]):
             findings.append(Finding(rule.where, f"rule {rule.id!r} can never match"))
     for kind, values in (("set", lambda r: r.sets), ("adjust", lambda r: r.adjusts)):
         for a, b, model in _conflicts(rules, kind, values, cond, accepted):
@@ -214,7 +217,7 @@ def lint_rules(rules: RuleSet) -> list[Finding]:
                                              f"{what} {', '.join(names)}; e.g. {_show(model)}"))
     from attngate.rules.prove import prove_invariants  # builds on this module's encoder
 
-    return findings + prove_invariants(rules)
+    return findings + prove_invariants(rules, encoded=(enc, cond))
 
 
 def _conflicts(rules: RuleSet, kind: str, values, cond: dict[str, Any], solver: z3.Solver):
@@ -257,6 +260,16 @@ def _sat(solver: z3.Solver, *terms: Any) -> z3.ModelRef | None:
     solver.add(*terms)
     try:
         return solver.model() if solver.check() == z3.sat else None
+    finally:
+        solver.pop()
+
+
+def _satisfiable(solver: z3.Solver, *terms: Any) -> bool:
+    """Whether the solver's assertions and ``terms`` have a model (without building it: that costs as much as the check)."""
+    solver.push()
+    solver.add(*terms)
+    try:
+        return solver.check() == z3.sat
     finally:
         solver.pop()
 

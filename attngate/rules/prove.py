@@ -28,12 +28,13 @@ from attngate.rules.lint import Finding, _Encoder, lit
 from attngate.rules.load import Invariant, RuleSet
 
 
-def prove_invariants(rules: RuleSet, *, timeout_ms: int = 10_000) -> list[Finding]:
-    """One finding per invariant that some accepted input violates (or that z3 cannot decide in time)."""
+def prove_invariants(rules: RuleSet, *, timeout_ms: int = 10_000, encoded: tuple[_Encoder, dict[str, Any]] | None = None) -> list[Finding]:
+    """One finding per invariant that some accepted input violates (or that z3 cannot decide in time).
+    ``encoded``: an encoder over all gates and its rule conditions by id, where the caller (lint) has them."""
     if not rules.invariants:
         return []
-    enc = _Encoder(rules, all_gates=True)
-    model = encode_resolution(enc, rules)
+    enc, cond = encoded or (_Encoder(rules, all_gates=True), None)
+    model = encode_resolution(enc, rules, cond)
     solver = z3.Solver()
     solver.set("timeout", timeout_ms)
     solver.add(*enc.axioms, *model.settled, model.accepted, *model.gates)
@@ -65,8 +66,8 @@ class ResolutionModel:
     setters: dict[str, list]
 
 
-def encode_resolution(enc: _Encoder, rules: RuleSet) -> ResolutionModel:
-    cond = {r.id: enc.encode(r.condition.tree.body) for r in rules.rules}
+def encode_resolution(enc: _Encoder, rules: RuleSet, cond: dict[str, Any] | None = None) -> ResolutionModel:
+    cond = cond or {r.id: enc.encode(r.condition.tree.body) for r in rules.rules}
     settled = [z3.Implies(cond[r.id], z3.And(*[enc.equals(a, v) for a, v in r.adjusts.items()])) for r in rules.rules if r.adjusts]
     settled += [z3.Not(enc.var(side)[1]) for side in ("prefill_backend", "decode_backend")]
     accepted = z3.And(*[z3.Not(cond[r.id]) for r in rules.rules if r.kind in ("forbid", "known_failure") and not r.adjusts])
