@@ -534,6 +534,8 @@ def test_prefill_only_disable_kv_cache_takes_the_fa_fast_path_on_every_layer():
     (PREFILL_ONLY + " --attention-backend fa3", "DeepSeek-V2-Lite", "sm90", "prefill-only-kv.layers-the-fast-path-skips"),
     (PREFILL_ONLY + " --attention-backend fa3", "Llama-3.2-11B-Vision-Instruct", "sm90", "prefill-only-kv.layers-the-fast-path-skips"),
     ("--attention-backend trtllm_mha --attn-cp-size 2 --tp-size 2", "Llama-3.1-8B", "sm90", "trtllm-mha.prefill-cp-blackwell"),
+    ("--attn-cp-size 3 --tp-size 4", "Llama-3.1-8B", "sm90", "attention-cp.divides-attention-tp"),
+    ("--attn-cp-size 4 --tp-size 4 --dp-size 2 --enable-dp-attention", "Llama-3.1-8B", "sm90", "attention-cp.divides-attention-tp"),
 ])
 def test_prefill_only_and_context_parallel_rejections(flags, name, gpu, rule):
     with pytest.raises(PlanError) as err:

@@ -136,6 +136,8 @@ _DERIVED_FACTS = [
     FactSpec("attn_heads_split_evenly", FactType("bool"), "derived",
              "query heads divide by attn_tp_size, and KV heads divide by it or it by them"),
     FactSpec("dp_divides_tp", FactType("bool"), "derived", "tp_size is a multiple of dp_size"),
+    FactSpec("attn_cp_divides_tp", FactType("bool"), "derived",
+             "attn_cp_size divides tp_size / dp_size under DP attention, else tp_size"),
     FactSpec("speculative_chain_draft_tokens", FactType("int", None, True), "derived",
              "speculative_num_steps + 1 (a chain's draft tokens), None without speculative_num_steps"),
     FactSpec("speculative_ngram_num_steps", FactType("int", None, True), "derived",
@@ -167,7 +169,8 @@ def derived_facts(values: dict[str, Any]) -> dict[str, Any]:
     tp, dp = values["tp_size"], values["dp_size"]
     draft, topk = values["speculative_num_draft_tokens"], values["speculative_eagle_topk"]
     # SGLang's derive_attention_widths: attention DP and attention CP ranks each take a share of the TP group
-    attn_tp = max((tp // dp if values["enable_dp_attention"] else tp) // values["attn_cp_size"], 1)
+    per_dp_group = tp // dp if values["enable_dp_attention"] else tp
+    attn_tp = max(per_dp_group // values["attn_cp_size"], 1)
     q, kv = values["num_attention_heads"], 1 if values["use_mla"] else values["num_key_value_heads"]
     return {
         "prefill_backend": values["prefill_attention_backend"] or values["attention_backend"],
@@ -177,6 +180,7 @@ def derived_facts(values: dict[str, Any]) -> dict[str, Any]:
         "num_kv_heads_per_rank": max(kv // attn_tp, 1),
         "attn_heads_split_evenly": q % attn_tp == 0 and (kv % attn_tp == 0 or attn_tp % kv == 0),
         "dp_divides_tp": tp % dp == 0,
+        "attn_cp_divides_tp": per_dp_group % values["attn_cp_size"] == 0,
         "speculative_chain_draft_tokens": None if values["speculative_num_steps"] is None else values["speculative_num_steps"] + 1,
         "speculative_ngram_num_steps": None if not (draft and topk) else draft // topk,
     }
