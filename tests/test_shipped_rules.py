@@ -551,3 +551,43 @@ def test_prefill_only_and_context_parallel_rejections(flags, name, gpu, rule):
 def test_attention_context_parallelism_narrows_attention_tp(flags, attn_tp, q_heads):
     plan = resolve_flags(flags, "Llama-3.1-8B").plan
     assert (plan.common.attn_tp_size, plan.common.num_q_heads_per_rank) == (attn_tp, q_heads)
+
+
+# ---- dual chunk attention (R23) and cutedsl_mla (R16) ------------------------------------------------
+
+def _dual_chunk() -> ModelFacts:
+    """Qwen2.5-7B-Instruct-1M: Qwen2.5-7B's attention with a dual_chunk_attention_config."""
+    raw = json.loads((MODELS / "Qwen2.5-7B-Instruct.json").read_text())
+    raw["dual_chunk_attention_config"] = {"chunk_size": 262144, "local_size": 8192, "original_max_position_embeddings": 262144}
+    return ModelFacts.from_hf_dict(raw)
+
+
+def test_dual_chunk_attention_defaults_to_its_backend_without_mixed_chunks_or_radix_cache():
+    r = resolve(ServerArgs.from_flags(["--enable-mixed-chunk"]), _dual_chunk(), fa3_gpu("sm90"))
+    assert r.plan.prefill_backend == "dual_chunk_flash_attn"
+    assert r.server_args.disable_radix_cache and not r.server_args.enable_mixed_chunk
+
+
+@pytest.mark.parametrize("flags", ["--attention-backend fa3", "--enable-deterministic-inference"])
+def test_dual_chunk_attention_refuses_any_other_backend(flags):
+    with pytest.raises(PlanError) as err:
+        resolve(ServerArgs.from_flags(flags.split()), _dual_chunk(), fa3_gpu("sm90"))
+    assert "dual-chunk.backend" in {v.rule for v in err.value.violations}
+
+
+def test_cutedsl_mla_decodes_with_trtllm_mla_prefill_on_64_token_pages():
+    r = resolve(ServerArgs.from_flags(["--attention-backend", "cutedsl_mla"]), model("DeepSeek-V3"), Platform.from_name("sm100"))
+    assert (r.plan.prefill_backend, r.plan.decode_backend, r.plan.common.page_size) == ("trtllm_mla", "cutedsl_mla", 64)
+    r = resolve(ServerArgs.from_flags("--attention-backend cutedsl_mla --page-size 32".split()), model("DeepSeek-V3"), Platform.from_name("sm100"))
+    assert r.plan.common.page_size == 32
+
+
+@pytest.mark.parametrize("flags, gpu, rule", [
+    ("--attention-backend cutedsl_mla --prefill-attention-backend cutedsl_mla", "sm100", "cutedsl-mla.decode-only"),
+    ("--attention-backend cutedsl_mla", "sm90", "cutedsl-mla.sm100-only"),
+    ("--attention-backend cutedsl_mla --kv-cache-dtype fp8_e5m2", "sm100", "cutedsl-mla.kv-dtype"),
+])
+def test_cutedsl_mla_rejections(flags, gpu, rule):
+    with pytest.raises(PlanError) as err:
+        resolve(ServerArgs.from_flags(flags.split()), model("DeepSeek-V3"), Platform.from_name(gpu))
+    assert rule in {v.rule for v in err.value.violations}, err.value
