@@ -190,6 +190,8 @@ def test_draft_extend_v2_reads_prefix_plus_new(backend, gpu, cuda_graph):
     ("", "Llama-3.1-8B", "sm80", lambda r: r.plan.prefill_backend == "flashinfer"),
     ("", "DeepSeek-V2-Lite", "sm100", lambda r: r.plan.prefill_backend == "flashinfer"),
     ("", "DeepSeek-V3", "sm100", lambda r: r.plan.prefill_backend == "trtllm_mla" and r.server_args.page_size == 64),
+    ("--decode-attention-backend flashinfer", "DeepSeek-V3", "sm100",  # R62 needs all three flags unset; R6 then picks
+     lambda r: (r.plan.prefill_backend, r.plan.decode_backend) == ("flashinfer", "flashinfer")),
     ("", "gpt-oss-20b", "sm80", lambda r: r.plan.prefill_backend == "triton"),
     ("", "whisper-large-v3-turbo", "sm90", lambda r: r.plan.prefill_backend == "flashinfer" and r.server_args.disable_radix_cache),
     ("--speculative-algorithm EAGLE", "Llama-3.1-8B", "sm90",  # issue 36554: topk filled first, then the backend
