@@ -193,9 +193,6 @@ def test_draft_extend_v2_reads_prefix_plus_new(backend, gpu, cuda_graph):
     ("--decode-attention-backend flashinfer", "DeepSeek-V3", "sm100",  # R62 needs all three flags unset; R6 then picks
      lambda r: (r.plan.prefill_backend, r.plan.decode_backend) == ("flashinfer", "flashinfer")),
     ("", "gpt-oss-20b", "sm80", lambda r: r.plan.prefill_backend == "triton"),
-    ("--decode-attention-backend fa3 --speculative-algorithm EAGLE --speculative-eagle-topk 4 --speculative-num-steps 3 "
-     "--speculative-num-draft-tokens 8", "gpt-oss-20b", "sm90",  # R63 needs all three flags unset: the generic R5 (sinks)
-     lambda r: (r.plan.prefill_backend, r.plan.decode_backend) == ("triton", "fa3")),
     ("", "whisper-large-v3-turbo", "sm90", lambda r: r.plan.prefill_backend == "flashinfer" and r.server_args.disable_radix_cache),
     ("--speculative-algorithm EAGLE", "Llama-3.1-8B", "sm90",  # issue 36554: topk filled first, then the backend
      lambda r: r.server_args.speculative_eagle_topk == 4 and r.plan.prefill_backend == "flashinfer"),
