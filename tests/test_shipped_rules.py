@@ -473,8 +473,7 @@ EXAONE4 = dict(sliding_window=4096, sliding_window_pattern="LLLG")
     ("", ("Olmo2ForCausalLM", "olmo2"), "sm90", "fa3", True),
     ("", ("Olmo2ForCausalLM", "olmo2"), "sm80", "fa3", True),  # FA3 from SM80 up, never FlashInfer
     ("", ("Olmo2ForCausalLM", "olmo2"), "sm100", "trtllm_mha", True),
-    ("", ("Olmo3ForCausalLM", "olmo3", OLMO3), "sm90", "fa3", False),  # its window/full mix keeps the hybrid pool
-    ("--enable-hierarchical-cache", ("Olmo3ForCausalLM", "olmo3", OLMO3), "sm90", "fa3", True),  # ... but not with HiCache
+    ("", ("Olmo3ForCausalLM", "olmo3", OLMO3), "sm90", "fa3", True),  # 0.5.23: one pool for Olmo 3's window/full mix too
     ("--attention-backend triton", ("Olmo2ForCausalLM", "olmo2"), "sm90", "triton", True),
     ("", ("Gemma4ForCausalLM", "gemma4_text"), "sm90", "triton", False),
     ("", ("Gemma4ForConditionalGeneration", "gemma4"), "sm100", "trtllm_mha", False),
