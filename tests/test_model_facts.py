@@ -86,8 +86,19 @@ def test_hybrid_models_list_only_their_attention_layers():
     lfm2 = _llama(model_type="lfm2", layer_types=["conv", "conv", "full_attention", "conv"] * 8)
     granite = _llama(model_type="granitemoehybrid", layer_types=["mamba"] * 5 + ["attention"] + ["mamba"] * 26)
     nemotron_h = _llama(model_type="nemotron_h", hybrid_override_pattern="M-M-M*-E" * 4)
-    counts = [Counter(ModelFacts.from_hf_dict(raw).layer_kinds) for raw in (qwen3_next, lfm2, granite, nemotron_h)]
-    assert counts == [{K.FULL: 8}, {K.FULL: 8}, {K.FULL: 1}, {K.FULL: 4}]
+    facts = [ModelFacts.from_hf_dict(raw) for raw in (qwen3_next, lfm2, granite, nemotron_h)]
+    assert [Counter(f.layer_kinds) for f in facts] == [{K.FULL: 8}, {K.FULL: 8}, {K.FULL: 1}, {K.FULL: 4}]
+    assert facts[0].attention_layer_ids == tuple(range(3, 32, 4)) and facts[2].attention_layer_ids == (5,)
+    assert facts[3].attention_layer_ids == (5, 13, 21, 29)  # the "*" of each "M-M-M*-E"
+    assert facts[0].attention_position(7) == 1  # what transformers' layer_idx 7 reads from the plan and the KV pool
+    with pytest.raises(ValueError, match="model layer 6 is not one of its softmax-attention layers"):
+        facts[0].attention_position(6)
+    llama = ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json")
+    assert llama.attention_layer_ids is None and llama.attention_position(31) == 31
+    with pytest.raises(ValueError):
+        llama.attention_position(32)
+    with pytest.raises(ModelConfigError, match="attention_layer_ids"):
+        llama.model_copy(update={"attention_layer_ids": (3, 1)})
 
 
 @pytest.mark.parametrize("changes, key", [

@@ -67,6 +67,8 @@ class ModelFacts(ValidatedModel):
     sliding_window: Optional[int] = None
     attention_chunk_size: Optional[int] = None
     layer_kinds: tuple[LayerKind, ...]
+    #: the model layer index (transformers' ``layer_idx``) of each ``layer_kinds`` entry; None: entry i is layer i
+    attention_layer_ids: Optional[tuple[int, ...]] = None
     is_encoder_decoder: bool = False
     is_multimodal: bool = False
     attn_logit_softcapping: Optional[float] = None
@@ -92,9 +94,23 @@ class ModelFacts(ValidatedModel):
             problems.append("MLA needs qk_rope_head_dim")
         if not self.layer_kinds:
             problems.append("layer_kinds must list at least one layer")
+        ids = self.attention_layer_ids
+        if ids is not None and (len(ids) != len(self.layer_kinds) or any(b <= a for a, b in zip(ids, ids[1:])) or min(ids, default=0) < 0):
+            problems.append("attention_layer_ids must give one increasing, non-negative model layer index per entry of layer_kinds")
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def attention_position(self, layer_idx: int) -> int:
+        """The position in ``layer_kinds`` (and in the KV pool) of model layer ``layer_idx``. Raises ValueError
+        for a layer without softmax attention or past the model."""
+        if self.attention_layer_ids is None:
+            if 0 <= layer_idx < len(self.layer_kinds):
+                return layer_idx
+        elif layer_idx in self.attention_layer_ids:
+            return self.attention_layer_ids.index(layer_idx)
+        raise ValueError(f"{self.source}: model layer {layer_idx} is not one of its softmax-attention layers "
+                         f"({list(self.attention_layer_ids or range(len(self.layer_kinds)))})")
 
     # ---- derived facts -------------------------------------------------------------------------
 
@@ -175,6 +191,7 @@ class _ConfigReader:
         self.raw = raw
         self.source = source
         self.problems: list[Problem] = []
+        self.attention_ids: tuple[int, ...] | None = None  # set where some layers have no softmax attention
         text = raw.get("text_config")
         if text is not None and not isinstance(text, dict):
             self._bad("text_config", "must be an object")
@@ -274,6 +291,7 @@ class _ConfigReader:
             sliding_window=window,
             attention_chunk_size=chunk,
             layer_kinds=layer_kinds,
+            attention_layer_ids=self.attention_ids,
             is_encoder_decoder=is_enc_dec,
             is_multimodal="vision_config" in raw or "audio_config" in raw,
             attn_logit_softcapping=self.float_("attn_logit_softcapping"),
@@ -346,14 +364,14 @@ class _ConfigReader:
         if not isinstance(layer_types, list) or len(layer_types) != n:
             self._bad(key, f"must be a list of num_hidden_layers={n} layer types")
             return ()
-        kinds = []
+        kinds: dict[int, LayerKind] = {}  # model layer index -> kind, attention layers only
         for i, name in enumerate(layer_types):
             if not isinstance(name, str) or name not in _LAYER_TYPE_NAMES:
                 self._bad(f"{key}[{i}]", f"unsupported layer type {name!r}; attngate knows {sorted(_LAYER_TYPE_NAMES)}")
-                kinds.append(LayerKind.FULL)
+                kinds[i] = LayerKind.FULL
             elif _LAYER_TYPE_NAMES[name] is not None:
-                kinds.append(_LAYER_TYPE_NAMES[name])
-        return self._some_attention(tuple(kinds), key)
+                kinds[i] = _LAYER_TYPE_NAMES[name]
+        return self._attention_layers(kinds, n, key)
 
     def _from_letter_pattern(self, pattern: str, n: int) -> tuple[LayerKind, ...]:
         if not pattern or not set(pattern) <= {"L", "G"}:
@@ -366,12 +384,16 @@ class _ConfigReader:
         if not isinstance(pattern, str) or len(pattern) != n or not set(pattern) <= _HYBRID_PATTERN_CHARS:
             self._bad(key, f"must be a string of num_hidden_layers={n} characters from '*M-E' ('*': attention), got {pattern!r}")
             return ()
-        return self._some_attention((LayerKind.FULL,) * pattern.count("*"), key)
+        return self._attention_layers({i: LayerKind.FULL for i, c in enumerate(pattern) if c == "*"}, n, key)
 
-    def _some_attention(self, kinds: tuple[LayerKind, ...], key: str) -> tuple[LayerKind, ...]:
+    def _attention_layers(self, kinds: dict[int, LayerKind], n: int, key: str) -> tuple[LayerKind, ...]:
+        """The kinds of the attention layers among ``n`` model layers; records their model indices when some
+        layers have none."""
         if not kinds:
             self._bad(key, "names no attention layer; attngate plans softmax attention only")
-        return kinds
+        if len(kinds) < n:
+            self.attention_ids = tuple(sorted(kinds))
+        return tuple(kinds[i] for i in sorted(kinds))
 
     def _chunked_llama4(self, n: int) -> tuple[LayerKind, ...]:
         # Llama-4: RoPE layers attend within chunks; every no_rope_layer_interval-th layer is global NoPE.

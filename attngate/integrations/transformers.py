@@ -116,6 +116,10 @@ class AttngateRuntime:
             raise ValueError(f"{type(model).__name__} was built with attn_implementation={getattr(config, '_attn_implementation', None)!r}; "
                              f"AttngateRuntime needs attn_implementation={ATTN_IMPLEMENTATION!r}, or its attention bypasses attngate's cache")
         self.facts = ModelFacts.from_hf_dict(config.to_dict(), source=type(model).__name__)
+        if self.facts.attention_layer_ids is not None:
+            raise ValueError(f"{type(model).__name__} has layers without softmax attention (linear attention, Mamba, convolution) "
+                             f"whose recurrent state AttngateRuntime does not keep between extend and decode; run it with "
+                             f"attn_implementation={ATTN_IMPLEMENTATION!r} and transformers' own cache instead")
         if platform is None:
             platform = Platform.detect() if torch.cuda.is_available() else Platform.from_name("sm90")
         args = server_args or ServerArgs(page_size=page_size)

@@ -61,7 +61,7 @@ def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     if plan_of(module) is None:
         configure(module)
     resolution, layers = plan_of(module)
-    layer = layers[module.layer_idx]
+    layer = layers[resolution.model.attention_position(module.layer_idx)]  # a hybrid's attention layers only
     gates = resolution.plan.layer(layer.kind).common
     scale = layer.scaling if scaling is None else float(scaling)
     sinks = getattr(module, "sinks", None)

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from attngate import ServerArgs  # noqa: E402
-from attngate.integrations.transformers import configure  # noqa: E402
+from attngate.integrations.transformers import AttngateRuntime, configure  # noqa: E402
 from attngate.integrations.transformers_plain import plan_of  # noqa: E402
 from integrations.test_transformers_differential import MODELS_UNDER_TEST, _config, _pair  # noqa: E402
 
@@ -100,3 +100,25 @@ def test_the_flashinfer_path_unpads_plans_once_per_forward_and_matches_eager(nam
         assert len(plans) == specs  # every layer of the forward reused its spec's plan
         assert torch.equal(ours.generate(ids, **greedy), ref.generate(ids, **greedy))
     assert specs == (2 if name == "gemma2-softcap-swa" else 1)  # gemma-2 alternates window and full layers
+
+
+def test_a_hybrid_model_attends_by_its_attention_layers_plan():
+    """Qwen3-Next: linear-attention (Gated DeltaNet) layers 0 and 2 run in transformers, softmax attention layers 1
+    and 3 through attngate, found by their model layer index (the plan lists attention layers only); a left-padded
+    batch and greedy decoding match eager."""
+    cfg = transformers.Qwen3NextConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+        layer_types=["linear_attention", "full_attention"] * 2, pad_token_id=0, bos_token_id=0, eos_token_id=0)
+    ref, ours = _pair(cfg)
+    ids, mask = _batch()
+    with torch.no_grad():
+        expected, got = ref(ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits
+    assert (expected - got)[mask.bool()].abs().max().item() < ATOL
+    resolution, layers = plan_of(ours)
+    assert resolution.model.attention_layer_ids == (1, 3) and len(layers) == 2
+    greedy = dict(attention_mask=mask, max_new_tokens=4, do_sample=False)
+    assert torch.equal(ours.generate(ids, **greedy), ref.generate(ids, **greedy))
+    with pytest.raises(ValueError, match="recurrent state AttngateRuntime does not keep"):
+        AttngateRuntime(ours)
