@@ -1,9 +1,10 @@
 """``ModelFacts``: the attention facts of a model, read from a Hugging Face ``config.json``.
 
 Source of the layouts: transformers' config classes (Gemma2 alternation, Gemma3
-``sliding_window_pattern``, ``layer_types``, Qwen2 ``use_sliding_window``/``max_window_layers``,
-Llama-4 ``attention_chunk_size``/``no_rope_layers``, Mllama ``cross_attention_layers``, Whisper's
-encoder-decoder keys, the hybrid models' ``layer_types`` and NemotronH's ``hybrid_override_pattern``) and SGLang's ``ModelConfig`` (MLA where ``kv_lora_rank`` is present).
+``sliding_window_pattern``, EXAONE 4's letter pattern, ``layer_types`` (hybrid models' included),
+Qwen2 ``use_sliding_window``/``max_window_layers``, Llama-4 ``attention_chunk_size``/``no_rope_layers``,
+Mllama ``cross_attention_layers``, NemotronH's ``hybrid_override_pattern``, Whisper's encoder-decoder
+keys) and SGLang's ``ModelConfig`` (MLA where ``kv_lora_rank`` is present).
 """
 
 from __future__ import annotations

@@ -43,9 +43,11 @@ class FactType:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         else:
             ok = isinstance(value, str)
-        in_range = value is None or self.base not in ("int", "float") or not ok or (
-            (self.minimum is None or value >= self.minimum) and (self.maximum is None or value <= self.maximum))
-        return ok and in_range and (self.choices is None or value in self.choices)
+        if not ok or (self.choices is not None and value not in self.choices):
+            return False
+        if self.base in ("int", "float"):
+            return (self.minimum is None or value >= self.minimum) and (self.maximum is None or value <= self.maximum)
+        return True
 
     def describe(self) -> str:
         text = f"one of {list(self.choices)}" if self.choices else self.base
