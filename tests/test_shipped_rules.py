@@ -592,3 +592,23 @@ def test_cutedsl_mla_rejections(flags, gpu, rule):
     with pytest.raises(PlanError) as err:
         resolve(ServerArgs.from_flags(flags.split()), model("DeepSeek-V3"), Platform.from_name(gpu))
     assert rule in {v.rule for v in err.value.violations}, err.value
+
+
+# ---- multi-item scoring (R31, F2, F14) -----------------------------------------------------------------
+
+def test_multi_item_scoring_runs_one_uncached_paged_prefill_on_flashinfer():
+    r = resolve_flags("--enable-mis --attention-backend flashinfer", "Qwen3-8B")
+    assert r.server_args.disable_cuda_graph and r.server_args.disable_radix_cache and r.server_args.chunked_prefill_size == -1
+    fi = r.plan.flashinfer
+    assert fi.multi_item_scoring and not fi.use_ragged_prefill and fi.prefill_kernel_family == "fa2"
+
+
+@pytest.mark.parametrize("flags, name, rule", [
+    ("--enable-mis", "Qwen3-8B", "mis.flashinfer-only"),  # the default fa3 on SM90
+    ("--enable-mis --attention-backend flashinfer --decode-attention-backend triton", "Qwen3-8B", "mis.flashinfer-only"),
+    ("--enable-mis --attention-backend flashinfer", "gemma-2-9b", "mis.no-sliding-window"),  # SGLang drops the window
+])
+def test_multi_item_scoring_rejections(flags, name, rule):
+    with pytest.raises(PlanError) as err:
+        resolve_flags(flags, name)
+    assert rule in {v.rule for v in err.value.violations}, err.value

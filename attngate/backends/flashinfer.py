@@ -70,9 +70,12 @@ class _Graph:
 
 def flashinfer_refusals(plan: Plan, layers: list[AttentionLayer]) -> list[Problem]:
     """Why the FlashInfer backend cannot serve these layers under this plan (empty: it can). Needs no kernel import."""
-    if any(layer.is_mla for layer in layers):
-        return mla_refusals(plan, layers)
     problems = []
+    if plan.flashinfer.multi_item_scoring:
+        problems.append(Problem("flashinfer.multi_item_scoring", "attngate's FlashInfer backend does not implement multi-item "
+                                "scoring (SGLang's MultiItemScoringParams); this plan is for SGLang's flashinfer backend"))
+    if any(layer.is_mla for layer in layers):
+        return problems + mla_refusals(plan, layers)
     for layer in layers:
         if layer.has_sinks or layer.sinks is not None:
             problems.append(Problem(f"layer {layer.layer_id}", "FlashInfer runs no learned attention sinks"))

@@ -50,6 +50,7 @@ class ServerArgs(ValidatedModel):
     dtype: ModelDtype = "auto"
     is_embedding: bool = False
     prefill_only_disable_kv_cache: bool = Field(False, description="embedding servers: a no-op KV pool, nothing written or read")
+    enable_mis: bool = Field(False, description="multi-item scoring: several items per request, scored against its prompt")
     chunked_prefill_size: Optional[int] = Field(None, ge=-1, le=1 << 40, description="tokens; -1 disables")
     disable_radix_cache: bool = False
     disable_chunked_prefix_cache: bool = False

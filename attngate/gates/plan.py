@@ -60,6 +60,7 @@ class FlashInferGates(_Group):
     workspace_size_mb: int = gate(384, "float workspace buffer, MiB.")
     prefill_kernel_family: Literal["fa2", "fa3"] = gate("fa2", "Kernel family of the prefill (ragged and paged) wrappers.")
     mla_kernel_family: Literal["fa2", "fa3"] = gate("fa2", "Kernel family of BatchMLAPagedAttentionWrapper (absorbed MLA).")
+    multi_item_scoring: bool = gate(False, "EXTEND scores several items per request: item masks from delimiter tokens replace the causal mask (SGLang's MultiItemScoringParams). attngate's FlashInfer backend does not implement it and refuses such a plan.")
     decode_kernel_family: Literal["fa2"] = gate("fa2", "Kernel family of every decode wrapper: fa2 (the CUDA-core decode kernel, or the fa2 prefill kernel under decode_use_tensor_cores). Never FlashInfer's 'auto', which probes for cuDNN on every plan().")
 
 

@@ -102,3 +102,13 @@ def test_a_missing_kernel_package_refuses_its_backend():
 def test_the_platform_never_probes_behind_an_explicit_gpu():
     assert Platform.from_name("sm90") == Platform.from_name("sm90", kernels=["flashinfer", "flash_attn.cute"])
     assert Platform.from_name("sm90").kernel_providers == ("flashinfer", "flash_attn.cute")
+
+
+@pytest.mark.parametrize("name", ["Qwen3-8B", "DeepSeek-V2-Lite"])
+def test_a_multi_item_scoring_plan_is_refused_by_the_flashinfer_backend_it_names(name):
+    """SGLang's FlashInfer backend scores items with MultiItemScoringParams; attngate's does not, and says so at
+    construction (MHA and, through flashinfer_mla, MLA) rather than run plain causal attention over the items."""
+    facts = ModelFacts.from_hf_config(MODELS / f"{name}.json")
+    plan = resolve(ServerArgs(attention_backend="flashinfer", enable_mis=True), facts, Platform.from_name("sm90")).plan
+    assert plan.flashinfer.multi_item_scoring
+    assert [p.where for p in flashinfer_refusals(plan, layers_from_model(facts))][:1] == ["flashinfer.multi_item_scoring"]
