@@ -63,7 +63,7 @@ class ServerArgs(ValidatedModel):
     enable_dp_attention: bool = False
     enable_prefill_cp: bool = False
     attn_cp_size: int = Field(1, ge=1, le=1 << 16, description="attention context-parallel ranks")
-    enable_hisparse: bool = False
+    enable_hisparse: bool = Field(False, description="HiSparse: sparse attention over a KV pool of its own (DSA models)")
     speculative_algorithm: Optional[SpeculativeAlgorithm] = None
     speculative_num_steps: Optional[int] = Field(None, ge=0, le=1024)
     speculative_eagle_topk: Optional[int] = Field(None, ge=0, le=1024)
