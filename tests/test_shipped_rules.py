@@ -612,3 +612,31 @@ def test_multi_item_scoring_rejections(flags, name, rule):
     with pytest.raises(PlanError) as err:
         resolve_flags(flags, name)
     assert rule in {v.rule for v in err.value.violations}, err.value
+
+
+# ---- DeepSeek Sparse Attention (R61) ----------------------------------------------------------------------
+
+def _deepseek_v32() -> ModelFacts:
+    """DeepSeek-V3.2: DeepSeek-V3's MLA with the DSA indexer (index_topk) under its own architecture name."""
+    raw = json.loads((MODELS / "DeepSeek-V3.json").read_text())
+    raw.update(architectures=["DeepseekV32ForCausalLM"], index_topk=2048, index_head_dim=128, index_n_heads=64)
+    return ModelFacts.from_hf_dict(raw)
+
+
+@pytest.mark.parametrize("flags, gpu, backend, page_size, kv_dtype", [
+    ("", "sm90", "dsa", 64, "bfloat16"),
+    ("", "sm100", "dsa", 64, "fp8_e4m3"),  # not R62's trtllm_mla: SGLang's override checks DSA first
+    ("--page-size 16 --kv-cache-dtype bf16", "sm90", "dsa", 64, "bf16"),  # the override's 64 wins over the flag
+    ("--attention-backend cutlass_mla", "sm100", "cutlass_mla", 128, "fp8_e4m3"),  # cutlass's later 128 wins
+])
+def test_deepseek_sparse_attention_defaults(flags, gpu, backend, page_size, kv_dtype):
+    r = resolve(ServerArgs.from_flags(flags.split()), _deepseek_v32(), Platform.from_name(gpu))
+    assert (r.plan.prefill_backend, r.plan.common.page_size, r.server_args.kv_cache_dtype) == (backend, page_size, kv_dtype)
+
+
+def test_deepseek_sparse_attention_refuses_other_kv_dtypes_and_plain_deepseek_v3_is_not_dsa():
+    with pytest.raises(PlanError) as err:
+        resolve(ServerArgs(kv_cache_dtype="fp8_e5m2"), _deepseek_v32(), Platform.from_name("sm90"))
+    assert "kv-dtype.dsa" in {v.rule for v in err.value.violations}
+    assert not model("DeepSeek-V3").has_dsa_indexer
+    assert resolve(ServerArgs(), model("DeepSeek-V3"), Platform.from_name("sm100")).plan.prefill_backend == "trtllm_mla"

@@ -77,6 +77,7 @@ class ModelFacts(ValidatedModel):
     query_pre_attn_scalar: Optional[float] = None
     has_attention_sinks: bool = False
     has_dual_chunk_attention: bool = False
+    has_dsa_indexer: bool = False  # DeepSeek Sparse Attention: config has index_topk (DeepSeek-V3.2, GLM-5)
     max_position_embeddings: Optional[int] = None
     torch_dtype: Optional[str] = None
 
@@ -300,6 +301,7 @@ class _ConfigReader:
             query_pre_attn_scalar=self.float_("query_pre_attn_scalar"),
             has_attention_sinks=model_type in _SINK_MODEL_TYPES,
             has_dual_chunk_attention=self.get("dual_chunk_attention_config") is not None,
+            has_dsa_indexer=self.get("index_topk") is not None,
             max_position_embeddings=self.int_("max_position_embeddings"),
             torch_dtype=dtype,
         )

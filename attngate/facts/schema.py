@@ -116,6 +116,7 @@ _MODEL_FACTS = [
     _model_fact("has_softcap", bool, "attn_logit_softcapping is set"),
     _model_fact("has_attention_sinks", bool, "learned attention sinks (gpt-oss)"),
     _model_fact("has_dual_chunk_attention", bool, "config has dual_chunk_attention_config"),
+    _model_fact("has_dsa_indexer", bool, "config has index_topk (DeepSeek Sparse Attention's indexer)"),
 ]
 _PLATFORM_FACTS = [
     FactSpec("gpu_arch", FactType("str", GPU_ARCHS), "platform", "GPU architecture"),
