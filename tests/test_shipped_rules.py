@@ -219,6 +219,8 @@ def test_draft_extend_v2_reads_prefix_plus_new(backend, gpu, cuda_graph):
     ("--disaggregation-mode prefill", "Llama-3.1-8B", "sm90",  # R56: the prefill server replays no decode graph
      lambda r: not r.plan.common.cuda_graph and not any(r.plan.mode(m).common.capture_cuda_graph for m in ForwardMode)),
     ("--disaggregation-mode null", "Llama-3.1-8B", "sm90", lambda r: r.plan.common.cuda_graph and not r.server_args.disable_radix_cache),
+    ("--enable-unified-memory", "Llama-3.1-8B", "sm90", lambda r: r.plan.prefill_backend == "fa3"),
+    ("--enable-unified-memory --attention-backend trtllm_mla", "DeepSeek-V3", "sm100", lambda r: r.plan.decode_backend == "trtllm_mla"),
     ("--speculative-algorithm NGRAM", "Llama-3.1-8B", "sm100", lambda r: r.plan.prefill_backend == "flashinfer"),  # R3: no topk given
     ("--speculative-algorithm NGRAM", "Llama-3.1-8B", "sm90",  # R49: breadth 10, 12 draft tokens, 12 // 10 steps
      lambda r: (r.server_args.speculative_eagle_topk, r.server_args.speculative_num_draft_tokens, r.server_args.speculative_num_steps)
@@ -284,6 +286,9 @@ def test_rule_outcomes(flags, name, gpu, check):
     ("--kv-cache-dtype fp4_mx_block16 --prefill-attention-backend fa4 --decode-attention-backend flashinfer --attention-backend fa4",
      "Llama-3.1-8B", "sm100", "kv4.fa4-prefill-decode-backend"),
     ("--enable-dp-attention --dp-size 2 --tp-size 3", "Llama-3.1-8B", "sm90", "dp-attention.tp-divisible-by-dp"),
+    ("--enable-unified-memory --attention-backend torch_native", "Llama-3.1-8B", "sm90", "unified-memory.backends"),
+    ("--enable-unified-memory --attention-backend fa4", "DeepSeek-V2-Lite", "sm100", "unified-memory.backends"),  # MLA list
+    ("--enable-unified-memory", "Llama-4-Scout-17B-16E-Instruct", "sm90", "unified-memory.no-local-attention-on-fa"),
     ("--speculative-algorithm NGRAM --enable-dp-attention --dp-size 2 --tp-size 2", "Llama-3.1-8B", "sm90", "spec.ngram-no-dp-attention"),
     ("--disaggregation-mode decode --enable-hierarchical-cache", "Llama-3.1-8B", "sm90", "hicache.needs-radix-cache"),  # after R55
     ("--attention-backend flashmla --speculative-algorithm EAGLE --speculative-eagle-topk 2 --speculative-num-steps 3 "

@@ -57,6 +57,7 @@ class ServerArgs(ValidatedModel):
     enable_mixed_chunk: bool = False
     disable_hybrid_swa_memory: bool = False
     enable_hierarchical_cache: bool = False
+    enable_unified_memory: bool = Field(False, description="one KV memory pool for all layer kinds, read through translated indices")
     hicache_io_backend: HicacheIoBackend = "kernel"
     tp_size: int = Field(1, ge=1, le=1 << 16)
     dp_size: int = Field(1, ge=1, le=1 << 16)
