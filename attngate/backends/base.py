@@ -25,6 +25,9 @@ class AttentionBackend(ABC):
     def __init__(self, plan: Plan, kv_pool, req_to_token: torch.Tensor, layers: list[AttentionLayer],
                  device: torch.device | str = "cpu"):
         plan.check_intact()  # a plan edited in place would steer this backend without its rules
+        if plan.common.unified_kv_pool:
+            raise BatchMetadataError(Problem("common.unified_kv_pool", "attngate's backends read their own KV pool's page ids; "
+                                             "SGLang's unified memory pool (--enable-unified-memory) needs its index translator"))
         check_heads_per_rank(plan, layers)
         self.plan = plan
         self.kv_pool = kv_pool

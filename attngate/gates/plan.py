@@ -74,6 +74,7 @@ class CommonGates(_Group):
     kv_cache_dtype: str = gate("auto", "KV cache storage dtype", from_fact="kv_cache_dtype")
     cuda_graph: bool = gate(True, "CUDA graphs are captured at all.")
     mla_chunked_prefix_cache: bool = gate(True, "MLA prefill attends to the cached prefix in chunks (MHA over decompressed KV).")
+    unified_kv_pool: bool = gate(False, "SGLang's unified memory pool: page ids are read through its index translator. attngate's backends read their own pool's ids and refuse such a plan.", from_fact="enable_unified_memory")
 
 
 # ---- per-forward-mode gates ----------------------------------------------------------------------

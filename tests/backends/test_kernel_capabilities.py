@@ -112,3 +112,18 @@ def test_a_multi_item_scoring_plan_is_refused_by_the_flashinfer_backend_it_names
     plan = resolve(ServerArgs(attention_backend="flashinfer", enable_mis=True), facts, Platform.from_name("sm90")).plan
     assert plan.flashinfer.multi_item_scoring
     assert [p.where for p in flashinfer_refusals(plan, layers_from_model(facts))][:1] == ["flashinfer.multi_item_scoring"]
+
+
+def test_every_attngate_backend_refuses_a_plan_over_the_unified_memory_pool():
+    """Under --enable-unified-memory SGLang reads page ids through its index translator; attngate's backends read
+    their own pool's ids, so they refuse such a plan at construction (reference backend included)."""
+    from attngate.backends.errors import BatchMetadataError
+    from attngate.backends.kv_cache import MHATokenToKVPool
+    from attngate.backends.reference import ReferenceBackend
+
+    facts = ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json")
+    plan = resolve(ServerArgs(enable_unified_memory=True), facts, Platform.from_name("sm90")).plan
+    assert plan.common.unified_kv_pool
+    pool = MHATokenToKVPool(64, 1, 1, 8, 128)
+    with pytest.raises(BatchMetadataError, match="common.unified_kv_pool"):
+        ReferenceBackend(plan, pool, torch.zeros(2, 64, dtype=torch.int32), layers_from_model(facts, plan)[:1])
