@@ -491,6 +491,7 @@ EXAONE4 = dict(sliding_window=4096, sliding_window_pattern="LLLG")
     ("", ("Qwen3NextForCausalLM", "qwen3_next", QWEN3_NEXT), "sm100", "triton", False),  # radix cache on, no speculation
     ("--disable-radix-cache", ("Qwen3NextForCausalLM", "qwen3_next", QWEN3_NEXT), "sm100", "trtllm_mha", False),
     ("", ("Qwen3NextForCausalLM", "qwen3_next", QWEN3_NEXT), "sm90", "fa3", False),
+    ("--attention-backend trtllm_mha", ("Qwen3NextForCausalLM", "qwen3_next", QWEN3_NEXT), "sm100", "trtllm_mha", False),  # R58: radix off
 ])
 def test_model_override_defaults(flags, arch, gpu, backend, hybrid_pool_off):
     r = resolve(ServerArgs.from_flags(flags.split()), _as_architecture(*arch[:2], **(arch[2] if len(arch) > 2 else {})), fa3_gpu(gpu))
@@ -507,6 +508,8 @@ def test_model_override_defaults(flags, arch, gpu, backend, hybrid_pool_off):
     ("--attention-backend fa4", ("Exaone4ForCausalLM", "exaone4", EXAONE4), "sm100", "exaone4.backends"),
     ("--attention-backend triton", ("Lfm2ForCausalLM", "lfm2", LFM2), "sm90", "hybrid.first-layer-not-attention-no-triton"),
     ("--attention-backend triton", ("NemotronHForCausalLM", "nemotron_h"), "sm90", "hybrid.first-layer-not-attention-no-triton"),
+    ("--page-size 16", ("Qwen3NextForCausalLM", "qwen3_next", QWEN3_NEXT), "sm90", "mamba.radix-cache-page-size-1"),
+    ("--attention-backend fa4", ("FalconH1ForCausalLM", "falcon_h1"), "sm100", "mamba.radix-cache-page-size-1"),  # FA4's 128
 ])
 def test_model_override_rejections(flags, arch, gpu, rule):
     facts = _as_architecture(*arch[:2], **(arch[2] if len(arch) > 2 else {}))
@@ -645,3 +648,15 @@ def test_deepseek_sparse_attention_refuses_other_kv_dtypes_and_plain_deepseek_v3
     assert "kv-dtype.dsa" in {v.rule for v in err.value.violations}
     assert not model("DeepSeek-V3").has_dsa_indexer
     assert resolve(ServerArgs(), model("DeepSeek-V3"), Platform.from_name("sm100")).plan.prefill_backend == "trtllm_mla"
+
+
+@pytest.mark.parametrize("flags, radix_off", [
+    ("", False),  # page 1, no speculation: the Mamba radix cache stays
+    ("--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4", True),
+    ("--disable-radix-cache --page-size 16", True),  # pages of any size once the radix cache is off
+])
+def test_a_hybrid_models_radix_cache(flags, radix_off):
+    facts = _as_architecture("Qwen3NextForCausalLM", "qwen3_next", **QWEN3_NEXT)
+    assert facts.has_recurrent_layers and not model("Llama-3.1-8B").has_recurrent_layers
+    r = resolve(ServerArgs.from_flags(flags.split()), facts, fa3_gpu("sm90"))
+    assert r.server_args.disable_radix_cache == radix_off

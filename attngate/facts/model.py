@@ -129,6 +129,11 @@ class ModelFacts(ValidatedModel):
         return LayerKind.SLIDING_WINDOW in self.layer_kinds
 
     @property
+    def has_recurrent_layers(self) -> bool:
+        """Some layers keep a recurrent state instead of a KV cache (linear attention, Mamba, convolution)."""
+        return self.attention_layer_ids is not None
+
+    @property
     def is_hybrid_swa(self) -> bool:
         return self.has_sliding_window and LayerKind.FULL in self.layer_kinds
 

@@ -117,6 +117,7 @@ _MODEL_FACTS = [
     _model_fact("has_attention_sinks", bool, "learned attention sinks (gpt-oss)"),
     _model_fact("has_dual_chunk_attention", bool, "config has dual_chunk_attention_config"),
     _model_fact("has_dsa_indexer", bool, "config has index_topk (DeepSeek Sparse Attention's indexer)"),
+    _model_fact("has_recurrent_layers", bool, "some layers keep a recurrent state, not a KV cache (linear attention, Mamba, conv)"),
 ]
 _PLATFORM_FACTS = [
     FactSpec("gpu_arch", FactType("str", GPU_ARCHS), "platform", "GPU architecture"),
