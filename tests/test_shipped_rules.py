@@ -220,6 +220,10 @@ def test_draft_extend_v2_reads_prefix_plus_new(backend, gpu, cuda_graph):
      lambda r: not r.plan.common.cuda_graph and not any(r.plan.mode(m).common.capture_cuda_graph for m in ForwardMode)),
     ("--disaggregation-mode null", "Llama-3.1-8B", "sm90", lambda r: r.plan.common.cuda_graph and not r.server_args.disable_radix_cache),
     ("--enable-unified-memory", "Llama-3.1-8B", "sm90", lambda r: r.plan.prefill_backend == "fa3"),
+    ("--enable-dp-lm-head --enable-dp-attention", "Llama-3.1-8B", "sm90",  # dp_size 1: both off (R36)
+     lambda r: not r.server_args.enable_dp_attention and not r.server_args.enable_dp_lm_head),
+    ("--speculative-algorithm NEXTN --speculative-use-rejection-sampling", "DeepSeek-V3", "sm90",  # NEXTN -> EAGLE, chain (3, 1, 4)
+     lambda r: r.server_args.speculative_eagle_topk == 1),
     ("--enable-unified-memory --attention-backend trtllm_mla", "DeepSeek-V3", "sm100", lambda r: r.plan.decode_backend == "trtllm_mla"),
     ("--speculative-algorithm NGRAM", "Llama-3.1-8B", "sm100", lambda r: r.plan.prefill_backend == "flashinfer"),  # R3: no topk given
     ("--speculative-algorithm NGRAM", "Llama-3.1-8B", "sm90",  # R49: breadth 10, 12 draft tokens, 12 // 10 steps
@@ -287,6 +291,12 @@ def test_rule_outcomes(flags, name, gpu, check):
      "Llama-3.1-8B", "sm100", "kv4.fa4-prefill-decode-backend"),
     ("--enable-dp-attention --dp-size 2 --tp-size 3", "Llama-3.1-8B", "sm90", "dp-attention.tp-divisible-by-dp"),
     ("--enable-unified-memory --attention-backend torch_native", "Llama-3.1-8B", "sm90", "unified-memory.backends"),
+    ("--enable-dp-lm-head --dp-size 2 --tp-size 2", "Llama-3.1-8B", "sm90", "dp-attention.lm-head-needs-dp-attention"),
+    ("--speculative-algorithm EAGLE --speculative-use-rejection-sampling", "Llama-3.1-8B", "sm90",
+     "spec.rejection-sampling-eagle-chain"),  # Llama's EAGLE default is a tree (topk 4)
+    ("--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 "
+     "--speculative-use-rejection-sampling --speculative-accept-threshold-single 0.5", "Llama-3.1-8B", "sm90", "spec.rejection-sampling-eagle-chain"),
+    ("--speculative-algorithm NGRAM --speculative-use-rejection-sampling", "Llama-3.1-8B", "sm90", "spec.rejection-sampling-eagle-chain"),
     ("--enable-unified-memory --attention-backend fa4", "DeepSeek-V2-Lite", "sm100", "unified-memory.backends"),  # MLA list
     ("--enable-unified-memory", "Llama-4-Scout-17B-16E-Instruct", "sm90", "unified-memory.no-local-attention-on-fa"),
     ("--speculative-algorithm NGRAM --enable-dp-attention --dp-size 2 --tp-size 2", "Llama-3.1-8B", "sm90", "spec.ngram-no-dp-attention"),

@@ -62,6 +62,7 @@ class ServerArgs(ValidatedModel):
     tp_size: int = Field(1, ge=1, le=1 << 16)
     dp_size: int = Field(1, ge=1, le=1 << 16)
     enable_dp_attention: bool = False
+    enable_dp_lm_head: bool = Field(False, description="vocabulary-parallel LM head within each attention DP group")
     enable_prefill_cp: bool = False
     attn_cp_size: int = Field(1, ge=1, le=1 << 16, description="attention context-parallel ranks")
     enable_hisparse: bool = Field(False, description="HiSparse: sparse attention over a KV pool of its own (DSA models)")
@@ -72,6 +73,9 @@ class ServerArgs(ValidatedModel):
     speculative_draft_model_path: Optional[str] = None
     speculative_attention_mode: SpeculativeAttentionMode = "prefill"
     speculative_ngram_max_bfs_breadth: int = Field(10, ge=1, le=1024)
+    speculative_use_rejection_sampling: bool = Field(False, description="EAGLE: accept draft tokens by rejection sampling")
+    speculative_accept_threshold_single: float = Field(1.0, ge=0.0, le=1.0)
+    speculative_accept_threshold_acc: float = Field(1.0, ge=0.0, le=1.0)
     enable_deterministic_inference: bool = False
     rl_on_policy_target: Optional[str] = None
     disable_cuda_graph: bool = False
