@@ -339,6 +339,8 @@ def _domain(name: str, literals: set) -> list:
         values = [v for v in t.choices if v in literals] + [next(v for v in t.choices if v not in literals)]
     elif t.base == "int":
         values = sorted({x + d for x in literals if isinstance(x, int) for d in (-1, 0, 1)} | {0})
+    elif t.base == "float":
+        values = sorted({float(x) + d for x in literals if isinstance(x, (int, float)) for d in (-0.5, 0.0, 0.5)} | {0.0})
     else:
         values = [v for v in literals if isinstance(v, str)] + ["<other>"]
     return values + ([None] if t.optional else [])
@@ -408,6 +410,8 @@ def _z3(v):
         return z3.BoolVal(v)
     if isinstance(v, int):
         return z3.IntVal(v)
+    if isinstance(v, float):
+        return z3.RealVal(v)
     return z3.StringVal(v)
 
 
