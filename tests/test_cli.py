@@ -154,6 +154,8 @@ def test_schema_and_matrix():
     assert "rules" in schema["properties"] and "RuleSpec" in schema["$defs"]
     res = runner.invoke(app, ["matrix", str(MODELS / "gpt-oss-20b.json"), str(MODELS / "DeepSeek-V2-Lite.json"), "--gpu", "sm90"])
     assert res.exit_code == 0 and "flashinfer.no-attention-sinks" in res.stdout
+    narrow = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["matrix", str(MODELS), "--gpu", "sm100"])
+    assert narrow.exit_code == 0 and "…" not in narrow.output  # cells wrap at 80 columns, never cut short
 
 
 # ---- the explain view for people ---------------------------------------------------------------

@@ -140,9 +140,9 @@ def render_matrix(configs: list[tuple[str, ModelFacts]], platform, rule_set) -> 
     backends, rows = matrix_cells(configs, platform, rule_set)
     colour = {"ok": "green", "moved": "yellow", "no": "red"}
     table = Table(title=matrix_title(platform), show_lines=True, title_justify="left")
-    table.add_column("model")
+    table.add_column("model", overflow="fold")  # wrapped, never cut short with an ellipsis
     for b in backends:
-        table.add_column(b)
+        table.add_column(b, overflow="fold")
     for name, cells in rows:
         table.add_row(escape(name), *[f"[{colour[status]}]{escape(text)}[/{colour[status]}]" for status, text in cells])
     _console().print(table)
