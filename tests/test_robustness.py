@@ -58,6 +58,8 @@ def test_a_directory_or_missing_file_is_a_clean_error(tmp_path):
     ({"num_attention_heads": 1e30}, "num_attention_heads: must be a positive integer"),
     ({"torch_dtype": 5}, "torch_dtype: must be a dtype name"),
     ({"layer_types": [["x"]] * 32}, "layer_types[0]: unsupported layer type"),
+    ({"hybrid_override_pattern": ["*"] * 32}, "hybrid_override_pattern: must be a string of num_hidden_layers=32"),
+    ({"sliding_window": 4096, "sliding_window_pattern": ""}, "sliding_window_pattern: must be an integer or a string"),
     ({"rope_theta": float("nan"), "attn_logit_softcapping": float("inf")}, "attn_logit_softcapping: must be a finite number"),
 ])
 def test_config_values_are_checked_before_use(tmp_path, edit, expected):
@@ -159,7 +161,8 @@ def test_library_calls_with_wrong_arguments_name_every_parameter():
 def test_fuzz_config_reader(value):
     """Any JSON value under any config key: a config or a ModelConfigError, nothing else."""
     raw = json.loads(LLAMA.read_text())
-    for key in ("num_key_value_heads", "layer_types", "model_type", "sliding_window", "text_config", "torch_dtype"):
+    for key in ("num_key_value_heads", "layer_types", "model_type", "sliding_window", "text_config", "torch_dtype",
+                "hybrid_override_pattern", "sliding_window_pattern", "index_topk"):
         try:
             ModelFacts.from_hf_dict({**raw, key: value})
         except ModelConfigError:
