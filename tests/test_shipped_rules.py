@@ -505,7 +505,7 @@ EXAONE4 = dict(sliding_window=4096, sliding_window_pattern="LLLG")
     ("", ("Qwen3NextForCausalLM", "qwen3_next", QWEN3_NEXT), "sm100", "triton", False),  # radix cache on, no speculation
     ("--disable-radix-cache", ("Qwen3NextForCausalLM", "qwen3_next", QWEN3_NEXT), "sm100", "trtllm_mha", False),
     ("", ("Qwen3NextForCausalLM", "qwen3_next", QWEN3_NEXT), "sm90", "fa3", False),
-    ("--attention-backend trtllm_mha", ("Qwen3NextForCausalLM", "qwen3_next", QWEN3_NEXT), "sm100", "trtllm_mha", False),  # R58: radix off
+    ("--attention-backend trtllm_mha", ("Qwen3NextForCausalLM", "qwen3_next", QWEN3_NEXT), "sm100", "trtllm_mha", False),
 ])
 def test_model_override_defaults(flags, arch, gpu, backend, hybrid_pool_off):
     r = resolve(ServerArgs.from_flags(flags.split()), _as_architecture(*arch[:2], **(arch[2] if len(arch) > 2 else {})), fa3_gpu(gpu))
@@ -664,13 +664,14 @@ def test_deepseek_sparse_attention_refuses_other_kv_dtypes_and_plain_deepseek_v3
     assert resolve(ServerArgs(), model("DeepSeek-V3"), Platform.from_name("sm100")).plan.prefill_backend == "trtllm_mla"
 
 
-@pytest.mark.parametrize("flags, radix_off", [
-    ("", False),  # page 1, no speculation: the Mamba radix cache stays
-    ("--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4", True),
-    ("--disable-radix-cache --page-size 16", True),  # pages of any size once the radix cache is off
+@pytest.mark.parametrize("flags, gpu, radix_off", [
+    ("", "sm90", False),  # page 1, no speculation: the Mamba radix cache stays
+    ("--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4", "sm90", True),
+    ("--disable-radix-cache --page-size 16", "sm90", True),  # pages of any size once the radix cache is off
+    ("--attention-backend trtllm_mha", "sm100", True),  # trtllm_mha takes no page_size 1
 ])
-def test_a_hybrid_models_radix_cache(flags, radix_off):
+def test_a_hybrid_models_radix_cache(flags, gpu, radix_off):
     facts = _as_architecture("Qwen3NextForCausalLM", "qwen3_next", **QWEN3_NEXT)
     assert facts.has_recurrent_layers and not model("Llama-3.1-8B").has_recurrent_layers
-    r = resolve(ServerArgs.from_flags(flags.split()), facts, fa3_gpu("sm90"))
+    r = resolve(ServerArgs.from_flags(flags.split()), facts, fa3_gpu(gpu))
     assert r.server_args.disable_radix_cache == radix_off
