@@ -523,6 +523,9 @@ def test_model_override_defaults(flags, arch, gpu, backend, hybrid_pool_off):
     ("--attention-backend triton", ("Lfm2ForCausalLM", "lfm2", LFM2), "sm90", "hybrid.first-layer-not-attention-no-triton"),
     ("--attention-backend triton", ("NemotronHForCausalLM", "nemotron_h"), "sm90", "hybrid.first-layer-not-attention-no-triton"),
     ("--page-size 16", ("Qwen3NextForCausalLM", "qwen3_next", QWEN3_NEXT), "sm90", "mamba.radix-cache-page-size-1"),
+    ("--attention-backend torch_native", ("Qwen3NextForCausalLM", "qwen3_next", QWEN3_NEXT), "sm100", "hybrid-gdn.blackwell-backends"),
+    ("--attention-backend fa4 --disable-radix-cache", ("Qwen3NextForCausalLM", "qwen3_next", QWEN3_NEXT), "sm120",
+     "hybrid-gdn.blackwell-backends"),  # fa4 on SM100 only
     ("--attention-backend fa4", ("FalconH1ForCausalLM", "falcon_h1"), "sm100", "mamba.radix-cache-page-size-1"),  # FA4's 128
 ])
 def test_model_override_rejections(flags, arch, gpu, rule):
