@@ -75,17 +75,35 @@ def test_prefill_and_decode_on_flashinfer_match_sdpa(name):
     _prefill_and_decode_match(ref, ours, "dynamic")
 
 
-def _prefill_and_decode_match(ref, ours, cache):
+def test_a_hybrid_model_runs_its_attention_layers_on_the_plans_kernels():
+    """Qwen3-Next: Gated DeltaNet layers 0 and 2 stay in transformers (its torch path, the same on both sides), the
+    softmax-attention layers 1 and 3 run on the plan's kernels, found by their model layer index."""
+    cfg = transformers.Qwen3NextConfig(
+        vocab_size=512, hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+        head_dim=128, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=64, linear_value_head_dim=64,
+        num_experts=4, num_experts_per_tok=4, moe_intermediate_size=256, shared_expert_intermediate_size=256,
+        layer_types=["linear_attention", "full_attention"] * 2, pad_token_id=0, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    ref = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="sdpa", dtype=torch.bfloat16).cuda().eval()
+    ours = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="attngate", dtype=torch.bfloat16).cuda().eval()
+    ours.load_state_dict(ref.state_dict())
+    _prefill_and_decode_match(ref, ours, "dynamic", steps=6)
+    resolution, layers = plan_of(ours)
+    assert resolution.model.attention_layer_ids == (1, 3) and len(layers) == 2
+
+
+def _prefill_and_decode_match(ref, ours, cache, steps=12):
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(1, 512, (3, 40), generator=gen).cuda()
     mask = torch.ones_like(ids)
     mask[1, :9] = 0
     mask[2, :30] = 0  # left padding
-    steps = 12
     tokens = ref.generate(ids, attention_mask=mask, max_new_tokens=steps, do_sample=False)[:, ids.shape[1]:]
     caches = []
-    for model in (ref, ours):
-        caches.append(transformers.StaticCache(config=model.config, max_cache_len=64) if cache == "static" else transformers.DynamicCache())
+    for model in (ref, ours):  # a hybrid's cache needs its config (the recurrent layers keep their state in it)
+        hybrid = "linear_attention" in (getattr(model.config, "layer_types", None) or ())
+        dynamic = transformers.DynamicCache(config=model.config) if hybrid else transformers.DynamicCache()
+        caches.append(transformers.StaticCache(config=model.config, max_cache_len=64) if cache == "static" else dynamic)
     outs = []
     with torch.no_grad():
         for model, past in zip((ref, ours), caches):
