@@ -29,8 +29,8 @@ class FactType:
     base: Base
     choices: tuple[Any, ...] | None = None
     optional: bool = False
-    minimum: int | None = None  # inclusive bounds of an int or float fact (ServerArgs' ge/le; counts are >= 1)
-    maximum: int | None = None
+    minimum: float | None = None  # inclusive bounds of an int or float fact (ServerArgs' ge/le; counts are >= 1)
+    maximum: float | None = None
 
     def accepts(self, value: Any) -> bool:
         if value is None:
@@ -88,7 +88,7 @@ class FactSpec:
     doc: str
 
 
-def _model_fact(name: str, annotation: Any, doc: str, *, minimum: int | None = None) -> FactSpec:
+def _model_fact(name: str, annotation: Any, doc: str, *, minimum: float | None = None) -> FactSpec:
     return FactSpec(name, dataclasses.replace(FactType.from_annotation(annotation), minimum=minimum), "model", doc)
 
 
