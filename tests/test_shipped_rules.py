@@ -220,6 +220,9 @@ def test_draft_extend_v2_reads_prefix_plus_new(backend, gpu, cuda_graph):
      lambda r: not r.plan.common.cuda_graph and not any(r.plan.mode(m).common.capture_cuda_graph for m in ForwardMode)),
     ("--disaggregation-mode null", "Llama-3.1-8B", "sm90", lambda r: r.plan.common.cuda_graph and not r.server_args.disable_radix_cache),
     ("--enable-unified-memory", "Llama-3.1-8B", "sm90", lambda r: r.plan.prefill_backend == "fa3"),
+    ("--speculative-algorithm DFLASH", "Llama-3.1-8B", "sm90", lambda r: r.server_args.max_running_requests == 48),  # R41
+    ("--speculative-algorithm EAGLE --max-running-requests 8", "Llama-3.1-8B", "sm90", lambda r: r.server_args.max_running_requests == 8),
+    ("", "Llama-3.1-8B", "sm90", lambda r: r.server_args.max_running_requests is None),
     ("--enable-dp-lm-head --enable-dp-attention", "Llama-3.1-8B", "sm90",  # dp_size 1: both off (R36)
      lambda r: not r.server_args.enable_dp_attention and not r.server_args.enable_dp_lm_head),
     ("--speculative-algorithm NEXTN --speculative-use-rejection-sampling", "DeepSeek-V3", "sm90",  # NEXTN -> EAGLE, chain (3, 1, 4)

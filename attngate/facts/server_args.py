@@ -66,6 +66,7 @@ class ServerArgs(ValidatedModel):
     enable_prefill_cp: bool = False
     attn_cp_size: int = Field(1, ge=1, le=1 << 16, description="attention context-parallel ranks")
     enable_hisparse: bool = Field(False, description="HiSparse: sparse attention over a KV pool of its own (DSA models)")
+    max_running_requests: Optional[int] = Field(None, ge=1, le=1 << 20, description="requests in flight at once")
     speculative_algorithm: Optional[SpeculativeAlgorithm] = None
     speculative_num_steps: Optional[int] = Field(None, ge=0, le=1024)
     speculative_eagle_topk: Optional[int] = Field(None, ge=0, le=1024)
