@@ -144,6 +144,31 @@ def gc_effect(bs: int = 64) -> None:
     print("===== gc effect, host us, batch", bs, rows)
 
 
+def fa_step() -> None:
+    """Where the FA eager decode step's host time over the raw call goes (paired rounds, µs per call): the backend's
+    forward on prebuilt metadata against the raw KV write + call it makes (our per-layer plumbing), and the metadata
+    followed by the raw write + call against the whole step (what running after our metadata costs the raw call)."""
+    from bench_flashattention import backend_and_raw
+    from common import paired_host_us
+
+    for bs in (1, 64):
+        fa, case, layer, step, raw, layer_forward = backend_and_raw([(2047, 1)] * bs, ForwardMode.DECODE, plan_for(GPU, "fa4", 128))
+        batch, pool = case.setup.batch, case.pools[0]
+
+        def raw_write_call():
+            pool.set_kv_buffer(0, batch.out_cache_loc, case.k, case.v)
+            return raw()
+
+        def metadata_then_raw():
+            fa.init_forward_metadata(batch)
+            return raw_write_call()
+
+        rows = paired_host_us({"raw_call": raw, "raw_write_call": raw_write_call, "forward": layer_forward,
+                               "metadata": lambda: fa.init_forward_metadata(batch), "metadata_then_raw_write_call": metadata_then_raw,
+                               "step": step})
+        print("===== fa step, host us, batch", bs, {k: round(v, 1) for k, v in rows.items()})
+
+
 def main(bs: int = 64) -> None:
     parts(bs)
     layer = layer_of(GPU, LayerKind.FULL)
@@ -163,5 +188,7 @@ if __name__ == "__main__":
             gc_effect(size)
     elif sys.argv[1:] == ["launch"]:
         launch_cost()
+    elif sys.argv[1:] == ["fa_step"]:
+        fa_step()
     else:
         main()
