@@ -116,7 +116,7 @@ class AttngateRuntime:
             raise ValueError(f"{type(model).__name__} was built with attn_implementation={getattr(config, '_attn_implementation', None)!r}; "
                              f"AttngateRuntime needs attn_implementation={ATTN_IMPLEMENTATION!r}, or its attention bypasses attngate's cache")
         self.facts = ModelFacts.from_hf_dict(config.to_dict(), source=type(model).__name__)
-        if self.facts.attention_layer_ids is not None:
+        if self.facts.has_recurrent_layers:
             raise ValueError(f"{type(model).__name__} has layers without softmax attention (linear attention, Mamba, convolution) "
                              f"whose recurrent state AttngateRuntime does not keep between extend and decode; run it with "
                              f"attn_implementation={ATTN_IMPLEMENTATION!r} and transformers' own cache instead")
