@@ -2,10 +2,11 @@
 
 A cold run on one H100 takes about 12 minutes, most of it FlashInfer JIT-building its kernel variants
 (fa3 prefill variants 70 to 100 s each, decode and fa2 variants 10 to 20 s; FA4 2 to 3 s each). Last full
-run (2026-11-23, one H100 80GB HBM3, in this order on one host): test_flashinfer.py with test_page_ids.py 6:11
-cold (71 tests), then test_flashattention.py with test_mla_and_local.py and test_standin_drift.py 3:56 (141),
-then test_transformers_plain.py 1:35 (16; 17 with the hybrid Qwen3-Next case, 4:43 on a fresh host). test_two_gpus.py needs two GPUs (2 minutes on 2 x H200). Tests share
-variants where they can (the same head dim, dtype and mask modes), so that a new test adds as few builds as
+run (2026-11-23, later session, one H100 80GB HBM3, in this order on one host): test_flashinfer.py with
+test_page_ids.py more than 5:30 cold (34 tests done when a 330 s limit stopped it), 2:43 warm (71 passed), then
+test_flashattention.py 1:33 (67), test_mla_and_local.py with test_standin_drift.py 3:05 (74), then
+test_transformers_plain.py 2:07 (17, the hybrid Qwen3-Next case included). test_two_gpus.py needs two GPUs (2 minutes on 2 x H200).
+Tests share variants where they can (the same head dim, dtype and mask modes), so that a new test adds as few builds as
 possible.
 """
 
