@@ -102,6 +102,17 @@ def test_a_flag_given_twice_warns_naming_both_values():
     assert _cli("explain", "--model", str(LLAMA), "--gpu", "sm90", "--page-size", "1" + "0" * 20).exit_code == 2
 
 
+def test_an_adjusted_value_out_of_its_arguments_bounds_is_refused_naming_the_rule():
+    """A value an adjust rule reads from a fact ({from: FACT}) is checked against the argument's type before it is
+    applied: NGRAM's steps (draft tokens // breadth) can exceed speculative_num_steps' bound."""
+    result = _cli("explain", "--model", str(LLAMA), "--gpu", "sm90", "--speculative-algorithm", "NGRAM",
+                  "--speculative-num-draft-tokens", "4096", "--speculative-ngram-max-bfs-breadth", "1")
+    assert result.exit_code == 1, result.output  # a refused configuration, as a forbid rule's
+    text = " ".join(result.output.split())
+    assert "spec.ngram-steps-from-draft-tokens: sets speculative_num_steps to 4096 (from speculative_ngram_num_steps)" in text
+    assert "speculative_num_steps is int in [0, 1024] or None" in text
+
+
 def test_rule_text_is_never_read_as_markup(tmp_path):
     text = load_rules().filename and (MODELS.parents[1] / "rules.yaml").read_text()
     text = text.replace("summary: FlashInfer prefill (ragged and paged wrappers) runs its SM90 (fa3) kernels",

@@ -307,6 +307,8 @@ def test_rule_outcomes(flags, name, gpu, check):
     ("--attention-backend flashmla --speculative-algorithm EAGLE --speculative-eagle-topk 2 --speculative-num-steps 3 "
      "--speculative-num-draft-tokens 4", "DeepSeek-V2-Lite", "sm90", "mla-backends.topk-one"),
     ("--speculative-algorithm NGRAM --page-size 16", "Llama-3.1-8B", "sm90", "spec.ngram-page-tree-flashinfer-only"),
+    ("--speculative-algorithm NGRAM --speculative-num-draft-tokens 4096 --speculative-ngram-max-bfs-breadth 1", "Llama-3.1-8B",
+     "sm90", "spec.ngram-steps-from-draft-tokens"),  # 4096 steps, past speculative_num_steps' bound: refused, not a traceback
     ("--speculative-algorithm NGRAM --speculative-eagle-topk 1", "Llama-3.1-8B", "sm100", "spec.trtllm-mha-topk-one"),  # breadth 10
     ("--speculative-algorithm DFLASH --enable-dp-attention --dp-size 2 --tp-size 2", "Llama-3.1-8B", "sm90", "spec.dflash-no-dp-attention"),
     ("--speculative-algorithm EAGLE --speculative-eagle-topk 1", "Llama-3.1-8B", "sm90", "spec.params-all-or-none"),

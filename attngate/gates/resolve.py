@@ -25,7 +25,7 @@ from attngate.facts.choices import CANDIDATE_BACKENDS
 from attngate.facts.model import ModelFacts
 from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.facts.platform import Platform
-from attngate.facts.schema import base_facts, derived_facts
+from attngate.facts.schema import FACTS, base_facts, derived_facts
 from attngate.facts.server_args import ServerArgs
 from attngate.gates.plan import LayerGates, LayerTable, ModeGates, ModeTable, Plan
 from attngate.gates.registry import GATES, GateSpec
@@ -40,7 +40,7 @@ from attngate.gates.resolution import (
     Violation,
 )
 from attngate.rules.condition import gate_key
-from attngate.rules.load import Rule, RuleSet, adjust_value, load_rules
+from attngate.rules.load import FactValue, Rule, RuleSet, adjust_value, load_rules
 
 MAX_ADJUST_ROUNDS = 32
 #: Called as ``observer(rules, scope, facts)`` with every evaluation context of every resolve() (scope
@@ -181,6 +181,9 @@ def _adjust(state: dict[str, Any], fixed: dict[str, Any], index: _Index) -> tupl
             raise PlanError([*_rule_violations(facts, index), *conflicts], state, done)
         round_ = [Adjustment(rules[0].id, name, state[name], value, rules[0].message or "", rules[0].issue)
                   for name, by_value in wanted.items() for value, rules in by_value.items() if state[name] != value]
+        out_of_type = [_out_of_type(a, index) for a in round_ if not FACTS[a.field].type.accepts(a.new)]
+        if out_of_type:  # a value read from a fact ({from: FACT}) can leave the argument's bounds
+            raise PlanError(out_of_type, state, done)
         if not round_:
             return state, done
         state = {**state, **{a.field: a.new for a in round_}}
@@ -194,6 +197,14 @@ def _adjust(state: dict[str, Any], fixed: dict[str, Any], index: _Index) -> tupl
         seen[key] = len(rounds)
     raise PlanError([Violation("adjust", f"adjust rules did not settle within {MAX_ADJUST_ROUNDS} rounds", kind="oscillation")],
                     state, [a for r in rounds for a in r])
+
+
+def _out_of_type(adjustment: Adjustment, index: _Index) -> Violation:
+    rule = next(r for r in index.adjust if r.id == adjustment.rule)
+    value = rule.adjusts[adjustment.field]
+    origin = f" (from {value.fact})" if isinstance(value, FactValue) else ""
+    return Violation(rule.id, f"sets {adjustment.field} to {adjustment.new!r}{origin}, but {adjustment.field} is "
+                              f"{FACTS[adjustment.field].type.describe()}", kind="adjust", issue=rule.issue)
 
 
 def _freeze(state: dict[str, Any]) -> tuple:
