@@ -52,6 +52,24 @@ def test_skip_kv_cache_exhaustive(backend, name):
         assert e.facts["use_mla"] is m.use_mla
 
 
+def test_embedding_architectures_turn_embedding_mode_on():
+    """R32: a checkpoint declaring an embedding-only architecture (e5-mistral's MistralModel, BertModel) serves as an
+    embedding model without --is-embedding, so the FA fast path applies; a decoder checkpoint trained for embeddings
+    (Qwen3-Embedding, Qwen3ForCausalLM) still needs the flag."""
+    fast_path = dict(attention_backend="fa3", chunked_prefill_size=-1, disable_radix_cache=True)
+    r = resolve(ServerArgs(**fast_path), model("e5-mistral-7b-instruct"), fa3_gpu())
+    assert r.server_args.is_embedding and r.plan.flashattention.skip_kv_cache
+    assert [a.rule for a in r.adjustments if a.field == "is_embedding"] == ["embedding.auto-enable-for-embedding-architectures"]
+    r = resolve(ServerArgs(**fast_path), model("Qwen3-Embedding-8B"), fa3_gpu())
+    assert not r.server_args.is_embedding and not r.plan.flashattention.skip_kv_cache
+    r = resolve(ServerArgs(**fast_path, is_embedding=True), model("all-MiniLM-L6-v2"), fa3_gpu())
+    assert r.plan.flashattention.skip_kv_cache and not [a for a in r.adjustments if a.field == "is_embedding"]
+    # SGLang validates --prefill-only-disable-kv-cache before it turns embedding mode on: still refused without the flag
+    with pytest.raises(PlanError) as err:
+        resolve(ServerArgs(**fast_path, prefill_only_disable_kv_cache=True), model("all-MiniLM-L6-v2"), fa3_gpu())
+    assert "prefill-only-kv.needs-embedding" in {v.rule for v in err.value.violations}
+
+
 def test_no_rule_can_combine_mla_with_skip_kv_cache(rules):
     enc = _Encoder(rules)
     solver = z3.Solver()
