@@ -128,6 +128,35 @@ def test_diff_finds_a_witness_for_every_reinjected_seed_bug(name):
         assert d.old_rules or d.new_rules  # a rule is responsible on at least one side
 
 
+def test_diff_reads_derived_facts_by_their_definition():
+    """speculative_chain_draft_tokens is speculative_num_steps + 1, None exactly when the steps are: a rule that
+    reads one instead of the other resolves every input alike (before the derived facts were linked, diff
+    answered with a witness that has steps 0 and chain None)."""
+    from attngate.rules.diff import diff_rules
+
+    edited = SHIPPED.replace("speculative_eagle_topk == 1 and speculative_num_steps is not None",
+                             "speculative_eagle_topk == 1 and speculative_chain_draft_tokens is not None")
+    assert edited != SHIPPED
+    assert diff_rules(load_rules(), parse_rules(edited, "new.yaml")) == []
+
+
+def test_a_witness_shows_what_explains_it_and_the_flags_that_reproduce_it():
+    """The MLA conjunct dropped from the skip-KV rule (seed bug 1): the witness names the facts that rule and the
+    gates it feeds read, and leaves every other server argument at its default."""
+    from attngate.facts.server_args import ServerArgs as Args
+    from attngate.rules.diff import diff_rules
+
+    edited = REINJECTIONS["skip-kv without 'not use_mla'"][0](SHIPPED)
+    (d, *_) = [d for d in diff_rules(load_rules(), parse_rules(edited, "new.yaml")) if d.name == "fa.skip_kv_cache"]
+    w = d.witness
+    assert (w["use_mla"], w["is_embedding"], w["chunked_prefill_size"], w["disable_radix_cache"]) == (True, True, -1, True)
+    assert w["prefill_backend"] in ("fa3", "fa4") or w["decode_backend"] in ("fa3", "fa4")
+    assert len(w) < 15, w
+    read = {"use_mla", "is_embedding", "chunked_prefill_size", "disable_radix_cache", "prefill_backend", "decode_backend"}
+    for name in set(w) - read:  # the rest: server arguments the witness needs away from their defaults
+        assert name in Args.model_fields and w[name] != Args.model_fields[name].default, name
+
+
 def test_diff_cli_exit_codes_and_json(tmp_path):
     from typer.testing import CliRunner
 

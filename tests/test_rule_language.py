@@ -253,3 +253,29 @@ def test_lint_proves_over_the_inputs_the_schema_allows_only():
         "invariants:\n  - id: counts-are-positive\n    summary: s\n"
         "    assert: dp_size >= 1 and attn_cp_size >= 1 and num_attention_heads >= 1 and attn_tp_size >= 1\n    source: s\n")
     assert not [f for f in lint_rules(parse_rules(text, "rules.yaml")) if "invariant" in f.message]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tp=st.sampled_from([1, 2, 3, 4, 8, 16]), dp=st.sampled_from([1, 2, 4, 8]), cp=st.sampled_from([1, 2, 4]),
+       dp_attention=st.booleans(), steps=st.none() | st.integers(0, 8), topk=st.none() | st.integers(0, 8),
+       draft=st.none() | st.integers(1, 32), name=st.sampled_from(["Llama-3.1-8B", "DeepSeek-V2-Lite", "gpt-oss-20b",
+                                                                   "Qwen3-30B-A3B", "whisper-large-v3-turbo"]))
+def test_the_provers_derived_fact_definitions_agree_with_derived_facts(tp, dp, cp, dp_attention, steps, topk, draft, name):
+    """lint, the invariant proofs and diff define the derived facts in z3 (_Encoder.links); every fact value
+    base_facts() computes for a real configuration satisfies those definitions."""
+    import z3
+
+    from attngate.facts.schema import base_facts
+    from attngate.rules.lint import _Encoder
+    from attngate.rules.load import load_rules
+
+    args = ServerArgs(tp_size=tp, dp_size=dp, attn_cp_size=cp, enable_dp_attention=dp_attention, speculative_num_steps=steps,
+                      speculative_eagle_topk=topk, speculative_num_draft_tokens=draft)
+    facts = base_facts(args, model(name), Platform.from_name("sm90"))
+    enc = _Encoder(load_rules())
+    solver = z3.Solver()
+    solver.add(*enc.links)
+    for fact, value in facts.items():
+        if fact in enc.types and enc.types[fact].base != "float":
+            solver.add(enc.equals(fact, value))
+    assert solver.check() == z3.sat, facts

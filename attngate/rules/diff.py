@@ -21,8 +21,8 @@ import z3
 
 from attngate.gates.registry import GATES
 from attngate.rules.lint import _Encoder
-from attngate.rules.load import RuleSet
-from attngate.rules.prove import ResolutionModel, encode_resolution
+from attngate.rules.load import Rule, RuleSet
+from attngate.rules.prove import ResolutionModel, encode_resolution, inputs_read, model_value, simplest_witness, witness_inputs
 
 
 @dataclass
@@ -48,6 +48,9 @@ class _Side:
         self.enc = _Encoder(rules, all_gates=True, gate_prefix=prefix)
         self.model: ResolutionModel = encode_resolution(self.enc, rules)
 
+    def rules_by_id(self, ids: list[str]) -> list[Rule]:
+        return [r for r in self.rules.rules if r.id in ids]
+
     def fired(self, model: z3.ModelRef, kinds: tuple[str, ...], gate: str | None = None) -> list[str]:
         return [r.id for r in self.rules.rules if r.kind in kinds and (gate is None or gate in r.sets or gate in r.adjusts)
                 and z3.is_true(model.eval(self.model.cond[r.id], model_completion=True))]
@@ -60,20 +63,23 @@ def diff_rules(old: RuleSet, new: RuleSet, *, timeout_ms: int = 10_000) -> list[
     solver.set("timeout", timeout_ms)
     solver.add(*a.enc.axioms, *b.enc.axioms, *a.model.settled, *b.model.settled, *a.model.gates, *b.model.gates)
     out = []
-    shared = lambda m: _inputs(m, a.enc, b.enc)  # noqa: E731
-    verdict, m = _find(solver, a.model.accepted != b.model.accepted)
+    claim = a.model.accepted != b.model.accepted
+    verdict, m = _find(solver, claim, a.enc.links)
     if m is not None:
+        refusals = [*a.rules_by_id(a.fired(m, ("forbid", "known_failure"))), *b.rules_by_id(b.fired(m, ("forbid", "known_failure")))]
+        m, inputs = _witness(solver, [claim], m, a, b, refusals)
         ok_a = z3.is_true(m.eval(a.model.accepted, model_completion=True))
         out.append(Difference("acceptance", "", ok_a, not ok_a, a.fired(m, ("forbid", "known_failure")),
-                              b.fired(m, ("forbid", "known_failure")), shared(m)))
+                              b.fired(m, ("forbid", "known_failure")), inputs))
     solver.add(a.model.accepted, b.model.accepted)
     for name in GATES:
         (va, na), (vb, nb) = a.enc.var(name), b.enc.var(name)
         differs = z3.Or(na != nb, z3.And(z3.Not(na), va != vb))
-        verdict, m = _find(solver, differs)
+        verdict, m = _find(solver, differs, a.enc.links)
         if m is not None:
-            out.append(Difference("gate", name, _value(m, va, na), _value(m, vb, nb), a.fired(m, ("set",), name),
-                                  b.fired(m, ("set",), name), shared(m)))
+            m, inputs = _witness(solver, [differs], m, a, b, [r for side in (a, b) for r in side.rules.rules if name in r.sets])
+            out.append(Difference("gate", name, model_value(m, va, na), model_value(m, vb, nb), a.fired(m, ("set",), name),
+                                  b.fired(m, ("set",), name), inputs))
         elif verdict == z3.unknown:
             out.append(Difference("undecided", name, None, None, [], [], {}))
     out += _adjust_differences(a, b, timeout_ms)
@@ -97,37 +103,33 @@ def _adjust_differences(a: _Side, b: _Side, timeout_ms: int) -> list[Difference]
                 n_expr = z3.If(side.model.cond[rule.id], new_none, n_expr)
             results.append((v_expr, n_expr))
         (va, na), (vb, nb) = results
-        _, m = _find(solver, z3.Or(na != nb, z3.And(z3.Not(na), va != vb)))
+        differs = z3.Or(na != nb, z3.And(z3.Not(na), va != vb))
+        _, m = _find(solver, differs, a.enc.links)
         if m is not None:
-            out.append(Difference("adjustment", name, _value(m, va, na), _value(m, vb, nb), a.fired(m, ("adjust",), name),
-                                  b.fired(m, ("adjust",), name), _inputs(m, a.enc, b.enc)))
+            m, inputs = _witness(solver, [differs], m, a, b, [r for side in (a, b) for r in side.rules.rules if name in r.adjusts])
+            out.append(Difference("adjustment", name, model_value(m, va, na), model_value(m, vb, nb), a.fired(m, ("adjust",), name),
+                                  b.fired(m, ("adjust",), name), inputs))
     return out
 
 
-def _find(solver: z3.Solver, claim: Any) -> tuple[Any, z3.ModelRef | None]:
-    """(verdict, witness model) of ``claim`` on top of what ``solver`` holds; the solver is left unchanged."""
+def _find(solver: z3.Solver, claim: Any, links: list[Any]) -> tuple[Any, z3.ModelRef | None]:
+    """(verdict, witness model) of ``claim`` on top of what ``solver`` holds, the witness one where the derived
+    facts hold (``links``, added only once the cheaper query found a model); the solver is left unchanged."""
     solver.push()
     solver.add(claim)
     verdict = solver.check()
+    if verdict == z3.sat:
+        solver.add(*links)
+        verdict = solver.check()
     model = solver.model() if verdict == z3.sat else None
     solver.pop()
     return verdict, model
 
 
-def _value(model: z3.ModelRef, value: Any, none: Any) -> Any:
-    if z3.is_true(model.eval(none, model_completion=True)):
-        return None
-    v = model.eval(value, model_completion=True)
-    if z3.is_string_value(v):
-        return v.as_string()
-    if z3.is_true(v) or z3.is_false(v):
-        return z3.is_true(v)
-    if z3.is_int_value(v):
-        return v.as_long()
-    return str(v)
-
-
-def _inputs(model: z3.ModelRef, *encoders: _Encoder) -> dict[str, Any]:
-    """The facts and arguments of the witness that either side's rules read (gates excluded)."""
-    names = sorted({n for enc in encoders for n in enc.vars if n not in GATES})
-    return {n: _value(model, *encoders[0].var(n)) for n in names}
+def _witness(solver: z3.Solver, terms: list[Any], model: z3.ModelRef, a: _Side, b: _Side,
+             rules: list[Rule]) -> tuple[z3.ModelRef, dict[str, Any]]:
+    """The witness to show (server arguments not read by ``rules`` left at their defaults where they can be) and
+    its inputs that explain the difference (:func:`inputs_read`)."""
+    keep = inputs_read([a.rules, b.rules], rules)
+    model = simplest_witness(solver, a.enc, terms, model, keep)
+    return model, witness_inputs(a.enc, model, keep)

@@ -55,6 +55,7 @@ class _Encoder:
         self.types.update({n: g.type for n, g in GATES.items() if all_gates or g.scope == "global"})
         self.vars: dict[str, tuple[Any, Any]] = {}  # name -> (value, is_none)
         self.axioms: list[Any] = []
+        self.links: list[Any] = []  # see _link_derived_facts
         self.predicates = {p.name: p.condition.tree.body for p in rules.predicates}
         self._encoded_predicates: dict[str, Any] = {}
         for name in self.types:  # every variable now, so `axioms` is complete before any solver takes it
@@ -62,6 +63,7 @@ class _Encoder:
         self._derive_backends()
         self._link_gpu_arch()
         self._link_layer_kind()
+        self._link_derived_facts()
 
     def var(self, name: str) -> tuple[Any, Any]:
         if name not in self.vars:
@@ -98,6 +100,41 @@ class _Encoder:
         for layer_kind, fact in _LAYER_KIND_FACTS.items():
             has, _ = self.var(fact)
             self.axioms.append(z3.Implies(kind == z3.StringVal(layer_kind.value), has))
+
+    def _link_derived_facts(self) -> None:
+        """``links``: derived facts as attngate.facts.schema.derived_facts and ModelFacts compute them. They are kept
+        apart from ``axioms`` because their integer division makes queries slower: a query runs without them
+        first (no model then means none with them either) and again with them only when it found one, so that
+        a finding's witness is an input that exists (not speculative_chain_draft_tokens None beside
+        speculative_num_steps 0). tests/test_rule_language.py checks them against derived_facts()."""
+        v = lambda name: self.var(name)[0]  # noqa: E731
+        none = lambda name: self.var(name)[1]  # noqa: E731
+        at_least_one = lambda x: z3.If(x >= 1, x, 1)  # noqa: E731
+        tp, dp, cp = v("tp_size"), v("dp_size"), v("attn_cp_size")
+        per_dp_group = z3.If(v("enable_dp_attention"), tp / dp, tp)  # z3's Int "/" floors for positive divisors
+        attn_tp = v("attn_tp_size")
+        q, kv = v("num_attention_heads"), z3.If(v("use_mla"), 1, v("num_key_value_heads"))
+        steps, draft, topk = v("speculative_num_steps"), v("speculative_num_draft_tokens"), v("speculative_eagle_topk")
+        ngram_none = z3.Or(none("speculative_num_draft_tokens"), none("speculative_eagle_topk"), topk == 0)
+        self.links = [
+            attn_tp == at_least_one(per_dp_group / cp),
+            v("num_q_heads_per_rank") == at_least_one(q / attn_tp),
+            v("num_kv_heads_per_rank") == at_least_one(kv / attn_tp),
+            v("attn_heads_split_evenly") == z3.And(q % attn_tp == 0, z3.Or(kv % attn_tp == 0, attn_tp % kv == 0)),
+            v("dp_divides_tp") == (tp % dp == 0),
+            v("attn_cp_divides_tp") == (per_dp_group % cp == 0),
+            none("speculative_chain_draft_tokens") == none("speculative_num_steps"),
+            z3.Or(none("speculative_num_steps"), v("speculative_chain_draft_tokens") == steps + 1),
+            none("speculative_ngram_num_steps") == ngram_none,
+            z3.Or(ngram_none, v("speculative_ngram_num_steps") == draft / topk),
+            # what ModelFacts guarantees of the model facts it derives
+            v("use_mla") == z3.Not(none("kv_lora_rank")),
+            z3.Or(z3.Not(v("use_mla")), z3.Not(none("qk_rope_head_dim"))),
+            v("has_asymmetric_kv") == (v("head_dim") != v("v_head_dim")),
+            z3.Implies(v("is_hybrid_swa"), v("has_sliding_window")),
+            q % v("num_key_value_heads") == 0,
+            v("gqa_group_size") == q / v("num_key_value_heads"),
+        ]
 
     def encode(self, node: ast.expr) -> Any:
         if isinstance(node, ast.BoolOp):
@@ -210,7 +247,7 @@ def lint_rules(rules: RuleSet) -> list[Finding]:
         if not _satisfiable(solver, cond[rule.id]):
             findings.append(Finding(rule.where, f"rule {rule.id!r} can never match"))
     for kind, values in (("set", lambda r: r.sets), ("adjust", lambda r: r.adjusts)):
-        for a, b, model in _conflicts(rules, kind, values, cond, accepted):
+        for a, b, model in _conflicts(rules, kind, values, cond, accepted, enc.links):
             names = [n for n in values(a) if n in values(b) and values(a)[n] != values(b)[n]]
             what = "gate" if kind == "set" else "server argument"
             findings.append(Finding(b.where, f"{kind} rules {a.id!r} and {b.id!r} can both match and disagree on "
@@ -220,7 +257,7 @@ def lint_rules(rules: RuleSet) -> list[Finding]:
     return findings + prove_invariants(rules, encoded=(enc, cond))
 
 
-def _conflicts(rules: RuleSet, kind: str, values, cond: dict[str, Any], solver: z3.Solver):
+def _conflicts(rules: RuleSet, kind: str, values, cond: dict[str, Any], solver: z3.Solver, links: list[Any]):
     """(a, b, witness model) for rules a before b of one scope that can match together and give a name
     different values. Per name one query over its value classes (``some rule giving v matches and some
     rule giving w != v matches``), then one more per conflict found: linear in the rules, not pairwise."""
@@ -241,7 +278,7 @@ def _conflicts(rules: RuleSet, kind: str, values, cond: dict[str, Any], solver: 
         blocked: list[Any] = []
         while True:
             clash = z3.Or(*[z3.And(matches[v], matches[w]) for v, w in combinations(matches, 2)])
-            model = _sat(solver, clash, *blocked)
+            model = witness(solver, links, clash, *blocked)
             if model is None:
                 break
             live = [r for r in setters if z3.is_true(model.eval(cond[r.id], model_completion=True))]
@@ -252,6 +289,12 @@ def _conflicts(rules: RuleSet, kind: str, values, cond: dict[str, Any], solver: 
                     seen.add((a.id, b.id))
                     yield a, b, model
             blocked += [z3.Not(z3.And(cond[a.id], cond[b.id])) for a, b in pairs]
+
+
+def witness(solver: z3.Solver, links: list[Any], *terms: Any) -> z3.ModelRef | None:
+    """A model of the solver's assertions and ``terms`` that also satisfies ``links`` (the derived-fact
+    definitions, :meth:`_Encoder._link_derived_facts`), or None; the cheap query without them first."""
+    return _sat(solver, *terms, *links) if _satisfiable(solver, *terms) else None
 
 
 def _sat(solver: z3.Solver, *terms: Any) -> z3.ModelRef | None:

@@ -23,9 +23,10 @@ from typing import Any
 
 import z3
 
+from attngate.facts.server_args import ServerArgs
 from attngate.gates.registry import GATES
 from attngate.rules.lint import Finding, _Encoder, lit
-from attngate.rules.load import Invariant, RuleSet
+from attngate.rules.load import FactValue, Invariant, Rule, RuleSet
 
 
 def prove_invariants(rules: RuleSet, *, timeout_ms: int = 10_000, encoded: tuple[_Encoder, dict[str, Any]] | None = None) -> list[Finding]:
@@ -45,8 +46,13 @@ def prove_invariants(rules: RuleSet, *, timeout_ms: int = 10_000, encoded: tuple
         solver.push()
         solver.add(z3.Not(claim))
         verdict = solver.check()
+        if verdict == z3.sat:  # a counterexample of the cheap encoding: is there one where derived facts hold?
+            solver.add(*enc.links)
+            verdict = solver.check()
         if verdict == z3.sat:
-            findings.append(Finding(inv.where, _counterexample(inv, enc, solver.model(), setters, cond)))
+            keep = inputs_read([rules], [], inv.condition.reads)
+            witness = simplest_witness(solver, enc, [], solver.model(), keep)
+            findings.append(Finding(inv.where, _counterexample(inv, enc, witness, setters, cond, keep)))
         elif verdict == z3.unknown:
             findings.append(Finding(inv.where, f"invariant {inv.id!r}: z3 could not decide it within {timeout_ms} ms"))
         solver.pop()
@@ -102,18 +108,83 @@ def _define_gate(enc: _Encoder, name: str, rules: list, cond: dict[str, Any]) ->
     return out
 
 
-def _counterexample(inv: Invariant, enc: _Encoder, model: z3.ModelRef, setters: dict[str, list], cond: dict[str, Any]) -> str:
+def inputs_read(rule_sets: list[RuleSet], rules: list[Rule], names: tuple[str, ...] = ()) -> set[str]:
+    """The facts and server arguments that ``rules`` and ``names`` read, through the predicates and gates they read
+    and those gates' set rules (in any of ``rule_sets``), and the arguments the rules adjust: what a witness must
+    show to explain a finding. Gates and predicates themselves are left out."""
+    predicates = {p.name: p.condition.reads for rs in rule_sets for p in rs.predicates}
+    setters: dict[str, list[Rule]] = {}
+    for rs in rule_sets:
+        for r in rs.rules:
+            for gate in r.sets:
+                setters.setdefault(gate, []).append(r)
+    seen: set[str] = set()
+    stack, todo, done = list(names), list(rules), set()
+    while stack or todo:
+        if not stack:
+            rule = todo.pop()
+            if id(rule) not in done:
+                done.add(id(rule))
+                stack += [*rule.condition.reads, *rule.adjusts, *(v.fact for v in rule.adjusts.values() if isinstance(v, FactValue))]
+            continue
+        name = stack.pop()
+        if name not in seen:
+            seen.add(name)
+            stack += predicates.get(name, ())
+            todo += setters.get(name, [])
+    return {n for n in seen if n not in GATES and n not in predicates}
+
+
+def model_value(model: z3.ModelRef, value: Any, none: Any) -> Any:
+    """The Python value (None, bool, int, float, str) a z3 model gives a fact's (value, is-None) pair."""
+    if z3.is_true(model.eval(none, model_completion=True)):
+        return None
+    v = model.eval(value, model_completion=True)
+    if z3.is_string_value(v):
+        return v.as_string()
+    if z3.is_true(v) or z3.is_false(v):
+        return z3.is_true(v)
+    if z3.is_int_value(v):
+        return v.as_long()
+    if z3.is_rational_value(v):
+        return float(v.as_fraction())
+    return str(v)
+
+
+def simplest_witness(solver: z3.Solver, enc: _Encoder, terms: list[Any], model: z3.ModelRef, keep: set[str],
+                     timeout_ms: int = 5_000) -> z3.ModelRef:
+    """A model of the solver's assertions, ``terms`` and the derived-fact links in which as many server arguments
+    outside ``keep`` as can keep their defaults (z3's Optimize, soft constraints), so that a witness shows only
+    the flags it needs; ``model`` where none is found in time."""
+    opt = z3.Optimize()
+    opt.set("timeout", timeout_ms)
+    opt.add(*solver.assertions(), *terms, *enc.links)
+    for name, field in ServerArgs.model_fields.items():
+        if name not in keep:
+            opt.add_soft(enc.equals(name, field.default))
+    return opt.model() if opt.check() == z3.sat else model
+
+
+def witness_inputs(enc: _Encoder, model: z3.ModelRef, names: set[str]) -> dict[str, Any]:
+    """The witness's values of ``names`` (what explains a finding, :func:`inputs_read`) and of every other server
+    argument it sets away from its default, so that the flags shown reproduce it."""
+    values = {n: model_value(model, *enc.var(n)) for n in names if n in enc.types}
+    for name, field in ServerArgs.model_fields.items():
+        value = model_value(model, *enc.var(name))
+        if name not in values and value != field.default:
+            values[name] = value
+    return dict(sorted(values.items()))
+
+
+def _counterexample(inv: Invariant, enc: _Encoder, model: z3.ModelRef, setters: dict[str, list], cond: dict[str, Any],
+                    reads: set[str]) -> str:
     def show(name: str) -> str:
-        value, none = enc.var(name)
-        if z3.is_true(model.eval(none, model_completion=True)):
-            return "None"
-        v = model.eval(value, model_completion=True)
-        return repr(v.as_string()) if z3.is_string_value(v) else str(v)
+        return repr(model_value(model, *enc.var(name)))
 
     gates = [n for n in inv.condition.reads if n in GATES]
-    facts = [n for n in enc.vars if n not in GATES and n not in ("prefill_backend", "decode_backend")]
+    facts = witness_inputs(enc, model, reads - {"prefill_backend", "decode_backend"})
     fired = {g: [r.id for r in setters.get(g, []) if z3.is_true(model.eval(cond[r.id], model_completion=True))] for g in gates}
     gate_text = "; ".join(f"{g} = {show(g)} ({', '.join(fired[g]) or 'default'})" for g in gates)
-    input_text = ", ".join(f"{n}={show(n)}" for n in sorted(facts))
+    input_text = ", ".join(f"{n}={v!r}" for n, v in facts.items())
     return (f"invariant {inv.id!r} does not hold ({inv.summary}). Counterexample: {gate_text}; "
             f"backends {show('prefill_backend')}/{show('decode_backend')}; input: {input_text}")
