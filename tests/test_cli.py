@@ -154,8 +154,14 @@ def test_schema_and_matrix():
     assert "rules" in schema["properties"] and "RuleSpec" in schema["$defs"]
     res = runner.invoke(app, ["matrix", str(MODELS / "gpt-oss-20b.json"), str(MODELS / "DeepSeek-V2-Lite.json"), "--gpu", "sm90"])
     assert res.exit_code == 0 and "flashinfer.no-attention-sinks" in res.stdout
-    narrow = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["matrix", str(MODELS), "--gpu", "sm100"])
+    narrow = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["matrix", str(MODELS), "--gpu", "sm90"])
     assert narrow.exit_code == 0 and "…" not in narrow.output  # cells wrap at 80 columns, never cut short
+    lines = narrow.output.splitlines()
+    assert any("Llama-4-Scout-17B-16E-Instruct" in line for line in lines)  # model names whole, one row per model
+    gpt_oss = next(line for line in lines if "gpt-oss-20b" in line)
+    notes = {line.split()[1].rstrip(":"): line.split()[0] for line in lines if line[:1].isdigit()}
+    assert f"no {notes['flashinfer.no-attention-sinks']},{notes['gpt-oss.backends']}" in gpt_oss  # a refusal names its notes
+    assert len(lines) < 60
 
 
 # ---- the explain view for people ---------------------------------------------------------------
