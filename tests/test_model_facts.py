@@ -119,6 +119,20 @@ def test_exaone4_letter_pattern_repeats_local_and_global_layers():
     assert letters.layer_kinds == number.layer_kinds and letters.layer_kinds[:4] == (K.SLIDING_WINDOW,) * 3 + (K.FULL,)
 
 
+def test_a_bidirectional_decoder_keeps_its_layer_kinds_and_halves_its_window():
+    """EmbeddingGemma (use_bidirectional_attention): the sliding/global pattern stays, the window is transformers'
+    |q - k| < sliding_window // 2 + 1 (so sliding_window_size 256 on each side); a non-bool flag is an error."""
+    from helpers import embedding_gemma
+
+    m = embedding_gemma()
+    assert m.use_bidirectional_attention and m.sliding_window == 257 and m.is_hybrid_swa and not m.is_encoder_only
+    assert m.layer_kinds[:6] == (K.SLIDING_WINDOW,) * 5 + (K.FULL,)
+    assert not embedding_gemma(use_bidirectional_attention=None).use_bidirectional_attention
+    assert embedding_gemma(use_bidirectional_attention=None).sliding_window == 512
+    with pytest.raises(ModelConfigError, match="use_bidirectional_attention: must be true or false"):
+        embedding_gemma(use_bidirectional_attention="yes")
+
+
 def test_folder_path_reads_config_json(tmp_path):
     (tmp_path / "config.json").write_text((MODELS / "Qwen3-8B.json").read_text())
     assert ModelFacts.from_hf_config(tmp_path).num_key_value_heads == 8

@@ -70,6 +70,31 @@ def test_embedding_architectures_turn_embedding_mode_on():
     assert "prefill-only-kv.needs-embedding" in {v.rule for v in err.value.violations}
 
 
+def test_embedding_gemma_is_served_as_a_full_encoder():
+    """R33: EmbeddingGemma becomes an embedding server without radix cache or chunked prefill (the FA fast path's
+    preconditions); on SM90/SM100 with an FA or unset prefill backend, without a KV pool. Its layers are not causal
+    and its sliding-window layers keep their window, which FlashInfer cannot bound after a query: refused."""
+    from helpers import embedding_gemma
+
+    r = resolve(ServerArgs(), embedding_gemma(), Platform.from_name("sm90"))
+    a = r.server_args
+    assert (a.is_embedding, a.disable_radix_cache, a.chunked_prefill_size, a.prefill_only_disable_kv_cache) == (True, True, -1, True)
+    assert r.plan.prefill_backend == "fa3" and r.plan.flashattention.skip_kv_cache
+    for kind in ("sliding_window", "full"):
+        assert not r.plan.layer(kind).common.causal
+    assert r.plan.layer("sliding_window").common.use_window
+    r = resolve(ServerArgs(attention_backend="fa3"), embedding_gemma(), Platform.from_name("sm80"))  # no no-pool path on SM80
+    assert r.server_args.is_embedding and not r.server_args.prefill_only_disable_kv_cache and r.plan.flashattention.skip_kv_cache
+    r = resolve(ServerArgs(attention_backend="triton"), embedding_gemma(), Platform.from_name("sm90"))  # a non-FA backend keeps the pool
+    assert r.server_args.is_embedding and not r.server_args.prefill_only_disable_kv_cache
+    with pytest.raises(PlanError) as err:
+        resolve(ServerArgs(attention_backend="flashinfer"), embedding_gemma(), Platform.from_name("sm90"))
+    assert {v.rule for v in err.value.violations} == {"flashinfer.no-bidirectional-window"}
+    # the causal Gemma 3 text model is untouched
+    r = resolve(ServerArgs(), model("gemma-3-1b-it"), Platform.from_name("sm90"))
+    assert not r.server_args.is_embedding and r.plan.layer("sliding_window").common.causal
+
+
 def test_no_rule_can_combine_mla_with_skip_kv_cache(rules):
     enc = _Encoder(rules)
     solver = z3.Solver()

@@ -81,6 +81,10 @@ def flashinfer_refusals(plan: Plan, layers: list[AttentionLayer]) -> list[Proble
             problems.append(Problem(f"layer {layer.layer_id}", "FlashInfer runs no learned attention sinks"))
         if layer.kind == LayerKind.CHUNKED_LOCAL:
             problems.append(Problem(f"layer {layer.layer_id}", "FlashInfer runs no chunked local attention (a window would let a query see the previous chunk)"))
+        gates = plan.layer(layer.kind).common
+        if gates.use_window and not gates.causal and layer.sliding_window_size >= 0:
+            problems.append(Problem(f"layer {layer.layer_id}", "FlashInfer's window_left bounds a window before the query only; "
+                                    "this bidirectional layer's window also bounds it after the query"))
     return problems
 
 

@@ -5,7 +5,8 @@ Semantics (the project's specification of attention):
 - Request r's new tokens sit at positions ``[extend_prefix_lens[r], extend_prefix_lens[r] + extend_seq_lens[r])``
   of its own sequence (decoder positions; encoder tokens, if any, come first in ``req_to_token``).
 - A causal layer's query at position p sees keys at positions ``<= p``; a sliding-window layer only
-  those ``>= p - sliding_window_size`` (SGLang's convention: the window counts earlier tokens); a
+  those ``>= p - sliding_window_size`` (SGLang's convention: the window counts earlier tokens), and a
+  non-causal one (a bidirectional decoder's, EmbeddingGemma) also only those ``<= p + sliding_window_size``; a
   chunked-local layer only those in p's chunk of ``attention_chunk_size``; cross-attention layers
   see every encoder token; encoder-only layers every token of the request.
 - Scores are ``scaling * q.k``, then ``logit_cap * tanh(s / logit_cap)``; a learned sink adds one
@@ -141,6 +142,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tenso
         visible &= k_pos[None, :] <= q_pos[:, None]
     if window is not None and window >= 0:
         visible &= k_pos[None, :] >= q_pos[:, None] - window
+        if not causal:  # a bidirectional layer's window reaches as far after the query (FA's window_size (w, w))
+            visible &= k_pos[None, :] <= q_pos[:, None] + window
     if layer.attention_chunk_size:
         visible &= (k_pos[None, :] // layer.attention_chunk_size) == (q_pos[:, None] // layer.attention_chunk_size)
     scores = scores.masked_fill(~visible, float("-inf"))

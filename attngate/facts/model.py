@@ -4,7 +4,7 @@ Source of the layouts: transformers' config classes (Gemma2 alternation, Gemma3
 ``sliding_window_pattern``, EXAONE 4's letter pattern, ``layer_types`` (hybrid models' included),
 Qwen2 ``use_sliding_window``/``max_window_layers``, Llama-4 ``attention_chunk_size``/``no_rope_layers``,
 Mllama ``cross_attention_layers``, NemotronH's ``hybrid_override_pattern``, Whisper's encoder-decoder
-keys) and SGLang's ``ModelConfig`` (MLA where ``kv_lora_rank`` is present).
+keys, Gemma3TextConfig's ``use_bidirectional_attention`` and the window it halves) and SGLang's ``ModelConfig`` (MLA where ``kv_lora_rank`` is present).
 """
 
 from __future__ import annotations
@@ -78,6 +78,9 @@ class ModelFacts(ValidatedModel):
     has_attention_sinks: bool = False
     has_dual_chunk_attention: bool = False
     has_dsa_indexer: bool = False  # DeepSeek Sparse Attention: config has index_topk (DeepSeek-V3.2, GLM-5)
+    #: decoder layers that attend both ways (EmbeddingGemma: Gemma3TextModel with use_bidirectional_attention): not
+    #: causal, and a sliding-window layer's window reaches as far after a query as before it
+    use_bidirectional_attention: bool = False
     max_position_embeddings: Optional[int] = None
     torch_dtype: Optional[str] = None
 
@@ -207,6 +210,10 @@ class _ConfigReader:
         self.prefix = "text_config." if text else ""
         text_type = self.text.get("model_type") or raw.get("model_type")
         self.defaults = _TEXT_DEFAULTS.get(text_type, {}) if text and isinstance(text_type, str) else {}
+        bidirectional = self.get("use_bidirectional_attention")
+        if bidirectional is not None and not isinstance(bidirectional, bool):
+            self._bad(self.where("use_bidirectional_attention"), f"must be true or false, got {bidirectional!r}")
+        self.bidirectional = bidirectional is True
 
     def _bad(self, key: str, message: str) -> None:
         self.problems.append(Problem(f"{self.source}: {key}", message))
@@ -307,6 +314,7 @@ class _ConfigReader:
             has_attention_sinks=model_type in _SINK_MODEL_TYPES,
             has_dual_chunk_attention=self.get("dual_chunk_attention_config") is not None,
             has_dsa_indexer=self.get("index_topk") is not None,
+            use_bidirectional_attention=self.bidirectional,
             max_position_embeddings=self.int_("max_position_embeddings"),
             torch_dtype=dtype,
         )
@@ -339,6 +347,8 @@ class _ConfigReader:
         chunk = self.int_("attention_chunk_size")
         if self.get("use_sliding_window") is False:
             window = None  # Qwen2/Qwen3: a window is configured but switched off
+        if self.bidirectional and window:  # transformers' Gemma3TextConfig: |q - k| < sliding_window // 2 + 1
+            window = window // 2 + 1
         cross = self.get("cross_attention_layers")
         if cross is not None:
             if not isinstance(cross, list) or not all(isinstance(i, int) and 0 <= i < n for i in cross):

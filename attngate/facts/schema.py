@@ -118,6 +118,8 @@ _MODEL_FACTS = [
     _model_fact("has_dual_chunk_attention", bool, "config has dual_chunk_attention_config"),
     _model_fact("has_dsa_indexer", bool, "config has index_topk (DeepSeek Sparse Attention's indexer)"),
     _model_fact("has_recurrent_layers", bool, "some layers keep a recurrent state, not a KV cache (linear attention, Mamba, conv)"),
+    _model_fact("use_bidirectional_attention", bool,
+                "decoder layers attend both ways (EmbeddingGemma); a sliding window reaches after a query as before it"),
 ]
 _PLATFORM_FACTS = [
     FactSpec("gpu_arch", FactType("str", GPU_ARCHS), "platform", "GPU architecture"),

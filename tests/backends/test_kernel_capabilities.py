@@ -19,10 +19,14 @@ from attngate.backends.flashattention import fa_refusals  # noqa: E402
 from attngate.backends.flashinfer import flashinfer_refusals  # noqa: E402
 from attngate.backends.layer import layers_from_model  # noqa: E402
 from attngate.facts.choices import CANDIDATE_BACKENDS  # noqa: E402
-from helpers import MODELS  # noqa: E402
+from helpers import MODELS, embedding_gemma  # noqa: E402
 
 KERNELS = {"gpu-extra": ["flashinfer", "flash_attn.cute"], "with-fa3": ["flashinfer", "flash_attn.cute", "flash_attn_interface"]}
-CAPABILITY_RULES = {"fa.mla-needs-absorbed-kernel", "flashinfer.no-chunked-local"}  # those real configs can trip
+# those the configs below can trip
+CAPABILITY_RULES = {"fa.mla-needs-absorbed-kernel", "flashinfer.no-chunked-local", "flashinfer.no-bidirectional-window"}
+# every config of examples/models, and EmbeddingGemma's (bidirectional sliding-window layers)
+CONFIGS = [(path.stem, lambda path=path: ModelFacts.from_hf_config(path)) for path in sorted(MODELS.glob("*.json"))] + [
+    ("embeddinggemma", embedding_gemma)]
 
 
 def refusals(backend: str, plan, layers, sm_major: int):
@@ -36,9 +40,8 @@ def refusals(backend: str, plan, layers, sm_major: int):
 def test_every_resolved_plan_names_backends_that_accept_every_layer():
     fired: set[str] = set()
     accepted = 0
-    for path, backend, gpu, kernels in itertools.product(sorted(MODELS.glob("*.json")), CANDIDATE_BACKENDS,
-                                                         ("sm80", "sm90", "sm100"), KERNELS):
-        facts = ModelFacts.from_hf_config(path)
+    for (name, read), backend, gpu, kernels in itertools.product(CONFIGS, CANDIDATE_BACKENDS, ("sm80", "sm90", "sm100"), KERNELS):
+        facts = read()
         platform = Platform.from_name(gpu, kernels=KERNELS[kernels])
         try:
             plan = resolve(ServerArgs(attention_backend=backend), facts, platform).plan
@@ -48,7 +51,7 @@ def test_every_resolved_plan_names_backends_that_accept_every_layer():
         layers = layers_from_model(facts)
         for side in {plan.prefill_backend, plan.decode_backend}:
             problems = refusals(side, plan, layers, platform.sm_major)
-            assert not problems, f"{path.stem} --attention-backend {backend} on {gpu} ({kernels}): plan names {side}, which refuses: {problems}"
+            assert not problems, f"{name} --attention-backend {backend} on {gpu} ({kernels}): plan names {side}, which refuses: {problems}"
             accepted += side in ("fa3", "fa4", "flashinfer")
     assert fired == CAPABILITY_RULES  # each capability rule keeps some configuration off a backend that would refuse it
     assert accepted > 100
@@ -102,6 +105,17 @@ def test_a_missing_kernel_package_refuses_its_backend():
 def test_the_platform_never_probes_behind_an_explicit_gpu():
     assert Platform.from_name("sm90") == Platform.from_name("sm90", kernels=["flashinfer", "flash_attn.cute"])
     assert Platform.from_name("sm90").kernel_providers == ("flashinfer", "flash_attn.cute")
+
+
+def test_the_flashinfer_backend_refuses_a_window_after_the_query():
+    """window_left bounds a window before the query only: a bidirectional sliding-window layer is refused by the
+    backend too, whatever plan it is handed."""
+    facts = embedding_gemma()
+    plan = resolve(ServerArgs(attention_backend="fa3"), facts, Platform.from_name("sm90")).plan
+    layers = layers_from_model(facts)
+    problems = flashinfer_refusals(plan, layers)
+    assert problems and {p.where for p in problems} == {f"layer {layer.layer_id}" for layer in layers if layer.kind == "sliding_window"}
+    assert not fa_refusals(plan, layers, 9)
 
 
 @pytest.mark.parametrize("name", ["Qwen3-8B", "DeepSeek-V2-Lite"])

@@ -115,3 +115,25 @@ def _prefill_and_decode_match(ref, ours, cache, steps=12):
     assert _close(outs[0][0], outs[1][0], mask.bool()), "prefill"
     for t in range(1, steps + 1):
         assert _close(outs[0][t], outs[1][t], torch.ones_like(outs[0][t][..., 0], dtype=torch.bool)), f"decode step {t}"
+
+
+@pytest.mark.gpu
+def test_a_bidirectional_decoder_on_fa_varlen_matches_eager():
+    """EmbeddingGemma's shape (Gemma3TextModel, use_bidirectional_attention) in bf16: every layer non-causal, the
+    sliding-window layers' window on both sides, through FA4's varlen kernel with window_size (w, w); a left-padded batch."""
+    overrides = {**GPU_SHAPE, "num_hidden_layers": 4, "sliding_window": 24, "use_bidirectional_attention": True,
+                 "layer_types": ["sliding_attention", "full_attention"] * 2, "query_pre_attn_scalar": 128,
+                 "architectures": ["Gemma3TextModel"]}
+    cfg = _config("gemma-3-1b-it", overrides)
+    torch.manual_seed(0)
+    ref = transformers.AutoModel.from_config(copy.deepcopy(cfg), attn_implementation="eager", dtype=torch.bfloat16).cuda().eval()
+    ours = transformers.AutoModel.from_config(copy.deepcopy(cfg), attn_implementation="attngate", dtype=torch.bfloat16).cuda().eval()
+    ours.load_state_dict(ref.state_dict())
+    ids = torch.randint(1, 512, (2, 80), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :17] = 0
+    with torch.no_grad():
+        expected, got = ref(ids, attention_mask=mask).last_hidden_state, ours(ids, attention_mask=mask).last_hidden_state
+    resolution, _ = plan_of(ours)
+    assert resolution.plan.prefill_backend in ("fa3", "fa4") and not resolution.plan.layer("sliding_window").common.causal
+    assert _close(expected, got, mask.bool())

@@ -122,3 +122,21 @@ def test_a_hybrid_model_attends_by_its_attention_layers_plan():
     assert torch.equal(ours.generate(ids, **greedy), ref.generate(ids, **greedy))
     with pytest.raises(ValueError, match="recurrent state AttngateRuntime does not keep"):
         AttngateRuntime(ours)
+
+
+def test_a_bidirectional_decoder_matches_eager():
+    """EmbeddingGemma's shape: a Gemma3TextModel with use_bidirectional_attention, every layer non-causal and the
+    sliding-window layers' window on both sides of a query (transformers: |q - k| < sliding_window // 2 + 1), in a
+    left-padded batch; the plan says so (R33 makes it an embedding server)."""
+    overrides = {"num_hidden_layers": 4, "sliding_window": 6, "use_bidirectional_attention": True,
+                 "layer_types": ["sliding_attention", "full_attention"] * 2, "num_key_value_heads": 1,
+                 "query_pre_attn_scalar": 8, "architectures": ["Gemma3TextModel"]}
+    ref, ours = _pair(_config("gemma-3-1b-it", overrides), auto=transformers.AutoModel)
+    ids, mask = _batch()
+    with torch.no_grad():
+        expected, got = ref(ids, attention_mask=mask).last_hidden_state, ours(ids, attention_mask=mask).last_hidden_state
+    assert (expected - got)[mask.bool()].abs().max().item() < ATOL
+    resolution, layers = plan_of(ours)
+    window = resolution.plan.layer("sliding_window").common
+    assert not window.causal and window.use_window and resolution.server_args.is_embedding
+    assert {layer.sliding_window_size for layer in layers if layer.kind == "sliding_window"} == {3}  # 6 // 2 each side

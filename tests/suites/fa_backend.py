@@ -93,6 +93,23 @@ def test_fa_embedding_fast_path_equals_paged_path_and_reference(env, page_size):
     assert max_diff(got_fast, got_paged) < env.tol and max_diff(got_fast, expected) < env.tol
 
 
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_fa_bidirectional_window_matches_reference(env, page_size):
+    """EmbeddingGemma's sliding-window layer: not causal, the window on both sides of a query (window_size (w, w)),
+    on the embedding fast path its plan takes (R33)."""
+    from helpers import embedding_gemma
+
+    plan = resolve(ServerArgs(attention_backend="fa4", page_size=page_size), embedding_gemma(), env.platform()).plan
+    gates = plan.layer(LayerKind.SLIDING_WINDOW).common
+    assert plan.flashattention.skip_kv_cache and not gates.causal and gates.use_window
+    layer = layer_of(env, LayerKind.SLIDING_WINDOW, sliding_window_size=64)
+    case = make_case(env, REQUESTS["extend"], M.EXTEND, page_size)
+    expected = reference_out(env, case, plan, layer)
+    assert max_diff(run(fa_backend(env, plan, case, layer), case, layer), expected) < env.tol
+    causal = plan_for(env, page_size=page_size, is_embedding=True, chunked_prefill_size=-1, disable_radix_cache=True)
+    assert max_diff(reference_out(env, case, causal, layer), expected) > 0.1  # the window after the query matters
+
+
 @pytest.mark.parametrize("mode", [M.DRAFT_EXTEND_V2, M.TARGET_VERIFY, M.DECODE])
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_fa_cuda_graph_replay_equals_eager_and_reference(env, mode, page_size):
