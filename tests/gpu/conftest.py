@@ -5,7 +5,10 @@ A cold run on one H100 takes about 12 minutes, most of it FlashInfer JIT-buildin
 run (2026-11-23, later session, one H100 80GB HBM3, in this order on one host): test_flashinfer.py with
 test_page_ids.py more than 5:30 cold (34 tests done when a 330 s limit stopped it), 2:43 warm (71 passed), then
 test_flashattention.py 1:33 (67), test_mla_and_local.py with test_standin_drift.py 3:05 (74), then
-test_transformers_plain.py 2:07 (17, the hybrid Qwen3-Next case included). test_two_gpus.py needs two GPUs (2 minutes on 2 x H200).
+test_transformers_plain.py 2:07 (17, the hybrid Qwen3-Next case included). Later that session, on a fresh host, after the
+EmbeddingGemma (bidirectional window) tests were added: test_flashattention.py -k "bidirectional or embedding or
+encoder_only or modes_and_layer" 25 passed in 0:54, test_transformers_plain.py 18 passed in 4:38.
+test_two_gpus.py needs two GPUs (2 minutes on 2 x H200).
 Tests share variants where they can (the same head dim, dtype and mask modes), so that a new test adds as few builds as
 possible.
 """
