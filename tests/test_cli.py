@@ -149,6 +149,19 @@ def test_lint_finds_conflict_exit_1(tmp_path):
     assert "'a' and 'b' can both match" in res.output and "'c' can never match" in res.output
 
 
+def test_lint_reads_derived_facts_by_their_definition(tmp_path):
+    """A chain drafts speculative_num_steps + 1 tokens, and tp 4 over dp 2 divides: rules that contradict the
+    definitions can never match; one that agrees with them can."""
+    f = tmp_path / "r.yaml"
+    f.write_text("version: 1\nrules:\n"
+                 "  - {id: d, summary: s, why: w, source: s, when: speculative_num_steps == 3 and speculative_chain_draft_tokens == 7, set: {fa.num_splits: 1}}\n"
+                 "  - {id: e, summary: s, why: w, source: s, when: tp_size == 4 and dp_size == 2 and not dp_divides_tp, set: {fa.num_splits: 1}}\n"
+                 "  - {id: f, summary: s, why: w, source: s, when: speculative_num_steps == 3 and speculative_chain_draft_tokens == 4, set: {fa.num_splits: 1}}\n")
+    res = runner.invoke(app, ["lint", str(f)])
+    assert res.exit_code == 1
+    assert "'d' can never match" in res.output and "'e' can never match" in res.output and "'f' can never" not in res.output
+
+
 def test_schema_and_matrix():
     schema = json.loads(runner.invoke(app, ["schema"]).stdout)
     assert "rules" in schema["properties"] and "RuleSpec" in schema["$defs"]

@@ -116,25 +116,36 @@ class _Encoder:
         q, kv = v("num_attention_heads"), z3.If(v("use_mla"), 1, v("num_key_value_heads"))
         steps, draft, topk = v("speculative_num_steps"), v("speculative_num_draft_tokens"), v("speculative_eagle_topk")
         ngram_none = z3.Or(none("speculative_num_draft_tokens"), none("speculative_eagle_topk"), topk == 0)
-        self.links = [
-            attn_tp == at_least_one(per_dp_group / cp),
-            v("num_q_heads_per_rank") == at_least_one(q / attn_tp),
-            v("num_kv_heads_per_rank") == at_least_one(kv / attn_tp),
-            v("attn_heads_split_evenly") == z3.And(q % attn_tp == 0, z3.Or(kv % attn_tp == 0, attn_tp % kv == 0)),
-            v("dp_divides_tp") == (tp % dp == 0),
-            v("attn_cp_divides_tp") == (per_dp_group % cp == 0),
-            none("speculative_chain_draft_tokens") == none("speculative_num_steps"),
-            z3.Or(none("speculative_num_steps"), v("speculative_chain_draft_tokens") == steps + 1),
-            none("speculative_ngram_num_steps") == ngram_none,
-            z3.Or(ngram_none, v("speculative_ngram_num_steps") == draft / topk),
-            # what ModelFacts guarantees of the model facts it derives
+        attn_tp_def = [attn_tp == at_least_one(per_dp_group / cp)]
+        #: per derived fact, the constraints that define it (with those of the facts it is computed from)
+        self.definitions = {
+            "attn_tp_size": attn_tp_def,
+            "num_q_heads_per_rank": attn_tp_def + [v("num_q_heads_per_rank") == at_least_one(q / attn_tp)],
+            "num_kv_heads_per_rank": attn_tp_def + [v("num_kv_heads_per_rank") == at_least_one(kv / attn_tp)],
+            "attn_heads_split_evenly": attn_tp_def + [
+                v("attn_heads_split_evenly") == z3.And(q % attn_tp == 0, z3.Or(kv % attn_tp == 0, attn_tp % kv == 0))],
+            "dp_divides_tp": [v("dp_divides_tp") == (tp % dp == 0)],
+            "attn_cp_divides_tp": [v("attn_cp_divides_tp") == (per_dp_group % cp == 0)],
+            "speculative_chain_draft_tokens": [
+                none("speculative_chain_draft_tokens") == none("speculative_num_steps"),
+                z3.Or(none("speculative_num_steps"), v("speculative_chain_draft_tokens") == steps + 1)],
+            "speculative_ngram_num_steps": [
+                none("speculative_ngram_num_steps") == ngram_none,
+                z3.Or(ngram_none, v("speculative_ngram_num_steps") == draft / topk)],
+            "gqa_group_size": [q % v("num_key_value_heads") == 0, v("gqa_group_size") == q / v("num_key_value_heads")],
+        }
+        # what ModelFacts guarantees of the model facts it derives (cheap: no arithmetic)
+        model_facts = [
             v("use_mla") == z3.Not(none("kv_lora_rank")),
             z3.Or(z3.Not(v("use_mla")), z3.Not(none("qk_rope_head_dim"))),
             v("has_asymmetric_kv") == (v("head_dim") != v("v_head_dim")),
             z3.Implies(v("is_hybrid_swa"), v("has_sliding_window")),
-            q % v("num_key_value_heads") == 0,
-            v("gqa_group_size") == q / v("num_key_value_heads"),
         ]
+        self.links = list(dict.fromkeys([*model_facts, *(c for cs in self.definitions.values() for c in cs)]))
+
+    def links_for(self, names: set[str]) -> list[Any]:
+        """The links a condition reading ``names`` needs: the definitions of the derived facts among them."""
+        return list(dict.fromkeys(c for name in names & self.definitions.keys() for c in self.definitions[name]))
 
     def encode(self, node: ast.expr) -> Any:
         if isinstance(node, ast.BoolOp):
@@ -240,11 +251,14 @@ def lint_rules(rules: RuleSet) -> list[Finding]:
     accepted.add(*enc.axioms, *[z3.Not(cond[r.id]) for r in rules.rules if r.kind in ("forbid", "known_failure") and not r.adjusts])
 
     findings: list[Finding] = []
+    reads = {p.name: set(p.condition.reads) for p in rules.predicates}
+    for name in reads:  # through the predicates read (each reads only those defined before it)
+        reads[name] |= set().union(*(reads.get(n, set()) for n in list(reads[name])))
     for p in rules.predicates:
-        if not _satisfiable(solver, enc.encode(p.condition.tree.body)):
+        if not _can_hold(solver, enc, enc.encode(p.condition.tree.body), reads[p.name]):
             findings.append(Finding(p.where, f"predicate {p.name!r} can never be true"))
     for rule in rules.rules:
-        if not _satisfiable(solver, cond[rule.id]):
+        if not _can_hold(solver, enc, cond[rule.id], set(rule.condition.reads).union(*(reads.get(n, set()) for n in rule.condition.reads))):
             findings.append(Finding(rule.where, f"rule {rule.id!r} can never match"))
     for kind, values in (("set", lambda r: r.sets), ("adjust", lambda r: r.adjusts)):
         for a, b, model in _conflicts(rules, kind, values, cond, accepted, enc.links):
@@ -289,6 +303,15 @@ def _conflicts(rules: RuleSet, kind: str, values, cond: dict[str, Any], solver: 
                     seen.add((a.id, b.id))
                     yield a, b, model
             blocked += [z3.Not(z3.And(cond[a.id], cond[b.id])) for a, b in pairs]
+
+
+def _can_hold(solver: z3.Solver, enc: _Encoder, condition: Any, reads: set[str]) -> bool:
+    """Whether ``condition`` (reading ``reads``) holds for some input; the derived-fact links join the query only
+    where the condition reads a derived fact they define (few do), and then only that fact's definition."""
+    if not _satisfiable(solver, condition):
+        return False
+    links = enc.links_for(reads)
+    return not links or _satisfiable(solver, condition, *links)
 
 
 def witness(solver: z3.Solver, links: list[Any], *terms: Any) -> z3.ModelRef | None:
