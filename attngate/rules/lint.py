@@ -251,22 +251,23 @@ def lint_rules(rules: RuleSet) -> list[Finding]:
     accepted.add(*enc.axioms, *[z3.Not(cond[r.id]) for r in rules.rules if r.kind in ("forbid", "known_failure") and not r.adjusts])
 
     findings: list[Finding] = []
-    reads = {p.name: set(p.condition.reads) for p in rules.predicates}
-    for name in reads:  # through the predicates read (each reads only those defined before it)
-        reads[name] |= set().union(*(reads.get(n, set()) for n in list(reads[name])))
+    from attngate.rules.prove import inputs_read, prove_invariants, simplest_witness, witness_inputs  # build on this module
+
     for p in rules.predicates:
-        if not _can_hold(solver, enc, enc.encode(p.condition.tree.body), reads[p.name]):
+        if not _can_hold(solver, enc, enc.encode(p.condition.tree.body), inputs_read([rules], [], (p.name,), through_gates=False)):
             findings.append(Finding(p.where, f"predicate {p.name!r} can never be true"))
     for rule in rules.rules:
-        if not _can_hold(solver, enc, cond[rule.id], set(rule.condition.reads).union(*(reads.get(n, set()) for n in rule.condition.reads))):
+        if not _can_hold(solver, enc, cond[rule.id], inputs_read([rules], [rule], through_gates=False)):
             findings.append(Finding(rule.where, f"rule {rule.id!r} can never match"))
     for kind, values in (("set", lambda r: r.sets), ("adjust", lambda r: r.adjusts)):
         for a, b, model in _conflicts(rules, kind, values, cond, accepted, enc.links):
             names = [n for n in values(a) if n in values(b) and values(a)[n] != values(b)[n]]
             what = "gate" if kind == "set" else "server argument"
+            keep = inputs_read([rules], [a, b])
+            witness = simplest_witness(accepted, enc, [cond[a.id], cond[b.id]], model, keep)
+            shown = ", ".join(f"{n}={v!r}" for n, v in witness_inputs(enc, witness, keep).items())
             findings.append(Finding(b.where, f"{kind} rules {a.id!r} and {b.id!r} can both match and disagree on "
-                                             f"{what} {', '.join(names)}; e.g. {_show(model)}"))
-    from attngate.rules.prove import prove_invariants  # builds on this module's encoder
+                                             f"{what} {', '.join(names)}; e.g. {shown}"))
 
     return findings + prove_invariants(rules, encoded=(enc, cond))
 
@@ -338,8 +339,3 @@ def _satisfiable(solver: z3.Solver, *terms: Any) -> bool:
         return solver.check() == z3.sat
     finally:
         solver.pop()
-
-
-def _show(model: z3.ModelRef) -> str:
-    shown = [f"{d.name()}={model[d]}" for d in sorted(model.decls(), key=lambda d: d.name()) if not d.name().endswith("?none")]
-    return ", ".join(shown[:12]) + (" ..." if len(shown) > 12 else "")

@@ -108,13 +108,13 @@ def _define_gate(enc: _Encoder, name: str, rules: list, cond: dict[str, Any]) ->
     return out
 
 
-def inputs_read(rule_sets: list[RuleSet], rules: list[Rule], names: tuple[str, ...] = ()) -> set[str]:
-    """The facts and server arguments that ``rules`` and ``names`` read, through the predicates and gates they read
-    and those gates' set rules (in any of ``rule_sets``), and the arguments the rules adjust: what a witness must
-    show to explain a finding. Gates and predicates themselves are left out."""
+def inputs_read(rule_sets: list[RuleSet], rules: list[Rule], names: tuple[str, ...] = (), *, through_gates: bool = True) -> set[str]:
+    """The facts and server arguments that ``rules`` and ``names`` read, through the predicates and (``through_gates``)
+    the gates they read and those gates' set rules (in any of ``rule_sets``), and the arguments the rules adjust: what
+    a witness must show to explain a finding. Gates and predicates themselves are left out."""
     predicates = {p.name: p.condition.reads for rs in rule_sets for p in rs.predicates}
     setters: dict[str, list[Rule]] = {}
-    for rs in rule_sets:
+    for rs in rule_sets if through_gates else []:
         for r in rs.rules:
             for gate in r.sets:
                 setters.setdefault(gate, []).append(r)
