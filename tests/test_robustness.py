@@ -173,7 +173,7 @@ def test_fuzz_config_reader(value):
     """Any JSON value under any config key: a config or a ModelConfigError, nothing else."""
     raw = json.loads(LLAMA.read_text())
     for key in ("num_key_value_heads", "layer_types", "model_type", "sliding_window", "text_config", "torch_dtype",
-                "hybrid_override_pattern", "sliding_window_pattern", "index_topk"):
+                "hybrid_override_pattern", "sliding_window_pattern", "index_topk", "use_bidirectional_attention"):
         try:
             ModelFacts.from_hf_dict({**raw, key: value})
         except ModelConfigError:
