@@ -192,3 +192,28 @@ def test_a_failed_forward_leaves_every_request_as_it_was():
     with torch.no_grad():
         expected = ref(torch.cat([prompt, torch.tensor([9])])[None]).logits[0, -1]
     assert (got - expected).abs().max().item() < ATOL
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_embedding_gemma_runs_as_an_embedding_server_on_the_paged_path(page_size):
+    """A Gemma3TextModel with use_bidirectional_attention through AttngateRuntime: R33 makes it an embedding server
+    without a KV pool (the plan on sm90), its hidden states match eager for uneven requests in one batch, and a
+    decode or an extend over a cached prefix (which would read K/V nothing wrote) is refused, naming the request."""
+    from attngate.backends.errors import BatchMetadataError
+
+    overrides = {"num_hidden_layers": 4, "sliding_window": 6, "use_bidirectional_attention": True,
+                 "layer_types": ["sliding_attention", "full_attention"] * 2, "num_key_value_heads": 1,
+                 "query_pre_attn_scalar": 8, "architectures": ["Gemma3TextModel"]}
+    ref, ours = _pair(_config("gemma-3-1b-it", overrides), auto=transformers.AutoModel)
+    rt = AttngateRuntime(ours, page_size=page_size, num_slots=256, platform=Platform.from_name("sm90"))
+    args = rt.resolution.server_args
+    assert args.is_embedding and args.prefill_only_disable_kv_cache and not rt.plan.layer("sliding_window").common.write_kv_cache
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, 96, (n,), generator=gen) for n in (13, 5, 20)]
+    reqs = [rt.add_request() for _ in prompts]
+    got = rt.extend(dict(zip(reqs, prompts)))
+    with torch.no_grad():
+        expected = torch.cat([ref(p[None]).last_hidden_state[0] for p in prompts])
+    assert (got - expected).abs().max().item() < 1e-4
+    with pytest.raises(BatchMetadataError, match=f"request {reqs[0]}: a layer without KV cache cannot attend to a cached prefix"):
+        rt.decode({reqs[0]: 3})
