@@ -13,8 +13,11 @@ Findings (each names the rules and a witness configuration):
 
 Facts are encoded exactly as the conditions read them: bools, integers and strings, each optional
 fact with a "is None" flag; ``prefill_backend``/``decode_backend`` follow from the three backend
-arguments; ``gpu_arch`` and ``sm_major`` agree. Model facts are otherwise free, so a finding can be
-a combination no real config has: the witness shows it.
+arguments; ``gpu_arch`` and ``sm_major`` agree; the derived facts (``attn_tp_size``, the speculative
+step counts, ...) and what ModelFacts guarantees of its own (``use_mla`` exactly with ``kv_lora_rank``)
+are defined as resolve() computes them (``_Encoder.links``, joined to a query once it found a
+witness). Model facts are otherwise free, so a finding can be a combination no released model has:
+the witness shows it, with the facts that explain it and the server arguments it needs.
 """
 
 from __future__ import annotations
