@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -172,7 +173,7 @@ def test_schema_and_matrix():
     lines = narrow.output.splitlines()
     assert any("Llama-4-Scout-17B-16E-Instruct" in line for line in lines)  # model names whole, one row per model
     gpt_oss = next(line for line in lines if "gpt-oss-20b" in line)
-    notes = {line.split()[1].rstrip(":"): line.split()[0] for line in lines if line[:1].isdigit()}
+    notes = {m[2]: m[1] for m in (re.match(r"(\d+) ([\w.-]+): ", line) for line in lines) if m}
     assert f"no {notes['flashinfer.no-attention-sinks']},{notes['gpt-oss.backends']}" in gpt_oss  # a refusal names its notes
     assert len(lines) < 60
 
