@@ -726,3 +726,28 @@ def test_a_hybrid_models_radix_cache(flags, gpu, radix_off):
     assert facts.has_recurrent_layers and not model("Llama-3.1-8B").has_recurrent_layers
     r = resolve(ServerArgs.from_flags(flags.split()), facts, fa3_gpu(gpu))
     assert r.server_args.disable_radix_cache == radix_off
+
+
+@pytest.mark.parametrize("gpu", ["sm90", "sm100"])
+def test_explain_backend_verdicts_are_what_asking_for_each_backend_gives(gpu):
+    """explain's per-backend verdict is the outcome of asking for that backend with the same other arguments:
+    accepted (or chosen) exactly when resolve() with --attention-backend B keeps B for both phases. EmbeddingGemma
+    included: its no-KV-pool adjustment (R33) is made only for an FA or unset backend, so triton stays accepted."""
+    from helpers import MODELS, embedding_gemma
+
+    configs = [model(p.stem) for p in sorted(MODELS.glob("*.json"))] + [embedding_gemma()]
+    explained = 0
+    for facts in configs:
+        try:  # (EmbeddingGemma's default on SM100 is refused: trtllm_mha cannot run without a KV pool, as in SGLang)
+            verdicts = {v.backend: v for v in resolve(ServerArgs(), facts, Platform.from_name(gpu)).explanation.backends}
+        except PlanError:
+            continue
+        explained += 1
+        for backend, verdict in verdicts.items():
+            try:
+                r = resolve(ServerArgs(attention_backend=backend), facts, Platform.from_name(gpu))
+                kept = r.plan.prefill_backend == r.plan.decode_backend == backend
+            except PlanError:
+                kept = False
+            assert (verdict.status != "rejected") is kept, (facts.source, backend, verdict)
+    assert explained >= len(configs) - 1

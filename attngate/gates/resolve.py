@@ -112,7 +112,7 @@ def resolve(server_args: ServerArgs, model: ModelFacts, platform: Platform, rule
             gates=_explain_scope(global_values, global_hits, index.global_set, facts, GLOBAL_SPECS),
             modes={m: _explain_scope(v, h, index.mode_set, {**scoped, "forward_mode": m}, MODE_SPECS) for m, (v, h) in modes.items()},
             layers={k: _explain_scope(v, h, index.layer_set, {**scoped, "layer_kind": k}, LAYER_SPECS) for k, (v, h) in layers.items()},
-            backends=_backend_verdicts(facts, index),
+            backends=_backend_verdicts(server_args.model_dump(), fixed, {facts["prefill_backend"], facts["decode_backend"]}, index),
         )
 
     return Resolution(plan, adjusted, server_args, model, platform, adjustments, functools.cache(explain), opted_in)
@@ -290,20 +290,20 @@ def _explain_scope(values: dict[str, Any], hits: dict[str, list[Rule]], rules: l
     return out
 
 
-def _backend_verdicts(facts: dict[str, Any], index: _Index) -> list[BackendVerdict]:
-    """Every candidate backend, tried alone for prefill and decode, with all the rules that reject it."""
-    chosen = {facts["prefill_backend"], facts["decode_backend"]}
+def _backend_verdicts(requested: dict[str, Any], fixed: dict[str, Any], chosen: set[str], index: _Index) -> list[BackendVerdict]:
+    """Every candidate backend, asked for alone (``--attention-backend B`` on top of the requested arguments, so the
+    adjust rules run as they would for that request), with all the rules that reject it or switch away from it."""
     verdicts = []
     for backend in CANDIDATE_BACKENDS:
-        args = {**facts, "attention_backend": backend, "prefill_attention_backend": None, "decode_attention_backend": None}
-        trial = index.facts(args, args)
-        reasons = [f"{r.id}: {r.message or r.summary}" for r in index.checks if r.matches(trial)]
-        reasons += [f"{r.id}: {r.message}" for r in _switches_away(index.adjust, trial, backend)]
+        state = {**requested, "attention_backend": backend, "prefill_attention_backend": None, "decode_attention_backend": None}
+        try:
+            state, adjustments = _adjust(state, fixed, index)
+        except PlanError as err:
+            reasons = [f"{v.rule}: {v.message}" for v in err.violations]
+        else:
+            trial = index.facts(fixed, state)
+            reasons = [f"{r.id}: {r.message or r.summary}" for r in index.checks if r.matches(trial)]
+            reasons += [f"{a.rule}: {a.message}" for a in adjustments if a.field in _BACKEND_ARGS]
         status = "chosen" if backend in chosen else ("rejected" if reasons else "accepted")
         verdicts.append(BackendVerdict(backend, status, reasons))
     return verdicts
-
-
-def _switches_away(rules: Iterable[Rule], facts: dict[str, Any], backend: str) -> list[Rule]:
-    return [r for r in rules if r.matches(facts)
-            and any(adjust_value(r.adjusts.get(arg, backend), facts) != backend for arg in _BACKEND_ARGS)]
