@@ -39,8 +39,9 @@ def summary_lines(r: Resolution) -> list[str]:
     backends = (f"prefill {plan.prefill_backend}, decode {plan.decode_backend}" if len(chosen) > 1
                 else f"backend {plan.prefill_backend}")
     lines = [f"{r.model.source} on {r.platform.gpu_arch}: {backends} (plan {plan.fingerprint[:16]})", "", "backends:"]
-    for b in e.backends:
-        lines.append(f"  {b.backend:<12} {b.status}" + (f": {'; '.join(b.reasons)}" if b.reasons else ""))
+    for b in e.backends:  # one reason per line: a rule message ends in a full stop of its own
+        lines.append(f"  {b.backend:<12} {b.status}" + (f": {b.reasons[0]}" if b.reasons else ""))
+        lines += [f"  {'':<12} also {reason}" for reason in b.reasons[1:]]
     if r.adjustments:
         lines += ["", "adjustments:"]
         lines += [f"  {a.field}: {a.old!r} -> {a.new!r} ({a.rule}: {a.message})" for a in r.adjustments]
