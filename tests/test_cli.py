@@ -195,6 +195,23 @@ def test_explain_fits_one_screen_in_plain_text(config, backend):
     assert res.output.count("adjustments:") <= 1
 
 
+def test_explain_of_embedding_gemma_fits_one_screen_and_names_its_adjustments(tmp_path):
+    """R33's adjustments each once, the FlashInfer refusal with its reason, and triton accepted (its verdict is what
+    asking for it gives: no KV-pool adjustment for a non-FA backend)."""
+    from helpers import EMBEDDING_GEMMA
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(EMBEDDING_GEMMA))
+    res = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["explain", "--model", str(config), "--gpu", "sm90"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert len(lines) <= 60 and all(len(line) <= 80 for line in lines)
+    text = " ".join(res.output.split())
+    assert "flashinfer rejected: flashinfer.no-bidirectional-window" in text and "triton accepted" in text
+    for field in ("is_embedding", "disable_radix_cache", "chunked_prefill_size", "prefill_only_disable_kv_cache"):
+        assert text.count(f"{field}: ") == 1, field
+
+
 def test_explain_gate_gives_the_full_why_of_one_gate():
     args = ("--model", str(MODELS / "Mistral-7B-v0.1.json"), "--gpu", "sm90", "--attention-backend", "flashinfer")
     res = explain(*args, "--gate", "flashinfer.prefill_kernel_family")
