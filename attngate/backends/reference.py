@@ -122,6 +122,24 @@ class ReferenceBackend(AttentionBackend):
         return out
 
 
+def visible_keys(q_pos: torch.Tensor, k_pos: torch.Tensor, *, causal: bool, window: int | None,
+                 chunk: int | None = None) -> torch.Tensor:
+    """Which keys each query sees, as the module doc specifies: ``q_pos: [..., Tq]``, ``k_pos: [Tk]`` (int
+    positions) -> ``[..., Tq, Tk]`` bool. ``window``: sliding_window_size (earlier tokens; later ones too when not
+    causal), None or < 0 for none; ``chunk``: attention_chunk_size, None for none."""
+    q, k = q_pos[..., None], k_pos
+    visible = torch.ones(q.shape[:-1] + k.shape, dtype=torch.bool, device=q_pos.device)
+    if causal:
+        visible &= k <= q
+    if window is not None and window >= 0:
+        visible &= k >= q - window
+        if not causal:  # a bidirectional layer's window reaches as far after the query (FA's window_size (w, w))
+            visible &= k <= q + window
+    if chunk:
+        visible &= (k // chunk) == (q // chunk)
+    return visible
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
            layer: AttentionLayer, *, causal: bool, window: int | None) -> torch.Tensor:
     """Dense attention of one request in float32.
@@ -137,15 +155,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tenso
     scores = torch.einsum("qhd,khd->hqk", q.float(), kf) * layer.scaling
     if layer.logit_cap:
         scores = layer.logit_cap * torch.tanh(scores / layer.logit_cap)
-    visible = torch.ones((q.shape[0], k.shape[0]), dtype=torch.bool, device=q.device)
-    if causal:
-        visible &= k_pos[None, :] <= q_pos[:, None]
-    if window is not None and window >= 0:
-        visible &= k_pos[None, :] >= q_pos[:, None] - window
-        if not causal:  # a bidirectional layer's window reaches as far after the query (FA's window_size (w, w))
-            visible &= k_pos[None, :] <= q_pos[:, None] + window
-    if layer.attention_chunk_size:
-        visible &= (k_pos[None, :] // layer.attention_chunk_size) == (q_pos[:, None] // layer.attention_chunk_size)
+    visible = visible_keys(q_pos, k_pos, causal=causal, window=window, chunk=layer.attention_chunk_size)
     scores = scores.masked_fill(~visible, float("-inf"))
     if layer.sinks is not None:
         sink = layer.sinks.float().to(q.device).view(heads, 1, 1).expand(heads, q.shape[0], 1)

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from attngate.backends.layer import AttentionLayer, layers_from_model
+from attngate.backends.reference import visible_keys
 from attngate.facts.model import ModelFacts
 from attngate.facts.platform import Platform
 from attngate.facts.server_args import ServerArgs
@@ -68,20 +69,7 @@ def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     b, h, s, _ = query.shape
     s_kv = key.shape[2]
     visible = _visible(attention_mask, b, s, s_kv, query.device)  # [B, S, S_kv] as transformers masks it
-    # where each query sits among the keys: its last visible key under a causal mask, else bottom-right (a
-    # bidirectional layer's mask shows every key of the row to every query)
-    j = torch.arange(s_kv, device=query.device)
-    bottom_right = (s_kv - s) + torch.arange(s, device=query.device)
-    last = torch.where(visible, j, -1).amax(-1)
-    q_pos = torch.where(last >= 0, last, bottom_right) if gates.causal else bottom_right.expand(b, s)
     padding = visible.any(1, keepdim=True)  # keys some query of the row may see: not padding
-    mask = padding.expand(b, s, s_kv).clone()
-    if gates.causal:
-        mask &= j[None, None, :] <= q_pos[..., None]
-    if gates.use_window and layer.sliding_window_size >= 0:
-        mask &= j[None, None, :] >= q_pos[..., None] - layer.sliding_window_size
-        if not gates.causal:  # the window on both sides, as FA's window_size (w, w)
-            mask &= j[None, None, :] <= q_pos[..., None] + layer.sliding_window_size
     window = layer.sliding_window_size if gates.use_window and layer.sliding_window_size >= 0 else None
     kernel = _kernel_of(resolution, query, s)
     if kernel is not None:
@@ -89,6 +77,14 @@ def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
         run = _fa_varlen if kernel == "fa" else _flashinfer_ragged
         out = run(resolution, rows, causal=gates.causal, window=window, scale=scale, softcap=layer.logit_cap, sinks=sinks)
         return rows.pad_back(out, query, value), None
+    # where each query sits among the keys: its last visible key under a causal mask, else bottom-right (a
+    # bidirectional layer's mask shows every key of the row to every query). Positions are padded ones: a window
+    # (a distance) reads them as the unpadded positions would.
+    j = torch.arange(s_kv, device=query.device)
+    bottom_right = (s_kv - s) + torch.arange(s, device=query.device)
+    last = torch.where(visible, j, -1).amax(-1)
+    q_pos = torch.where(last >= 0, last, bottom_right) if gates.causal else bottom_right.expand(b, s)
+    mask = padding & visible_keys(q_pos, j, causal=gates.causal, window=window)
     rep = h // key.shape[1]
     k, v = key.float().repeat_interleave(rep, 1), value.float().repeat_interleave(rep, 1)
     scores = torch.einsum("bhqd,bhkd->bhqk", query.float(), k) * scale
