@@ -139,13 +139,17 @@ def test_lint_shipped_rules_clean():
     assert res.exit_code == 0 and "0 finding(s)" in res.output
 
 
-def test_lint_finds_conflict_exit_1(tmp_path):
+def _lint(tmp_path, *rules: tuple[str, str, str]):
+    """``attngate lint`` over a file of set rules, each ``(id, when, set)``."""
     f = tmp_path / "r.yaml"
-    f.write_text("version: 1\nrules:\n"
-                 "  - {id: a, summary: s, why: w, source: s, when: use_mla, set: {fa.num_splits: 1}}\n"
-                 "  - {id: b, summary: s, why: w, source: s, when: is_embedding, set: {fa.num_splits: 2}}\n"
-                 "  - {id: c, summary: s, why: w, source: s, when: use_mla and not use_mla, set: {fa.num_splits: 1}}\n")
-    res = runner.invoke(app, ["lint", str(f)])
+    f.write_text("version: 1\nrules:\n" + "".join(f"  - {{id: {i}, summary: s, why: w, source: s, when: {when}, set: {{{sets}}}}}\n"
+                                                   for i, when, sets in rules))
+    return runner.invoke(app, ["lint", str(f)])
+
+
+def test_lint_finds_conflict_exit_1(tmp_path):
+    res = _lint(tmp_path, ("a", "use_mla", "fa.num_splits: 1"), ("b", "is_embedding", "fa.num_splits: 2"),
+                ("c", "use_mla and not use_mla", "fa.num_splits: 1"))
     assert res.exit_code == 1
     assert "'a' and 'b' can both match" in res.output and "'c' can never match" in res.output
 
@@ -153,12 +157,9 @@ def test_lint_finds_conflict_exit_1(tmp_path):
 def test_lint_reads_derived_facts_by_their_definition(tmp_path):
     """A chain drafts speculative_num_steps + 1 tokens, and tp 4 over dp 2 divides: rules that contradict the
     definitions can never match; one that agrees with them can."""
-    f = tmp_path / "r.yaml"
-    f.write_text("version: 1\nrules:\n"
-                 "  - {id: d, summary: s, why: w, source: s, when: speculative_num_steps == 3 and speculative_chain_draft_tokens == 7, set: {fa.num_splits: 1}}\n"
-                 "  - {id: e, summary: s, why: w, source: s, when: tp_size == 4 and dp_size == 2 and not dp_divides_tp, set: {fa.num_splits: 1}}\n"
-                 "  - {id: f, summary: s, why: w, source: s, when: speculative_num_steps == 3 and speculative_chain_draft_tokens == 4, set: {fa.num_splits: 1}}\n")
-    res = runner.invoke(app, ["lint", str(f)])
+    res = _lint(tmp_path, ("d", "speculative_num_steps == 3 and speculative_chain_draft_tokens == 7", "fa.num_splits: 1"),
+                ("e", "tp_size == 4 and dp_size == 2 and not dp_divides_tp", "fa.num_splits: 1"),
+                ("f", "speculative_num_steps == 3 and speculative_chain_draft_tokens == 4", "fa.num_splits: 1"))
     assert res.exit_code == 1
     assert "'d' can never match" in res.output and "'e' can never match" in res.output and "'f' can never" not in res.output
 
