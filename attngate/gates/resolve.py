@@ -181,7 +181,8 @@ def _adjust(state: dict[str, Any], fixed: dict[str, Any], index: _Index) -> tupl
             raise PlanError([*_rule_violations(facts, index), *conflicts], state, done)
         round_ = [Adjustment(rules[0].id, name, state[name], value, rules[0].message or "", rules[0].issue)
                   for name, by_value in wanted.items() for value, rules in by_value.items() if state[name] != value]
-        out_of_type = [_out_of_type(a, index) for a in round_ if not FACTS[a.field].type.accepts(a.new)]
+        out_of_type = [_out_of_type(rules[0], name, value) for name, by_value in wanted.items() for value, rules in by_value.items()
+                       if not FACTS[name].type.accepts(value)]
         if out_of_type:  # a value read from a fact ({from: FACT}) can leave the argument's bounds
             raise PlanError(out_of_type, state, done)
         if not round_:
@@ -199,12 +200,11 @@ def _adjust(state: dict[str, Any], fixed: dict[str, Any], index: _Index) -> tupl
                     state, [a for r in rounds for a in r])
 
 
-def _out_of_type(adjustment: Adjustment, index: _Index) -> Violation:
-    rule = next(r for r in index.adjust if r.id == adjustment.rule)
-    value = rule.adjusts[adjustment.field]
-    origin = f" (from {value.fact})" if isinstance(value, FactValue) else ""
-    return Violation(rule.id, f"sets {adjustment.field} to {adjustment.new!r}{origin}, but {adjustment.field} is "
-                              f"{FACTS[adjustment.field].type.describe()}", kind="adjust", issue=rule.issue)
+def _out_of_type(rule: Rule, name: str, value: Any) -> Violation:
+    source = rule.adjusts[name]
+    origin = f" (from {source.fact})" if isinstance(source, FactValue) else ""
+    return Violation(rule.id, f"sets {name} to {value!r}{origin}, but {name} is {FACTS[name].type.describe()}",
+                     kind="adjust", issue=rule.issue)
 
 
 def _freeze(state: dict[str, Any]) -> tuple:
