@@ -5,7 +5,9 @@ The plan is resolved once per model from its config (SGLang's default ServerArgs
 DynamicCache or static cache) and its mask, and applies the plan's decisions for the layer's kind:
 causality and the window (``plan.layer(kind).common``), soft-cap, learned sinks and scaling from the
 same layer spec the runtime binds. transformers' mask supplies only what the plan cannot know: where
-each query sits among the keys and which keys are padding. On a GPU the batch is unpadded into varlen
+each query sits among the keys, which keys are padding, and on a chunked-local layer where its chunks
+begin (absolute positions, which transformers' chunk cache of the last attention_chunk_size - 1 keys does
+not keep; a mask that shows a query more keys than the plan's chunk is refused). On a GPU the batch is unpadded into varlen
 rows and the phase runs on the plan's backend: one FA4 varlen call where the plan runs it on FA through
 ``flash_attn.cute``, FlashInfer's ragged prefill wrapper (its kernel family from the plan) where the
 plan runs it on FlashInfer; otherwise attention runs in float32 torch (the reference semantics).
@@ -20,8 +22,10 @@ from typing import Any
 
 import torch
 
+from attngate.backends.errors import BatchMetadataError
 from attngate.backends.layer import AttentionLayer, layers_from_model
 from attngate.backends.reference import visible_keys
+from attngate.errors import Problem
 from attngate.facts.model import ModelFacts
 from attngate.facts.platform import Platform
 from attngate.facts.server_args import ServerArgs
@@ -58,7 +62,8 @@ def plan_of(module: torch.nn.Module) -> tuple[Resolution, list[AttentionLayer]] 
 def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     attention_mask: torch.Tensor | None, scaling: float | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """``query: [B, H, S, D]``, ``key``/``value: [B, H_kv, S_kv, D/Dv]`` (transformers' cache included),
-    ``attention_mask: [B, 1, S, S_kv]`` bool or additive, or None -> ``([B, S, H, Dv], None)``."""
+    ``attention_mask: [B, 1, S, S_kv]`` bool or additive, or None -> ``([B, S, H, Dv], None)``. Raises
+    BatchMetadataError where a chunked-local layer's mask does not chunk as the plan says."""
     if plan_of(module) is None:
         configure(module)
     resolution, layers = plan_of(module)
@@ -73,7 +78,8 @@ def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     window = layer.sliding_window_size if gates.use_window and layer.sliding_window_size >= 0 else None
     kernel = _kernel_of(resolution, query, s)
     if kernel is not None:
-        rows = _unpad(query, key, value, visible, padding[:, 0])
+        unpad = _unpad_chunks if layer.attention_chunk_size else _unpad
+        rows = unpad(query, key, value, visible, padding[:, 0], layer)
         run = _fa_varlen if kernel == "fa" else _flashinfer_ragged
         out = run(resolution, rows, causal=gates.causal, window=window, scale=scale, softcap=layer.logit_cap, sinks=sinks)
         return rows.pad_back(out, query, value), None
@@ -85,6 +91,9 @@ def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     last = torch.where(visible, j, -1).amax(-1)
     q_pos = torch.where(last >= 0, last, bottom_right) if gates.causal else bottom_right.expand(b, s)
     mask = padding & visible_keys(q_pos, j, causal=gates.causal, window=window)
+    if layer.attention_chunk_size:
+        _chunk_extents(visible, visible.any(-1), layer)  # the mask chunks as the plan says
+        mask &= visible
     rep = h // key.shape[1]
     k, v = key.float().repeat_interleave(rep, 1), value.float().repeat_interleave(rep, 1)
     scores = torch.einsum("bhqd,bhkd->bhqk", query.float(), k) * scale
@@ -139,10 +148,50 @@ class _Rows:
         return padded
 
 
-def _unpad(query, key, value, visible: torch.Tensor, kv_valid: torch.Tensor) -> _Rows:
+def _unpad(query, key, value, visible: torch.Tensor, kv_valid: torch.Tensor, layer: AttentionLayer) -> _Rows:
+    """One varlen row per request: its valid queries over its valid keys."""
     q_valid = visible.any(-1)  # [B, S]: padding queries see nothing
     lens = torch.stack([q_valid.sum(1), kv_valid.sum(1)]).to(torch.int32).cpu()  # one host sync per call
     return _Rows(query.transpose(1, 2)[q_valid], key.transpose(1, 2)[kv_valid], value.transpose(1, 2)[kv_valid], q_valid, lens)
+
+
+def _unpad_chunks(query, key, value, visible: torch.Tensor, kv_valid: torch.Tensor, layer: AttentionLayer) -> _Rows:
+    """Chunked local attention as varlen rows (SGLang's local virtual batches): the queries of a request that
+    share a chunk (the same first visible key) form one row over the keys from that chunk's first one to the
+    row's last query, so that causal bottom-right alignment within the row is the chunk's mask."""
+    q_valid = visible.any(-1)
+    row, first, last = _chunk_extents(visible, q_valid, layer)
+    _, q_lens = torch.unique_consecutive(row * visible.shape[-1] + first, return_counts=True)
+    ends = q_lens.cumsum(0) - 1  # each chunk row's last query
+    k_lens = last[ends] - first[ends] + 1
+    k_rows = torch.repeat_interleave(row[ends], k_lens).to(key.device, non_blocking=True)
+    k_cols = (torch.arange(int(k_lens.sum())) - torch.repeat_interleave(k_lens.cumsum(0) - k_lens - first[ends], k_lens))
+    k_cols = k_cols.to(key.device, non_blocking=True)
+    lens = torch.stack([q_lens, k_lens]).to(torch.int32)
+    return _Rows(query.transpose(1, 2)[q_valid], key.transpose(1, 2)[k_rows, k_cols], value.transpose(1, 2)[k_rows, k_cols],
+                 q_valid, lens)
+
+
+def _chunk_extents(visible: torch.Tensor, q_valid: torch.Tensor, layer: AttentionLayer) -> torch.Tensor:
+    """``[3, total_q]`` int64 on the host (one sync), per valid query in row-major order: its row, first and last
+    visible key. Raises BatchMetadataError naming the layer where the mask shows a query keys that are not one
+    range, or more of them than the plan's attention_chunk_size."""
+    b, s, s_kv = visible.shape
+    j = torch.arange(s_kv, device=visible.device)
+    first, last = torch.where(visible, j, s_kv).amin(-1), torch.where(visible, j, -1).amax(-1)
+    rows = torch.arange(b, device=visible.device)[:, None].expand(b, s)
+    row, first, last, count = torch.stack([rows[q_valid], first[q_valid], last[q_valid], visible.sum(-1)[q_valid]]).cpu()
+    span, where, problems = last - first + 1, f"layer {layer.layer_id}", []
+    if bool((span != count).any()):
+        problems.append(Problem(where, "transformers' mask shows a query keys that are not one range; a chunked-local "
+                                       "layer attends to the keys of one chunk up to the query"))
+    if span.numel() and int(span.max()) > layer.attention_chunk_size:
+        problems.append(Problem(where, f"transformers' mask shows a query {int(span.max())} keys, more than the plan's "
+                                       f"attention_chunk_size {layer.attention_chunk_size}: the model does not chunk this "
+                                       "layer as the plan says"))
+    if problems:
+        raise BatchMetadataError(problems)
+    return torch.stack([row, first, last])
 
 
 def _fa_varlen(resolution: Resolution, rows: _Rows, *, causal: bool, window: int | None, scale: float, softcap: float,

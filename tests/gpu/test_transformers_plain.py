@@ -32,6 +32,10 @@ MODELS = {
     # alternating window and full layers (added after this session's last GPU run: checked on the CPU against sdpa only)
     "gemma3-pattern": ("gemma-3-1b-it", {"num_hidden_layers": 4, "sliding_window": 24, "sliding_window_pattern": 2,
                                          "query_pre_attn_scalar": 128}),
+    # chunked local attention on three layers of four (chunks of 16: the 40-token prompts and the decode cross them);
+    # both experts routed, as for gpt-oss
+    "llama4-chunked": ("Llama-4-Scout-17B-16E-Instruct", {"num_hidden_layers": 4, "attention_chunk_size": 16, "num_local_experts": 2,
+                                                          "num_experts_per_tok": 2, "intermediate_size_mlp": 1024}),
     # MLA at the real latent geometry; the default plan on an H100 runs both phases on FlashInfer (ragged, q/k 192, v 128)
     "deepseek-v3-mla": ("DeepSeek-V3", {"num_key_value_heads": 8, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
                                         "v_head_dim": 128, "head_dim": None, "q_lora_rank": 64, "n_routed_experts": 4,

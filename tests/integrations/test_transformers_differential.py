@@ -44,6 +44,11 @@ MODELS_UNDER_TEST = {
                                       "layer_types": ["sliding_attention", "full_attention"] * 2},
                       {LayerKind.SLIDING_WINDOW, LayerKind.FULL}),
     # MLA at the real latent geometry (kv_lora_rank 512 + qk_rope 64 = 576 cached values per token), fewer heads
+    # Llama 4's text model: chunked local attention (iRoPE) on three layers of four, chunks of 4 tokens so that
+    # prefill, the cached prefix and decode all cross chunk boundaries
+    "llama4-chunked": ("Llama-4-Scout-17B-16E-Instruct", {"num_hidden_layers": 4, "attention_chunk_size": 4, "num_local_experts": 2,
+                                                          "num_experts_per_tok": 1, "intermediate_size_mlp": 96},
+                       {LayerKind.CHUNKED_LOCAL, LayerKind.FULL}),
     "deepseek-v2-mla": ("DeepSeek-V2-Lite", MLA, {LayerKind.FULL}),
     "deepseek-v3-mla": ("DeepSeek-V3", {**MLA, "q_lora_rank": 32, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1,
                                         "quantization_config": None}, {LayerKind.FULL}),
@@ -54,6 +59,7 @@ CHUNKS = (9, 6)  # first EXTEND, second EXTEND (over the cached prefix); the res
 
 def _config(file: str, overrides: dict):
     raw = json.loads((MODELS / f"{file}.json").read_text())
+    raw = raw.get("text_config", raw)  # a multimodal checkpoint: its text model
     raw.update(SMALL)
     raw.update(overrides)
     raw = {k: v for k, v in raw.items() if v is not None and k not in ("auto_map", "torch_dtype", "dtype")}

@@ -102,6 +102,48 @@ def test_the_flashinfer_path_unpads_plans_once_per_forward_and_matches_eager(nam
     assert specs == (2 if name == "gemma2-softcap-swa" else 1)  # gemma-2 alternates window and full layers
 
 
+def test_the_fa_path_runs_chunked_local_layers_as_one_row_per_chunk(monkeypatch):
+    """Llama 4 through FA's varlen call (the flash_attn.cute stand-in): a chunked-local layer's queries go in one row
+    per request and chunk, each over that chunk's keys, chunk starts taken from transformers' mask (after the left
+    padding, and in decode over its cache of the last attention_chunk_size - 1 keys); a full layer in one row per
+    request. A plan whose chunk is narrower than the model's is refused, naming the layer."""
+    import sys
+
+    from attngate import Platform
+    from attngate.backends.errors import BatchMetadataError
+    from attngate.integrations import transformers_plain
+    from standins import flash_attn_cute
+
+    modules = flash_attn_cute.modules()
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(transformers_plain, "_on_gpu", lambda t: True)
+    calls = []
+    original = modules["flash_attn.cute"].flash_attn_varlen_func
+    monkeypatch.setattr(modules["flash_attn.cute"], "flash_attn_varlen_func",
+                        lambda q, k, v, **kw: (calls.append((kw["cu_seqlens_q"].tolist(), kw["cu_seqlens_k"].tolist())),
+                                               original(q, k, v, **kw))[1])
+    ref, ours = _pair(_config(*MODELS_UNDER_TEST["llama4-chunked"][:2]))
+    resolution = configure(ours, ServerArgs(), Platform.from_name("sm90", kernels=["flash_attn.cute"]))
+    assert resolution.plan.prefill_backend == "fa3" and resolution.plan.flashattention.provider == "flash_attn.cute"
+    ids, mask = _batch()  # 13 tokens; the second row has 4 of left padding, so its chunks start at 4, 8, 12
+    with torch.no_grad():
+        expected, got = ref(ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits
+        assert (expected - got)[mask.bool()].abs().max().item() < ATOL
+        chunk_rows = [0, 4, 8, 12, 13, 17, 21, 22]  # 4 + 4 + 4 + 1 queries, then 4 + 4 + 1
+        assert calls[0] == (chunk_rows, chunk_rows)  # layer 0 is chunked local: each row over its own chunk
+        assert calls[3] == ([0, 13, 22], [0, 13, 22])  # layer 3 is full attention: one row per request
+        greedy = dict(attention_mask=mask, max_new_tokens=8, do_sample=False)
+        assert torch.equal(ours.generate(ids, **greedy), ref.generate(ids, **greedy))
+        _, layers = plan_of(ours)
+        for layer in layers:
+            if layer.attention_chunk_size:
+                layer.attention_chunk_size = 2
+        with pytest.raises(BatchMetadataError, match="layer 0: transformers' mask shows a query 4 keys, more than the "
+                                                     "plan's attention_chunk_size 2"):
+            ours(ids, attention_mask=mask)
+
+
 def test_a_hybrid_model_attends_by_its_attention_layers_plan():
     """Qwen3-Next: linear-attention (Gated DeltaNet) layers 0 and 2 run in transformers, softmax attention layers 1
     and 3 through attngate, found by their model layer index (the plan lists attention layers only); a left-padded
