@@ -5,9 +5,10 @@ The plan is resolved once per model from its config (SGLang's default ServerArgs
 DynamicCache or static cache) and its mask, and applies the plan's decisions for the layer's kind:
 causality and the window (``plan.layer(kind).common``), soft-cap, learned sinks and scaling from the
 same layer spec the runtime binds. transformers' mask supplies only what the plan cannot know: where
-each query sits among the keys, which keys are padding, and on a chunked-local layer where its chunks
-begin (absolute positions, which transformers' chunk cache of the last attention_chunk_size - 1 keys does
-not keep; a mask that shows a query more keys than the plan's chunk is refused). On a GPU the batch is unpadded into varlen
+each query sits among the keys, which keys are padding, on a cross-attention layer which encoder tokens
+each query sees (Mllama: the images before it), and on a chunked-local layer where its chunks begin
+(absolute positions, which transformers' chunk cache of the last attention_chunk_size - 1 keys does not
+keep; a mask that shows a query more keys than the plan's chunk is refused). On a GPU the batch is unpadded into varlen
 rows and the phase runs on the plan's backend: one FA4 varlen call where the plan runs it on FA through
 ``flash_attn.cute``, FlashInfer's ragged prefill wrapper (its kernel family from the plan) where the
 plan runs it on FlashInfer; otherwise attention runs in float32 torch (the reference semantics).
@@ -26,7 +27,9 @@ from attngate.backends.errors import BatchMetadataError
 from attngate.backends.layer import AttentionLayer, layers_from_model
 from attngate.backends.reference import visible_keys
 from attngate.errors import Problem
+from attngate.errors import ModelConfigError
 from attngate.facts.model import ModelFacts
+from attngate.facts.modes import LayerKind
 from attngate.facts.platform import Platform
 from attngate.facts.server_args import ServerArgs
 from attngate.gates.resolution import Resolution
@@ -41,7 +44,15 @@ def configure(model: torch.nn.Module, server_args: ServerArgs | None = None, pla
     returns the Resolution. Raises PlanError."""
     config = model.config
     source = (getattr(config, "architectures", None) or [type(model).__name__])[0]
-    facts = ModelFacts.from_hf_dict(config.to_dict(), source=source)
+    try:
+        facts = ModelFacts.from_hf_dict(config.to_dict(), source=source)
+    except ModelConfigError as err:
+        key = getattr(config, "base_config_key", "")
+        if key and key != "text_config":  # a vision or audio tower's attention, under one attn_implementation for all
+            err.problems.append(Problem(source, f"attngate resolves plans for language models; give the {key} tower its own "
+                                                f"implementation: attn_implementation={{'text_config': 'attngate', '{key}': 'sdpa'}}"))
+            raise ModelConfigError(err.problems) from None
+        raise
     if platform is None:
         platform = Platform.detect() if torch.cuda.is_available() else Platform.from_name("sm90")
     resolution = resolve(server_args or ServerArgs(), facts, platform)
@@ -63,7 +74,8 @@ def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
                     attention_mask: torch.Tensor | None, scaling: float | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """``query: [B, H, S, D]``, ``key``/``value: [B, H_kv, S_kv, D/Dv]`` (transformers' cache included),
     ``attention_mask: [B, 1, S, S_kv]`` bool or additive, or None -> ``([B, S, H, Dv], None)``. Raises
-    BatchMetadataError where a chunked-local layer's mask does not chunk as the plan says."""
+    BatchMetadataError where a chunked-local layer's mask does not chunk as the plan says; ModelConfigError where the
+    module's config is no language model's (a vision tower's, naming the sub-config to give another implementation)."""
     if plan_of(module) is None:
         configure(module)
     resolution, layers = plan_of(module)
@@ -73,13 +85,11 @@ def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     sinks = getattr(module, "sinks", None)
     b, h, s, _ = query.shape
     s_kv = key.shape[2]
-    visible = _visible(attention_mask, b, s, s_kv, query.device)  # [B, S, S_kv] as transformers masks it
-    padding = visible.any(1, keepdim=True)  # keys some query of the row may see: not padding
+    visible = _visible(attention_mask, b, s, s_kv, query.device, gates.causal)  # [B, S, S_kv] as transformers masks it
     window = layer.sliding_window_size if gates.use_window and layer.sliding_window_size >= 0 else None
     kernel = _kernel_of(resolution, query, s)
     if kernel is not None:
-        unpad = _unpad_chunks if layer.attention_chunk_size else _unpad
-        rows = unpad(query, key, value, visible, padding[:, 0], layer)
+        rows = _unpad(query, key, value, visible, layer)
         run = _fa_varlen if kernel == "fa" else _flashinfer_ragged
         out = run(resolution, rows, causal=gates.causal, window=window, scale=scale, softcap=layer.logit_cap, sinks=sinks)
         return rows.pad_back(out, query, value), None
@@ -90,7 +100,9 @@ def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     bottom_right = (s_kv - s) + torch.arange(s, device=query.device)
     last = torch.where(visible, j, -1).amax(-1)
     q_pos = torch.where(last >= 0, last, bottom_right) if gates.causal else bottom_right.expand(b, s)
-    mask = padding & visible_keys(q_pos, j, causal=gates.causal, window=window)
+    # the keys a query may see: on a cross layer its own mask's (data), else those some query of the row sees (not padding)
+    seen = visible if layer.kind == LayerKind.CROSS_ATTENTION else visible.any(1, keepdim=True)
+    mask = seen & visible_keys(q_pos, j, causal=gates.causal, window=window)
     if layer.attention_chunk_size:
         _chunk_extents(visible, visible.any(-1), layer)  # the mask chunks as the plan says
         mask &= visible
@@ -148,28 +160,54 @@ class _Rows:
         return padded
 
 
-def _unpad(query, key, value, visible: torch.Tensor, kv_valid: torch.Tensor, layer: AttentionLayer) -> _Rows:
-    """One varlen row per request: its valid queries over its valid keys."""
+def _unpad(query, key, value, visible: torch.Tensor, layer: AttentionLayer) -> _Rows:
+    """Varlen rows from transformers' mask ``visible: [B, S, S_kv]``: one per request (its valid queries over its
+    valid keys); on a chunked-local layer one per request and chunk; on a cross-attention layer one per run of a
+    request's queries that see the same keys. One host sync per call."""
     q_valid = visible.any(-1)  # [B, S]: padding queries see nothing
-    lens = torch.stack([q_valid.sum(1), kv_valid.sum(1)]).to(torch.int32).cpu()  # one host sync per call
+    if layer.attention_chunk_size:
+        return _chunk_rows(query, key, value, visible, q_valid, layer)
+    if layer.kind == LayerKind.CROSS_ATTENTION:
+        return _key_set_rows(query, key, value, visible, q_valid)
+    kv_valid = visible.any(1)
+    lens = torch.stack([q_valid.sum(1), kv_valid.sum(1)]).to(torch.int32).cpu()
     return _Rows(query.transpose(1, 2)[q_valid], key.transpose(1, 2)[kv_valid], value.transpose(1, 2)[kv_valid], q_valid, lens)
 
 
-def _unpad_chunks(query, key, value, visible: torch.Tensor, kv_valid: torch.Tensor, layer: AttentionLayer) -> _Rows:
-    """Chunked local attention as varlen rows (SGLang's local virtual batches): the queries of a request that
-    share a chunk (the same first visible key) form one row over the keys from that chunk's first one to the
-    row's last query, so that causal bottom-right alignment within the row is the chunk's mask."""
-    q_valid = visible.any(-1)
+def _chunk_rows(query, key, value, visible: torch.Tensor, q_valid: torch.Tensor, layer: AttentionLayer) -> _Rows:
+    """Chunked local attention (SGLang's local virtual batches): the queries of a request that share a chunk (the
+    same first visible key) form one row over the keys from that chunk's first one to the row's last query, so
+    that causal bottom-right alignment within the row is the chunk's mask."""
     row, first, last = _chunk_extents(visible, q_valid, layer)
     _, q_lens = torch.unique_consecutive(row * visible.shape[-1] + first, return_counts=True)
     ends = q_lens.cumsum(0) - 1  # each chunk row's last query
     k_lens = last[ends] - first[ends] + 1
-    k_rows = torch.repeat_interleave(row[ends], k_lens).to(key.device, non_blocking=True)
-    k_cols = (torch.arange(int(k_lens.sum())) - torch.repeat_interleave(k_lens.cumsum(0) - k_lens - first[ends], k_lens))
-    k_cols = k_cols.to(key.device, non_blocking=True)
-    lens = torch.stack([q_lens, k_lens]).to(torch.int32)
-    return _Rows(query.transpose(1, 2)[q_valid], key.transpose(1, 2)[k_rows, k_cols], value.transpose(1, 2)[k_rows, k_cols],
-                 q_valid, lens)
+    k_rows = torch.repeat_interleave(row[ends], k_lens)
+    k_cols = torch.arange(int(k_lens.sum())) - torch.repeat_interleave(k_lens.cumsum(0) - k_lens - first[ends], k_lens)
+    return _gathered_rows(query, key, value, q_valid, q_lens, k_lens, k_rows, k_cols)
+
+
+def _key_set_rows(query, key, value, visible: torch.Tensor, q_valid: torch.Tensor) -> _Rows:
+    """Cross attention: each run of consecutive queries of a request that see the same keys (the text after one
+    image, say) forms one non-causal row over exactly those keys."""
+    b, s, _ = visible.shape
+    rows = torch.arange(b, device=visible.device)[:, None].expand(b, s)[q_valid]
+    seen = visible[q_valid]  # [total_q, S_kv], queries in order
+    starts = torch.ones(rows.shape[0], dtype=torch.bool, device=visible.device)
+    starts[1:] = (rows[1:] != rows[:-1]) | (seen[1:] != seen[:-1]).any(-1)
+    firsts = starts.nonzero()[:, 0]
+    group, k_cols = seen[firsts].nonzero(as_tuple=True)  # each run's keys, run by run
+    q_lens = torch.diff(firsts, append=firsts.new_tensor([rows.shape[0]]))
+    return _gathered_rows(query, key, value, q_valid, q_lens.cpu(), seen[firsts].sum(-1).cpu(), rows[firsts][group], k_cols)
+
+
+def _gathered_rows(query, key, value, q_valid: torch.Tensor, q_lens: torch.Tensor, k_lens: torch.Tensor,
+                   k_rows: torch.Tensor, k_cols: torch.Tensor) -> _Rows:
+    """Rows of ``q_lens`` consecutive valid queries each over the keys ``key[k_rows, :, k_cols]``, row after row
+    (lengths on the host, indices on either side)."""
+    k_rows, k_cols = k_rows.to(key.device, non_blocking=True), k_cols.to(key.device, non_blocking=True)
+    k, v = key.transpose(1, 2)[k_rows, k_cols], value.transpose(1, 2)[k_rows, k_cols]
+    return _Rows(query.transpose(1, 2)[q_valid], k, v, q_valid, torch.stack([q_lens, k_lens]).to(torch.int32))
 
 
 def _chunk_extents(visible: torch.Tensor, q_valid: torch.Tensor, layer: AttentionLayer) -> torch.Tensor:
@@ -236,7 +274,9 @@ def _flashinfer_ragged(resolution: Resolution, rows: _Rows, *, causal: bool, win
     return wrapper.run(rows.q, rows.k, rows.v)
 
 
-def _visible(attention_mask: torch.Tensor | None, b: int, s: int, s_kv: int, device) -> torch.Tensor:
+def _visible(attention_mask: torch.Tensor | None, b: int, s: int, s_kv: int, device, causal: bool) -> torch.Tensor:
+    if attention_mask is None and not causal:  # an unpadded encoder batch, or cross attention over every encoder token
+        return torch.ones(b, s, s_kv, dtype=torch.bool, device=device)
     if attention_mask is None:  # transformers passes none for an unpadded causal batch: causal, bottom-right
         return (torch.arange(s_kv, device=device)[None, :] <= torch.arange(s, device=device)[:, None] + (s_kv - s)).expand(b, s, s_kv)
     mask = attention_mask[:, 0, :, :s_kv]

@@ -4,6 +4,8 @@ transformers' DynamicCache and static cache, greedy and sampled decoding."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -142,6 +144,88 @@ def test_the_fa_path_runs_chunked_local_layers_as_one_row_per_chunk(monkeypatch)
         with pytest.raises(BatchMetadataError, match="layer 0: transformers' mask shows a query 4 keys, more than the "
                                                      "plan's attention_chunk_size 2"):
             ours(ids, attention_mask=mask)
+
+
+def _mllama_pair():
+    """A small Mllama (Llama 3.2 Vision) with its cross-attention gates open (transformers initialises them to 0, which
+    would hide the cross layers' output); the vision tower on eager, the language model on attngate."""
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_global_layers=1, num_attention_heads=2,
+                  image_size=28, patch_size=14, max_num_tiles=2, intermediate_layers_indices=[0], vision_output_dim=64,
+                  supported_aspect_ratios=[[1, 1], [1, 2], [2, 1]])
+    text = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=8,
+                num_key_value_heads=2, cross_attention_layers=[1, 3], rope_scaling=None, pad_token_id=0, bos_token_id=0, eos_token_id=0)
+    cfg = transformers.MllamaConfig(vision_config=vision, text_config=text, image_token_index=127)
+    torch.manual_seed(0)
+    ref = transformers.MllamaForConditionalGeneration._from_config(copy.deepcopy(cfg), attn_implementation="eager", dtype=torch.float32)
+    with torch.no_grad():
+        for name, param in ref.named_parameters():
+            if "gate" in name and param.numel() == 1:
+                param.fill_(1.0)
+    ours = transformers.MllamaForConditionalGeneration._from_config(
+        copy.deepcopy(cfg), attn_implementation={"text_config": "attngate", "vision_config": "eager", "": "eager"}, dtype=torch.float32)
+    ours.load_state_dict(ref.state_dict())
+    return ref.eval(), ours.eval(), cfg
+
+
+def _two_images():
+    """Two requests with two images each (image tokens at 3 and 7, two tiles each): text between them sees the first
+    image, text after the second only the second; the second request sees one tile of its second image."""
+    ids = torch.randint(1, 120, (2, 12), generator=torch.Generator().manual_seed(0))
+    ids[:, [3, 7]] = 127
+    cross = torch.zeros(2, 12, 2, 2, dtype=torch.long)
+    cross[:, 3:7, 0] = 1
+    cross[:, 7:, 1] = 1
+    cross[1, 7:, 1, 1] = 0
+    return dict(input_ids=ids, pixel_values=torch.randn(2, 2, 2, 3, 28, 28, generator=torch.Generator().manual_seed(2)),
+                aspect_ratio_ids=torch.tensor([[2, 2], [2, 2]]), aspect_ratio_mask=torch.ones(2, 2, 2, dtype=torch.long),
+                cross_attention_mask=cross)
+
+
+@pytest.mark.parametrize("path", ["torch", "fa_varlen"])
+def test_cross_attention_keeps_each_querys_images(path, monkeypatch):
+    """Mllama's cross-attention layers: which image tiles a text token sees is request data in transformers' mask, kept
+    per query (not the union over a request's queries, which showed every token the tiles any token sees). Through FA's
+    varlen call (the stand-in) each run of queries that see the same tiles is one non-causal row over those tiles."""
+    import sys
+
+    from attngate import Platform
+    from attngate.integrations import transformers_plain
+    from standins import flash_attn_cute
+
+    ref, ours, _ = _mllama_pair()
+    calls = []
+    if path == "fa_varlen":
+        modules = flash_attn_cute.modules()
+        for name, module in modules.items():
+            monkeypatch.setitem(sys.modules, name, module)
+        monkeypatch.setattr(transformers_plain, "_on_gpu", lambda t: True)
+        original = modules["flash_attn.cute"].flash_attn_varlen_func
+        monkeypatch.setattr(modules["flash_attn.cute"], "flash_attn_varlen_func",
+                            lambda q, k, v, **kw: (calls.append((kw["cu_seqlens_q"].tolist(), kw["cu_seqlens_k"].tolist(), kw["causal"])),
+                                                   original(q, k, v, **kw))[1])
+        configure(ours.model.language_model, ServerArgs(), Platform.from_name("sm90", kernels=["flash_attn.cute"]))
+    inputs = _two_images()
+    with torch.no_grad():
+        expected, got = ref(**inputs).logits, ours(**inputs).logits
+        assert (expected - got).abs().max().item() < ATOL
+        greedy = dict(max_new_tokens=4, do_sample=False)
+        assert torch.equal(ours.generate(**inputs, **greedy), ref.generate(**inputs, **greedy))
+    if path == "fa_varlen":
+        # layer 1 (cross): request 0 runs 0-2 (no image yet: Mllama shows it every tile, then zeroes its output), 3-6
+        # (first image, 10 keys), 7-11 (second, 10); request 1 the same but its second image's 5 visible keys
+        assert calls[1] == ([0, 3, 7, 12, 15, 19, 24], [0, 20, 30, 40, 60, 70, 75], False)
+
+
+def test_a_vision_towers_attention_is_refused_naming_its_sub_config():
+    """One attn_implementation for the whole of Mllama sends the vision tower's attention to attngate, whose plans are
+    for language models: a ModelConfigError that says how to give the tower its own implementation."""
+    from attngate.errors import ModelConfigError
+
+    _, _, cfg = _mllama_pair()
+    model = transformers.MllamaForConditionalGeneration._from_config(cfg, attn_implementation="attngate", dtype=torch.float32).eval()
+    with pytest.raises(ModelConfigError, match="attn_implementation=\\{'text_config': 'attngate', 'vision_config': 'sdpa'\\}"):
+        with torch.no_grad():
+            model(**_two_images())
 
 
 def test_a_hybrid_model_attends_by_its_attention_layers_plan():
