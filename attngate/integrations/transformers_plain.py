@@ -79,7 +79,7 @@ def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     if plan_of(module) is None:
         configure(module)
     resolution, layers = plan_of(module)
-    layer = layers[resolution.model.attention_position(module.layer_idx)]  # a hybrid's attention layers only
+    layer = layers[_position(resolution.model, module)]
     gates = resolution.plan.layer(layer.kind).common
     scale = layer.scaling if scaling is None else float(scaling)
     sinks = getattr(module, "sinks", None)
@@ -117,6 +117,27 @@ def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)[..., :s_kv]
     out = torch.einsum("bhqk,bhkd->bqhd", probs, v)
     return out.to(query.dtype), None
+
+
+def _position(model: ModelFacts, module: torch.nn.Module) -> int:
+    """The plan's layer of an attention module: by its model ``layer_idx`` (a hybrid's attention layers only); in an
+    encoder-decoder (Whisper: the encoder's layers, then each decoder layer's self and cross attention) the encoder's
+    modules, which carry no index, by their kind, and a decoder's by index and causality. Raises BatchMetadataError
+    where the module cannot be placed."""
+    idx = getattr(module, "layer_idx", None)
+    if model.is_encoder_decoder:
+        encoder = model.layer_kinds.count(LayerKind.ENCODER_ONLY)
+        if not getattr(module, "is_decoder", True):
+            return 0  # every encoder layer is one spec: non-causal, no window
+        if isinstance(idx, int):
+            idx = encoder + 2 * idx + (0 if getattr(module, "is_causal", True) else 1)
+    if not isinstance(idx, int):
+        raise BatchMetadataError(Problem(type(module).__name__, "an attention module without a layer_idx: attngate cannot "
+                                                               "tell which of the plan's layers it is"))
+    try:
+        return model.attention_position(idx)
+    except ValueError as err:
+        raise BatchMetadataError(Problem(type(module).__name__, str(err))) from None
 
 
 def _on_gpu(t: torch.Tensor) -> bool:

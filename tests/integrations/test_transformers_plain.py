@@ -11,12 +11,13 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from attngate import ServerArgs  # noqa: E402
+from attngate import Platform, ServerArgs  # noqa: E402
 from attngate.integrations.transformers import AttngateRuntime, configure  # noqa: E402
 from attngate.integrations.transformers_plain import plan_of  # noqa: E402
 from integrations.test_transformers_differential import MODELS_UNDER_TEST, _config, _pair  # noqa: E402
 
 ATOL = 1e-4
+FA_HOST = Platform.from_name("sm90", kernels=["flash_attn.cute"])  # the plan runs FA through flash_attn.cute
 
 
 def _batch():
@@ -109,32 +110,19 @@ def test_the_fa_path_runs_chunked_local_layers_as_one_row_per_chunk(monkeypatch)
     per request and chunk, each over that chunk's keys, chunk starts taken from transformers' mask (after the left
     padding, and in decode over its cache of the last attention_chunk_size - 1 keys); a full layer in one row per
     request. A plan whose chunk is narrower than the model's is refused, naming the layer."""
-    import sys
-
-    from attngate import Platform
     from attngate.backends.errors import BatchMetadataError
-    from attngate.integrations import transformers_plain
-    from standins import flash_attn_cute
 
-    modules = flash_attn_cute.modules()
-    for name, module in modules.items():
-        monkeypatch.setitem(sys.modules, name, module)
-    monkeypatch.setattr(transformers_plain, "_on_gpu", lambda t: True)
-    calls = []
-    original = modules["flash_attn.cute"].flash_attn_varlen_func
-    monkeypatch.setattr(modules["flash_attn.cute"], "flash_attn_varlen_func",
-                        lambda q, k, v, **kw: (calls.append((kw["cu_seqlens_q"].tolist(), kw["cu_seqlens_k"].tolist())),
-                                               original(q, k, v, **kw))[1])
     ref, ours = _pair(_config(*MODELS_UNDER_TEST["llama4-chunked"][:2]))
-    resolution = configure(ours, ServerArgs(), Platform.from_name("sm90", kernels=["flash_attn.cute"]))
+    calls = _on_fa_standin(monkeypatch)
+    resolution = configure(ours, ServerArgs(), FA_HOST)
     assert resolution.plan.prefill_backend == "fa3" and resolution.plan.flashattention.provider == "flash_attn.cute"
     ids, mask = _batch()  # 13 tokens; the second row has 4 of left padding, so its chunks start at 4, 8, 12
     with torch.no_grad():
         expected, got = ref(ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits
         assert (expected - got)[mask.bool()].abs().max().item() < ATOL
         chunk_rows = [0, 4, 8, 12, 13, 17, 21, 22]  # 4 + 4 + 4 + 1 queries, then 4 + 4 + 1
-        assert calls[0] == (chunk_rows, chunk_rows)  # layer 0 is chunked local: each row over its own chunk
-        assert calls[3] == ([0, 13, 22], [0, 13, 22])  # layer 3 is full attention: one row per request
+        assert calls[0] == (chunk_rows, chunk_rows, True)  # layer 0 is chunked local: each row over its own chunk
+        assert calls[3] == ([0, 13, 22], [0, 13, 22], True)  # layer 3 is full attention: one row per request
         greedy = dict(attention_mask=mask, max_new_tokens=8, do_sample=False)
         assert torch.equal(ours.generate(ids, **greedy), ref.generate(ids, **greedy))
         _, layers = plan_of(ours)
@@ -144,6 +132,29 @@ def test_the_fa_path_runs_chunked_local_layers_as_one_row_per_chunk(monkeypatch)
         with pytest.raises(BatchMetadataError, match="layer 0: transformers' mask shows a query 4 keys, more than the "
                                                      "plan's attention_chunk_size 2"):
             ours(ids, attention_mask=mask)
+
+
+def _on_fa_standin(monkeypatch) -> list[tuple[list[int], list[int], bool]]:
+    """Run the GPU path on the CPU: flash_attn.cute is the stand-in, every tensor counts as on the GPU. Returns the
+    list that each varlen call appends its (cu_seqlens_q, cu_seqlens_k, causal) to. Call after building the models
+    (transformers probes flash_attn's import spec there)."""
+    import sys
+
+    from attngate.integrations import transformers_plain
+    from standins import flash_attn_cute
+
+    modules = flash_attn_cute.modules()
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(transformers_plain, "_on_gpu", lambda t: True)
+    calls, original = [], modules["flash_attn.cute"].flash_attn_varlen_func
+
+    def recorded(q, k, v, **kw):
+        calls.append((kw["cu_seqlens_q"].tolist(), kw["cu_seqlens_k"].tolist(), kw["causal"]))
+        return original(q, k, v, **kw)
+
+    monkeypatch.setattr(modules["flash_attn.cute"], "flash_attn_varlen_func", recorded)
+    return calls
 
 
 def _mllama_pair():
@@ -186,24 +197,10 @@ def test_cross_attention_keeps_each_querys_images(path, monkeypatch):
     """Mllama's cross-attention layers: which image tiles a text token sees is request data in transformers' mask, kept
     per query (not the union over a request's queries, which showed every token the tiles any token sees). Through FA's
     varlen call (the stand-in) each run of queries that see the same tiles is one non-causal row over those tiles."""
-    import sys
-
-    from attngate import Platform
-    from attngate.integrations import transformers_plain
-    from standins import flash_attn_cute
-
     ref, ours, _ = _mllama_pair()
-    calls = []
     if path == "fa_varlen":
-        modules = flash_attn_cute.modules()
-        for name, module in modules.items():
-            monkeypatch.setitem(sys.modules, name, module)
-        monkeypatch.setattr(transformers_plain, "_on_gpu", lambda t: True)
-        original = modules["flash_attn.cute"].flash_attn_varlen_func
-        monkeypatch.setattr(modules["flash_attn.cute"], "flash_attn_varlen_func",
-                            lambda q, k, v, **kw: (calls.append((kw["cu_seqlens_q"].tolist(), kw["cu_seqlens_k"].tolist(), kw["causal"])),
-                                                   original(q, k, v, **kw))[1])
-        configure(ours.model.language_model, ServerArgs(), Platform.from_name("sm90", kernels=["flash_attn.cute"]))
+        calls = _on_fa_standin(monkeypatch)
+        configure(ours.model.language_model, ServerArgs(), FA_HOST)
     inputs = _two_images()
     with torch.no_grad():
         expected, got = ref(**inputs).logits, ours(**inputs).logits
@@ -226,6 +223,34 @@ def test_a_vision_towers_attention_is_refused_naming_its_sub_config():
     with pytest.raises(ModelConfigError, match="attn_implementation=\\{'text_config': 'attngate', 'vision_config': 'sdpa'\\}"):
         with torch.no_grad():
             model(**_two_images())
+
+
+@pytest.mark.parametrize("path", ["torch", "fa_varlen"])
+def test_an_encoder_decoder_places_each_attention_module_in_the_plan(path, monkeypatch):
+    """Whisper: the encoder's modules carry no layer_idx (non-causal, one spec), each decoder layer a causal self and a
+    non-causal cross attention with the layer's index; forward and greedy generate() match eager, and through FA's
+    varlen call each of the three runs one row per request with the plan's causality."""
+    cfg = transformers.WhisperConfig(vocab_size=128, num_mel_bins=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                                     decoder_attention_heads=4, d_model=64, encoder_ffn_dim=96, decoder_ffn_dim=96,
+                                     max_source_positions=20, max_target_positions=32, pad_token_id=0, bos_token_id=1,
+                                     eos_token_id=2, decoder_start_token_id=1)
+    ref, ours = _pair(cfg, auto=transformers.AutoModelForSpeechSeq2Seq)
+    if path == "fa_varlen":
+        calls = _on_fa_standin(monkeypatch)
+        configure(ours, ServerArgs(), FA_HOST)
+    features = torch.randn(2, 16, 40, generator=torch.Generator().manual_seed(1))
+    decoder_ids = torch.randint(3, 120, (2, 7), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected = ref(input_features=features, decoder_input_ids=decoder_ids).logits
+        got = ours(input_features=features, decoder_input_ids=decoder_ids).logits
+        assert (expected - got).abs().max().item() < ATOL
+        greedy = dict(max_new_tokens=6, do_sample=False)
+        assert torch.equal(ours.generate(features, **greedy), ref.generate(features, **greedy))
+    resolution, layers = plan_of(ours)
+    assert [layer.kind for layer in layers] == ["encoder_only"] * 2 + ["full", "cross_attention"] * 2
+    if path == "fa_varlen":  # 20 encoder frames per request, 7 decoder tokens: encoder, self, cross
+        assert calls[0] == ([0, 20, 40], [0, 20, 40], False)
+        assert calls[2:4] == [([0, 7, 14], [0, 7, 14], True), ([0, 7, 14], [0, 20, 40], False)]
 
 
 def test_a_hybrid_model_attends_by_its_attention_layers_plan():
