@@ -141,3 +141,37 @@ def test_a_bidirectional_decoder_on_fa_varlen_matches_eager():
     resolution, _ = plan_of(ours)
     assert resolution.plan.prefill_backend in ("fa3", "fa4") and not resolution.plan.layer("sliding_window").common.causal
     assert _close(expected, got, mask.bool())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["mllama", "whisper"])
+def test_cross_attention_models_on_fa_varlen_match_eager(name):
+    """Mllama (two images per request, text between them seeing only the first, one request seeing one tile of its
+    second) and Whisper (encoder, decoder self and cross attention) in bf16, every attention layer through FA4's
+    varlen kernel: a cross layer as one non-causal row per run of queries that see the same keys."""
+    from integrations.test_transformers_plain import _mllama_pair, _two_images
+
+    if name == "mllama":
+        ref, ours, _ = _mllama_pair(hidden_size=512)
+        ref, ours = (m.to("cuda", torch.bfloat16) for m in (ref, ours))
+        inputs = {k: v.cuda() for k, v in _two_images().items()}
+        inputs["pixel_values"] = inputs["pixel_values"].to(torch.bfloat16)
+        model = ours.model.language_model
+    else:
+        cfg = transformers.WhisperConfig(vocab_size=512, num_mel_bins=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=8,
+                                         decoder_attention_heads=8, d_model=512, encoder_ffn_dim=1024, decoder_ffn_dim=1024,
+                                         max_source_positions=40, max_target_positions=64, pad_token_id=0, bos_token_id=1,
+                                         eos_token_id=2, decoder_start_token_id=1)
+        torch.manual_seed(0)
+        ref = transformers.AutoModelForSpeechSeq2Seq.from_config(copy.deepcopy(cfg), attn_implementation="eager", dtype=torch.bfloat16).cuda().eval()
+        ours = transformers.AutoModelForSpeechSeq2Seq.from_config(copy.deepcopy(cfg), attn_implementation="attngate", dtype=torch.bfloat16).cuda().eval()
+        ours.load_state_dict(ref.state_dict())
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        inputs = dict(input_features=torch.randn(2, 16, 80, device="cuda", generator=gen, dtype=torch.bfloat16),
+                      decoder_input_ids=torch.randint(3, 500, (2, 9), device="cuda", generator=gen))
+        model = ours
+    resolution = configure(model, ServerArgs(attention_backend="fa3"))
+    assert resolution.plan.flashattention.provider == "flash_attn.cute"
+    with torch.no_grad():
+        expected, got = ref(**inputs).logits, ours(**inputs).logits
+    assert _close(expected, got, torch.ones_like(expected[..., 0], dtype=torch.bool))

@@ -157,13 +157,13 @@ def _on_fa_standin(monkeypatch) -> list[tuple[list[int], list[int], bool]]:
     return calls
 
 
-def _mllama_pair():
+def _mllama_pair(hidden_size: int = 64):
     """A small Mllama (Llama 3.2 Vision) with its cross-attention gates open (transformers initialises them to 0, which
     would hide the cross layers' output); the vision tower on eager, the language model on attngate."""
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_global_layers=1, num_attention_heads=2,
                   image_size=28, patch_size=14, max_num_tiles=2, intermediate_layers_indices=[0], vision_output_dim=64,
                   supported_aspect_ratios=[[1, 1], [1, 2], [2, 1]])
-    text = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=8,
+    text = dict(vocab_size=128, hidden_size=hidden_size, intermediate_size=96, num_hidden_layers=4, num_attention_heads=8,
                 num_key_value_heads=2, cross_attention_layers=[1, 3], rope_scaling=None, pad_token_id=0, bos_token_id=0, eos_token_id=0)
     cfg = transformers.MllamaConfig(vision_config=vision, text_config=text, image_token_index=127)
     torch.manual_seed(0)
