@@ -8,10 +8,11 @@ same layer spec the runtime binds. transformers' mask supplies only what the pla
 each query sits among the keys, which keys are padding, on a cross-attention layer which encoder tokens
 each query sees (Mllama: the images before it), and on a chunked-local layer where its chunks begin
 (absolute positions, which transformers' chunk cache of the last attention_chunk_size - 1 keys does not
-keep; a mask that shows a query more keys than the plan's chunk is refused). On a GPU the batch is unpadded into varlen
-rows and the phase runs on the plan's backend: one FA4 varlen call where the plan runs it on FA through
-``flash_attn.cute``, FlashInfer's ragged prefill wrapper (its kernel family from the plan) where the
-plan runs it on FlashInfer; otherwise attention runs in float32 torch (the reference semantics).
+keep; a mask that shows a query more keys than the plan's chunk is refused). On a GPU the batch is
+unpadded into varlen rows and the phase runs on the plan's backend: one FA4 varlen call where the
+plan runs it on FA through ``flash_attn.cute``, FlashInfer's ragged prefill wrapper (its kernel family
+from the plan) where the plan runs it on FlashInfer; otherwise attention runs in float32 torch (the
+reference semantics).
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ import torch
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.layer import AttentionLayer, layers_from_model
 from attngate.backends.reference import visible_keys
-from attngate.errors import Problem
-from attngate.errors import ModelConfigError
+from attngate.errors import ModelConfigError, Problem
 from attngate.facts.model import ModelFacts
 from attngate.facts.modes import LayerKind
 from attngate.facts.platform import Platform
@@ -74,7 +74,8 @@ def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
                     attention_mask: torch.Tensor | None, scaling: float | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """``query: [B, H, S, D]``, ``key``/``value: [B, H_kv, S_kv, D/Dv]`` (transformers' cache included),
     ``attention_mask: [B, 1, S, S_kv]`` bool or additive, or None -> ``([B, S, H, Dv], None)``. Raises
-    BatchMetadataError where a chunked-local layer's mask does not chunk as the plan says; ModelConfigError where the
+    BatchMetadataError where a chunked-local layer's mask does not chunk as the plan says or the module has no place
+    in the plan (no layer_idx); ModelConfigError where the
     module's config is no language model's (a vision tower's, naming the sub-config to give another implementation)."""
     if plan_of(module) is None:
         configure(module)
@@ -184,7 +185,7 @@ class _Rows:
 def _unpad(query, key, value, visible: torch.Tensor, layer: AttentionLayer) -> _Rows:
     """Varlen rows from transformers' mask ``visible: [B, S, S_kv]``: one per request (its valid queries over its
     valid keys); on a chunked-local layer one per request and chunk; on a cross-attention layer one per run of a
-    request's queries that see the same keys. One host sync per call."""
+    request's queries that see the same keys. One host sync per call (a cross layer's runs: three)."""
     q_valid = visible.any(-1)  # [B, S]: padding queries see nothing
     if layer.attention_chunk_size:
         return _chunk_rows(query, key, value, visible, q_valid, layer)
