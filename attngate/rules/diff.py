@@ -20,7 +20,7 @@ from typing import Any
 import z3
 
 from attngate.gates.registry import GATES
-from attngate.rules.lint import _Encoder
+from attngate.rules.lint import _Encoder, find
 from attngate.rules.load import Rule, RuleSet
 from attngate.rules.prove import ResolutionModel, encode_resolution, inputs_read, model_value, simplest_witness, witness_inputs
 
@@ -64,7 +64,7 @@ def diff_rules(old: RuleSet, new: RuleSet, *, timeout_ms: int = 10_000) -> list[
     solver.add(*a.enc.axioms, *b.enc.axioms, *a.model.settled, *b.model.settled, *a.model.gates, *b.model.gates)
     out = []
     claim = a.model.accepted != b.model.accepted
-    verdict, m = _find(solver, claim, a.enc.links)
+    verdict, m = find(solver, claim, a.enc.links)
     if m is not None:
         refusals = [*a.rules_by_id(a.fired(m, ("forbid", "known_failure"))), *b.rules_by_id(b.fired(m, ("forbid", "known_failure")))]
         m, inputs = _witness(solver, [claim], m, a, b, refusals)
@@ -75,7 +75,7 @@ def diff_rules(old: RuleSet, new: RuleSet, *, timeout_ms: int = 10_000) -> list[
     for name in GATES:
         (va, na), (vb, nb) = a.enc.var(name), b.enc.var(name)
         differs = z3.Or(na != nb, z3.And(z3.Not(na), va != vb))
-        verdict, m = _find(solver, differs, a.enc.links)
+        verdict, m = find(solver, differs, a.enc.links)
         if m is not None:
             m, inputs = _witness(solver, [differs], m, a, b, [r for side in (a, b) for r in side.rules.rules if name in r.sets])
             out.append(Difference("gate", name, model_value(m, va, na), model_value(m, vb, nb), a.fired(m, ("set",), name),
@@ -104,26 +104,12 @@ def _adjust_differences(a: _Side, b: _Side, timeout_ms: int) -> list[Difference]
             results.append((v_expr, n_expr))
         (va, na), (vb, nb) = results
         differs = z3.Or(na != nb, z3.And(z3.Not(na), va != vb))
-        _, m = _find(solver, differs, a.enc.links)
+        _, m = find(solver, differs, a.enc.links)
         if m is not None:
             m, inputs = _witness(solver, [differs], m, a, b, [r for side in (a, b) for r in side.rules.rules if name in r.adjusts])
             out.append(Difference("adjustment", name, model_value(m, va, na), model_value(m, vb, nb), a.fired(m, ("adjust",), name),
                                   b.fired(m, ("adjust",), name), inputs))
     return out
-
-
-def _find(solver: z3.Solver, claim: Any, links: list[Any]) -> tuple[Any, z3.ModelRef | None]:
-    """(verdict, witness model) of ``claim`` on top of what ``solver`` holds, the witness one where the derived
-    facts hold (``links``, added only once the cheaper query found a model); the solver is left unchanged."""
-    solver.push()
-    solver.add(claim)
-    verdict = solver.check()
-    if verdict == z3.sat:
-        solver.add(*links)
-        verdict = solver.check()
-    model = solver.model() if verdict == z3.sat else None
-    solver.pop()
-    return verdict, model
 
 
 def _witness(solver: z3.Solver, terms: list[Any], model: z3.ModelRef, a: _Side, b: _Side,

@@ -296,7 +296,7 @@ def _conflicts(rules: RuleSet, kind: str, values, cond: dict[str, Any], solver: 
         blocked: list[Any] = []
         while True:
             clash = z3.Or(*[z3.And(matches[v], matches[w]) for v, w in combinations(matches, 2)])
-            model = witness(solver, links, clash, *blocked)
+            _, model = find(solver, z3.And(clash, *blocked), links)
             if model is None:
                 break
             live = [r for r in setters if z3.is_true(model.eval(cond[r.id], model_completion=True))]
@@ -318,18 +318,18 @@ def _can_hold(solver: z3.Solver, enc: _Encoder, condition: Any, reads: set[str])
     return not links or _satisfiable(solver, condition, *links)
 
 
-def witness(solver: z3.Solver, links: list[Any], *terms: Any) -> z3.ModelRef | None:
-    """A model of the solver's assertions and ``terms`` that also satisfies ``links`` (the derived-fact
-    definitions, :meth:`_Encoder._link_derived_facts`), or None; the cheap query without them first."""
-    return _sat(solver, *terms, *links) if _satisfiable(solver, *terms) else None
-
-
-def _sat(solver: z3.Solver, *terms: Any) -> z3.ModelRef | None:
-    """A model of the solver's assertions and ``terms``, or None (push/pop: faster here than assumptions)."""
+def find(solver: z3.Solver, claim: Any, links: list[Any]) -> tuple[Any, z3.ModelRef | None]:
+    """(verdict, model) of the solver's assertions and ``claim``, the model one that also satisfies ``links`` (the
+    derived-fact definitions, :meth:`_Encoder._link_derived_facts`), joined only once the cheaper query without
+    them found one; None unless sat. The solver is left unchanged."""
     solver.push()
-    solver.add(*terms)
     try:
-        return solver.model() if solver.check() == z3.sat else None
+        solver.add(claim)
+        verdict = solver.check()
+        if verdict == z3.sat and links:
+            solver.add(*links)
+            verdict = solver.check()
+        return verdict, solver.model() if verdict == z3.sat else None
     finally:
         solver.pop()
 

@@ -25,7 +25,7 @@ import z3
 
 from attngate.facts.server_args import ServerArgs
 from attngate.gates.registry import GATES
-from attngate.rules.lint import Finding, _Encoder, lit
+from attngate.rules.lint import Finding, _Encoder, find, lit
 from attngate.rules.load import FactValue, Invariant, Rule, RuleSet
 
 
@@ -42,20 +42,14 @@ def prove_invariants(rules: RuleSet, *, timeout_ms: int = 10_000, encoded: tuple
     setters, cond = model.setters, model.cond
     findings = []
     for inv in rules.invariants:
-        claim = enc.encode(inv.condition.tree.body)
-        solver.push()
-        solver.add(z3.Not(claim))
-        verdict = solver.check()
-        if verdict == z3.sat:  # a counterexample of the cheap encoding: is there one where derived facts hold?
-            solver.add(*enc.links)
-            verdict = solver.check()
-        if verdict == z3.sat:
+        violated = z3.Not(enc.encode(inv.condition.tree.body))
+        verdict, counter = find(solver, violated, enc.links)
+        if counter is not None:
             keep = inputs_read([rules], [], inv.condition.reads)
-            witness = simplest_witness(solver, enc, [], solver.model(), keep)
+            witness = simplest_witness(solver, enc, [violated], counter, keep)
             findings.append(Finding(inv.where, _counterexample(inv, enc, witness, setters, cond, keep)))
         elif verdict == z3.unknown:
             findings.append(Finding(inv.where, f"invariant {inv.id!r}: z3 could not decide it within {timeout_ms} ms"))
-        solver.pop()
     return findings
 
 
