@@ -212,8 +212,7 @@ def _chunk_rows(query, key, value, visible: torch.Tensor, q_valid: torch.Tensor,
 def _key_set_rows(query, key, value, visible: torch.Tensor, q_valid: torch.Tensor) -> _Rows:
     """Cross attention: each run of consecutive queries of a request that see the same keys (the text after one
     image, say) forms one non-causal row over exactly those keys."""
-    b, s, _ = visible.shape
-    rows = torch.arange(b, device=visible.device)[:, None].expand(b, s)[q_valid]
+    rows = _request_of(q_valid)
     seen = visible[q_valid]  # [total_q, S_kv], queries in order
     starts = torch.ones(rows.shape[0], dtype=torch.bool, device=visible.device)
     starts[1:] = (rows[1:] != rows[:-1]) | (seen[1:] != seen[:-1]).any(-1)
@@ -221,6 +220,12 @@ def _key_set_rows(query, key, value, visible: torch.Tensor, q_valid: torch.Tenso
     group, k_cols = seen[firsts].nonzero(as_tuple=True)  # each run's keys, run by run
     q_lens = torch.diff(firsts, append=firsts.new_tensor([rows.shape[0]]))
     return _gathered_rows(query, key, value, q_valid, q_lens.cpu(), seen[firsts].sum(-1).cpu(), rows[firsts][group], k_cols)
+
+
+def _request_of(q_valid: torch.Tensor) -> torch.Tensor:
+    """``[total_q]`` int64: the request (batch row) of each valid query, in row-major order."""
+    b, s = q_valid.shape
+    return torch.arange(b, device=q_valid.device)[:, None].expand(b, s)[q_valid]
 
 
 def _gathered_rows(query, key, value, q_valid: torch.Tensor, q_lens: torch.Tensor, k_lens: torch.Tensor,
@@ -236,11 +241,10 @@ def _chunk_extents(visible: torch.Tensor, q_valid: torch.Tensor, layer: Attentio
     """``[3, total_q]`` int64 on the host (one sync), per valid query in row-major order: its row, first and last
     visible key. Raises BatchMetadataError naming the layer where the mask shows a query keys that are not one
     range, or more of them than the plan's attention_chunk_size."""
-    b, s, s_kv = visible.shape
+    s_kv = visible.shape[-1]
     j = torch.arange(s_kv, device=visible.device)
     first, last = torch.where(visible, j, s_kv).amin(-1), torch.where(visible, j, -1).amax(-1)
-    rows = torch.arange(b, device=visible.device)[:, None].expand(b, s)
-    row, first, last, count = torch.stack([rows[q_valid], first[q_valid], last[q_valid], visible.sum(-1)[q_valid]]).cpu()
+    row, first, last, count = torch.stack([_request_of(q_valid), first[q_valid], last[q_valid], visible.sum(-1)[q_valid]]).cpu()
     span, where, problems = last - first + 1, f"layer {layer.layer_id}", []
     if bool((span != count).any()):
         problems.append(Problem(where, "transformers' mask shows a query keys that are not one range; a chunked-local "
