@@ -23,10 +23,10 @@ def read_text(path: str | Path, error: type[AttngateError], what: str) -> str:
     try:
         if path.is_dir():
             raise error(Problem(str(path), f"is a directory, not a {what}"))
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise error(Problem(str(path), f"{size} bytes is more than the {MAX_FILE_BYTES} a {what} may have"))
-        data = path.read_bytes()
+        with path.open("rb") as handle:  # bounded read: a device file such as /dev/zero reports size 0
+            data = handle.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise error(Problem(str(path), f"more than the {MAX_FILE_BYTES} bytes a {what} may have"))
     except OSError as exc:
         raise error(Problem(str(path), f"cannot read the {what}: {exc.strerror or exc}")) from None
     try:

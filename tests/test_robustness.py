@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -51,6 +52,12 @@ def test_a_directory_or_missing_file_is_a_clean_error(tmp_path):
     assert "is a directory" in _cli("lint", str(tmp_path)).output
     with pytest.raises(ModelConfigError, match="cannot read"):
         ModelFacts.from_hf_config(tmp_path / "nope.json")
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+def test_an_endless_file_that_reports_size_zero_is_read_bounded():
+    result = _cli("explain", "--model", "/dev/zero", "--gpu", "sm90")
+    assert result.exit_code == 2 and "/dev/zero: more than the" in result.output
 
 
 @pytest.mark.parametrize("edit, expected", [
