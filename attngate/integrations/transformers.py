@@ -94,6 +94,45 @@ class _Request:
     pages: list[int] = field(default_factory=list)
 
 
+def _check_runtime_arguments(model: torch.nn.Module, server_args: ServerArgs | None, page_size: int | None, num_slots: int,
+                             max_requests: int, max_context_len: int) -> int:
+    """The page_size asked for (the argument, else server_args'; None for the plan's); UsageError naming every
+    argument of AttngateRuntime that cannot work."""
+    problems = []
+    built_with = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if built_with != ATTN_IMPLEMENTATION:
+        problems.append(Problem("model", f"{type(model).__name__} was built with attn_implementation={built_with!r}; AttngateRuntime "
+                                         f"needs attn_implementation={ATTN_IMPLEMENTATION!r}, or its attention bypasses attngate's cache"))
+    if server_args is not None and not isinstance(server_args, ServerArgs):
+        problems.append(Problem("server_args", f"takes ServerArgs, not {type(server_args).__name__}"))
+        server_args = None
+    planned = server_args.page_size if server_args is not None else None
+    if page_size is not None and planned is not None and page_size != planned:
+        problems.append(Problem("page_size", f"{page_size} differs from server_args.page_size {planned}; the pool must page as the plan does"))
+    for name, value in (("page_size", page_size or 1), ("num_slots", num_slots), ("max_requests", max_requests),
+                        ("max_context_len", max_context_len)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            problems.append(Problem(name, f"must be a positive integer, not {value!r}"))
+    if problems:
+        raise UsageError(problems)
+    return page_size if page_size is not None else planned
+
+
+def _check_pool_fits_plan(plan: Plan, asked: int | None, num_slots: int) -> int:
+    """The plan's page_size (rules may move it, as SGLang's FA4 on SM100 pages by 128); UsageError when the
+    caller asked for another or num_slots is not a whole number of pages."""
+    page_size = plan.common.page_size
+    problems = []
+    if asked is not None and asked != page_size:
+        problems.append(Problem("page_size", f"{asked} asked, but the plan pages by {page_size}; the pool must page as "
+                                             f"the plan does (see the resolution's adjustments)"))
+    if num_slots % page_size:
+        problems.append(Problem("num_slots", f"{num_slots} is not a multiple of the plan's page_size {page_size}"))
+    if problems:
+        raise UsageError(problems)
+    return page_size
+
+
 class AttngateRuntime:
     """Binds a transformers model to an attngate backend, KV pool and request table.
 
@@ -102,29 +141,33 @@ class AttngateRuntime:
         server_args: resolved with the model's facts into the Plan (default: SGLang's defaults).
         platform: the plan's GPU; default: detected when CUDA is present, else sm90 (the reference
             backend's semantics do not depend on it).
-        page_size, num_slots, max_requests, max_context_len: KV pool geometry (tokens).
+        page_size, num_slots, max_requests, max_context_len: KV pool geometry (tokens); page_size defaults to
+            the plan's (``server_args.page_size`` as the rules resolve it) and must equal it, num_slots a multiple of it.
         backend_cls: the backend to run (default: the reference backend).
+
+    Raises UsageError listing every bad argument (a model not built for attngate, a geometry that does not fit, a
+    page_size other than the server arguments'), before anything is allocated.
     """
 
     def __init__(self, model: torch.nn.Module, *, server_args: ServerArgs | None = None, platform: Platform | None = None,
-                 page_size: int = 1, num_slots: int = 4096, max_requests: int = 16, max_context_len: int = 2048,
+                 page_size: int | None = None, num_slots: int = 4096, max_requests: int = 16, max_context_len: int = 2048,
                  backend_cls: type[AttentionBackend] = ReferenceBackend):
         register()
         self.model = model
         config = model.config
-        if getattr(config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
-            raise ValueError(f"{type(model).__name__} was built with attn_implementation={getattr(config, '_attn_implementation', None)!r}; "
-                             f"AttngateRuntime needs attn_implementation={ATTN_IMPLEMENTATION!r}, or its attention bypasses attngate's cache")
+        page_size = _check_runtime_arguments(model, server_args, page_size, num_slots, max_requests, max_context_len)
         self.facts = ModelFacts.from_hf_dict(config.to_dict(), source=type(model).__name__)
         if self.facts.has_recurrent_layers:
-            raise ValueError(f"{type(model).__name__} has layers without softmax attention (linear attention, Mamba, convolution) "
-                             f"whose recurrent state AttngateRuntime does not keep between extend and decode; run it with "
-                             f"attn_implementation={ATTN_IMPLEMENTATION!r} and transformers' own cache instead")
+            raise UsageError(Problem("model", f"{type(model).__name__} has layers without softmax attention (linear attention, "
+                                              f"Mamba, convolution) whose recurrent state AttngateRuntime does not keep between "
+                                              f"extend and decode; run it with attn_implementation={ATTN_IMPLEMENTATION!r} and "
+                                              f"transformers' own cache instead"))
         if platform is None:
             platform = Platform.detect() if torch.cuda.is_available() else Platform.from_name("sm90")
         args = server_args or ServerArgs(page_size=page_size)
         self.resolution = resolve(args, self.facts, platform)
         self.plan: Plan = self.resolution.plan
+        page_size = _check_pool_fits_plan(self.plan, page_size, num_slots)
         device = next(model.parameters()).device
         dtype = next(model.parameters()).dtype
         self.layers: list[AttentionLayer] = layers_from_model(self.facts)
@@ -177,6 +220,8 @@ class AttngateRuntime:
         """Each request's ids as a 1-D integer tensor; BatchMetadataError naming every value that is not one."""
         if not isinstance(new_tokens, dict):
             raise UsageError(Problem("new_tokens", f"takes a dict {{request: token ids}}, not {type(new_tokens).__name__}"))
+        if not new_tokens:
+            raise UsageError(Problem("new_tokens", "names no request; a forward runs one request or more"))
         ids, problems = {}, []
         for req, value in new_tokens.items():
             try:
@@ -187,7 +232,7 @@ class AttngateRuntime:
                 got = f"a {t.dim()}-D {t.dtype} tensor" if t is not None else type(value).__name__
                 problems.append(Problem(f"request {req}", f"token ids must be a 1-D integer tensor or a list of ints, not {got}"))
             else:
-                ids[req] = t.reshape(-1)
+                ids[req] = t.reshape(-1).to(torch.int64)  # the embedding takes int64 (or int32), not uint8
         if problems:
             raise BatchMetadataError(problems)
         return ids
@@ -288,7 +333,8 @@ class AttngateRuntime:
             bound.add(idx)
         missing = [i for i in range(len(self.layers)) if i not in bound]
         if missing:
-            raise ValueError(f"no attention module found for layers {missing} of {type(model).__name__}; AttngateRuntime cannot bind it")
+            raise UsageError(Problem("model", f"no attention module found for layers {missing} of {type(model).__name__}; "
+                                              f"AttngateRuntime cannot bind it"))
 
     def _ckv_hook(self, idx: int):
         def hook(_module, _inputs, output: torch.Tensor) -> None:

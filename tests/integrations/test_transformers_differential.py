@@ -147,6 +147,32 @@ def test_runtime_refuses_a_model_built_without_attngate_attention():
         AttngateRuntime(ref)
 
 
+def test_runtime_arguments_are_checked_together_and_the_pool_pages_as_the_plan():
+    from attngate.errors import UsageError
+
+    ref, ours = _pair(_config("Llama-3.1-8B", {}))
+    with pytest.raises(UsageError) as bad:  # every problem at once, nothing allocated
+        AttngateRuntime(ref, num_slots=0, max_requests=-1, max_context_len=2.5)
+    assert [p.where for p in bad.value.problems] == ["model", "num_slots", "max_requests", "max_context_len"]
+    with pytest.raises(UsageError, match="page_size: 4 differs from server_args.page_size 16"):
+        AttngateRuntime(ours, page_size=4, server_args=ServerArgs(page_size=16))
+    with pytest.raises(UsageError, match="num_slots: 100 is not a multiple of the plan's page_size 16"):
+        AttngateRuntime(ours, server_args=ServerArgs(page_size=16), num_slots=100)
+    # SM100 FA4 pages by 128 (R18): without a page_size of its own the pool takes the plan's
+    blackwell = Platform.from_name("sm100", kernels=["flashinfer", "flash_attn.cute"])
+    rt = AttngateRuntime(ours, server_args=ServerArgs(attention_backend="fa4"), platform=blackwell, num_slots=512)
+    assert rt.plan.common.page_size == rt.pool.page_size == rt.page_size == 128
+    with pytest.raises(UsageError, match="page_size: 16 asked, but the plan pages by 128"):
+        AttngateRuntime(ours, server_args=ServerArgs(attention_backend="fa4"), platform=blackwell, page_size=16)
+    req = rt.add_request()
+    with pytest.raises(UsageError, match="new_tokens: names no request"):
+        rt.decode({})
+    ids = torch.tensor([5, 7, 9], dtype=torch.uint8)  # any integer dtype is a token id
+    with torch.no_grad():
+        expected = ref(ids.long()[None]).logits[0]
+    assert (rt.extend({req: ids}) - expected).abs().max().item() < ATOL
+
+
 def test_encoder_only_embedding_model_matches_transformers():
     cfg = _config("all-MiniLM-L6-v2", {"num_key_value_heads": None, "head_dim": None, "intermediate_size": 128})
     ref, ours = _pair(cfg, transformers.AutoModel)
