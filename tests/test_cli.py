@@ -218,7 +218,7 @@ def test_explain_gate_gives_the_full_why_of_one_gate():
     res = explain(*args, "--gate", "flashinfer.prefill_kernel_family")
     assert res.exit_code == 0
     assert "flashinfer.prefill_kernel_family [global] = 'fa2', from default" in res.output
-    assert "candidate flashinfer.prefill-fa3-on-hopper did not match: not flashinfer_prefill_custom_mask is false" in res.output
+    assert "candidate flashinfer.prefill-fa3-on-hopper did not match, false: not flashinfer_prefill_custom_mask" in res.output
     layer = explain(*args, "--gate", "common.use_window")
     assert "[layer kind sliding_window] = True" in layer.output and "[layer kind cross_attention]" not in layer.output
     typo = explain(*args, "--gate", "flashinfer.prefill_kernel_famly")
@@ -228,6 +228,16 @@ def test_explain_gate_gives_the_full_why_of_one_gate():
 def test_explain_all_keeps_every_table_and_flags_lists_the_server_flags():
     res = explain("--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm90", "--all")
     assert res.exit_code == 0 and "layer kind encoder_only" in res.output and "forward mode decode" in res.output
+    # in a pipe at 80 columns: plain lines, wrapped and never cut, every gate name whole with its full why
+    narrow = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["explain", "--model", str(MODELS / "DeepSeek-V2-Lite.json"),
+                                                          "--gpu", "sm100", "--attention-backend", "fa4", "--all"])
+    assert narrow.exit_code == 0 and "…" not in narrow.output and "\x1b[" not in narrow.output
+    assert all(len(line) <= 80 for line in narrow.output.splitlines())
+    assert "  fa.precompute_scheduler_metadata = False, from fa.fa4-no-scheduler-precompute" in narrow.output
+    assert "candidate fa.fa4-sm90-single-split did not match, false: sm_major == 9" in " ".join(narrow.output.split())
+    only_decode = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["explain", "--model", str(MODELS / "Llama-3.1-8B.json"),
+                                                               "--gpu", "sm90", "--mode", "decode"])
+    assert "forward mode decode:" in only_decode.output and "forward mode extend:" not in only_decode.output
     flags = runner.invoke(app, ["flags"])
     assert "--page-size  (" in flags.output and "--enable-deterministic-inference" in flags.output
     assert "attngate flags" in runner.invoke(app, ["explain", "--help"]).output

@@ -37,10 +37,8 @@ def _why(e: GateExplanation) -> str:
 
 def _gate_table(title: str, gates: dict[str, GateExplanation]) -> Table:
     table = Table(title=title, show_lines=True, title_justify="left")
-    table.add_column("gate", style="bold")
-    table.add_column("value")
-    table.add_column("origin")
-    table.add_column("facts read / candidates that did not match")
+    for name in ("gate", "value", "origin", "facts read / candidates that did not match"):
+        table.add_column(name, overflow="fold")  # wrapped, never cut short with an ellipsis
     for name, e in gates.items():
         origin = f"[green]{escape(e.origin)}[/green]" if e.rules else f"[dim]{escape(e.origin)}[/dim]"
         table.add_row(escape(name), escape(repr(e.value)), origin, _why(e))
@@ -55,7 +53,13 @@ def print_lines(lines: list[str]) -> None:
 
 
 def render_resolution(r: Resolution, mode: str | None) -> None:
+    """Every table (``--all``, ``--mode M``): rich tables on a terminal of 120 columns or more (four columns of rule
+    ids and conditions need them), else plain lines."""
     console = _console()
+    if not console.is_terminal or console.width < 120:
+        from attngate.cli.summary import all_lines
+
+        return print_lines(all_lines(r, mode))
     plan, e = r.plan, r.explanation
     console.print(f"[bold]attention plan[/bold]  model={escape(r.model.source)}  gpu={r.platform.gpu_arch}")
     console.print(f"  prefill_backend=[bold]{plan.prefill_backend}[/bold]  decode_backend=[bold]{plan.decode_backend}[/bold]  fingerprint={plan.fingerprint[:16]}")
@@ -69,7 +73,7 @@ def render_resolution(r: Resolution, mode: str | None) -> None:
     if r.adjustments:
         table = Table(title="adjustments", title_justify="left")
         for col in ("server argument", "from", "to", "rule", "message"):
-            table.add_column(col)
+            table.add_column(col, overflow="fold")
         for a in r.adjustments:
             style = "" if a.fills_default else "yellow"
             table.add_row(*(escape(str(x)) for x in (a.field, repr(a.old), repr(a.new), a.rule, a.message)), style=style)
@@ -77,9 +81,8 @@ def render_resolution(r: Resolution, mode: str | None) -> None:
     for w in r.warnings:
         console.print(f"[yellow]warning:[/yellow] {escape(str(w))}")
     table = Table(title="candidate backends", title_justify="left")
-    table.add_column("backend")
-    table.add_column("status")
-    table.add_column("reasons")
+    for col in ("backend", "status", "reasons"):
+        table.add_column(col, overflow="fold")
     for b in e.backends:
         color = {"chosen": "green", "accepted": "cyan", "rejected": "red"}[b.status]
         table.add_row(b.backend, f"[{color}]{b.status}[/{color}]", escape("\n".join(b.reasons)))

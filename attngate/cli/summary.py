@@ -87,11 +87,32 @@ def gate_lines(r: Resolution, name: str) -> list[str] | None:
     found = [(where, gates[name]) for where, gates in places if name in gates]
     if not found:
         return None
-    lines = []
-    for where, g in found:
-        lines.append(f"{name} [{where}] = {g.value!r}, from {g.origin}")
-        if g.facts:
-            lines.append(f"  facts read: {_facts(g.facts, limit=99, backends=True)}")
-        for c in g.candidates:
-            lines.append(f"  candidate {c.rule} did not match: {'; '.join(c.failed)} is false")
+    return [line for where, g in found for line in _why_lines(f"{name} [{where}]", g)]
+
+
+def _why_lines(label: str, g: GateExplanation, indent: str = "") -> list[str]:
+    lines = [f"{indent}{label} = {g.value!r}, from {g.origin}"]
+    if g.facts:
+        lines.append(f"{indent}  facts read: {_facts(g.facts, limit=99, backends=True)}")
+    lines += [f"{indent}  candidate {c.rule} did not match, false: {'; '.join(c.failed)}" for c in g.candidates]
+    return lines
+
+
+def all_lines(r: Resolution, mode: str | None) -> list[str]:
+    """``--all`` (``--mode M``: the global gates and that mode's) as plain lines: every gate of every table with
+    its full why, the adjustments, warnings and candidate backends; what a pipe gets instead of tables."""
+    plan, e = r.plan, r.explanation
+    lines = [f"attention plan: {r.model.source} on {r.platform.gpu_arch}: prefill {plan.prefill_backend}, "
+             f"decode {plan.decode_backend} (plan {plan.fingerprint[:16]})"]
+    tables = [("global gates", e.gates)] + [(f"forward mode {m}", g) for m, g in e.modes.items() if mode in (None, m)]
+    tables += [(f"layer kind {k}", g) for k, g in e.layers.items()] if mode is None else []
+    for title, gates in tables:
+        lines += ["", f"{title}:"] + [line for name, g in gates.items() for line in _why_lines(name, g, "  ")]
+    if r.adjustments:
+        lines += ["", "adjustments:"] + [f"  {a.field}: {a.old!r} -> {a.new!r} ({a.rule}: {a.message})" for a in r.adjustments]
+    lines += ["", "warnings:"] + [f"  {w}" for w in r.warnings] if r.warnings else []
+    lines += ["", "candidate backends:"]
+    for b in e.backends:
+        lines.append(f"  {b.backend:<12} {b.status}" + (f": {b.reasons[0]}" if b.reasons else ""))
+        lines += [f"  {'':<12} also {reason}" for reason in b.reasons[1:]]
     return lines
