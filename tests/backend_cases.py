@@ -207,6 +207,16 @@ def _no_device_to_host_copies(active: bool):
         yield
 
 
+def mla_cpu_layer(gen: torch.Generator, *, heads: int, nope: int, rank: int, rope: int, v_head_dim: int,
+                  scaling: float = 0.2):
+    """An MLA layer spec with random ``kv_b_proj`` halves: ``w_kc [heads, nope, rank]``, ``w_vc [heads, rank, v_head_dim]``."""
+    from attngate.backends.layer import AttentionLayer
+
+    return AttentionLayer(0, heads, 1, nope + rope, v_head_dim, scaling, is_mla=True, kv_lora_rank=rank, qk_rope_head_dim=rope,
+                          w_kc=torch.randn(heads, nope, rank, generator=gen) / rank ** 0.5,
+                          w_vc=torch.randn(heads, rank, v_head_dim, generator=gen) / rank ** 0.5)
+
+
 def mla_cpu_batch(requests, mode: ForwardMode, page_size: int, gen: torch.Generator, *, heads: int, nope: int, rank: int,
                   rope: int, seed: int = 1, num_slots: int = 2048):
     """A CPU batch (float32) whose prefixes' latent (``rank + rope`` per token) is cached in two identical MLA pools:

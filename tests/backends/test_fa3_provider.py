@@ -23,7 +23,7 @@ from attngate.backends.kv_cache import MHATokenToKVPool  # noqa: E402
 from attngate.backends.layer import AttentionLayer  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
 from helpers import MODELS  # noqa: E402
-from backend_cases import assert_mla_replays_match_reference, mla_cpu_batch  # noqa: E402
+from backend_cases import assert_mla_replays_match_reference, mla_cpu_batch, mla_cpu_layer  # noqa: E402
 from standins.graphs import RECORDER  # noqa: E402
 from standins.kernel_math import attend, request_mask  # noqa: E402
 
@@ -178,9 +178,7 @@ RANK, ROPE, NOPE, VDIM = 32, 8, 16, 12
 
 
 def _mla_layer(gen: torch.Generator) -> AttentionLayer:
-    return AttentionLayer(0, H, 1, NOPE + ROPE, VDIM, 0.2, is_mla=True, kv_lora_rank=RANK, qk_rope_head_dim=ROPE,
-                          w_kc=torch.randn(H, NOPE, RANK, generator=gen) / RANK ** 0.5,
-                          w_vc=torch.randn(H, RANK, VDIM, generator=gen) / RANK ** 0.5)
+    return mla_cpu_layer(gen, heads=H, nope=NOPE, rank=RANK, rope=ROPE, v_head_dim=VDIM)
 
 
 def _mla_batch(requests, mode: ForwardMode, page_size: int, gen: torch.Generator, seed: int = 1):

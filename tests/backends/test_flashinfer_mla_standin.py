@@ -23,7 +23,7 @@ from attngate.backends.layer import AttentionLayer  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
 from helpers import MODELS  # noqa: E402
 from standins import flashinfer as standin  # noqa: E402
-from backend_cases import assert_mla_replays_match_reference, mla_cpu_batch  # noqa: E402
+from backend_cases import assert_mla_replays_match_reference, mla_cpu_batch, mla_cpu_layer  # noqa: E402
 
 H, RANK, ROPE, NOPE, VDIM = 4, 512, 64, 128, 128  # DeepSeek geometry: the fa3 ragged kernel runs 192/128 only
 REQUESTS = {ForwardMode.EXTEND: [(0, 5), (17, 3), (70, 9), (3, 1)], ForwardMode.DECODE: [(0, 1), (17, 1), (70, 1), (63, 1)],
@@ -41,9 +41,7 @@ def _plan(page_size, **args):
 
 
 def _layer(gen):
-    return AttentionLayer(0, H, 1, NOPE + ROPE, VDIM, 0.2, is_mla=True, kv_lora_rank=RANK, qk_rope_head_dim=ROPE,
-                          w_kc=torch.randn(H, NOPE, RANK, generator=gen) / RANK ** 0.5,
-                          w_vc=torch.randn(H, RANK, VDIM, generator=gen) / RANK ** 0.5)
+    return mla_cpu_layer(gen, heads=H, nope=NOPE, rank=RANK, rope=ROPE, v_head_dim=VDIM)
 
 
 def _case(requests, mode, page_size, seed=0):
