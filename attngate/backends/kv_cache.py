@@ -86,7 +86,7 @@ def _scatter_rows(buf_words: torch.Tensor, loc: torch.Tensor, src: torch.Tensor,
     if buf_words.dtype != dtype:
         try:
             src = src.view(buf_words.dtype)
-        except RuntimeError:  # an odd source layout (a strided slice of a fused qkv): copy it to match the word view
+        except RuntimeError:  # a slice starting off a word boundary (of a fused qkv): copy it to match the word view
             src = src.contiguous().view(buf_words.dtype)
     buf_words.index_copy_(0, loc if loc.dtype == torch.int64 else loc.long(), src)
 

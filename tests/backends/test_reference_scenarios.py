@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -12,7 +13,7 @@ torch = pytest.importorskip("torch")
 from attngate import ForwardMode, LayerKind, ModelFacts, Platform, ServerArgs, resolve  # noqa: E402
 from attngate.backends.batch_builder import build_batch  # noqa: E402
 from attngate.backends.errors import BatchMetadataError, KVCacheExhausted  # noqa: E402
-from attngate.backends.kv_cache import MHATokenToKVPool, MLATokenToKVPool, PageAllocator  # noqa: E402
+from attngate.backends.kv_cache import MHATokenToKVPool, MLATokenToKVPool, PageAllocator, ReqToTokenPool  # noqa: E402
 from attngate.backends.layer import AttentionLayer  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
 from helpers import MODELS  # noqa: E402
@@ -125,6 +126,15 @@ def test_cross_attention_over_encoder_tokens():
         expected = dense(q[row:row + new], k[:e], v[:e], torch.arange(new), torch.arange(e), scaling=D ** -0.5, causal=False)
         torch.testing.assert_close(out[row:row + new], expected, atol=1e-5, rtol=1e-5)
         row += new
+    # the forward that brings the encoder K/V writes them at encoder_out_cache_loc, then reads them back
+    enc_k, enc_v = torch.cat([k[:e] for k, e in zip(full_k, enc)]), torch.cat([v[:e] for v, e in zip(full_v, enc)])
+    for buf in backend.kv_pool.get_kv_buffer(0):
+        buf.zero_()
+    torch.testing.assert_close(backend.forward(q, enc_k, enc_v, layer, s.batch), out)
+    torch.testing.assert_close(backend.kv_pool.k_buffer[0][s.batch.encoder_out_cache_loc], enc_k)
+    no_slots = dataclasses.replace(s.batch, encoder_out_cache_loc=None)
+    with pytest.raises(BatchMetadataError, match="encoder_out_cache_loc: needed to write the encoder K/V"):
+        backend.forward(q, enc_k, enc_v, layer, no_slots)
 
 
 def test_idle_batch():
@@ -211,6 +221,26 @@ def test_pool_exhaustion_is_a_clear_error():
         allocator.alloc_pages(2)
     with pytest.raises(KVCacheExhausted):
         build_batch([(60, 10), (60, 10)], ForwardMode.EXTEND, page_size=16, num_slots=128, max_context_len=128)
+    rows = ReqToTokenPool(2, 8)
+    first, _ = rows.alloc(), rows.alloc()
+    with pytest.raises(KVCacheExhausted, match="req_to_token: all 2 request slots are in use"):
+        rows.alloc()
+    rows.free(first)
+    assert rows.alloc() == first
+
+
+def test_kv_write_takes_a_strided_slice_of_a_fused_qkv():
+    """k and v as views into one fused projection output (not contiguous): written as if they were."""
+    pool = MHATokenToKVPool(32, 16, 1, HKV, D, dtype=torch.bfloat16)
+    qkv = torch.randn(5, (H + 2 * HKV) * D).to(torch.bfloat16)
+    k = qkv[:, H * D:(H + HKV) * D].view(5, HKV, D)
+    v = qkv[:, (H + HKV) * D:].view(5, HKV, D)
+    loc = torch.tensor([3, 17, 0, 31, 8])
+    pool.set_kv_buffer(0, loc, k, v)
+    assert torch.equal(pool.k_buffer[0][loc], k) and torch.equal(pool.v_buffer[0][loc], v)
+    odd = qkv[:, 1:1 + HKV * D].view(5, HKV, D)  # starts off an 8-byte boundary: no word view, copied first
+    pool.set_kv_buffer(0, loc, odd, odd)
+    assert torch.equal(pool.k_buffer[0][loc], odd)
 
 
 def test_bad_metadata_is_a_clear_error():
