@@ -4,6 +4,7 @@ types naming the file:line:col, flag or key, within bounded time; nothing accept
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -76,6 +77,40 @@ def test_config_values_are_checked_before_use(tmp_path, edit, expected):
     with pytest.raises(ModelConfigError) as err:
         ModelFacts.from_hf_config(path)
     assert expected in str(err.value)
+
+
+def test_every_problem_of_a_config_at_once(tmp_path):
+    """Shape errors of one config come back together, each naming its key; a config that is not an object is refused."""
+    deepseek = json.loads((MODELS / "DeepSeek-V2-Lite.json").read_text())
+    del deepseek["qk_rope_head_dim"]
+    deepseek.update(architectures="DeepseekV2ForCausalLM", num_key_value_heads=5)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(deepseek))
+    with pytest.raises(ModelConfigError) as err:
+        ModelFacts.from_hf_config(path)
+    text = str(err.value)
+    for expected in ("architectures: must be a list of strings", "qk_rope_head_dim: missing (required with kv_lora_rank)",
+                     "num_key_value_heads: 5 does not divide num_attention_heads=16"):
+        assert expected in text, text
+    llama = json.loads(LLAMA.read_text())
+    for edit, expected in (({"head_dim": None, "hidden_size": 4095}, "hidden_size: 4095 is not divisible by num_attention_heads=32"),
+                           ({"cross_attention_layers": [3, 99]}, "cross_attention_layers: must list layer indices below 32"),
+                           ({"attention_chunk_size": 8192, "no_rope_layers": [1, 0]}, "no_rope_layers: must be a list of 32 flags")):
+        path.write_text(json.dumps({**llama, **edit}))
+        with pytest.raises(ModelConfigError, match=re.escape(expected)):
+            ModelFacts.from_hf_config(path)
+    path.write_text("[1, 2]")
+    with pytest.raises(ModelConfigError, match="config.json must hold a JSON object"):
+        ModelFacts.from_hf_config(path)
+
+
+def test_qwen2_window_starts_at_max_window_layers():
+    """Qwen2 with use_sliding_window: layers below max_window_layers are full, the rest slide (transformers' layer_types)."""
+    raw = {**json.loads((MODELS / "Qwen2.5-7B-Instruct.json").read_text()), "use_sliding_window": True, "max_window_layers": 21}
+    raw.pop("layer_types", None)
+    facts = ModelFacts.from_hf_dict(raw)
+    assert [k.value for k in facts.layer_kinds] == ["full"] * 21 + ["sliding_window"] * (raw["num_hidden_layers"] - 21)
+    assert facts.sliding_window == raw["sliding_window"]
 
 
 def test_explicit_null_means_the_default_and_a_deep_config_is_refused(tmp_path):

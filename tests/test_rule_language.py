@@ -63,6 +63,33 @@ def test_every_error_of_a_file_in_one_run():
     assert found.count("rules.yaml:") >= 7
 
 
+def test_every_error_of_the_predicates_and_invariants_in_one_run():
+    text = textwrap.dedent("""\
+        version: 1
+        predicates:
+          1bad: use_mla
+          use_mla: is_embedding
+          unfinished: is_embedding and
+        invariants:
+          - {id: inv.a, summary: s, assert: use_mla or not use_mla, source: x}
+          - {id: inv.a, summary: s, assert: use_mla or not use_mla, source: x}
+          - {id: inv.b, summary: 5}
+          - {id: inv.c, summary: s, assert: use_mla and, source: x}
+        rules:
+        """) + rule(id="r", kind="forbid", when="use_mla", message="m", set={"fa.num_splits": 1})
+    assert problems(text) == [
+        "rules.yaml:3:9: predicate name '1bad' must be an identifier",
+        "rules.yaml:4:12: predicate 'use_mla' shadows a fact or an earlier predicate",
+        "rules.yaml:5:15: predicate 'unfinished': syntax error: invalid syntax",
+        "rules.yaml:20:7: rule 'r': 'set' does not belong to kind forbid",
+        "rules.yaml:8:10: duplicate invariant id 'inv.a' (first at rules.yaml:7:10)",
+        "rules.yaml:9:26: summary: Input should be a valid string",
+        "rules.yaml:9:5: assert: Field required",
+        "rules.yaml:9:5: source: Field required",
+        "rules.yaml:10:37: invariant 'inv.c': syntax error: invalid syntax",
+    ]
+
+
 def test_yaml_errors_duplicate_keys_and_tags():
     assert any("duplicate key 'when'" in p for p in problems(HEAD + "  - {id: r, when: 'True', when: 'False'}\n"))
     assert any("YAML syntax error" in p for p in problems("version: 1\nrules: [\n"))
