@@ -84,3 +84,22 @@ def test_platform_detect_without_cuda_says_pass_gpu():
         pass
     with pytest.raises(PlatformError, match="pass --gpu"):
         Platform.detect()
+
+
+def test_platform_detect_reads_the_gpu_and_finds_the_installed_kernel_packages(tmp_path, monkeypatch):
+    """Detection imports no kernel package: it finds them (flash_attn.cute needs its flash_attn parent) on sys.path."""
+    pytest.importorskip("torch")
+    import sys
+
+    from attngate.integrations import torch_platform
+
+    for package in ("flashinfer", "flash_attn/cute"):
+        (tmp_path / package).mkdir(parents=True)
+        (tmp_path / package / "__init__.py").write_text("raise ImportError('never imported by detection')\n")
+    (tmp_path / "flash_attn" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("flashinfer", "flash_attn", "flash_attn.cute", "flash_attn_interface"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setattr(torch_platform, "cuda_capability", lambda: (9, 0))
+    platform = Platform.detect()
+    assert platform.gpu_arch == "sm90" and platform.kernel_providers == ("flashinfer", "flash_attn.cute")
