@@ -210,8 +210,6 @@ def _no_device_to_host_copies(active: bool):
 def mla_cpu_layer(gen: torch.Generator, *, heads: int, nope: int, rank: int, rope: int, v_head_dim: int,
                   scaling: float = 0.2):
     """An MLA layer spec with random ``kv_b_proj`` halves: ``w_kc [heads, nope, rank]``, ``w_vc [heads, rank, v_head_dim]``."""
-    from attngate.backends.layer import AttentionLayer
-
     return AttentionLayer(0, heads, 1, nope + rope, v_head_dim, scaling, is_mla=True, kv_lora_rank=rank, qk_rope_head_dim=rope,
                           w_kc=torch.randn(heads, nope, rank, generator=gen) / rank ** 0.5,
                           w_vc=torch.randn(heads, rank, v_head_dim, generator=gen) / rank ** 0.5)
@@ -231,6 +229,20 @@ def mla_cpu_batch(requests, mode: ForwardMode, page_size: int, gen: torch.Genera
             pool.set_kv_buffer(0, slots[:prefix], latent)
     n = s.batch.num_tokens
     return s, pools, torch.randn(n, heads, nope + rope, generator=gen), torch.randn(n, 1, rank + rope, generator=gen)
+
+
+def assert_mla_matches_reference(backend_cls, plan, layer: AttentionLayer, case) -> None:
+    """One eager forward of ``case = (setup, (pool, reference_pool), q, latent)`` (:func:`mla_cpu_batch`) through
+    ``backend_cls`` and through the reference backend, within 1e-4 of each other."""
+    from attngate.backends.reference import ReferenceBackend
+
+    s, pools, q, latent = case
+    outs = []
+    for cls, pool in ((backend_cls, pools[0]), (ReferenceBackend, pools[1])):
+        backend = cls(plan, pool, s.req_to_token_pool.req_to_token, [layer], "cpu")
+        backend.init_forward_metadata(s.batch)
+        outs.append(backend.forward(q, latent, None, layer, s.batch))
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=1e-4)
 
 
 def assert_mla_replays_match_reference(backend_cls, plan, layer: AttentionLayer, mode: ForwardMode, make_batch) -> None:

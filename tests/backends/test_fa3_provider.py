@@ -23,7 +23,7 @@ from attngate.backends.kv_cache import MHATokenToKVPool  # noqa: E402
 from attngate.backends.layer import AttentionLayer  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
 from helpers import MODELS  # noqa: E402
-from backend_cases import assert_mla_replays_match_reference, mla_cpu_batch, mla_cpu_layer  # noqa: E402
+from backend_cases import assert_mla_matches_reference, assert_mla_replays_match_reference, mla_cpu_batch, mla_cpu_layer  # noqa: E402
 from standins.graphs import RECORDER  # noqa: E402
 from standins.kernel_math import attend, request_mask  # noqa: E402
 
@@ -197,13 +197,7 @@ def test_fa3_mla_in_the_form_the_plan_names(fa3, mode, flags, kernel, page_size)
     gen = torch.Generator().manual_seed(5)
     layer = _mla_layer(gen)
     requests = [(p, 1) for p, _ in REQUESTS] if mode == ForwardMode.DECODE else REQUESTS
-    s, pools, q, latent = _mla_batch(requests, mode, page_size, gen)
-    outs = []
-    for cls, pool in ((FlashAttentionBackend, pools[0]), (ReferenceBackend, pools[1])):
-        backend = cls(plan, pool, s.req_to_token_pool.req_to_token, [layer], "cpu")
-        backend.init_forward_metadata(s.batch)
-        outs.append(backend.forward(q, latent, None, layer, s.batch))
-    torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=1e-4)
+    assert_mla_matches_reference(FlashAttentionBackend, plan, layer, _mla_batch(requests, mode, page_size, gen))
     assert [name for name, _ in fa3.calls] == [kernel]
     call = fa3.calls[0][1]
     if kernel == "flash_attn_with_kvcache":

@@ -16,8 +16,7 @@ torch = pytest.importorskip("torch")
 
 from attngate import ForwardMode, ModelFacts, Platform, ServerArgs, resolve  # noqa: E402
 from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
-from attngate.backends.reference import ReferenceBackend  # noqa: E402
-from backend_cases import assert_mla_replays_match_reference, mla_cpu_batch, mla_cpu_layer  # noqa: E402
+from backend_cases import assert_mla_matches_reference, assert_mla_replays_match_reference, mla_cpu_batch, mla_cpu_layer  # noqa: E402
 from helpers import MODELS  # noqa: E402
 from standins import flash_attn_cute  # noqa: E402
 
@@ -66,13 +65,7 @@ def test_fa4_mla_on_sm100_in_the_form_the_plan_names(calls, mode, flags, request
     plan = _plan(page_size, **flags)
     gen = torch.Generator().manual_seed(5)
     layer = mla_cpu_layer(gen, heads=H, nope=NOPE, rank=RANK, rope=ROPE, v_head_dim=VDIM)
-    s, pools, q, latent = _batch(requests, mode, page_size, gen)
-    outs = []
-    for cls, pool in ((FlashAttentionBackend, pools[0]), (ReferenceBackend, pools[1])):
-        backend = cls(plan, pool, s.req_to_token_pool.req_to_token, [layer], "cpu")
-        backend.init_forward_metadata(s.batch)
-        outs.append(backend.forward(q, latent, None, layer, s.batch))
-    torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=1e-4)
+    assert_mla_matches_reference(FlashAttentionBackend, plan, layer, _batch(requests, mode, page_size, gen))
     (call,) = calls
     if absorbed:  # q_rope vs kpe, qv vs ckv; the latent cache paged, its lengths per request
         assert call["q"].shape[-1] == ROPE and call["qv"].shape[-1] == RANK and call["v"].shape[-1] == RANK
