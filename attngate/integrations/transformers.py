@@ -228,6 +228,8 @@ class AttngateRuntime:
                 t = torch.as_tensor(value)
             except (TypeError, ValueError, RuntimeError):
                 t = None
+            if t is not None and t.numel() == 0 and t.dim() == 1:  # [] is float32 to torch; "no new tokens" below
+                t = t.long()
             if t is None or t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool or t.dim() > 1:
                 got = f"a {t.dim()}-D {t.dtype} tensor" if t is not None else type(value).__name__
                 problems.append(Problem(f"request {req}", f"token ids must be a 1-D integer tensor or a list of ints, not {got}"))

@@ -148,12 +148,13 @@ def test_runtime_refuses_a_model_built_without_attngate_attention():
 
 
 def test_runtime_arguments_are_checked_together_and_the_pool_pages_as_the_plan():
+    from attngate.backends.errors import BatchMetadataError
     from attngate.errors import UsageError
 
     ref, ours = _pair(_config("Llama-3.1-8B", {}))
     with pytest.raises(UsageError) as bad:  # every problem at once, nothing allocated
-        AttngateRuntime(ref, num_slots=0, max_requests=-1, max_context_len=2.5)
-    assert [p.where for p in bad.value.problems] == ["model", "num_slots", "max_requests", "max_context_len"]
+        AttngateRuntime(ref, server_args={"page_size": 16}, num_slots=0, max_requests=-1, max_context_len=2.5)
+    assert [p.where for p in bad.value.problems] == ["model", "server_args", "num_slots", "max_requests", "max_context_len"]
     with pytest.raises(UsageError, match="page_size: 4 differs from server_args.page_size 16"):
         AttngateRuntime(ours, page_size=4, server_args=ServerArgs(page_size=16))
     with pytest.raises(UsageError, match="num_slots: 100 is not a multiple of the plan's page_size 16"):
@@ -167,10 +168,24 @@ def test_runtime_arguments_are_checked_together_and_the_pool_pages_as_the_plan()
     req = rt.add_request()
     with pytest.raises(UsageError, match="new_tokens: names no request"):
         rt.decode({})
+    with pytest.raises(UsageError, match="new_tokens: takes a dict"):
+        rt.extend([1, 2, 3])
+    with pytest.raises(BatchMetadataError, match=f"request {req}: no new tokens"):
+        rt.extend({req: []})
     ids = torch.tensor([5, 7, 9], dtype=torch.uint8)  # any integer dtype is a token id
     with torch.no_grad():
         expected = ref(ids.long()[None]).logits[0]
     assert (rt.extend({req: ids}) - expected).abs().max().item() < ATOL
+    # a freed request gives back its row and pages; the next request reuses them and reads only its own tokens
+    free_pages = rt.allocator.free_pages
+    rt.free_request(req)
+    assert rt.allocator.free_pages == free_pages + 1
+    again = rt.add_request()
+    assert again == req
+    other = torch.tensor([11, 3, 8, 8])
+    with torch.no_grad():
+        expected = ref(other[None]).logits[0]
+    assert (rt.extend({again: other}) - expected).abs().max().item() < ATOL
 
 
 def test_encoder_only_embedding_model_matches_transformers():
