@@ -27,7 +27,7 @@ import torch
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.layer import AttentionLayer, layers_from_model
 from attngate.backends.reference import visible_keys
-from attngate.errors import ModelConfigError, Problem
+from attngate.errors import ModelConfigError, Problem, UsageError
 from attngate.facts.model import ModelFacts
 from attngate.facts.modes import LayerKind
 from attngate.facts.platform import Platform
@@ -41,8 +41,10 @@ _PLANS: dict[int, tuple[Resolution, list[AttentionLayer]]] = {}
 
 def configure(model: torch.nn.Module, server_args: ServerArgs | None = None, platform: Platform | None = None) -> Resolution:
     """Resolve (again) the plan ``model`` (or any module holding its ``config``) attends by outside a runtime;
-    returns the Resolution. Raises PlanError."""
-    config = model.config
+    returns the Resolution. Raises PlanError; UsageError for a ``model`` without a transformers ``config``."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        raise UsageError(Problem("model", f"takes a transformers model (or a module holding its config), not {type(model).__name__}"))
     source = (getattr(config, "architectures", None) or [type(model).__name__])[0]
     try:
         facts = ModelFacts.from_hf_dict(config.to_dict(), source=source)

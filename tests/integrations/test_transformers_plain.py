@@ -225,6 +225,16 @@ def test_a_vision_towers_attention_is_refused_naming_its_sub_config():
             model(**_two_images())
 
 
+def test_configure_names_a_bad_argument():
+    from attngate.errors import UsageError
+
+    with pytest.raises(UsageError, match="model: takes a transformers model .*, not str"):
+        configure("Llama-3.1-8B")
+    with pytest.raises(UsageError, match="server_args: takes ServerArgs, not dict"):
+        configure(transformers.LlamaForCausalLM(transformers.LlamaConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64,
+                                                                         num_attention_heads=4, vocab_size=64)), {"page_size": 16})
+
+
 @pytest.mark.parametrize("path", ["torch", "fa_varlen"])
 def test_an_encoder_decoder_places_each_attention_module_in_the_plan(path, monkeypatch):
     """Whisper: the encoder's modules carry no layer_idx (non-causal, one spec), each decoder layer a causal self and a
