@@ -15,6 +15,8 @@ variants), then 74 passed warm in 0:56; test_transformers_plain.py 18 passed in 
 joined its table, on a fresh H100 host: test_transformers_plain.py -k "llama4 or llama or bidirectional" 6 passed in 2:29;
 on another, after the Mllama / Whisper cross-attention test: -k "cross_attention_models or llama4" 4 passed in 0:41 warm;
 the whole file on a fresh H100 host at the end of that session: 22 passed in 5:05 (FlashInfer's fa3 variants JIT-built cold).
+Session of 2026-11-24 (no backend change): test_transformers_plain.py with test_standin_drift.py, fresh H100 host, 67 passed
+in 9:51, close to the 10-minute limit of one device call: run them in two calls on a cold host.
 Tests share variants where they can (the same head dim, dtype and mask modes), so that a new test adds as few builds as
 possible.
 """
