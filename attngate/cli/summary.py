@@ -110,7 +110,7 @@ def all_lines(r: Resolution, mode: str | None) -> list[str]:
         lines += ["", f"{title}:"] + [line for name, g in gates.items() for line in _why_lines(name, g, "  ")]
     if r.adjustments:
         lines += ["", "adjustments:"] + [f"  {a.field}: {a.old!r} -> {a.new!r} ({a.rule}: {a.message})" for a in r.adjustments]
-    lines += ["", "warnings:"] + [f"  {w}" for w in r.warnings] if r.warnings else []
+    lines += (["", "warnings:"] + [f"  {w}" for w in r.warnings]) if r.warnings else []
     lines += ["", "candidate backends:"]
     for b in e.backends:
         lines.append(f"  {b.backend:<12} {b.status}" + (f": {b.reasons[0]}" if b.reasons else ""))

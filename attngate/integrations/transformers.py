@@ -109,9 +109,9 @@ def _check_runtime_arguments(model: torch.nn.Module, server_args: ServerArgs | N
     planned = server_args.page_size if server_args is not None else None
     if page_size is not None and planned is not None and page_size != planned:
         problems.append(Problem("page_size", f"{page_size} differs from server_args.page_size {planned}; the pool must page as the plan does"))
-    for name, value in (("page_size", page_size or 1), ("num_slots", num_slots), ("max_requests", max_requests),
+    for name, value in (("page_size", page_size), ("num_slots", num_slots), ("max_requests", max_requests),
                         ("max_context_len", max_context_len)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if (name != "page_size" or value is not None) and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             problems.append(Problem(name, f"must be a positive integer, not {value!r}"))
     if problems:
         raise UsageError(problems)
@@ -154,8 +154,8 @@ class AttngateRuntime:
                  backend_cls: type[AttentionBackend] = ReferenceBackend):
         register()
         self.model = model
-        config = model.config
         page_size = _check_runtime_arguments(model, server_args, page_size, num_slots, max_requests, max_context_len)
+        config = model.config
         self.facts = ModelFacts.from_hf_dict(config.to_dict(), source=type(model).__name__)
         if self.facts.has_recurrent_layers:
             raise UsageError(Problem("model", f"{type(model).__name__} has layers without softmax attention (linear attention, "

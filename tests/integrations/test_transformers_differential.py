@@ -153,8 +153,11 @@ def test_runtime_arguments_are_checked_together_and_the_pool_pages_as_the_plan()
 
     ref, ours = _pair(_config("Llama-3.1-8B", {}))
     with pytest.raises(UsageError) as bad:  # every problem at once, nothing allocated
-        AttngateRuntime(ref, server_args={"page_size": 16}, num_slots=0, max_requests=-1, max_context_len=2.5)
-    assert [p.where for p in bad.value.problems] == ["model", "server_args", "num_slots", "max_requests", "max_context_len"]
+        AttngateRuntime(ref, server_args={"page_size": 16}, page_size=0, num_slots=0, max_requests=-1, max_context_len=2.5)
+    assert [p.where for p in bad.value.problems] == ["model", "server_args", "page_size", "num_slots", "max_requests",
+                                                     "max_context_len"]
+    with pytest.raises(UsageError, match="model: .* was built with attn_implementation=None"):
+        AttngateRuntime(torch.nn.Linear(2, 2))
     with pytest.raises(UsageError, match="page_size: 4 differs from server_args.page_size 16"):
         AttngateRuntime(ours, page_size=4, server_args=ServerArgs(page_size=16))
     with pytest.raises(UsageError, match="num_slots: 100 is not a multiple of the plan's page_size 16"):
