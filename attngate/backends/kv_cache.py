@@ -28,6 +28,7 @@ class PageAllocator:
         if sorted(self._free) != list(range(num_pages)):
             raise ValueError("order must be a permutation of range(num_pages)")
         self._free.reverse()  # pop() from the end hands pages out in `order`
+        self._in_use: set[int] = set()
 
     @property
     def free_pages(self) -> int:
@@ -37,9 +38,20 @@ class PageAllocator:
         """``n`` page indices. Raises KVCacheExhausted when fewer are free."""
         if n > len(self._free):
             raise KVCacheExhausted(Problem("kv pool", f"need {n} pages of {self.page_size} tokens, {len(self._free)} of {self.num_pages} free"))
-        return [self._free.pop() for _ in range(n)]
+        pages = [self._free.pop() for _ in range(n)]
+        self._in_use.update(pages)
+        return pages
 
     def free(self, pages: list[int]) -> None:
+        """Take ``pages`` back. BatchMetadataError naming every page that is not handed out (freed twice, or never
+        allocated), nothing freed: a page on the free list twice would go to two requests, each reading the other's KV."""
+        stray = sorted({p for p in pages if p not in self._in_use})
+        twice = sorted({p for p in pages if p in self._in_use and pages.count(p) > 1})
+        problems = [Problem("kv pool", f"pages {stray[:8]} are not in use (freed twice, or never allocated)")] if stray else []
+        problems += [Problem("kv pool", f"pages {twice[:8]} are given more than once")] if twice else []
+        if problems:
+            raise BatchMetadataError(problems)
+        self._in_use.difference_update(pages)
         self._free.extend(reversed(pages))
 
 
@@ -49,6 +61,7 @@ class ReqToTokenPool:
     def __init__(self, max_requests: int, max_context_len: int, device: torch.device | str = "cpu"):
         self.req_to_token = torch.zeros((max_requests, max_context_len), dtype=torch.int32, device=device)
         self._free = list(range(max_requests - 1, -1, -1))
+        self._in_use: set[int] = set()
 
     @property
     def max_context_len(self) -> int:
@@ -57,9 +70,15 @@ class ReqToTokenPool:
     def alloc(self) -> int:
         if not self._free:
             raise KVCacheExhausted(Problem("req_to_token", f"all {self.req_to_token.shape[0]} request slots are in use"))
-        return self._free.pop()
+        index = self._free.pop()
+        self._in_use.add(index)
+        return index
 
     def free(self, index: int) -> None:
+        """Take row ``index`` back; BatchMetadataError for a row not in use (two requests would share it)."""
+        if index not in self._in_use:
+            raise BatchMetadataError(Problem("req_to_token", f"row {index} is not in use (freed twice, or never allocated)"))
+        self._in_use.remove(index)
         self._free.append(index)
 
 

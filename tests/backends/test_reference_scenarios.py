@@ -226,7 +226,18 @@ def test_pool_exhaustion_is_a_clear_error():
     with pytest.raises(KVCacheExhausted, match="req_to_token: all 2 request slots are in use"):
         rows.alloc()
     rows.free(first)
+    with pytest.raises(BatchMetadataError, match=f"req_to_token: row {first} is not in use"):
+        rows.free(first)  # a row on the free list twice would go to two requests
     assert rows.alloc() == first
+    pages = PageAllocator(4, 16)
+    held = pages.alloc_pages(2)
+    assert held == [0, 1]
+    with pytest.raises(BatchMetadataError) as bad:  # nothing freed: every page still handed out once
+        pages.free([0, 0, 3])
+    assert [str(p) for p in bad.value.problems] == ["kv pool: pages [3] are not in use (freed twice, or never allocated)",
+                                                    "kv pool: pages [0] are given more than once"]
+    pages.free(held)
+    assert pages.free_pages == 4
 
 
 def test_kv_write_takes_a_strided_slice_of_a_fused_qkv():
