@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from attngate.backends.errors import BatchMetadataError, KVCacheExhausted
-from attngate.errors import Problem
+from attngate.errors import Problem, UsageError
 
 
 class PageAllocator:
@@ -21,12 +21,12 @@ class PageAllocator:
 
     def __init__(self, num_pages: int, page_size: int, order: list[int] | None = None):
         if page_size < 1 or num_pages < 1:
-            raise ValueError(f"num_pages ({num_pages}) and page_size ({page_size}) must be >= 1")
+            raise UsageError(Problem("PageAllocator", f"num_pages ({num_pages}) and page_size ({page_size}) must be >= 1"))
         self.page_size = page_size
         self.num_pages = num_pages
         self._free: list[int] = list(order) if order is not None else list(range(num_pages))
         if sorted(self._free) != list(range(num_pages)):
-            raise ValueError("order must be a permutation of range(num_pages)")
+            raise UsageError(Problem("order", "must be a permutation of range(num_pages)"))
         self._free.reverse()  # pop() from the end hands pages out in `order`
         self._in_use: set[int] = set()
 
