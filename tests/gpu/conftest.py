@@ -16,7 +16,8 @@ joined its table, on a fresh H100 host: test_transformers_plain.py -k "llama4 or
 on another, after the Mllama / Whisper cross-attention test: -k "cross_attention_models or llama4" 4 passed in 0:41 warm;
 the whole file on a fresh H100 host at the end of that session: 22 passed in 5:05 (FlashInfer's fa3 variants JIT-built cold).
 Session of 2026-11-24 (no backend change): test_transformers_plain.py with test_standin_drift.py, fresh H100 host, 67 passed
-in 9:51, close to the 10-minute limit of one device call: run them in two calls on a cold host.
+in 9:51, close to the 10-minute limit of one device call: run them in two calls on a cold host. After the KV pool's
+double-free guard, on another fresh H100 host: test_flashattention.py 69 passed in 3:48, test_mla_and_local.py 29 passed in 2:29.
 Tests share variants where they can (the same head dim, dtype and mask modes), so that a new test adds as few builds as
 possible.
 """
