@@ -6,6 +6,8 @@ A request's tokens are listed, in order, in ``req_to_token[req_pool_index, :seq_
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 
 from attngate.backends.errors import BatchMetadataError, KVCacheExhausted
@@ -45,8 +47,9 @@ class PageAllocator:
     def free(self, pages: list[int]) -> None:
         """Take ``pages`` back. BatchMetadataError naming every page that is not handed out (freed twice, or never
         allocated), nothing freed: a page on the free list twice would go to two requests, each reading the other's KV."""
-        stray = sorted({p for p in pages if p not in self._in_use})
-        twice = sorted({p for p in pages if p in self._in_use and pages.count(p) > 1})
+        counts = Counter(pages)  # linear: a long request frees many thousands of pages at page_size 1
+        stray = sorted(p for p in counts if p not in self._in_use)
+        twice = sorted(p for p, n in counts.items() if n > 1 and p in self._in_use)
         problems = [Problem("kv pool", f"pages {stray[:8]} are not in use (freed twice, or never allocated)")] if stray else []
         problems += [Problem("kv pool", f"pages {twice[:8]} are given more than once")] if twice else []
         if problems:
