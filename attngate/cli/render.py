@@ -59,7 +59,8 @@ def render_resolution(r: Resolution, mode: str | None) -> None:
     if not console.is_terminal or console.width < 120:
         from attngate.cli.summary import all_lines
 
-        return print_lines(all_lines(r, mode))
+        print_lines(all_lines(r, mode))
+        return
     plan, e = r.plan, r.explanation
     console.print(f"[bold]attention plan[/bold]  model={escape(r.model.source)}  gpu={r.platform.gpu_arch}")
     console.print(f"  prefill_backend=[bold]{plan.prefill_backend}[/bold]  decode_backend=[bold]{plan.decode_backend}[/bold]  fingerprint={plan.fingerprint[:16]}")

@@ -39,12 +39,8 @@ def summary_lines(r: Resolution) -> list[str]:
     backends = (f"prefill {plan.prefill_backend}, decode {plan.decode_backend}" if len(chosen) > 1
                 else f"backend {plan.prefill_backend}")
     lines = [f"{r.model.source} on {r.platform.gpu_arch}: {backends} (plan {plan.fingerprint[:16]})", "", "backends:"]
-    for b in e.backends:  # one reason per line: a rule message ends in a full stop of its own
-        lines.append(f"  {b.backend:<12} {b.status}" + (f": {b.reasons[0]}" if b.reasons else ""))
-        lines += [f"  {'':<12} also {reason}" for reason in b.reasons[1:]]
-    if r.adjustments:
-        lines += ["", "adjustments:"]
-        lines += [f"  {a.field}: {a.old!r} -> {a.new!r} ({a.rule}: {a.message})" for a in r.adjustments]
+    lines += _backend_lines(r)
+    lines += _adjustment_lines(r)
     adjusted = {a.field for a in r.adjustments}
     others = [w for w in r.warnings if w.split(":", 1)[0] not in adjusted]
     if others:
@@ -108,11 +104,21 @@ def all_lines(r: Resolution, mode: str | None) -> list[str]:
     tables += [(f"layer kind {k}", g) for k, g in e.layers.items()] if mode is None else []
     for title, gates in tables:
         lines += ["", f"{title}:"] + [line for name, g in gates.items() for line in _why_lines(name, g, "  ")]
-    if r.adjustments:
-        lines += ["", "adjustments:"] + [f"  {a.field}: {a.old!r} -> {a.new!r} ({a.rule}: {a.message})" for a in r.adjustments]
+    lines += _adjustment_lines(r)
     lines += (["", "warnings:"] + [f"  {w}" for w in r.warnings]) if r.warnings else []
-    lines += ["", "candidate backends:"]
-    for b in e.backends:
+    return lines + ["", "candidate backends:"] + _backend_lines(r)
+
+
+def _backend_lines(r: Resolution) -> list[str]:
+    """Each candidate backend and its status, one reason per line (a rule message ends in a full stop of its own)."""
+    lines = []
+    for b in r.explanation.backends:
         lines.append(f"  {b.backend:<12} {b.status}" + (f": {b.reasons[0]}" if b.reasons else ""))
         lines += [f"  {'':<12} also {reason}" for reason in b.reasons[1:]]
     return lines
+
+
+def _adjustment_lines(r: Resolution) -> list[str]:
+    if not r.adjustments:
+        return []
+    return ["", "adjustments:"] + [f"  {a.field}: {a.old!r} -> {a.new!r} ({a.rule}: {a.message})" for a in r.adjustments]
