@@ -26,7 +26,8 @@ def test_qwen3_embedding_json_skip_kv_cache_true():
     gate = out["gates"]["fa.skip_kv_cache"]
     assert gate["value"] is True and gate["origin"] == "fa.skip-kv-cache-for-embedding"
     assert gate["facts"] == {"prefill_backend": "fa3", "decode_backend": "fa3", "is_embedding": True,
-                             "chunked_prefill_size": -1, "disable_radix_cache": True, "use_mla": False}
+                             "chunked_prefill_size": -1, "disable_radix_cache": True, "use_mla": False,
+                             "has_cross_attention": False}
     assert set(out) >= {"plan", "server_args", "gates", "modes", "adjustments", "warnings", "errors"}
     assert out["plan"]["prefill_backend"] == "fa3" and len(out["plan"]["fingerprint"]) == 64
     assert out["modes"]["extend"]["fa.kv_extent"]["value"] == "none"

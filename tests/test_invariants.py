@@ -35,7 +35,7 @@ def _rule_block(rule_id: str) -> str:
 
 # each: (what a contributor changes, the invariant that must catch it)
 REINJECTIONS = {
-    "skip-kv without 'not use_mla'": (lambda t: t.replace("disable_radix_cache and not use_mla\n", "disable_radix_cache\n"),
+    "skip-kv without 'not use_mla'": (lambda t: t.replace("and not use_mla and not has_cross_attention\n", "and not has_cross_attention\n"),
                                       "mla-keeps-its-kv-cache"),
     "DP-attention precompute rule deleted": (lambda t: t.replace(_rule_block("fa.no-precompute-under-dp-attention"), ""),
                                              "no-scheduler-precompute-under-dp-attention-or-prefill-cp"),
@@ -157,7 +157,8 @@ def test_a_witness_shows_what_explains_it_and_the_flags_that_reproduce_it():
     assert (w["use_mla"], w["is_embedding"], w["chunked_prefill_size"], w["disable_radix_cache"]) == (True, True, -1, True)
     assert w["prefill_backend"] in ("fa3", "fa4") or w["decode_backend"] in ("fa3", "fa4")
     assert len(w) < 15, w
-    read = {"use_mla", "is_embedding", "chunked_prefill_size", "disable_radix_cache", "prefill_backend", "decode_backend"}
+    read = {"use_mla", "is_embedding", "chunked_prefill_size", "disable_radix_cache", "prefill_backend", "decode_backend",
+            "has_cross_attention"}
     for name in set(w) - read:  # the rest: server arguments the witness needs away from their defaults
         assert name in Args.model_fields and w[name] != Args.model_fields[name].default, name
 

@@ -10,7 +10,7 @@ from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.layer import AttentionLayer
 from attngate.errors import Problem
-from attngate.facts.modes import ForwardMode
+from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.gates.plan import Plan
 
 
@@ -29,6 +29,7 @@ class AttentionBackend(ABC):
             raise BatchMetadataError(Problem("common.unified_kv_pool", "attngate's backends read their own KV pool's page ids; "
                                              "SGLang's unified memory pool (--enable-unified-memory) needs its index translator"))
         check_heads_per_rank(plan, layers)
+        check_served_layers(layers)
         self.plan = plan
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
@@ -175,6 +176,19 @@ def check_heads_per_rank(plan: Plan, layers: list[AttentionLayer]) -> None:
                 for lay in layers if (lay.num_q_heads, lay.num_kv_heads) != want]
     if problems:
         raise BatchMetadataError(problems)
+
+
+def check_served_layers(layers: list[AttentionLayer]) -> None:
+    """Encoder-only layers beside cross-attention layers are an encoder-decoder model's encoder, which attends over
+    the encoder input (Whisper's audio frames), not over a batch's tokens: a paged backend cannot serve them with the
+    batch's metadata. BatchMetadataError naming them (build the layers with ``include_encoder=False``)."""
+    if not any(lay.kind == LayerKind.CROSS_ATTENTION for lay in layers):
+        return
+    encoder = [lay.layer_id for lay in layers if lay.kind == LayerKind.ENCODER_ONLY]
+    if encoder:
+        raise BatchMetadataError(Problem(f"layers {', '.join(map(str, encoder))}", (
+            "an encoder-decoder model's encoder layers: they attend over the encoder input, outside the paged backend (SGLang's "
+            "Whisper runs them with SDPA); build the backend's layers with layers_from_model(..., include_encoder=False)")))
 
 
 def check_pool_page_size(plan: Plan, kv_pool) -> int:

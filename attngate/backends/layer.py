@@ -59,9 +59,15 @@ class AttentionLayer:
         return self.kv_lora_rank + self.qk_rope_head_dim
 
 
-def layers_from_model(model: ModelFacts, plan: "Plan | None" = None, *, scaling: float | None = None) -> list[AttentionLayer]:
+def layers_from_model(model: ModelFacts, plan: "Plan | None" = None, *, scaling: float | None = None,
+                      include_encoder: bool = True) -> list[AttentionLayer]:
     """One AttentionLayer per entry of ``model.layer_kinds``, with one attention TP rank's heads when ``plan``
     is given (``plan.common.num_q_heads_per_rank`` / ``num_kv_heads_per_rank``), else the model's.
+
+    ``include_encoder=False`` leaves out an encoder-decoder model's encoder layers (each layer keeps its
+    ``layer_id``): they attend over the encoder input (Whisper's audio frames), not over the batch's tokens, so a
+    paged attention backend does not serve them (SGLang's Whisper runs them with SDPA; see
+    :func:`attngate.backends.base.check_served_layers`).
 
     ``scaling`` defaults to ``query_pre_attn_scalar ** -0.5`` when the config has it, else
     ``head_dim ** -0.5``. MLA layers carry no ``w_kc`` / ``w_vc`` yet: the caller binds them from
@@ -73,6 +79,8 @@ def layers_from_model(model: ModelFacts, plan: "Plan | None" = None, *, scaling:
     kv_heads = plan.common.num_kv_heads_per_rank if plan is not None else (1 if model.use_mla else model.num_key_value_heads)
     layers = []
     for i, kind in enumerate(model.layer_kinds):
+        if not include_encoder and model.is_encoder_decoder and kind == LayerKind.ENCODER_ONLY:
+            continue
         window = (model.sliding_window - 1) if kind == LayerKind.SLIDING_WINDOW and model.sliding_window else -1
         layers.append(AttentionLayer(
             layer_id=i, num_q_heads=q_heads, num_kv_heads=kv_heads,

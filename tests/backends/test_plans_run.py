@@ -1,0 +1,159 @@
+"""Every plan the rules resolve runs on the backends it names, and computes what the reference computes.
+
+A property test over the configs of examples/models x server arguments x GPU: for each plan that resolves,
+every side (prefill, decode) that is one of attngate's GPU backends (fa3/fa4 through ``flash_attn.cute``,
+flashinfer) is built over one layer of each of the model's layer kinds, with the plan's per-rank heads
+and page size, on the CPU stand-ins of the kernels; the batches a server would send it (an extend over
+cached prefixes of uneven lengths and over page boundaries, a decode step, a target verify under
+speculative decoding, encoder tokens for cross-attention layers) must run and match the reference backend
+under the same plan. The rules and the backends are written apart; this is where a plan that promises what
+its backend refuses, or resolves a decision the backend reads differently from the reference, shows up.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hypothesis import HealthCheck, assume, given, settings, strategies as st  # noqa: E402
+
+from attngate import ForwardMode, LayerKind, ModelFacts, Platform, PlanError, ServerArgs, resolve  # noqa: E402
+from attngate.backends.batch_builder import build_batch  # noqa: E402
+from attngate.backends.errors import BatchMetadataError  # noqa: E402
+from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
+from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
+from attngate.backends.kv_cache import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
+from attngate.backends.layer import layers_from_model  # noqa: E402
+from attngate.backends.reference import ReferenceBackend  # noqa: E402
+from helpers import MODELS  # noqa: E402
+from standins import flash_attn_cute, flashinfer  # noqa: E402
+
+M = ForwardMode
+BACKENDS = {"fa3": FlashAttentionBackend, "fa4": FlashAttentionBackend, "flashinfer": FlashInferBackend}
+CONFIGS = {path.stem: ModelFacts.from_hf_config(path) for path in sorted(MODELS.glob("*.json"))}
+SPECULATIVE = dict(speculative_algorithm="EAGLE", speculative_eagle_topk=1, speculative_num_steps=3, speculative_num_draft_tokens=4)
+TOL = {torch.bfloat16: 3e-2, torch.float32: 1e-4}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def kernels():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(sys.modules, "flashinfer", flashinfer.module())
+        for name, module in flash_attn_cute.modules().items():
+            patch.setitem(sys.modules, name, module)
+        yield
+
+
+def _layers(facts: ModelFacts, plan, gen: torch.Generator):
+    """One layer of each of the model's kinds (ids 0..n-1), with the plan's per-rank heads; MLA layers with random
+    kv_b_proj halves."""
+    layers, seen = [], set()
+    for layer in layers_from_model(facts, plan, include_encoder=False):
+        if layer.kind in seen:
+            continue
+        seen.add(layer.kind)
+        layer.layer_id = len(layers)
+        if layer.is_mla:
+            r, nope, h = layer.kv_lora_rank, layer.qk_nope_head_dim, layer.num_q_heads
+            layer.w_kc = torch.randn(h, nope, r, generator=gen) / r ** 0.5
+            layer.w_vc = torch.randn(h, r, layer.v_head_dim, generator=gen) / r ** 0.5
+        if layer.has_sinks:
+            layer.sinks = torch.linspace(-1, 1, layer.num_q_heads)
+        layers.append(layer)
+    return layers
+
+
+def _batches(plan, facts: ModelFacts, side: str, speculative: bool):
+    """(mode, [(prefix, new)]): the batches a server sends the ``side`` backend under this plan. Where a layer writes no
+    cache (encoder-only layers, the embedding fast path) requests have no cached prefix and never decode."""
+    ps = plan.common.page_size
+    kinds = {lay.kind for lay in layers_from_model(facts, include_encoder=False)}
+    cached = LayerKind.ENCODER_ONLY not in kinds and all(plan.layer(kind).common.write_kv_cache for kind in kinds)
+    prefixes = [0, ps - 1, ps + 3, 2 * ps + 5] if cached else [0, 0, 0, 0]
+    if side == "prefill":
+        yield M.EXTEND, [(p, n) for p, n in zip(prefixes, [7, 1, ps + 2, 5])]
+    elif cached:
+        yield M.DECODE, [(p + 1, 1) for p in prefixes]
+        if speculative:
+            yield M.TARGET_VERIFY, [(p + 1, 4) for p in prefixes]
+
+
+def _run(cls, plan, facts: ModelFacts, mode: M, requests, seed: int):
+    """The layers' outputs through ``cls`` and through the reference, on identical pools holding the same prefixes."""
+    gen = torch.Generator().manual_seed(seed)
+    layers = _layers(facts, plan, gen)
+    mla = layers[0].is_mla
+    dtype = torch.float32 if mla else torch.bfloat16
+    cross = any(layer.kind == LayerKind.CROSS_ATTENTION for layer in layers)
+    ps = plan.common.page_size
+    enc = [ps * (1 + i % 2) for i in range(len(requests))] if cross else None
+    s = build_batch(requests, mode, page_size=ps, num_slots=ps * 64, max_context_len=ps * 16, encoder_lens=enc, seed=seed)
+    lay0 = layers[0]
+    if mla:
+        pools = [MLATokenToKVPool(ps * 64, ps, len(layers), lay0.kv_lora_rank, lay0.qk_rope_head_dim, dtype=dtype) for _ in range(2)]
+        width = (1, lay0.latent_dim)
+    else:
+        pools = [MHATokenToKVPool(ps * 64, ps, len(layers), lay0.num_kv_heads, lay0.head_dim, dtype=dtype) for _ in range(2)]
+        width = (lay0.num_kv_heads, lay0.head_dim)
+    for layer in layers:
+        for (prefix, _), slots, e in zip(requests, s.slots, enc or [0] * len(requests)):
+            k, v = (torch.randn(e + prefix, *width, generator=gen, dtype=dtype) for _ in range(2))
+            for pool in pools:
+                pool.set_kv_buffer(layer.layer_id, slots[: e + prefix], k, None if mla else v)
+    rtt = s.req_to_token_pool.req_to_token
+    outs = []
+    n = s.batch.num_tokens
+    inputs = [(torch.randn(n, layer.num_q_heads, layer.head_dim, generator=gen, dtype=dtype),
+               torch.randn(n, *width, generator=gen, dtype=dtype), torch.randn(n, *width, generator=gen, dtype=dtype))
+              for layer in layers]
+    for backend_cls, pool in ((cls, pools[0]), (ReferenceBackend, pools[1])):
+        backend = backend_cls(plan, pool, rtt, layers, "cpu")
+        backend.init_forward_metadata(s.batch)
+        outs.append([backend.forward(q, None if layer.kind == LayerKind.CROSS_ATTENTION else k,
+                                     None if layer.kind == LayerKind.CROSS_ATTENTION or mla else v, layer, s.batch)
+                     for layer, (q, k, v) in zip(layers, inputs)])
+    return layers, outs, TOL[dtype]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(model=st.sampled_from(sorted(CONFIGS)), backend=st.sampled_from([None, "fa3", "fa4", "flashinfer"]),
+       gpu=st.sampled_from(["sm80", "sm90", "sm100"]), page_size=st.sampled_from([None, 1, 16, 64]),
+       deterministic=st.booleans(), embedding=st.booleans(), speculative=st.booleans(), seed=st.integers(0, 3))
+def test_every_resolved_plan_runs_on_its_backends_as_the_reference(model, backend, gpu, page_size, deterministic, embedding,
+                                                                   speculative, seed):
+    facts = CONFIGS[model]
+    args = dict(attention_backend=backend, page_size=page_size, enable_deterministic_inference=deterministic)
+    if embedding:
+        args.update(is_embedding=True, chunked_prefill_size=-1, disable_radix_cache=True)
+    if speculative:
+        args.update(SPECULATIVE)
+    try:
+        plan = resolve(ServerArgs(**args), facts, Platform.from_name(gpu)).plan
+    except PlanError:
+        assume(False)
+    sides = [(name, side) for name, side in (("prefill", plan.prefill_backend), ("decode", plan.decode_backend)) if side in BACKENDS]
+    assume(sides)
+    for name, side in sides:
+        for mode, requests in _batches(plan, facts, name, speculative):
+            layers, (got, expected), tol = _run(BACKENDS[side], plan, facts, mode, requests, seed)
+            for layer, a, b in zip(layers, got, expected):
+                diff = (a.float() - b.float()).abs().max().item()
+                assert diff < tol, f"{model} {args} on {gpu}: {side} {mode.value} {layer.kind.value} layer differs by {diff}"
+
+
+def test_an_encoder_decoder_models_encoder_layers_stay_outside_the_paged_backends():
+    """Whisper's encoder attends over its audio frames, not over a batch's tokens (SGLang runs it with SDPA): every
+    backend refuses its layers beside cross-attention ones, naming them, and serves the decoder's."""
+    facts = CONFIGS["whisper-large-v3-turbo"]
+    plan = resolve(ServerArgs(), facts, Platform.from_name("sm90")).plan
+    every, decoder = layers_from_model(facts, plan), layers_from_model(facts, plan, include_encoder=False)
+    assert [lay.layer_id for lay in decoder] == list(range(32, 40)) and LayerKind.ENCODER_ONLY not in {lay.kind for lay in decoder}
+    pool = MHATokenToKVPool(64, plan.common.page_size, len(every), every[0].num_kv_heads, every[0].head_dim)
+    rtt = torch.zeros(2, 64, dtype=torch.int32)
+    for cls in (ReferenceBackend, FlashAttentionBackend, FlashInferBackend):
+        with pytest.raises(BatchMetadataError, match=r"layers 0, 1, .*, 31: an encoder-decoder model's encoder layers"):
+            cls(plan, pool, rtt, every, "cpu")
+        cls(plan, pool, rtt, decoder, "cpu")
