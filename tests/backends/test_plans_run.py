@@ -120,12 +120,18 @@ def _run(cls, plan, facts: ModelFacts, mode: M, requests, seed: int):
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(model=st.sampled_from(sorted(CONFIGS)), backend=st.sampled_from([None, "fa3", "fa4", "flashinfer"]),
-       gpu=st.sampled_from(["sm80", "sm90", "sm100"]), page_size=st.sampled_from([None, 1, 16, 64]),
-       deterministic=st.booleans(), embedding=st.booleans(), speculative=st.booleans(), seed=st.integers(0, 3))
-def test_every_resolved_plan_runs_on_its_backends_as_the_reference(model, backend, gpu, page_size, deterministic, embedding,
-                                                                   speculative, seed):
+       split=st.sampled_from([None, ("fa3", "flashinfer"), ("flashinfer", "fa3"), ("fa4", "flashinfer")]),
+       gpu=st.sampled_from(["sm80", "sm90", "sm100"]), page_size=st.sampled_from([None, 1, 16, 64, 128]),
+       tp=st.sampled_from([(1, False), (2, False), (4, False), (4, True)]), deterministic=st.booleans(),
+       embedding=st.booleans(), speculative=st.booleans(), seed=st.integers(0, 3))
+def test_every_resolved_plan_runs_on_its_backends_as_the_reference(model, backend, split, gpu, page_size, tp, deterministic,
+                                                                   embedding, speculative, seed):
     facts = CONFIGS[model]
-    args = dict(attention_backend=backend, page_size=page_size, enable_deterministic_inference=deterministic)
+    args = dict(attention_backend=backend, page_size=page_size, enable_deterministic_inference=deterministic, tp_size=tp[0])
+    if split:
+        args.update(prefill_attention_backend=split[0], decode_attention_backend=split[1])
+    if tp[1]:
+        args.update(enable_dp_attention=True, dp_size=2)
     if embedding:
         args.update(is_embedding=True, chunked_prefill_size=-1, disable_radix_cache=True)
     if speculative:
