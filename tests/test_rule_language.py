@@ -218,6 +218,21 @@ def test_unguarded_order_comparison_is_rejected_before_anything_runs():
         parse_rules(HEAD + rule(when=guarded, set={"fa.skip_kv_cache": True}), "rules.yaml")
 
 
+@pytest.mark.parametrize("scope", ["global", "mode"])
+def test_a_guarded_comparison_is_explained_without_raising(scope):
+    """explain lists a candidate's false conjuncts one by one; ``x > 1`` after ``x is not None and`` is evaluated behind
+    its guard there too (on its own it raised a TypeError from resolve() for x None, in a per-mode rule)."""
+    when = "is_embedding and speculative_eagle_topk is not None and speculative_eagle_topk > 1"
+    if scope == "mode":
+        when = 'forward_mode == "target_verify" and ' + when
+    gate = "fa.skip_kv_cache" if scope == "global" else "common.tree_mask"
+    rules = parse_rules(HEAD + rule(when=when, set={gate: True}), "rules.yaml")
+    res = resolve(ServerArgs(attention_backend="fa3", page_size=1), model("Llama-3.1-8B"), Platform.from_name("sm90"), rules=rules)
+    why = res.explanation
+    explained = why.gates[gate] if scope == "global" else why.modes["target_verify"][gate]
+    assert explained.candidates[0].failed == ["is_embedding", "speculative_eagle_topk is not None", "speculative_eagle_topk > 1"]
+
+
 def test_lint_reasons_about_two_facts_compared_with_each_other():
     """``fact == fact`` / ``!=`` / ``<`` are encoded for the solver (comparing two facts once crashed lint): rules
     that cannot match together are no conflict, rules that can are."""

@@ -41,23 +41,27 @@ def gate_key(name: str) -> str:
 class Conjunct:
     """One top-level ``and`` operand: what ``explain`` lists when a candidate rule did not match.
 
-    Compiled on first use: only explanations evaluate conjuncts one by one.
+    ``guards``: the earlier operands that keep a fact this one reads from being None (``x is not None and x > 1``);
+    it holds only with them, as it is only evaluated after them in the whole condition (on its own, ``x > 1`` would
+    raise on None). Compiled on first use: only explanations evaluate conjuncts one by one.
     """
 
-    __slots__ = ("text", "node", "_code")
+    __slots__ = ("text", "node", "guards", "_code")
 
-    def __init__(self, text: str, node: ast.expr):
+    def __init__(self, text: str, node: ast.expr, guards: tuple[ast.expr, ...] = ()):
         self.text = text
         self.node = node
+        self.guards = guards
         self._code: Any = None
 
     def holds(self, facts: dict[str, Any]) -> bool:
         if self._code is None:
-            self._code = _compile(ast.Expression(body=self.node), "<condition>")
+            body = ast.BoolOp(op=ast.And(), values=[*self.guards, self.node]) if self.guards else self.node
+            self._code = _compile(ast.Expression(body=ast.fix_missing_locations(body)), "<condition>")
         return bool(eval(self._code, _NO_BUILTINS, facts))  # noqa: S307 - whitelisted AST, see module doc
 
     def with_text(self, text: str) -> "Conjunct":
-        return Conjunct(text, self.node)
+        return Conjunct(text, self.node, self.guards)
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,7 +299,8 @@ def compile_condition(text: str, facts: dict[str, FactType], gates: dict[str, Fa
         raise ConditionErrors(checker.errors)
     source = text.strip()
     parts = _conjuncts(tree.body)
-    conjuncts = tuple(Conjunct(ast.get_source_segment(source, p) or ast.unparse(p), p) for p in parts)
+    conjuncts = tuple(Conjunct(ast.get_source_segment(source, p) or ast.unparse(p), p, _guards(parts[:i], p))
+                      for i, p in enumerate(parts))
     reads = tuple(dict.fromkeys(checker.reads))
     return Condition(source, _compile(tree, "<condition>"), conjuncts, reads, tree)
 
@@ -312,6 +317,12 @@ def _depth(root: ast.AST) -> int:
         deepest = max(deepest, depth)
         stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
     return deepest
+
+
+def _guards(earlier: list[ast.expr], part: ast.expr) -> tuple[ast.expr, ...]:
+    """The ``earlier`` conjuncts that, true, keep a fact or gate ``part`` reads from being None."""
+    reads = {ast.unparse(n) for n in ast.walk(part) if isinstance(n, (ast.Name, ast.Attribute))}
+    return tuple(e for e in earlier if _not_none_when(e, True) & reads)
 
 
 def _conjuncts(node: ast.expr) -> list[ast.expr]:
