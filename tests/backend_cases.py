@@ -115,6 +115,20 @@ def rel_err(got: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 SPECULATIVE = dict(speculative_algorithm="EAGLE", speculative_eagle_topk=1, speculative_num_steps=3, speculative_num_draft_tokens=4)
+SPECULATIVE_TREE = dict(speculative_algorithm="EAGLE", speculative_eagle_topk=4, speculative_num_steps=5, speculative_num_draft_tokens=8)
+
+
+def random_tree(bs: int, draft: int, seed: int, device="cpu") -> torch.Tensor:
+    """``[bs, draft, draft]`` bool spec_tree_mask of random draft trees: token 0 is each tree's root, token i's parent
+    is a random earlier token, and a token sees its ancestors and itself (EAGLE's flattened tree)."""
+    gen = torch.Generator().manual_seed(seed)
+    mask = torch.zeros(bs, draft, draft, dtype=torch.bool)
+    for b in range(bs):
+        for i in range(draft):
+            if i:
+                mask[b, i] = mask[b, int(torch.randint(0, i, (1,), generator=gen))]
+            mask[b, i, i] = True
+    return mask.to(device)
 ENCODER_PAGES = [[2, 8, 1, 4], [8, 1, 2, 2], [1, 3, 8, 1]]  # per replay round, each request's encoder tokens in pages
 
 
@@ -140,7 +154,8 @@ def run(backend, case: Case, layer: AttentionLayer, k="new", v="new") -> torch.T
 
 
 def replay_rounds(env: Env, make_backend, plan, layer: AttentionLayer, mode: ForwardMode, page_size: int, *,
-                  fresh_rows: bool = False, encoder_pages: list[list[int]] | None = None, then: ForwardMode | None = None):
+                  fresh_rows: bool = False, encoder_pages: list[list[int]] | None = None, then: ForwardMode | None = None,
+                  tree: bool = False):
     """Capture one CUDA graph (4 requests), then replay it for three rounds of different lengths.
 
     ``make_backend(plan, case, layer)`` builds the backend under test. Yields ``(round, case, replayed_out)``
@@ -152,11 +167,13 @@ def replay_rounds(env: Env, make_backend, plan, layer: AttentionLayer, mode: For
     ``then``: a second graph, of this forward mode at the same batch size, is captured on the same backend after the
     first, and each round replays both (``mode``'s, then ``then``'s), yielding each: graphs of two modes (SGLang's
     decode and target-verify graphs) must keep their own metadata.
+    ``tree``: each round's draft tokens form other random trees (:func:`random_tree`), handed to the replay and set on
+    the round's batch (``case.setup.batch.spec_tree_mask``, for the reference).
     On the CPU the graph is emulated (standins.graphs): each replay re-runs the forward, and the stand-in kernels
     check that it launches what was captured, reading the same metadata buffers.
     """
     bs, modes = 4, (mode,) if then is None else (mode, then)
-    per_req = {m: 1 if m == ForwardMode.DECODE else 3 for m in modes}
+    per_req = {m: 1 if m == ForwardMode.DECODE else 6 if tree else 3 for m in modes}
     prefixes = ([5, 300, 127, 64], [1000, 2, 129, 255], [17, 17, 900, 3])
     encoders = [[n * page_size for n in pages] for pages in encoder_pages] if encoder_pages else [None] * len(prefixes)
     cross = layer.kind == LayerKind.CROSS_ATTENTION
@@ -191,9 +208,11 @@ def replay_rounds(env: Env, make_backend, plan, layer: AttentionLayer, mode: For
             for name in ("seq_lens", "out_cache_loc") + (() if fresh_rows else ("req_pool_indices",)) + (("encoder_lens",) if enc is not None else ()):
                 getattr(static_batch, name).copy_(getattr(cb, name))
             rows = (cb.req_pool_indices + shift) % rtt.shape[0] if fresh_rows else static_batch.req_pool_indices
+            if tree:
+                cb.spec_tree_mask = random_tree(bs, per_req[m], seed=i, device=env.device)
             with _no_device_to_host_copies(enc is not None):  # the host copies of the lengths are all the hook reads
                 backend.init_forward_metadata_replay_cuda_graph(bs, rows, static_batch.seq_lens, cb.seq_lens_cpu, enc, m,
-                                                                encoder_lens_cpu=cb.encoder_lens_cpu)
+                                                                encoder_lens_cpu=cb.encoder_lens_cpu, spec_tree_mask=cb.spec_tree_mask)
             yield i, case, graph.replay().clone()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 
 import torch
 
@@ -78,13 +79,50 @@ class AttentionBackend(ABC):
 
     def init_forward_metadata_replay_cuda_graph(self, bs: int, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
                                                 seq_lens_cpu: torch.Tensor, encoder_lens: torch.Tensor | None,
-                                                forward_mode: ForwardMode, encoder_lens_cpu: torch.Tensor | None = None) -> None:
+                                                forward_mode: ForwardMode, encoder_lens_cpu: torch.Tensor | None = None,
+                                                spec_tree_mask: torch.Tensor | None = None) -> None:
         """Update the static buffers in place before a replay. ``encoder_lens_cpu``: ``encoder_lens`` on the host, as
-        ``seq_lens_cpu`` is ``seq_lens`` (without it, a batch with encoder tokens costs a device-to-host copy, a sync)."""
+        ``seq_lens_cpu`` is ``seq_lens`` (without it, a batch with encoder tokens costs a device-to-host copy, a sync).
+        ``spec_tree_mask``: a tree verify's ``[bs, D, D]`` bool, as ForwardBatch.spec_tree_mask (required where the
+        plan's mode has ``common.tree_mask``, refused elsewhere)."""
         raise NotImplementedError(f"{type(self).__name__} does not capture CUDA graphs")
 
     def get_cuda_graph_seq_len_fill_value(self) -> int:
         return 1
+
+
+def tree_mask_of(plan: Plan, mode: ForwardMode, spec_tree_mask: torch.Tensor | None, new: Sequence[int]) -> torch.Tensor | None:
+    """``spec_tree_mask`` (a ForwardBatch's, or a CUDA-graph replay's) where the plan's ``mode`` verifies a speculative
+    tree (``common.tree_mask``), None where its draft tokens attend causally. ``new``: each request's new tokens, on
+    the host. BatchMetadataError listing every problem when the batch and the plan disagree (a tree under a chain
+    plan, a tree plan without its mask: a graph captured for a tree would replay a stale one) or the mask does not fit
+    (``[batch_size, D, D]`` bool, D new tokens in every request); host-side checks, no sync."""
+    mask = spec_tree_mask
+    if not plan.mode(mode).common.tree_mask:
+        if mask is not None:
+            raise BatchMetadataError(Problem("spec_tree_mask", f"given, but the plan's {mode.value} attends causally "
+                                                               "(common.tree_mask false: no speculative tree, speculative_eagle_topk <= 1)"))
+        return None
+    if mask is None:
+        raise BatchMetadataError(Problem("spec_tree_mask", f"missing: the plan's {mode.value} verifies a speculative tree "
+                                                           "(common.tree_mask), and a causal mask would mix its sibling branches"))
+    d = new[0] if len(new) else 0
+    problems = []
+    if any(n != d for n in new):
+        problems.append(Problem("extend_seq_lens", f"a tree verify has the same draft tokens in every request, got {list(new)[:8]}"))
+    if mask.dtype != torch.bool or tuple(mask.shape) != (len(new), d, d):
+        problems.append(Problem("spec_tree_mask", f"must be [{len(new)}, {d}, {d}] bool, got {mask.dtype} {tuple(mask.shape)}"))
+    if problems:
+        raise BatchMetadataError(problems)
+    return mask
+
+
+def chain_verify_only(plan: Plan, backend: str) -> list[Problem]:
+    """A backend that verifies chains only refuses a plan whose TARGET_VERIFY is a speculative tree (empty: it may)."""
+    if not plan.mode(ForwardMode.TARGET_VERIFY).common.tree_mask:
+        return []
+    return [Problem("common.tree_mask", f"attngate's {backend} verifies speculative chains only, and the plan verifies a tree "
+                                        "(speculative_eagle_topk > 1); the flashinfer backend (MHA) verifies trees")]
 
 
 def check_batch(batch: ForwardBatch, req_to_token: torch.Tensor, num_slots: int) -> None:

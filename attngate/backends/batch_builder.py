@@ -13,6 +13,7 @@ import torch
 
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.kv_cache import PageAllocator, ReqToTokenPool
+from attngate.errors import Problem, UsageError
 from attngate.facts.modes import ForwardMode
 
 
@@ -41,6 +42,11 @@ def build_batch(requests: list[tuple[int, int]], mode: ForwardMode, *, page_size
         allocator = PageAllocator(len(order), page_size, order)
     rtp = req_to_token_pool or ReqToTokenPool(max(len(requests), 1), max_context_len, device)
     encoder_lens = encoder_lens or [0] * len(requests)
+    width = rtp.req_to_token.shape[1]
+    too_long = [Problem(f"request {r}", f"holds {e + p + n} tokens, more than the {width} of a req_to_token row (max_context_len)")
+                for r, ((p, n), e) in enumerate(zip(requests, encoder_lens)) if e + p + n > width]
+    if too_long:
+        raise UsageError(too_long)
     rows, slots, new_locs, enc_locs = [], [], [], []
     for (prefix, new), enc in zip(requests, encoder_lens):
         total = enc + prefix + new

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from attngate.backends.base import (AttentionBackend, captured_graph, check_batch, check_capture_mode, check_graph_batch,
-                                    check_pool_page_size)
+                                    check_pool_page_size, chain_verify_only, tree_mask_of)
 from attngate.backends.batch_metadata import BatchLengths, check_page_aligned, host, page_ids, page_table
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
@@ -133,7 +133,8 @@ class _Fa3Kernel:
 def fa_refusals(plan: Plan, layers: list[AttentionLayer], sm_major: int | None = None) -> list[Problem]:
     """Why the FA backend cannot serve these layers under this plan (empty: it can). ``sm_major`` None skips
     the architecture checks (CPU stand-ins). Needs no kernel import."""
-    provider, page_size, problems = plan.flashattention.provider, plan.common.page_size, mla_reads_what_it_writes(plan, layers)
+    provider, page_size = plan.flashattention.provider, plan.common.page_size
+    problems = mla_reads_what_it_writes(plan, layers) + chain_verify_only(plan, "FA backend")
     for layer in layers:
         where = f"layer {layer.layer_id}"
         if (layer.has_sinks or layer.sinks is not None) and provider == "flash_attn_interface":
@@ -189,6 +190,7 @@ class FlashAttentionBackend(AttentionBackend):
             self.md = None
             return
         lens = BatchLengths.from_batch(batch)
+        tree_mask_of(self.plan, batch.forward_mode, batch.spec_tree_mask, lens.new)  # refuses a tree batch: chains only
         if lens.has_encoder:
             check_page_aligned(lens.enc, self.page_size, "encoder_lens", "FA")
         if batch.forward_mode == ForwardMode.DECODE:  # one query per request: cu_seqlens_q is a slice of a fixed arange
@@ -385,10 +387,11 @@ class FlashAttentionBackend(AttentionBackend):
         self._mla_absorbed, self._mla_kv = True, None
 
     def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode,
-                                                encoder_lens_cpu=None):
+                                                encoder_lens_cpu=None, spec_tree_mask=None):
         md = self.md = captured_graph(self._graph_md, forward_mode, bs)  # eager batches in between replaced self.md
         self._graph_mla_form(forward_mode)
         per_req = md.max_seqlen_q
+        tree_mask_of(self.plan, forward_mode, spec_tree_mask, [per_req] * bs)  # chains only
         if self.checked:
             check_graph_batch(self, bs, per_req, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode, encoder_lens_cpu)
         self._fill_kv_metadata(md, forward_mode, req_pool_indices, seq_lens, per_req, encoder_lens, in_place=True,

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from attngate.backends.base import (AttentionBackend, captured_graph, check_batch, check_capture_mode, check_graph_batch,
-                                    check_pool_page_size)
+                                    check_pool_page_size, tree_mask_of)
 from attngate.backends.batch_metadata import BatchLengths, GraphPageIds, PageRange, check_page_aligned, host, page_ids
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
@@ -205,6 +205,7 @@ class FlashInferBackend(AttentionBackend):
         lens = BatchLengths.from_batch(batch)
         if lens.has_encoder:
             check_page_aligned(lens.enc, self.page_size, "encoder_lens", "FlashInfer")
+        tree = tree_mask_of(self.plan, mode, batch.spec_tree_mask, lens.new)
         if mode == ForwardMode.DECODE:
             self._batch_path = "decode"
             for spec, wrapper in zip(self.specs, self.decode_wrappers):
@@ -218,7 +219,8 @@ class FlashInferBackend(AttentionBackend):
         qo_indptr = host(lens.qo_indptr)
         for spec, paged, rag in zip(self.specs, self.paged_wrappers, self.ragged_wrappers):
             if spec.cross or not ragged:
-                self._plan_paged(paged, spec, qo_indptr, lens, prefix_only=False, causal=spec.causal and not spec.cross)
+                self._plan_paged(paged, spec, qo_indptr, lens, prefix_only=False, causal=spec.causal and not spec.cross,
+                                 tree=None if spec.cross else tree)
                 continue
             rag.plan(qo_indptr, qo_indptr, *spec.heads, causal=spec.causal,
                      **self._plan_kwargs(spec, "ragged"))
@@ -245,11 +247,13 @@ class FlashInferBackend(AttentionBackend):
                      self.page_size, **self._plan_kwargs(spec, "decode", cuda_graph=graph is not None))
 
     def _plan_paged(self, wrapper, spec: _WrapperSpec, qo_indptr: torch.Tensor, lens: BatchLengths, *, prefix_only: bool,
-                    causal: bool, window_mask: bool = False, graph: _Graph | None = None) -> None:
+                    causal: bool, window_mask: bool = False, graph: _Graph | None = None, tree: torch.Tensor | None = None) -> None:
         rng = self._pages(spec, lens, prefix_only=prefix_only)
         kw = self._plan_kwargs(spec, "paged", cuda_graph=graph is not None)
         if window_mask:  # paged half of a ragged+paged window layer: queries sit after the prefix
             kw = kw | dict(custom_mask=self._prefix_window_mask(spec, rng, lens), window_left=-1)
+        elif tree is not None:  # a speculative tree's verify: the window, if any, is folded into the mask
+            kw = kw | dict(custom_mask=self._tree_mask(spec, rng, lens, tree), window_left=-1)
         wrapper.plan(qo_indptr, host(rng.indptr), self._ids_for_plan(spec, lens, rng, graph), host(rng.last_page_len),
                      *spec.heads, self.page_size, causal=causal, **kw)
 
@@ -273,6 +277,28 @@ class FlashInferBackend(AttentionBackend):
             k_pos = rng.first_token[b] + np.arange(rng.kv_len[b])
             parts.append((k_pos[None, :] >= q_pos[:, None] - spec.window_left).reshape(-1))
         return host(np.concatenate(parts)).to(self.device, non_blocking=True)
+
+    def _tree_mask(self, spec: _WrapperSpec, rng: PageRange, lens: BatchLengths, tree: torch.Tensor) -> torch.Tensor:
+        """Flattened ``[sum(D * kv_len_r)]`` bool (request, query, key order) over each request's planned KV range
+        (``kv_len_r`` tokens from ``first_token_r``): a cached key is visible, a draft key where ``tree: [bs, D, D]``
+        says, and under a window only keys at or after the query's position minus window_left. Built on the device
+        from the host lengths, with no sync (FlashInfer packs it into bits itself)."""
+        d = tree.shape[1]
+        dev = tree.device
+        draft0 = lens.enc + lens.prefix  # each request's first draft token, in req_to_token coordinates
+        first, kv_len, draft0 = host(np.stack([rng.first_token, rng.kv_len, draft0]).astype(np.int64)).to(dev, non_blocking=True)
+        total = int(d * rng.kv_len.sum())
+        row_len = kv_len.repeat_interleave(d)  # one row per (request, query)
+        row_start = torch.cumsum(row_len, 0) - row_len
+        flat = torch.arange(total, device=dev)
+        row = torch.searchsorted(row_start, flat, right=True) - 1
+        req, query = row // d, row % d
+        k_pos = first[req] + flat - row_start[row]
+        draft = k_pos - draft0[req]
+        visible = torch.where(draft >= 0, tree[req, query, draft.clamp(0, d - 1)], True)
+        if spec.window_left >= 0:
+            visible &= k_pos >= draft0[req] + query - spec.window_left
+        return visible
 
     # ---- forward --------------------------------------------------------------------------------
 
@@ -329,7 +355,8 @@ class FlashInferBackend(AttentionBackend):
         rows = torch.zeros(bs, dtype=torch.int64, device=self.device)
         g = _Graph([], per_req, rows, [GraphPageIds(rows, zeros(bs + 1), zeros(bs * max_pages), zeros(bs) if shiftable else None, first)
                                        for shiftable, first in zip(self._shiftable, self._first_layer)])
-        for ids in g.ids:
+        tree = self.plan.mode(forward_mode).common.tree_mask
+        for spec, ids in zip(self.specs, g.ids):
             last = zeros(bs)
             if forward_mode == ForwardMode.DECODE:
                 g.wrappers.append(self.fi.BatchDecodeWithPagedKVCacheWrapper(
@@ -337,23 +364,28 @@ class FlashInferBackend(AttentionBackend):
                     paged_kv_indptr_buffer=ids.kv_indptr, paged_kv_indices_buffer=ids.kv_indices, paged_kv_last_page_len_buffer=last))
             else:
                 qo = torch.arange(0, (bs + 1) * per_req, per_req, dtype=torch.int32, device=self.device)
+                # a tree verify's mask, packed to bits per request (FlashInfer's segment_packbits), at the longest rows
+                mask = dict(custom_mask_buf=torch.zeros(bs * -(-per_req * self.req_to_token.shape[1] // 8), dtype=torch.uint8, device=self.device),
+                            mask_indptr_buf=zeros(bs + 1)) if tree and not spec.cross else {}
                 g.wrappers.append(self.fi.BatchPrefillWithPagedKVCacheWrapper(
                     self.workspace, "NHD", use_cuda_graph=True, qo_indptr_buf=qo, paged_kv_indptr_buf=ids.kv_indptr,
-                    paged_kv_indices_buf=ids.kv_indices, paged_kv_last_page_len_buf=last, backend=self.prefill_kernel_family))
+                    paged_kv_indices_buf=ids.kv_indices, paged_kv_last_page_len_buf=last, backend=self.prefill_kernel_family, **mask))
         self._graphs[(forward_mode, bs)] = g
-        self._replan_graph(g, req_pool_indices, seq_lens.cpu(), encoder_lens, forward_mode)
+        chain = torch.ones(bs, per_req, per_req, dtype=torch.bool, device=self.device).tril() if tree else None  # captured as a chain
+        self._replan_graph(g, req_pool_indices, seq_lens.cpu(), encoder_lens, forward_mode, spec_tree_mask=chain)
 
     def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode,
-                                                encoder_lens_cpu=None):
+                                                encoder_lens_cpu=None, spec_tree_mask=None):
         g = captured_graph(self._graphs, forward_mode, bs)
         if self.checked:
             check_graph_batch(self, bs, g.per_req, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode, encoder_lens_cpu)
-        self._replan_graph(g, req_pool_indices, seq_lens_cpu, encoder_lens, forward_mode, encoder_lens_cpu)
+        self._replan_graph(g, req_pool_indices, seq_lens_cpu, encoder_lens, forward_mode, encoder_lens_cpu, spec_tree_mask)
 
-    def _replan_graph(self, g: _Graph, rows, seq_lens_cpu, encoder_lens, mode, encoder_lens_cpu=None) -> None:
-        """Plan the captured wrappers for new lengths: plan() refills their static buffers in place, the rows are
-        copied into the graph's, and the graph itself rebuilds the page ids."""
+    def _replan_graph(self, g: _Graph, rows, seq_lens_cpu, encoder_lens, mode, encoder_lens_cpu=None, spec_tree_mask=None) -> None:
+        """Plan the captured wrappers for new lengths: plan() refills their static buffers in place (a tree verify's
+        mask too), the rows are copied into the graph's, and the graph itself rebuilds the page ids."""
         lens = BatchLengths.for_graph(mode, rows, seq_lens_cpu, g.per_req, encoder_lens, encoder_lens_cpu)
+        tree = tree_mask_of(self.plan, mode, spec_tree_mask, lens.new)
         if lens.has_encoder:
             check_page_aligned(lens.enc, self.page_size, "encoder_lens", "FlashInfer")
             # a wrapper captured without first tokens fills its page ids from token 0; self-attention ranges here start later
@@ -369,7 +401,8 @@ class FlashInferBackend(AttentionBackend):
             if decode:
                 self._plan_decode(wrapper, spec, lens, g)
             else:
-                self._plan_paged(wrapper, spec, qo_indptr, lens, prefix_only=False, causal=spec.causal and not spec.cross, graph=g)
+                self._plan_paged(wrapper, spec, qo_indptr, lens, prefix_only=False, causal=spec.causal and not spec.cross, graph=g,
+                                 tree=None if spec.cross else tree)
         if decode:
             self._active_decode = g.wrappers
         else:

@@ -31,6 +31,9 @@ class ForwardBatch:
         extend_seq_lens_cpu: the new-token counts on the host (lets GPU backends size kernels
             without a device-to-host copy), or None.
         encoder_lens_cpu: ``encoder_lens`` on the host, or None (then read from the device at a sync).
+        spec_tree_mask: TARGET_VERIFY over a speculative tree (the plan's ``common.tree_mask``): ``[batch_size, D, D]``
+            bool on the device, D draft tokens per request in their flattened order; ``[r, i, j]`` is true when
+            draft token j of request r is draft token i's ancestor or i itself (so only for j <= i). None otherwise.
     """
 
     forward_mode: ForwardMode
@@ -45,6 +48,7 @@ class ForwardBatch:
     encoder_out_cache_loc: torch.Tensor | None = None
     extend_seq_lens_cpu: list[int] | None = None
     encoder_lens_cpu: torch.Tensor | None = None
+    spec_tree_mask: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

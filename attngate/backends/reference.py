@@ -9,6 +9,9 @@ Semantics (the project's specification of attention):
   non-causal one (a bidirectional decoder's, EmbeddingGemma) also only those ``<= p + sliding_window_size``; a
   chunked-local layer only those in p's chunk of ``attention_chunk_size``; cross-attention layers
   see every encoder token; encoder-only layers every token of the request.
+- In a TARGET_VERIFY over a speculative tree (the mode's ``common.tree_mask``) a draft token sees, of the draft
+  tokens, only its tree ancestors and itself (``ForwardBatch.spec_tree_mask``), besides the cached prefix; positions
+  stay those of the flattened order (a window counts them as FlashInfer's window_left does).
 - Scores are ``scaling * q.k``, then ``logit_cap * tanh(s / logit_cap)``; a learned sink adds one
   logit per head to the softmax denominator. GQA maps query head h to KV head ``h // (H / H_kv)``.
 - KV is written at ``out_cache_loc`` and read back through ``req_to_token`` unless the plan says the
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attngate.backends.base import AttentionBackend, check_batch
+from attngate.backends.base import AttentionBackend, check_batch, tree_mask_of
 from attngate.backends.batch_metadata import BatchLengths
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
@@ -45,6 +48,7 @@ class _Metadata:
     new: list[int]
     encoder: list[int]
     rows: list[int]
+    tree: torch.Tensor | None = None  # [bs, D, D] bool: speculative tree verify (base.tree_mask_of)
 
     @classmethod
     def of(cls, lens: BatchLengths) -> _Metadata:
@@ -60,7 +64,9 @@ class ReferenceBackend(AttentionBackend):
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         check_batch(batch, self.req_to_token, self.kv_pool.num_slots)
-        self._md = _Metadata.of(BatchLengths.from_batch(batch))
+        lens = BatchLengths.from_batch(batch)
+        self._md = _Metadata.of(lens)
+        self._md.tree = tree_mask_of(self.plan, batch.forward_mode, batch.spec_tree_mask, self._md.new)
 
     def forward_decode(self, q, k, v, layer, batch, save_kv_cache):
         return self.forward_extend(q, k, v, layer, batch, save_kv_cache)
@@ -95,15 +101,16 @@ class ReferenceBackend(AttentionBackend):
                 keys, values = k[rows], v[rows] if v is not None else None
                 k_pos = q_pos
             window = layer.sliding_window_size if gates.use_window else None
+            mask = None if md.tree is None else _tree_keys(md.tree[r], md.prefix[r], k_pos)
             if not layer.is_mla:
-                out[rows] = attend(q[rows], keys, values, q_pos, k_pos, layer, causal=gates.causal, window=window).to(q.dtype)
+                out[rows] = attend(q[rows], keys, values, q_pos, k_pos, layer, causal=gates.causal, window=window, mask=mask).to(q.dtype)
             elif absorbed:  # keys are latent rows; v is their ckv part
                 o = attend(absorb_q(q[rows].float(), layer), keys, keys[..., : layer.kv_lora_rank], q_pos, k_pos, layer,
-                           causal=gates.causal, window=window)
+                           causal=gates.causal, window=window, mask=mask)
                 out[rows] = project_out(o, layer).to(q.dtype)
             else:
                 k_full, v_full = decompress(keys, layer, torch.float32)
-                out[rows] = attend(q[rows], k_full, v_full, q_pos, k_pos, layer, causal=gates.causal, window=window).to(q.dtype)
+                out[rows] = attend(q[rows], k_full, v_full, q_pos, k_pos, layer, causal=gates.causal, window=window, mask=mask).to(q.dtype)
         return out
 
     def _cross(self, q, k, v, layer, batch, save_kv_cache, md) -> torch.Tensor:
@@ -120,6 +127,13 @@ class ReferenceBackend(AttentionBackend):
             k_pos = torch.arange(md.encoder[r], device=q.device)
             out[rows] = attend(q[rows], k_buf[slots], v_buf[slots], q_pos, k_pos, layer, causal=False, window=None).to(q.dtype)
         return out
+
+
+def _tree_keys(tree: torch.Tensor, prefix: int, k_pos: torch.Tensor) -> torch.Tensor:
+    """``[D, Tk]`` bool: every cached prefix key, and of the draft keys (positions ``prefix + j``) the query's tree
+    ancestors and itself (``tree: [D, D]``)."""
+    draft = (k_pos - prefix).clamp(min=0)
+    return torch.where(k_pos >= prefix, tree[:, draft], True)
 
 
 def visible_keys(q_pos: torch.Tensor, k_pos: torch.Tensor, *, causal: bool, window: int | None,
@@ -141,12 +155,12 @@ def visible_keys(q_pos: torch.Tensor, k_pos: torch.Tensor, *, causal: bool, wind
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
-           layer: AttentionLayer, *, causal: bool, window: int | None) -> torch.Tensor:
+           layer: AttentionLayer, *, causal: bool, window: int | None, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Dense attention of one request in float32.
 
-    ``q: [Tq, H, D]``, ``k: [Tk, Hkv, D]``, ``v: [Tk, Hkv, Dv]``, positions ``[Tq]`` / ``[Tk]``;
-    returns ``[Tq, H, Dv]`` float32. A query that sees no key (possible only with a window smaller
-    than a gap) gets zeros.
+    ``q: [Tq, H, D]``, ``k: [Tk, Hkv, D]``, ``v: [Tk, Hkv, Dv]``, positions ``[Tq]`` / ``[Tk]``; ``mask: [Tq, Tk]``
+    bool narrows what the positions allow (a speculative tree); returns ``[Tq, H, Dv]`` float32. A query that sees
+    no key (possible only with a window smaller than a gap) gets zeros.
     """
     heads, kv_heads = q.shape[1], k.shape[1]
     group = heads // kv_heads
@@ -156,6 +170,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tenso
     if layer.logit_cap:
         scores = layer.logit_cap * torch.tanh(scores / layer.logit_cap)
     visible = visible_keys(q_pos, k_pos, causal=causal, window=window, chunk=layer.attention_chunk_size)
+    if mask is not None:
+        visible = visible & mask.to(visible.device)
     scores = scores.masked_fill(~visible, float("-inf"))
     if layer.sinks is not None:
         sink = layer.sinks.float().to(q.device).view(heads, 1, 1).expand(heads, q.shape[0], 1)

@@ -93,6 +93,8 @@ class CommonModeGates(_Group):
                              "latent cache ckv ++ kpe), non_absorbed (K/V decompressed from the latent for prefix and new tokens, "
                              "q/k head dim qk_nope+qk_rope, v head dim v_head_dim), or non_absorbed_without_prefix (non-absorbed "
                              "for a batch without cached prefix, else absorbed). The latent is written before attention in every form.")
+    tree_mask: bool = gate(False, "The draft tokens of this mode form a speculative tree (speculative_eagle_topk > 1): each attends to the "
+                           "cached prefix and to its ancestors in the tree (ForwardBatch.spec_tree_mask), not to every earlier draft token.")
 
 
 class ModeGates(_Group):

@@ -28,13 +28,15 @@ from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
 from attngate.backends.kv_cache import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
 from attngate.backends.layer import layers_from_model  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
+from backend_cases import random_tree  # noqa: E402
 from helpers import MODELS  # noqa: E402
 from standins import flash_attn_cute, flashinfer  # noqa: E402
 
 M = ForwardMode
 BACKENDS = {"fa3": FlashAttentionBackend, "fa4": FlashAttentionBackend, "flashinfer": FlashInferBackend}
 CONFIGS = {path.stem: ModelFacts.from_hf_config(path) for path in sorted(MODELS.glob("*.json"))}
-SPECULATIVE = dict(speculative_algorithm="EAGLE", speculative_eagle_topk=1, speculative_num_steps=3, speculative_num_draft_tokens=4)
+SPECULATIVE = {"chain": dict(speculative_algorithm="EAGLE", speculative_eagle_topk=1, speculative_num_steps=3, speculative_num_draft_tokens=4),
+               "tree": dict(speculative_algorithm="EAGLE", speculative_eagle_topk=4, speculative_num_steps=5, speculative_num_draft_tokens=8)}
 TOL = {torch.bfloat16: 3e-2, torch.float32: 1e-4}
 
 
@@ -66,7 +68,7 @@ def _layers(facts: ModelFacts, plan, gen: torch.Generator):
     return layers
 
 
-def _batches(plan, facts: ModelFacts, side: str, speculative: bool):
+def _batches(plan, facts: ModelFacts, side: str, speculative: str | None):
     """(mode, [(prefix, new)]): the batches a server sends the ``side`` backend under this plan. Where a layer writes no
     cache (encoder-only layers, the embedding fast path) requests have no cached prefix and never decode."""
     ps = plan.common.page_size
@@ -78,7 +80,7 @@ def _batches(plan, facts: ModelFacts, side: str, speculative: bool):
     elif cached:
         yield M.DECODE, [(p + 1, 1) for p in prefixes]
         if speculative:
-            yield M.TARGET_VERIFY, [(p + 1, 4) for p in prefixes]
+            yield M.TARGET_VERIFY, [(p + 1, 4 if speculative == "chain" else 8) for p in prefixes]
 
 
 def _run(cls, plan, facts: ModelFacts, mode: M, requests, seed: int):
@@ -90,19 +92,22 @@ def _run(cls, plan, facts: ModelFacts, mode: M, requests, seed: int):
     cross = any(layer.kind == LayerKind.CROSS_ATTENTION for layer in layers)
     ps = plan.common.page_size
     enc = [ps * (1 + i % 2) for i in range(len(requests))] if cross else None
-    s = build_batch(requests, mode, page_size=ps, num_slots=ps * 64, max_context_len=ps * 16, encoder_lens=enc, seed=seed)
+    slots = max(ps * 64, 1024)
+    s = build_batch(requests, mode, page_size=ps, num_slots=slots, max_context_len=max(ps * 16, 256), encoder_lens=enc, seed=seed)
     lay0 = layers[0]
     if mla:
-        pools = [MLATokenToKVPool(ps * 64, ps, len(layers), lay0.kv_lora_rank, lay0.qk_rope_head_dim, dtype=dtype) for _ in range(2)]
+        pools = [MLATokenToKVPool(slots, ps, len(layers), lay0.kv_lora_rank, lay0.qk_rope_head_dim, dtype=dtype) for _ in range(2)]
         width = (1, lay0.latent_dim)
     else:
-        pools = [MHATokenToKVPool(ps * 64, ps, len(layers), lay0.num_kv_heads, lay0.head_dim, dtype=dtype) for _ in range(2)]
+        pools = [MHATokenToKVPool(slots, ps, len(layers), lay0.num_kv_heads, lay0.head_dim, dtype=dtype) for _ in range(2)]
         width = (lay0.num_kv_heads, lay0.head_dim)
     for layer in layers:
         for (prefix, _), slots, e in zip(requests, s.slots, enc or [0] * len(requests)):
             k, v = (torch.randn(e + prefix, *width, generator=gen, dtype=dtype) for _ in range(2))
             for pool in pools:
                 pool.set_kv_buffer(layer.layer_id, slots[: e + prefix], k, None if mla else v)
+    if plan.mode(mode).common.tree_mask:
+        s.batch.spec_tree_mask = random_tree(len(requests), requests[0][1], seed)
     rtt = s.req_to_token_pool.req_to_token
     outs = []
     n = s.batch.num_tokens
@@ -123,7 +128,7 @@ def _run(cls, plan, facts: ModelFacts, mode: M, requests, seed: int):
        split=st.sampled_from([None, ("fa3", "flashinfer"), ("flashinfer", "fa3"), ("fa4", "flashinfer")]),
        gpu=st.sampled_from(["sm80", "sm90", "sm100"]), page_size=st.sampled_from([None, 1, 16, 64, 128]),
        tp=st.sampled_from([(1, False), (2, False), (4, False), (4, True)]), deterministic=st.booleans(),
-       embedding=st.booleans(), speculative=st.booleans(), seed=st.integers(0, 3))
+       embedding=st.booleans(), speculative=st.sampled_from([None, "chain", "tree"]), seed=st.integers(0, 3))
 def test_every_resolved_plan_runs_on_its_backends_as_the_reference(model, backend, split, gpu, page_size, tp, deterministic,
                                                                    embedding, speculative, seed):
     facts = CONFIGS[model]
@@ -135,7 +140,7 @@ def test_every_resolved_plan_runs_on_its_backends_as_the_reference(model, backen
     if embedding:
         args.update(is_embedding=True, chunked_prefill_size=-1, disable_radix_cache=True)
     if speculative:
-        args.update(SPECULATIVE)
+        args.update(SPECULATIVE[speculative])
     try:
         plan = resolve(ServerArgs(**args), facts, Platform.from_name(gpu)).plan
     except PlanError:

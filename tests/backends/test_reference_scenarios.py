@@ -294,3 +294,35 @@ def test_set_kv_buffer_writes_exactly_the_given_slots(dtype, head_dim):
     latent = torch.randn(5, 1, 12).to(dtype)
     mla.set_kv_buffer(0, loc, latent)
     assert torch.equal(mla.get_kv_buffer(0)[0][loc.long()], latent) and int((mla.get_kv_buffer(0)[0] != 0).any(-1).sum()) == 5
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_tree_verify_sees_the_prefix_and_each_tokens_ancestors(page_size):
+    """EAGLE tree verify (topk > 1): draft token i attends to the cached prefix and to its ancestors in the tree and
+    itself, each computed here from an explicit parent list, not from the mask the backend reads."""
+    tree_plan = resolve(ServerArgs(attention_backend="flashinfer", speculative_algorithm="EAGLE", speculative_eagle_topk=4,
+                                   speculative_num_steps=5, speculative_num_draft_tokens=8),
+                        ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json"), Platform.from_name("sm90")).plan
+    parents = [[-1, 0, 0, 1, 1, 2, 3, 0], [-1, 0, 1, 2, 3, 4, 5, 6]]  # a bushy tree; a chain
+    requests = [(19, 8), (40, 8)]
+    s, _, backend, full_k, full_v, gen = setup(requests, ForwardMode.TARGET_VERIFY, page_size, plan=tree_plan)
+    ancestors = [[_ancestors(p, i) for i in range(8)] for p in parents]
+    s.batch.spec_tree_mask = torch.tensor([[[j in anc[i] for j in range(8)] for i in range(8)] for anc in ancestors])
+    q = torch.randn(s.batch.num_tokens, H, D, generator=gen)
+    backend.init_forward_metadata(s.batch)
+    out = backend.forward(q, torch.cat([k[p:] for k, (p, _) in zip(full_k, requests)]),
+                          torch.cat([v[p:] for v, (p, _) in zip(full_v, requests)]), backend.layers[0], s.batch)
+    for r, ((prefix, _), k, v) in enumerate(zip(requests, full_k, full_v)):
+        for i in range(8):
+            keys = torch.tensor(list(range(prefix)) + [prefix + j for j in sorted(ancestors[r][i])])
+            expected = dense(q[8 * r + i: 8 * r + i + 1], k[keys], v[keys], torch.tensor([0]), torch.arange(len(keys)),
+                             scaling=D ** -0.5, causal=False)
+            torch.testing.assert_close(out[8 * r + i: 8 * r + i + 1], expected, atol=1e-5, rtol=1e-5)
+
+
+def _ancestors(parents: list[int], i: int) -> set[int]:
+    seen = {i}
+    while parents[i] >= 0:
+        i = parents[i]
+        seen.add(i)
+    return seen

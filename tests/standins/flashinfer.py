@@ -14,6 +14,7 @@ request with no keys (measured: finite garbage where fa2 gives lse -inf and outp
 
 from __future__ import annotations
 
+import itertools
 import math
 import types
 
@@ -155,7 +156,9 @@ class _Wrapper:
         """The metadata tensors the kernel reads: a graph wrapper's static buffers, else plan()'s own copies."""
         p = self.planned
         kv = {"indptr": p["kv"].indptr, "indices": p["kv"].indices, "last": p["kv"].last} if "kv" in p else {}
-        return {**kv, **{name: p[name] for name in ("qo_indptr", "kv_indptr") if name in p}}
+        mask = p.get("custom_mask")  # a graph's mask mode is captured: a replay planned without its mask differs here
+        masked = {"custom_mask": "none" if mask is None else (mask.buf, mask.indptr) if isinstance(mask, _GraphMask) else "eager"}
+        return {**kv, **masked, **{name: p[name] for name in ("qo_indptr", "kv_indptr") if name in p}}
 
 
 class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
@@ -224,6 +227,55 @@ def _check_custom_mask(problems: _Problems, custom_mask, qo_lens: list[int], kv_
                    f"custom_mask must be {need} bools (sum of qo_len * kv_len), got {custom_mask.dtype} {custom_mask.numel()}")
 
 
+def _packed_bytes(qo_lens: list[int], kv_lens: list[int]) -> list[int]:
+    """Bytes of each request's mask packed by FlashInfer's segment_packbits (one segment per request, whole bytes)."""
+    return [-(-q * k // 8) for q, k in zip(qo_lens, kv_lens)]
+
+
+def _check_graph_mask_buffers(problems: _Problems, buffers: dict, qo_lens: list[int], kv_lens: list[int]) -> None:
+    """As FlashInfer's plan() in CUDA-graph mode: a custom mask needs the static mask buffers, large enough."""
+    mask_buf, indptr_buf = buffers.get("custom_mask_buf"), buffers.get("mask_indptr_buf")
+    if not torch.is_tensor(mask_buf) or not torch.is_tensor(indptr_buf):
+        problems.append("custom_mask_buf and mask_indptr_buf must be initialized with a torch.Tensor in cuda graph mode "
+                        "if we use custom mask in attention computation")
+        return
+    need = sum(_packed_bytes(qo_lens, kv_lens))
+    problems.check(mask_buf.dtype == torch.uint8 and mask_buf.numel() >= need,
+                   f"custom_mask_buf must hold {need} uint8 bytes, got {mask_buf.dtype} {mask_buf.numel()}")
+    problems.check(indptr_buf.dtype == torch.int32 and indptr_buf.numel() == len(qo_lens) + 1,
+                   f"mask_indptr_buf must be {len(qo_lens) + 1} int32 values, got {indptr_buf.dtype} {indptr_buf.numel()}")
+
+
+class _GraphMask:
+    """A graph wrapper's custom mask: packed little-endian per request into ``custom_mask_buf`` (``mask_indptr_buf``
+    in bytes), unpacked again when the kernel runs, so a replay reads what the last plan() wrote there."""
+
+    def __init__(self, buffers: dict, mask: torch.Tensor, qo_lens: list[int], kv_lens: list[int]):
+        self.buf, self.indptr = buffers["custom_mask_buf"], buffers["mask_indptr_buf"]
+        self.sizes = [q * k for q, k in zip(qo_lens, kv_lens)]
+        nbytes = _packed_bytes(qo_lens, kv_lens)
+        self.indptr.copy_(torch.tensor([0, *itertools.accumulate(nbytes)], dtype=torch.int32))
+        bits, offset = mask.cpu().to(torch.uint8), 0
+        for r, (size, n) in enumerate(zip(self.sizes, nbytes)):
+            seg = torch.zeros(n * 8, dtype=torch.uint8)
+            seg[:size] = bits[offset: offset + size]
+            weights = torch.tensor([1 << i for i in range(8)], dtype=torch.int32)
+            packed = (seg.view(n, 8).to(torch.int32) * weights).sum(dim=1).to(torch.uint8)
+            self.buf[int(self.indptr[r]): int(self.indptr[r + 1])].copy_(packed)
+            offset += size
+
+    def clone(self) -> "_GraphMask":
+        return self
+
+    def __getitem__(self, rows: slice) -> torch.Tensor:
+        """The unpacked mask entries ``rows`` (request segments are contiguous in the flattened order)."""
+        parts = []
+        for r, size in enumerate(self.sizes):
+            packed = self.buf[int(self.indptr[r]): int(self.indptr[r + 1])].cpu().to(torch.int32)
+            parts.append(((packed[:, None] >> torch.arange(8)) & 1).flatten()[:size].bool())
+        return torch.cat(parts)[rows] if parts else torch.zeros(0, dtype=torch.bool)
+
+
 def _prefill_masks(p: dict, qo_lens: list[int], kv_lens: list[int]) -> list[torch.Tensor]:
     masks, offset = [], 0
     for lq, lk in zip(qo_lens, kv_lens):
@@ -247,7 +299,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
                  custom_mask_buf=None, mask_indptr_buf=None, backend="auto", jit_args=None):
         super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend, qo_indptr_buf=qo_indptr_buf,
                          paged_kv_indptr_buf=paged_kv_indptr_buf, paged_kv_indices_buf=paged_kv_indices_buf,
-                         paged_kv_last_page_len_buf=paged_kv_last_page_len_buf)
+                         paged_kv_last_page_len_buf=paged_kv_last_page_len_buf, custom_mask_buf=custom_mask_buf,
+                         mask_indptr_buf=mask_indptr_buf)
 
     def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads, num_kv_heads,
              head_dim_qk, page_size, head_dim_vo=None, custom_mask=None, packed_custom_mask=None, causal=False,
@@ -268,8 +321,12 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
             problems.raise_any("BatchPrefillWithPagedKVCacheWrapper.plan")
         qo_lens = (qo_indptr[1:] - qo_indptr[:-1]).tolist()
         _check_custom_mask(problems, custom_mask, qo_lens, kv.kv_lens(), self.backend)
+        if graph and custom_mask is not None:
+            _check_graph_mask_buffers(problems, self.buffers, qo_lens, kv.kv_lens())
         problems.raise_any("BatchPrefillWithPagedKVCacheWrapper.plan")
         qo = self.buffers["qo_indptr_buf"].copy_(qo_indptr) if graph else qo_indptr.clone()
+        if graph and custom_mask is not None:  # packed into the static buffers, which run() unpacks, as a replay reads them
+            custom_mask = _GraphMask(self.buffers, custom_mask, qo_lens, kv.kv_lens())
         self.planned = dict(kv=kv, qo_indptr=qo, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, page_size=page_size,
                             causal=causal, window_left=window_left, logits_soft_cap=logits_soft_cap or 0.0,
                             custom_mask=None if custom_mask is None else custom_mask.clone(),

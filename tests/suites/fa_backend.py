@@ -12,7 +12,7 @@ from attngate.backends.errors import BatchMetadataError
 from attngate.backends.flashattention import FlashAttentionBackend
 from helpers import MODELS
 from backend_cases import Env, MODE_OF, layer_of, make_case, plan_for, reference_out, replay_rounds, requests_around_page, run, target_in_batch, with_cross_layer
-from backend_cases import ENCODER_PAGES, SPECULATIVE, assert_replays_match_reference, max_diff, rel_err
+from backend_cases import ENCODER_PAGES, SPECULATIVE, SPECULATIVE_TREE, assert_replays_match_reference, max_diff, random_tree, rel_err
 
 PAGE_SIZES = [1, 128]
 M = ForwardMode
@@ -264,3 +264,19 @@ def test_fa_chunked_local_cuda_graph_decode_replay(env, page_size):
     layer = layer_of(env, LayerKind.CHUNKED_LOCAL, attention_chunk_size=CHUNK)
     for i, case, out in replay_rounds(env, functools.partial(fa_backend, env), plan, layer, M.DECODE, page_size):
         assert rel_err(out, reference_out(env, case, plan, layer)) < env.tol, f"round {i}"
+
+
+def test_fa_verifies_chains_only_and_says_so(env):
+    """attngate's FA backend has no tree verify (SGLang's cascade path is a known failure): a tree plan, resolved only
+    with the known failure allowed, is refused at construction, and a tree batch under a chain plan at its metadata."""
+    facts = ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json")
+    tree_plan = resolve(ServerArgs(attention_backend="fa3", page_size=1, **SPECULATIVE_TREE), facts, env.platform(),
+                        allow_known_failures=["known.fa-eagle-tree-verify-drift"]).plan
+    layer = layer_of(env, LayerKind.FULL)
+    case = make_case(env, [(5, 8), (40, 8)], M.TARGET_VERIFY, 1)
+    with pytest.raises(BatchMetadataError, match="common.tree_mask: attngate's FA backend verifies speculative chains only"):
+        fa_backend(env, tree_plan, case, layer)
+    case.setup.batch.spec_tree_mask = random_tree(2, 8, seed=0, device=env.device)
+    with pytest.raises(BatchMetadataError, match="spec_tree_mask: given"):
+        fa_backend(env, plan_for(env, "fa3", 1, **SPECULATIVE), case, layer).init_forward_metadata(case.setup.batch)
+

@@ -13,7 +13,7 @@ from attngate.backends.flashinfer import FlashInferBackend
 from attngate.backends.kv_cache import MHATokenToKVPool
 from attngate.backends.layer import AttentionLayer
 from backend_cases import Env, MODE_OF, layer_of, make_case, plan_for, reference_out, replay_rounds, requests_around_page, run, target_in_batch, with_cross_layer
-from backend_cases import ENCODER_PAGES, SPECULATIVE, assert_replays_match_reference, max_diff
+from backend_cases import ENCODER_PAGES, SPECULATIVE, SPECULATIVE_TREE, assert_replays_match_reference, max_diff, random_tree
 
 M = ForwardMode
 PAGE_SIZES = [1, 16]
@@ -152,6 +152,59 @@ def test_fi_cuda_graph_replay_equals_eager(env, mode, page_size):
         assert max_diff(replayed, reference_out(env, case, plan, layer)) < env.tol, f"round {i}"
         eager = fi_backend(env, plan, case, layer)
         assert max_diff(replayed, run(eager, case, layer)) < env.tol, f"round {i}"
+
+
+TREE_REQUESTS = [(5, 8), (15, 8), (130, 8), (300, 8)]  # prefixes around a 16-token page, one past the window below
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+@pytest.mark.parametrize("kind", sorted(KINDS, key=lambda k: k.value))
+def test_fi_tree_verify_matches_reference(env, kind, page_size):
+    """EAGLE with topk > 1 verifies a tree: each draft token sees the prefix and its ancestors (spec_tree_mask through
+    the paged wrapper's custom mask, a window layer's window folded into it). The tree changes the output, so a
+    backend that verified the flattened tokens as a chain would fail here."""
+    model, kw = KINDS[kind]
+    plan = plan_for(env, "flashinfer", page_size, model, **SPECULATIVE_TREE)
+    assert plan.mode(M.TARGET_VERIFY).common.tree_mask and not plan.mode(M.DRAFT_EXTEND_V2).common.tree_mask
+    layer = layer_of(env, kind, **kw)
+    case = make_case(env, TREE_REQUESTS, M.TARGET_VERIFY, page_size)
+    case.setup.batch.spec_tree_mask = random_tree(len(TREE_REQUESTS), 8, seed=3, device=env.device)
+    expected = reference_out(env, case, plan, layer)
+    assert max_diff(run(fi_backend(env, plan, case, layer), case, layer), expected) < env.tol
+    chain = plan_for(env, "flashinfer", page_size, model, **SPECULATIVE)
+    case.setup.batch.spec_tree_mask = None
+    assert max_diff(reference_out(env, case, chain, layer), expected) > 10 * env.tol  # the tree matters
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS, key=lambda k: k.value))
+def test_fi_tree_verify_cuda_graph_replays_each_rounds_tree(env, kind):
+    """A captured tree verify replays with each round's own tree in the graph's mask buffers (rows handed fresh)."""
+    model, kw = KINDS[kind]
+    plan = plan_for(env, "flashinfer", 16, model, **SPECULATIVE_TREE)
+    layer = layer_of(env, kind, **kw)
+    assert_replays_match_reference(env, functools.partial(fi_backend, env), plan, layer, M.TARGET_VERIFY, 16, fresh_rows=True, tree=True)
+
+
+def test_fi_tree_and_chain_batches_must_match_the_plan(env):
+    """A tree plan's verify without its tree, or a chain plan's with one, is refused (eager and at replay), never
+    verified with the wrong mask."""
+    layer = layer_of(env, LayerKind.FULL)
+    case = make_case(env, TREE_REQUESTS, M.TARGET_VERIFY, 16)
+    b = case.setup.batch
+    tree_plan, chain_plan = (plan_for(env, "flashinfer", 16, **args) for args in (SPECULATIVE_TREE, SPECULATIVE))
+    with pytest.raises(BatchMetadataError, match="spec_tree_mask: missing"):
+        fi_backend(env, tree_plan, case, layer).init_forward_metadata(b)
+    b.spec_tree_mask = random_tree(len(TREE_REQUESTS), 8, seed=0, device=env.device)
+    with pytest.raises(BatchMetadataError, match="spec_tree_mask: given, but the plan's target_verify attends causally"):
+        fi_backend(env, chain_plan, case, layer).init_forward_metadata(b)
+    b.spec_tree_mask = b.spec_tree_mask[:, :4, :4]
+    with pytest.raises(BatchMetadataError, match=r"must be \[4, 8, 8\] bool"):
+        fi_backend(env, tree_plan, case, layer).init_forward_metadata(b)
+    fi = fi_backend(env, tree_plan, case, layer)
+    fi.init_cuda_graph_state(4, 32)
+    fi.init_forward_metadata_capture_cuda_graph(4, 32, b.req_pool_indices, b.seq_lens, None, M.TARGET_VERIFY)
+    with pytest.raises(BatchMetadataError, match="spec_tree_mask: missing"):
+        fi.init_forward_metadata_replay_cuda_graph(4, b.req_pool_indices, b.seq_lens, b.seq_lens_cpu, None, M.TARGET_VERIFY)
 
 
 @pytest.mark.parametrize("model", ["Llama-3.1-8B", "gemma-2-9b"])
