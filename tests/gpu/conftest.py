@@ -18,6 +18,10 @@ the whole file on a fresh H100 host at the end of that session: 22 passed in 5:0
 Session of 2026-11-24 (no backend change): test_transformers_plain.py with test_standin_drift.py, fresh H100 host, 67 passed
 in 9:51, close to the 10-minute limit of one device call: run them in two calls on a cold host. After the KV pool's
 double-free guard, on another fresh H100 host: test_flashattention.py 69 passed in 3:48, test_mla_and_local.py 29 passed in 2:29.
+Later on 2026-11-24, after speculative tree verify, on a fresh H100 host in this order: test_flashinfer.py and
+test_flashattention.py -k "tree or chains" 8 passed in 1:17 (cold: the fa2 custom-mask variant), then test_flashinfer.py
+66 passed in 6:21 (cold for the rest), test_standin_drift.py with test_mla_and_local.py 74 passed in 3:09,
+test_flashattention.py with test_page_ids.py 82 passed in 1:50.
 Tests share variants where they can (the same head dim, dtype and mask modes), so that a new test adds as few builds as
 possible.
 """
