@@ -192,7 +192,7 @@ def replay_rounds(env: Env, make_backend, plan, layer: AttentionLayer, mode: For
                                     b.extend_prefix_lens.clone(), b.extend_seq_lens.clone(), b.out_cache_loc.clone(), enc)
         backend.init_forward_metadata_capture_cuda_graph(bs, bs * per_req[m], static_batch.req_pool_indices, static_batch.seq_lens, enc, m)
         k_v = (None, None) if cross else (static["k"], static["v"])
-        graph = _Graph(env, functools.partial(lambda st, sb, kv: backend.forward(st["q"], *kv, layer, sb), static, static_batch, k_v))
+        graph = Graph(env, functools.partial(lambda st, sb, kv: backend.forward(st["q"], *kv, layer, sb), static, static_batch, k_v))
         graphs[m] = (static, static_batch, graph)
     for i in range(len(prefixes)):
         for m in modes:
@@ -316,7 +316,7 @@ def target_in_batch(env: Env, make_backend, plan, layer: AttentionLayer, mode: F
     return run(make_backend(plan, case, layer), case, layer, *kv)[start:start + target[1]].clone()
 
 
-class _Graph:
+class Graph:
     """A CUDA graph of ``fn`` on the GPU; on the CPU the emulation of standins.graphs."""
 
     def __init__(self, env: Env, fn: Callable[[], torch.Tensor]) -> None:

@@ -28,7 +28,7 @@ from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
 from attngate.backends.kv_cache import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
 from attngate.backends.layer import layers_from_model  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
-from backend_cases import random_tree  # noqa: E402
+from backend_cases import CPU, Graph, random_tree  # noqa: E402
 from helpers import MODELS  # noqa: E402
 from standins import flash_attn_cute, flashinfer  # noqa: E402
 
@@ -102,25 +102,43 @@ def _run(cls, plan, facts: ModelFacts, mode: M, requests, seed: int):
         pools = [MHATokenToKVPool(slots, ps, len(layers), lay0.num_kv_heads, lay0.head_dim, dtype=dtype) for _ in range(2)]
         width = (lay0.num_kv_heads, lay0.head_dim)
     for layer in layers:
-        for (prefix, _), slots, e in zip(requests, s.slots, enc or [0] * len(requests)):
+        for (prefix, _), req_slots, e in zip(requests, s.slots, enc or [0] * len(requests)):
             k, v = (torch.randn(e + prefix, *width, generator=gen, dtype=dtype) for _ in range(2))
             for pool in pools:
-                pool.set_kv_buffer(layer.layer_id, slots[: e + prefix], k, None if mla else v)
+                pool.set_kv_buffer(layer.layer_id, req_slots[: e + prefix], k, None if mla else v)
     if plan.mode(mode).common.tree_mask:
         s.batch.spec_tree_mask = random_tree(len(requests), requests[0][1], seed)
     rtt = s.req_to_token_pool.req_to_token
-    outs = []
     n = s.batch.num_tokens
     inputs = [(torch.randn(n, layer.num_q_heads, layer.head_dim, generator=gen, dtype=dtype),
                torch.randn(n, *width, generator=gen, dtype=dtype), torch.randn(n, *width, generator=gen, dtype=dtype))
               for layer in layers]
-    for backend_cls, pool in ((cls, pools[0]), (ReferenceBackend, pools[1])):
+    def forward(backend):
+        return [backend.forward(q, None if layer.kind == LayerKind.CROSS_ATTENTION else k,
+                                None if layer.kind == LayerKind.CROSS_ATTENTION or mla else v, layer, s.batch)
+                for layer, (q, k, v) in zip(layers, inputs)]
+
+    outs = {}
+    for name, backend_cls, pool in (("eager", cls, pools[0]), ("reference", ReferenceBackend, pools[1])):
         backend = backend_cls(plan, pool, rtt, layers, "cpu")
         backend.init_forward_metadata(s.batch)
-        outs.append([backend.forward(q, None if layer.kind == LayerKind.CROSS_ATTENTION else k,
-                                     None if layer.kind == LayerKind.CROSS_ATTENTION or mla else v, layer, s.batch)
-                     for layer, (q, k, v) in zip(layers, inputs)])
+        outs[name] = forward(backend)
+    if plan.common.cuda_graph and plan.mode(mode).common.capture_cuda_graph:
+        outs["graph"] = _replayed(cls(plan, pools[0], rtt, layers, "cpu"), s.batch, forward)
     return layers, outs, TOL[dtype]
+
+
+def _replayed(backend, batch, forward):
+    """``forward`` captured as a CUDA graph (emulated) at the batch's size with no cached prefix, as a server captures
+    at start-up, then replayed for the batch: the replay hook alone brings the graph's metadata to its lengths."""
+    bs, n, mode = batch.batch_size, batch.num_tokens, batch.forward_mode
+    backend.init_cuda_graph_state(bs, n)
+    backend.init_forward_metadata_capture_cuda_graph(bs, n, batch.req_pool_indices, batch.seq_lens - batch.extend_prefix_lens,
+                                                     batch.encoder_lens, mode)
+    graph = Graph(CPU, lambda: forward(backend))
+    backend.init_forward_metadata_replay_cuda_graph(bs, batch.req_pool_indices, batch.seq_lens, batch.seq_lens_cpu, batch.encoder_lens,
+                                                    mode, encoder_lens_cpu=batch.encoder_lens_cpu, spec_tree_mask=batch.spec_tree_mask)
+    return graph.replay()
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -149,10 +167,12 @@ def test_every_resolved_plan_runs_on_its_backends_as_the_reference(model, backen
     assume(sides)
     for name, side in sides:
         for mode, requests in _batches(plan, facts, name, speculative):
-            layers, (got, expected), tol = _run(BACKENDS[side], plan, facts, mode, requests, seed)
-            for layer, a, b in zip(layers, got, expected):
-                diff = (a.float() - b.float()).abs().max().item()
-                assert diff < tol, f"{model} {args} on {gpu}: {side} {mode.value} {layer.kind.value} layer differs by {diff}"
+            layers, outs, tol = _run(BACKENDS[side], plan, facts, mode, requests, seed)
+            expected = outs.pop("reference")
+            for run, got in outs.items():
+                for layer, a, b in zip(layers, got, expected):
+                    diff = (a.float() - b.float()).abs().max().item()
+                    assert diff < tol, f"{model} {args} on {gpu}: {side} {run} {mode.value} {layer.kind.value} layer differs by {diff}"
 
 
 def test_an_encoder_decoder_models_encoder_layers_stay_outside_the_paged_backends():
