@@ -344,6 +344,19 @@ class FlashInferBackend(AttentionBackend):
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         self._graph_max = (max_bs, max_num_tokens)  # wrappers and their static buffers are made per captured batch size
+        self._graph_masks: dict[int, torch.Tensor] = {}  # per wrapper index: a tree verify's packed mask, shared by the graphs
+
+    def _graph_mask_buffers(self, index: int, bs: int) -> dict[str, torch.Tensor]:
+        """Wrapper ``index``'s custom-mask buffers for a tree-verify graph of ``bs`` requests. The packed mask (bits
+        for up to max_num_tokens queries over a whole req_to_token row each, plus a padding byte per request: FlashInfer's
+        segment_packbits pads each request to whole bytes) is shared by every captured batch size, as SGLang shares one:
+        a graph replays right after its own plan() rewrote it. Its byte offsets (mask_indptr) are per batch size."""
+        mask = self._graph_masks.get(index)
+        if mask is None:
+            max_bs, max_tokens = self._graph_max
+            size = -(-max_tokens * self.req_to_token.shape[1] // 8) + max_bs
+            mask = self._graph_masks[index] = torch.zeros(size, dtype=torch.uint8, device=self.device)
+        return dict(custom_mask_buf=mask, mask_indptr_buf=torch.zeros(bs + 1, dtype=torch.int32, device=self.device))
 
     def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode):
         check_capture_mode(self.plan, bs, forward_mode)  # the plan's table is the one source
@@ -364,9 +377,7 @@ class FlashInferBackend(AttentionBackend):
                     paged_kv_indptr_buffer=ids.kv_indptr, paged_kv_indices_buffer=ids.kv_indices, paged_kv_last_page_len_buffer=last))
             else:
                 qo = torch.arange(0, (bs + 1) * per_req, per_req, dtype=torch.int32, device=self.device)
-                # a tree verify's mask, packed to bits per request (FlashInfer's segment_packbits), at the longest rows
-                mask = dict(custom_mask_buf=torch.zeros(bs * -(-per_req * self.req_to_token.shape[1] // 8), dtype=torch.uint8, device=self.device),
-                            mask_indptr_buf=zeros(bs + 1)) if tree and not spec.cross else {}
+                mask = self._graph_mask_buffers(spec.index, bs) if tree and not spec.cross else {}
                 g.wrappers.append(self.fi.BatchPrefillWithPagedKVCacheWrapper(
                     self.workspace, "NHD", use_cuda_graph=True, qo_indptr_buf=qo, paged_kv_indptr_buf=ids.kv_indptr,
                     paged_kv_indices_buf=ids.kv_indices, paged_kv_last_page_len_buf=last, backend=self.prefill_kernel_family, **mask))
