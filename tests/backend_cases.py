@@ -69,16 +69,19 @@ class Case:
 
 
 def make_case(env: Env, requests, mode: ForwardMode, page_size: int, *, encoder_lens=None, num_slots=1 << 16, seed=0,
-              max_context_len=8192) -> Case:
+              max_context_len=8192, kv_dtype: torch.dtype | None = None) -> Case:
+    """``kv_dtype``: the pools' (an FP8 cache); K/V are drawn in ``env.dtype`` and rounded through it, so that the raw
+    K/V a ragged pass reads equal what the cache holds and a backend matches the reference to ``env.tol``."""
     dev, (h, hkv, d), dtype = env.device, env.heads, env.dtype
     s = build_batch(requests, mode, page_size=page_size, num_slots=num_slots, max_context_len=max_context_len,
                     encoder_lens=encoder_lens, seed=seed, device=dev)
     gen = torch.Generator(device=dev).manual_seed(seed)
-    pools = tuple(MHATokenToKVPool(num_slots, page_size, 1, hkv, d, dtype=dtype, device=dev) for _ in range(2))
+    pools = tuple(MHATokenToKVPool(num_slots, page_size, 1, hkv, d, dtype=kv_dtype or dtype, device=dev) for _ in range(2))
+    stored = (lambda t: t.to(kv_dtype).to(dtype)) if kv_dtype else (lambda t: t)  # noqa: E731
     new_k, new_v, enc_k, enc_v = [], [], [], []
     for (prefix, new), slots, enc in zip(requests, s.slots, encoder_lens or [0] * len(requests)):
-        k = torch.randn(enc + prefix + new, hkv, d, device=dev, generator=gen, dtype=dtype)
-        v = torch.randn(enc + prefix + new, hkv, d, device=dev, generator=gen, dtype=dtype)
+        k = stored(torch.randn(enc + prefix + new, hkv, d, device=dev, generator=gen, dtype=dtype))
+        v = stored(torch.randn(enc + prefix + new, hkv, d, device=dev, generator=gen, dtype=dtype))
         for pool in pools:
             pool.set_kv_buffer(0, slots[: enc + prefix].to(dev), k[: enc + prefix], v[: enc + prefix])
         new_k.append(k[enc + prefix:])
@@ -155,7 +158,7 @@ def run(backend, case: Case, layer: AttentionLayer, k="new", v="new") -> torch.T
 
 def replay_rounds(env: Env, make_backend, plan, layer: AttentionLayer, mode: ForwardMode, page_size: int, *,
                   fresh_rows: bool = False, encoder_pages: list[list[int]] | None = None, then: ForwardMode | None = None,
-                  tree: bool = False):
+                  tree: bool = False, kv_dtype: torch.dtype | None = None):
     """Capture one CUDA graph (4 requests), then replay it for three rounds of different lengths.
 
     ``make_backend(plan, case, layer)`` builds the backend under test. Yields ``(round, case, replayed_out)``
@@ -168,7 +171,7 @@ def replay_rounds(env: Env, make_backend, plan, layer: AttentionLayer, mode: For
     first, and each round replays both (``mode``'s, then ``then``'s), yielding each: graphs of two modes (SGLang's
     decode and target-verify graphs) must keep their own metadata.
     ``tree``: each round's draft tokens form other random trees (:func:`random_tree`), handed to the replay and set on
-    the round's batch (``case.setup.batch.spec_tree_mask``, for the reference).
+    the round's batch (``case.setup.batch.spec_tree_mask``, for the reference). ``kv_dtype``: as :func:`make_case`'s.
     On the CPU the graph is emulated (standins.graphs): each replay re-runs the forward, and the stand-in kernels
     check that it launches what was captured, reading the same metadata buffers.
     """
@@ -178,7 +181,7 @@ def replay_rounds(env: Env, make_backend, plan, layer: AttentionLayer, mode: For
     encoders = [[n * page_size for n in pages] for pages in encoder_pages] if encoder_pages else [None] * len(prefixes)
     cross = layer.kind == LayerKind.CROSS_ATTENTION
     requests = lambda m, i: [(p, per_req[m]) for p in prefixes[i]]  # noqa: E731
-    captured = {m: make_case(env, requests(m, 0), m, page_size, seed=0, encoder_lens=encoders[0]) for m in modes}
+    captured = {m: make_case(env, requests(m, 0), m, page_size, seed=0, encoder_lens=encoders[0], kv_dtype=kv_dtype) for m in modes}
     first = captured[mode]
     rtt = first.setup.req_to_token_pool.req_to_token
     backend = make_backend(plan, first, layer)
@@ -196,7 +199,7 @@ def replay_rounds(env: Env, make_backend, plan, layer: AttentionLayer, mode: For
         graphs[m] = (static, static_batch, graph)
     for i in range(len(prefixes)):
         for m in modes:
-            case = make_case(env, requests(m, i), m, page_size, seed=i + 1, encoder_lens=encoders[i])
+            case = make_case(env, requests(m, i), m, page_size, seed=i + 1, encoder_lens=encoders[i], kv_dtype=kv_dtype)
             static, static_batch, graph = graphs[m]
             backend.kv_pool.k_buffer[0].copy_(case.pools[0].k_buffer[0])
             backend.kv_pool.v_buffer[0].copy_(case.pools[0].v_buffer[0])

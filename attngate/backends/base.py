@@ -31,6 +31,7 @@ class AttentionBackend(ABC):
                                              "SGLang's unified memory pool (--enable-unified-memory) needs its index translator"))
         check_heads_per_rank(plan, layers)
         check_served_layers(layers)
+        check_pool_dtype(plan, kv_pool)
         self.plan = plan
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
@@ -123,6 +124,15 @@ def chain_verify_only(plan: Plan, backend: str) -> list[Problem]:
         return []
     return [Problem("common.tree_mask", f"attngate's {backend} verifies speculative chains only, and the plan verifies a tree "
                                         "(speculative_eagle_topk > 1); the flashinfer backend (MHA) verifies trees")]
+
+
+def sixteen_bit_kv_only(plan: Plan, backend: str) -> list[Problem]:
+    """A backend that reads 16-bit KV caches only refuses a plan for an FP8 one (empty: it may)."""
+    name = plan.common.kv_cache_dtype
+    if name == "auto" or KV_STORAGE_DTYPES.get(name) == torch.bfloat16:
+        return []
+    return [Problem("common.kv_cache_dtype", f"{name!r}: attngate's {backend} reads 16-bit KV caches only (no descale "
+                                             "tensors); the flashinfer backend (MHA) reads FP8 ones")]
 
 
 def check_batch(batch: ForwardBatch, req_to_token: torch.Tensor, num_slots: int) -> None:
@@ -227,6 +237,41 @@ def check_served_layers(layers: list[AttentionLayer]) -> None:
         raise BatchMetadataError(Problem(f"layers {', '.join(map(str, encoder))}", (
             "an encoder-decoder model's encoder layers: they attend over the encoder input, outside the paged backend (SGLang's "
             "Whisper runs them with SDPA); build the backend's layers with layers_from_model(..., include_encoder=False)")))
+
+
+#: The KV cache dtypes attngate's pools store, by ``kv_cache_dtype`` ("auto": the model's dtype). SGLang's FP4 and MXFP8
+#: caches also carry per-block scale tensors, which no attngate pool or backend keeps.
+KV_STORAGE_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn,
+                     "fp8_e5m2": torch.float8_e5m2}
+
+
+def kv_storage_dtype(plan: Plan, model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype a KV pool for this plan holds: ``common.kv_cache_dtype``, the model's for "auto". BatchMetadataError
+    for a dtype attngate does not store (nvfp4, fp4_e2m1, fp4_mx_block16, mxfp8)."""
+    name = plan.common.kv_cache_dtype
+    if name == "auto":
+        return model_dtype
+    if name not in KV_STORAGE_DTYPES:
+        raise BatchMetadataError(Problem("common.kv_cache_dtype", f"{name!r}: attngate's KV pools store "
+                                         f"{', '.join(sorted(KV_STORAGE_DTYPES))} or the model's dtype ('auto'); "
+                                         "FP4 and MXFP8 caches need per-block scales they do not keep"))
+    return KV_STORAGE_DTYPES[name]
+
+
+def check_pool_dtype(plan: Plan, kv_pool) -> None:
+    """The pool holds what the plan's ``common.kv_cache_dtype`` says (any floating dtype under "auto");
+    BatchMetadataError otherwise, so that a plan resolved for an FP8 cache never runs on a 16-bit one or back."""
+    dtype = getattr(kv_pool, "dtype", None)
+    if plan.common.kv_cache_dtype == "auto" or dtype is None:
+        return
+    want = kv_storage_dtype(plan, dtype)
+    if dtype != want:
+        raise BatchMetadataError(Problem("kv_pool", f"holds {dtype}, the plan's kv_cache_dtype {plan.common.kv_cache_dtype!r} "
+                                                    f"is {want}: build the pool with kv_storage_dtype(plan, model_dtype)"))
+
+
+def is_fp8(dtype: torch.dtype) -> bool:
+    return dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def check_pool_page_size(plan: Plan, kv_pool) -> int:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from attngate.backends.base import (AttentionBackend, captured_graph, check_batch, check_capture_mode, check_graph_batch,
-                                    check_pool_page_size, chain_verify_only, tree_mask_of)
+                                    check_pool_page_size, chain_verify_only, sixteen_bit_kv_only, tree_mask_of)
 from attngate.backends.batch_metadata import BatchLengths, check_page_aligned, host, page_ids, page_table
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
@@ -134,7 +134,7 @@ def fa_refusals(plan: Plan, layers: list[AttentionLayer], sm_major: int | None =
     """Why the FA backend cannot serve these layers under this plan (empty: it can). ``sm_major`` None skips
     the architecture checks (CPU stand-ins). Needs no kernel import."""
     provider, page_size = plan.flashattention.provider, plan.common.page_size
-    problems = mla_reads_what_it_writes(plan, layers) + chain_verify_only(plan, "FA backend")
+    problems = mla_reads_what_it_writes(plan, layers) + chain_verify_only(plan, "FA backend") + sixteen_bit_kv_only(plan, "FA backend")
     for layer in layers:
         where = f"layer {layer.layer_id}"
         if (layer.has_sinks or layer.sinks is not None) and provider == "flash_attn_interface":

@@ -34,13 +34,13 @@ import numpy as np
 import torch
 
 from attngate.backends.base import (AttentionBackend, captured_graph, check_batch, check_capture_mode, check_graph_batch,
-                                    check_pool_page_size, tree_mask_of)
+                                    check_pool_page_size, is_fp8, tree_mask_of)
 from attngate.backends.batch_metadata import BatchLengths, GraphPageIds, PageRange, check_page_aligned, host, page_ids
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.flashinfer_mla import FlashInferMLABackend, mla_refusals
 from attngate.backends.layer import AttentionLayer
-from attngate.errors import Problem
+from attngate.errors import Problem, UsageError
 from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.gates.plan import Plan
 
@@ -144,6 +144,9 @@ class FlashInferBackend(AttentionBackend):
         self._batch_path: str = "none"
         self._merge_rows: torch.Tensor | None = None
         self._dtype = kv_pool.dtype
+        if q_dtype is None and is_fp8(kv_pool.dtype):
+            raise UsageError(Problem("q_dtype", f"needed with a {kv_pool.dtype} KV pool: the model's dtype, which the queries "
+                                                "and the raw K/V of a ragged extend keep"))
         self.q_dtype = q_dtype or kv_pool.dtype
 
     # ---- static layout --------------------------------------------------------------------------
@@ -177,7 +180,8 @@ class FlashInferBackend(AttentionBackend):
         return kw
 
     def _build_plan_kwargs(self, spec: _WrapperSpec, kind: str, cuda_graph: bool) -> dict:
-        kw = dict(q_data_type=self.q_dtype, kv_data_type=self._dtype, sm_scale=spec.sm_scale,
+        kv = self.q_dtype if kind == "ragged" else self._dtype  # the ragged wrapper reads the raw K/V, in the model's dtype
+        kw = dict(q_data_type=self.q_dtype, kv_data_type=kv, sm_scale=spec.sm_scale,
                   logits_soft_cap=spec.logits_soft_cap or None, window_left=spec.window_left)
         if kind == "decode":
             if cuda_graph:

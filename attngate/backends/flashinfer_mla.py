@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from attngate.backends.base import (AttentionBackend, captured_graph, check_batch, check_capture_mode, check_graph_batch,
-                                    check_pool_page_size, chain_verify_only, tree_mask_of)
+                                    check_pool_page_size, chain_verify_only, sixteen_bit_kv_only, tree_mask_of)
 from attngate.backends.batch_metadata import BatchLengths, GraphPageIds, host, page_ids
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
@@ -50,7 +50,8 @@ class _MLAGraph:
 
 def mla_refusals(plan: Plan, layers: list[AttentionLayer]) -> list[Problem]:
     """Why FlashInfer MLA cannot serve these layers under this plan (empty: it can). Needs no kernel import."""
-    problems = mla_reads_what_it_writes(plan, layers) + chain_verify_only(plan, "FlashInfer MLA backend")
+    problems = (mla_reads_what_it_writes(plan, layers) + chain_verify_only(plan, "FlashInfer MLA backend")
+                + sixteen_bit_kv_only(plan, "FlashInfer MLA backend"))
     for layer in layers:
         where = f"layer {layer.layer_id}"
         if not layer.is_mla:

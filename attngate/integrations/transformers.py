@@ -32,12 +32,13 @@ backend attends absorbed or non-absorbed as the plan's ``common.mla_form`` says.
 from __future__ import annotations
 
 import contextvars
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from attngate.backends.base import AttentionBackend
+from attngate.backends.base import AttentionBackend, kv_storage_dtype
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.kv_cache import MHATokenToKVPool, MLATokenToKVPool, PageAllocator, ReqToTokenPool
@@ -174,15 +175,17 @@ class AttngateRuntime:
         self._ckv: dict[int, torch.Tensor] = {}
         self._bind_layers(model)  # before the backend is built: backends copy scaling, sinks and MLA weights
         self.page_size = page_size
+        kv_dtype = kv_storage_dtype(self.plan, dtype)  # --kv-cache-dtype fp8_e4m3: an FP8 pool
         if self.facts.use_mla:
             self.pool = MLATokenToKVPool(num_slots, page_size, len(self.layers), self.facts.kv_lora_rank,
-                                         self.facts.qk_rope_head_dim, dtype=dtype, device=device)
+                                         self.facts.qk_rope_head_dim, dtype=kv_dtype, device=device)
         else:
             self.pool = MHATokenToKVPool(num_slots, page_size, len(self.layers), self.facts.num_key_value_heads,
-                                         self.facts.head_dim, self.facts.v_head_dim, dtype=dtype, device=device)
+                                         self.facts.head_dim, self.facts.v_head_dim, dtype=kv_dtype, device=device)
         self.allocator = PageAllocator(num_slots // page_size, page_size, _scattered(num_slots // page_size))
         self.req_to_token_pool = ReqToTokenPool(max_requests, max_context_len, device)
-        self.backend = backend_cls(self.plan, self.pool, self.req_to_token_pool.req_to_token, self.layers, device)
+        queries = {"q_dtype": dtype} if "q_dtype" in inspect.signature(backend_cls).parameters else {}  # FlashInfer's
+        self.backend = backend_cls(self.plan, self.pool, self.req_to_token_pool.req_to_token, self.layers, device, **queries)
         self.batch: ForwardBatch | None = None
         self._requests: dict[int, _Request] = {}
         self.device = device

@@ -267,3 +267,19 @@ def test_embedding_gemma_runs_as_an_embedding_server_on_the_paged_path(page_size
     assert (got - expected).abs().max().item() < 1e-4
     with pytest.raises(BatchMetadataError, match=f"request {reqs[0]}: a layer without KV cache cannot attend to a cached prefix"):
         rt.decode({reqs[0]: 3})
+
+
+def test_an_fp8_kv_cache_flag_builds_an_fp8_pool_and_stays_close_to_eager():
+    """--kv-cache-dtype fp8_e4m3: the runtime's pool stores what the plan says (common.kv_cache_dtype), so every cached
+    K/V is rounded to FP8, and the logits stay close to eager's (not to 1e-4: that is what FP8 costs)."""
+    ref, ours = _pair(_config(*MODELS_UNDER_TEST["llama"][:2]))
+    prompt = torch.randint(1, 96, (20,), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        full = ref(prompt[None]).logits[0]
+    rt = AttngateRuntime(ours, server_args=ServerArgs.from_flags(["--kv-cache-dtype", "fp8_e4m3", "--page-size", "16"]),
+                         page_size=16, num_slots=256)
+    assert rt.plan.common.kv_cache_dtype == "fp8_e4m3" and rt.pool.k_buffer[0].dtype == torch.float8_e4m3fn
+    req = rt.add_request()
+    got = [rt.extend({req: prompt[:12]})] + [rt.decode({req: prompt[i]}) for i in range(12, 20)]
+    diff = (torch.cat(got) - full).abs().max().item()
+    assert 1e-4 < diff < 0.1 * full.abs().max().item(), diff

@@ -280,3 +280,12 @@ def test_fa_verifies_chains_only_and_says_so(env):
     with pytest.raises(BatchMetadataError, match="spec_tree_mask: given"):
         fa_backend(env, plan_for(env, "fa3", 1, **SPECULATIVE), case, layer).init_forward_metadata(case.setup.batch)
 
+
+
+def test_fa_reads_16_bit_kv_caches_only_and_says_so(env):
+    """An FP8 KV cache needs FA3's descale tensors, which attngate's FA backend does not compute: the plan for one is
+    refused at construction, naming the backend that reads it."""
+    plan = plan_for(env, "fa3", 1, kv_cache_dtype="fp8_e4m3")
+    case = make_case(env, [(5, 1), (40, 1)], M.DECODE, 1, kv_dtype=torch.float8_e4m3fn)
+    with pytest.raises(BatchMetadataError, match="common.kv_cache_dtype: 'fp8_e4m3': attngate's FA backend reads 16-bit KV caches only"):
+        fa_backend(env, plan, case, layer_of(env, LayerKind.FULL))

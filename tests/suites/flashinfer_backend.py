@@ -9,6 +9,7 @@ import torch
 
 from attngate import ForwardMode, LayerKind
 from attngate.backends.errors import BatchMetadataError
+from attngate.errors import UsageError
 from attngate.backends.flashinfer import FlashInferBackend
 from attngate.backends.kv_cache import MHATokenToKVPool
 from attngate.backends.layer import AttentionLayer
@@ -152,6 +153,40 @@ def test_fi_cuda_graph_replay_equals_eager(env, mode, page_size):
         assert max_diff(replayed, reference_out(env, case, plan, layer)) < env.tol, f"round {i}"
         eager = fi_backend(env, plan, case, layer)
         assert max_diff(replayed, run(eager, case, layer)) < env.tol, f"round {i}"
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+@pytest.mark.parametrize("shape", ["extend_prefix", "decode", "target_verify"])
+def test_fi_fp8_kv_cache_matches_reference(env, shape, page_size):
+    """--kv-cache-dtype fp8_e4m3: the pool stores FP8 (what the plan's common.kv_cache_dtype says), every paged plan
+    reads it as FP8 and the ragged half reads the raw K/V in the model's dtype. K/V are drawn FP8-representable, so the
+    backend matches the reference to the usual tolerance."""
+    plan = plan_for(env, "flashinfer", page_size, "Llama-3.1-8B", kv_cache_dtype="fp8_e4m3", **SPECULATIVE)
+    layer = layer_of(env, LayerKind.FULL)
+    case = make_case(env, REQUESTS[shape], MODE_OF[shape], page_size, kv_dtype=torch.float8_e4m3fn)
+    expected = reference_out(env, case, plan, layer)
+    assert max_diff(run(fi_backend(env, plan, case, layer, q_dtype=env.dtype), case, layer), expected) < env.tol
+
+
+@pytest.mark.parametrize("mode", [M.DECODE, M.TARGET_VERIFY])
+def test_fi_fp8_kv_cache_cuda_graph_replays(env, mode):
+    plan = plan_for(env, "flashinfer", 16, "Llama-3.1-8B", kv_cache_dtype="fp8_e4m3", **SPECULATIVE)
+    assert_replays_match_reference(env, functools.partial(fi_backend, env, q_dtype=env.dtype), plan, layer_of(env, LayerKind.FULL),
+                                   mode, 16, fresh_rows=True, kv_dtype=torch.float8_e4m3fn)
+
+
+def test_fi_kv_cache_dtype_follows_the_plan(env):
+    """A pool of another dtype than the plan's kv_cache_dtype, a cache dtype attngate stores no pool for, and an FP8
+    pool without the model's dtype for the queries are each refused at construction."""
+    layer = layer_of(env, LayerKind.FULL)
+    case = make_case(env, REQUESTS["decode"], M.DECODE, 16)  # a 16-bit pool
+    with pytest.raises(BatchMetadataError, match="kv_pool: holds torch.bfloat16, the plan's kv_cache_dtype 'fp8_e4m3'"):
+        fi_backend(env, plan_for(env, "flashinfer", 16, kv_cache_dtype="fp8_e4m3"), case, layer)
+    fp8 = make_case(env, REQUESTS["decode"], M.DECODE, 16, kv_dtype=torch.float8_e4m3fn)
+    with pytest.raises(UsageError, match="q_dtype: needed with a torch.float8_e4m3fn KV pool"):
+        fi_backend(env, plan_for(env, "flashinfer", 16, kv_cache_dtype="fp8_e4m3"), fp8, layer)
+    with pytest.raises(BatchMetadataError, match="kv_pool: holds torch.float8_e4m3fn, the plan's kv_cache_dtype 'fp8_e5m2'"):
+        fi_backend(env, plan_for(env, "flashinfer", 16, kv_cache_dtype="fp8_e5m2"), fp8, layer, q_dtype=env.dtype)
 
 
 TREE_REQUESTS = [(5, 8), (15, 8), (130, 8), (300, 8)]  # prefixes around a 16-token page, one past the window below
