@@ -54,9 +54,13 @@ REINJECTIONS = {
                                                                         'fa.skip_kv_cache and layer_kind'),
                                                     "unwritten-layers-read-no-paged-extend"),
     "fa3 family without its custom-mask exclusion": (
-        lambda t: t.replace("when: sm_major == 9 and flashinfer_fa3_head_dims and not flashinfer_prefill_custom_mask\n",
-                            "when: sm_major == 9 and flashinfer_fa3_head_dims\n"),
+        lambda t: t.replace("sm_major == 9 and flashinfer_fa3_head_dims and not flashinfer_prefill_custom_mask\n",
+                            "sm_major == 9 and flashinfer_fa3_head_dims\n"),
         "flashinfer-fa3-plans-no-custom-mask"),
+    "fa3 family over an FP8 cache": (
+        lambda t: t.replace('\n      and kv_cache_dtype in ("auto", "bf16", "bfloat16")\n    set: {flashinfer.prefill_kernel_family: fa3}',
+                            '\n    set: {flashinfer.prefill_kernel_family: fa3}'),
+        "flashinfer-fa3-prefill-reads-16-bit-caches"),
     "FlashInfer allowed for a bidirectional window": (lambda t: t.replace(_rule_block("flashinfer.no-bidirectional-window"), ""),
                                                       "bidirectional-layers-attend-both-ways"),
     "bidirectional sliding layers left causal": (lambda t: t.replace('or (use_bidirectional_attention and layer_kind in ("full", "sliding_window"))',

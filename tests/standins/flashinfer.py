@@ -213,9 +213,13 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
 FA3_HEAD_DIMS = {(64, 64), (128, 128), (256, 256), (192, 128)}  # (qk, vo) pairs of FlashInfer's SM90 prefill kernels
 
 
-def _check_family(problems: _Problems, backend: str, head_dim_qk: int, head_dim_vo: int | None) -> None:
+def _check_family(problems: _Problems, backend: str, head_dim_qk: int, head_dim_vo: int | None, kv_data_type=None) -> None:
     pair = (head_dim_qk, head_dim_vo or head_dim_qk)
     problems.check(backend != "fa3" or pair in FA3_HEAD_DIMS, f"the fa3 kernel family has no variant for head dims {pair}")
+    # FlashInfer 0.7.2 on an H100: the SM90 prefill module for 16-bit queries over an FP8 cache fails to compile
+    # ("MajorB must be GMMA::Major::K", prefill_sm90.cuh), so no fa3 plan reads an FP8 cache
+    problems.check(backend != "fa3" or kv_data_type not in (torch.float8_e4m3fn, torch.float8_e5m2),
+                   f"the fa3 kernel family builds no prefill for a {kv_data_type} KV cache (plan it on fa2)")
 
 
 def _check_custom_mask(problems: _Problems, custom_mask, qo_lens: list[int], kv_lens: list[int], backend: str) -> None:
@@ -309,7 +313,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
              non_blocking=True, fixed_split_size=None, disable_split_kv=False, **_):
         problems = _Problems()
         _check_common(problems, num_qo_heads, num_kv_heads, window_left, logits_soft_cap, fixed_split_size)
-        _check_family(problems, self.backend, head_dim_qk, head_dim_vo)
+        _check_family(problems, self.backend, head_dim_qk, head_dim_vo, kv_data_type)
         _check_indptr(problems, "qo_indptr", qo_indptr, paged_kv_indptr.numel() - 1)
         graph = self.use_cuda_graph
         buffers = tuple(self.buffers[n] for n in self.GRAPH_BUFFERS[1:]) if graph else None
