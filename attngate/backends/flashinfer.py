@@ -256,8 +256,8 @@ class FlashInferBackend(AttentionBackend):
         kw = self._plan_kwargs(spec, "paged", cuda_graph=graph is not None)
         if window_mask:  # paged half of a ragged+paged window layer: queries sit after the prefix
             kw = kw | dict(custom_mask=self._prefix_window_mask(spec, rng, lens), window_left=-1)
-        elif tree is not None:  # a speculative tree's verify: the window, if any, is folded into the mask
-            kw = kw | dict(custom_mask=self._tree_mask(spec, rng, lens, tree), window_left=-1)
+        elif tree is not None:  # a speculative tree's verify; a window layer keeps its window_left beside the mask
+            kw = kw | dict(custom_mask=self._tree_mask(rng, tree))
         wrapper.plan(qo_indptr, host(rng.indptr), self._ids_for_plan(spec, lens, rng, graph), host(rng.last_page_len),
                      *spec.heads, self.page_size, causal=causal, **kw)
 
@@ -282,27 +282,21 @@ class FlashInferBackend(AttentionBackend):
             parts.append((k_pos[None, :] >= q_pos[:, None] - spec.window_left).reshape(-1))
         return host(np.concatenate(parts)).to(self.device, non_blocking=True)
 
-    def _tree_mask(self, spec: _WrapperSpec, rng: PageRange, lens: BatchLengths, tree: torch.Tensor) -> torch.Tensor:
-        """Flattened ``[sum(D * kv_len_r)]`` bool (request, query, key order) over each request's planned KV range
-        (``kv_len_r`` tokens from ``first_token_r``): a cached key is visible, a draft key where ``tree: [bs, D, D]``
-        says, and under a window only keys at or after the query's position minus window_left. Built on the device
-        from the host lengths, with no sync (FlashInfer packs it into bits itself)."""
+    def _tree_mask(self, rng: PageRange, tree: torch.Tensor) -> torch.Tensor:
+        """Flattened ``[sum(D * kv_len_r)]`` bool (request, query, key order) over each request's planned KV range:
+        its cached keys visible, its last D keys (the draft tokens) where ``tree: [bs, D, D]`` says. A window is not
+        folded in: FlashInfer applies window_left beside a custom mask, at the positions the reference gives the
+        draft tokens. Built on the device from the host lengths, no sync: a fill and one scatter of the tree."""
         d = tree.shape[1]
-        dev = tree.device
-        draft0 = lens.enc + lens.prefix  # each request's first draft token, in req_to_token coordinates
-        first, kv_len, draft0 = host(np.stack([rng.first_token, rng.kv_len, draft0]).astype(np.int64)).to(dev, non_blocking=True)
-        total = int(d * rng.kv_len.sum())
-        row_len = kv_len.repeat_interleave(d)  # one row per (request, query)
-        row_start = torch.cumsum(row_len, 0) - row_len
-        flat = torch.arange(total, device=dev)
-        row = torch.searchsorted(row_start, flat, right=True) - 1
-        req, query = row // d, row % d
-        k_pos = first[req] + flat - row_start[row]
-        draft = k_pos - draft0[req]
-        visible = torch.where(draft >= 0, tree[req, query, draft.clamp(0, d - 1)], True)
-        if spec.window_left >= 0:
-            visible &= k_pos >= draft0[req] + query - spec.window_left
-        return visible
+        kv_len = rng.kv_len.astype(np.int64)
+        total = int(d * kv_len.sum())
+        row0 = d * (np.cumsum(kv_len) - kv_len) + kv_len - d  # each request's first draft key in its first query's row
+        row0, row_len = host(np.stack([row0, kv_len])).to(tree.device, non_blocking=True)
+        steps = torch.arange(d, device=tree.device)
+        where = row0[:, None, None] + steps[None, :, None] * row_len[:, None, None] + steps[None, None, :]  # [bs, D, D]
+        mask = torch.ones(total, dtype=torch.bool, device=tree.device)
+        mask[where.flatten()] = tree.flatten()
+        return mask
 
     # ---- forward --------------------------------------------------------------------------------
 

@@ -283,8 +283,9 @@ class _GraphMask:
 def _prefill_masks(p: dict, qo_lens: list[int], kv_lens: list[int]) -> list[torch.Tensor]:
     masks, offset = [], 0
     for lq, lk in zip(qo_lens, kv_lens):
-        if p["custom_mask"] is not None:
-            masks.append(p["custom_mask"][offset: offset + lq * lk].view(lq, lk).cpu())
+        if p["custom_mask"] is not None:  # FlashInfer applies window_left beside a custom mask (DefaultAttention's LogitsMask)
+            custom = p["custom_mask"][offset: offset + lq * lk].view(lq, lk).cpu()
+            masks.append(custom & request_mask(lq, lk, causal=False, window_left=p["window_left"]))
             offset += lq * lk
         else:
             masks.append(request_mask(lq, lk, causal=p["causal"], window_left=p["window_left"]))
