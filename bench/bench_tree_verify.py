@@ -48,11 +48,11 @@ def main() -> None:
         lens = BatchLengths.from_batch(batch)
         spec = fi.specs[0]
         rng = lens.kv_pages(PS)
-        mask_ms = cuda_ms(lambda: fi._tree_mask(spec, rng, lens, batch.spec_tree_mask))
-        mask = fi._tree_mask(spec, rng, lens, batch.spec_tree_mask)
+        mask_ms = cuda_ms(lambda: fi._tree_mask(rng, batch.spec_tree_mask))
+        mask = fi._tree_mask(rng, batch.spec_tree_mask)
         args = (host(lens.qo_indptr), host(rng.indptr), page_ids(rtt, batch.req_pool_indices, rng, PS), host(rng.last_page_len),
                 *spec.heads, PS)
-        kw = fi._plan_kwargs(spec, "paged") | dict(custom_mask=mask, window_left=-1)
+        kw = fi._plan_kwargs(spec, "paged") | dict(custom_mask=mask)
         chain_batch = replace(batch, spec_tree_mask=None)
         host_us = paired_host_us({
             "tree_metadata": lambda: fi.init_forward_metadata(batch),

@@ -286,16 +286,15 @@ class FlashInferBackend(AttentionBackend):
         """Flattened ``[sum(D * kv_len_r)]`` bool (request, query, key order) over each request's planned KV range:
         its cached keys visible, its last D keys (the draft tokens) where ``tree: [bs, D, D]`` says. A window is not
         folded in: FlashInfer applies window_left beside a custom mask, at the positions the reference gives the
-        draft tokens. Built on the device from the host lengths, no sync: a fill and one scatter of the tree."""
+        draft tokens. The scatter's indices come from the host lengths (bs x D x D of them, one copy): a fill and one
+        scatter on the device, no sync."""
         d = tree.shape[1]
         kv_len = rng.kv_len.astype(np.int64)
-        total = int(d * kv_len.sum())
         row0 = d * (np.cumsum(kv_len) - kv_len) + kv_len - d  # each request's first draft key in its first query's row
-        row0, row_len = host(np.stack([row0, kv_len])).to(tree.device, non_blocking=True)
-        steps = torch.arange(d, device=tree.device)
-        where = row0[:, None, None] + steps[None, :, None] * row_len[:, None, None] + steps[None, None, :]  # [bs, D, D]
-        mask = torch.ones(total, dtype=torch.bool, device=tree.device)
-        mask[where.flatten()] = tree.flatten()
+        steps = np.arange(d)
+        where = row0[:, None, None] + steps[None, :, None] * kv_len[:, None, None] + steps[None, None, :]  # [bs, D, D], host
+        mask = torch.ones(int(d * kv_len.sum()), dtype=torch.bool, device=tree.device)
+        mask[host(where.reshape(-1)).to(tree.device, non_blocking=True)] = tree.flatten()
         return mask
 
     # ---- forward --------------------------------------------------------------------------------
