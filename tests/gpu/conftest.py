@@ -26,7 +26,9 @@ test_flashattention.py with test_page_ids.py 82 passed in 1:50. Then, on another
 does not compile for an FP8 cache; the plan now keeps FP8 caches on fa2), and after that fix, on a third fresh host,
 test_flashinfer.py -k "fp8 or kv_cache_dtype or every_wrapper_runs" 10 passed in 3:13. After the tree mask kept window_left
 beside it (a new custom-mask + window variant), on a fourth fresh host: test_flashinfer.py -k tree 7 passed in 1:21 cold,
-then 0:13 warm after the mask's indices moved to the host.
+then 0:13 warm after the mask's indices moved to the host. End of that session, final code, a fifth fresh H100 host:
+test_flashinfer.py with test_flashattention.py 146 passed in 7:17 (cold), then test_mla_and_local.py, test_standin_drift.py
+and test_page_ids.py 86 passed in 2:44.
 Tests share variants where they can (the same head dim, dtype and mask modes), so that a new test adds as few builds as
 possible.
 """
