@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -282,3 +282,50 @@ def test_a_plan_changed_in_place_is_refused_by_every_backend():
     object.__setattr__(plan.common, "page_size", 64)  # frozen refuses plan.common.page_size = 64, not this
     with pytest.raises(PlanLoadError, match="changed after it was validated"):
         ReferenceBackend(plan, MHATokenToKVPool(64, 1, 1, 8, 128), torch.zeros(1, 64, dtype=torch.int32), layers_from_model(facts))
+
+
+def _field_values(field) -> st.SearchStrategy:
+    """Values a ServerArgs field takes: its Literal choices, booleans, or numbers inside its bounds (None where optional)."""
+    import typing
+
+    annotation, optional = field.annotation, False
+    if typing.get_origin(annotation) is typing.Union:
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        annotation, optional = args[0], True
+    if typing.get_origin(annotation) is typing.Literal:
+        values = st.sampled_from(typing.get_args(annotation))
+    elif annotation is bool:
+        values = st.booleans()
+    elif annotation in (int, float):
+        lo = next((m.ge for m in field.metadata if hasattr(m, "ge")), -1)
+        hi = next((m.le for m in field.metadata if hasattr(m, "le")), 1 << 16)
+        values = st.sampled_from(sorted({lo, min(hi, max(lo, 1)), min(hi, 16), min(hi, 4096), hi}))
+    else:
+        values = st.just(field.default)
+    return st.none() | values if optional else values
+
+
+_SERVER_ARGS = st.fixed_dictionaries({}, optional={name: _field_values(f) for name, f in ServerArgs.model_fields.items()})
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(args=_SERVER_ARGS, model=st.sampled_from(sorted(p.stem for p in MODELS.glob("*.json"))),
+       gpu=st.sampled_from(["sm80", "sm90", "sm100", "sm120"]))
+def test_any_server_arguments_resolve_and_explain_or_fail_cleanly(args, model, gpu):
+    """Any combination of SGLang's server arguments, on any example model and GPU: a plan whose every gate explains
+    (the explanation evaluates each rule's conditions conjunct by conjunct), or an attngate error; nothing else."""
+    from attngate import Platform, PlanError, resolve
+
+    try:
+        server_args = ServerArgs(**args)
+    except ServerArgsError:
+        event("server arguments refused")
+        return
+    try:
+        res = resolve(server_args, ModelFacts.from_hf_config(MODELS / f"{model}.json"), Platform.from_name(gpu))
+    except PlanError:
+        event("configuration refused")
+        return
+    event("resolved and explained")
+    why = res.explanation
+    assert set(why.gates) and set(why.modes) and set(why.layers)
