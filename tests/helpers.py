@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
+
+from hypothesis import strategies as st
 
 from attngate import ModelFacts, Platform, ServerArgs, resolve
 
@@ -36,3 +39,26 @@ EMBEDDING_GEMMA = {
 
 def embedding_gemma(**changes) -> ModelFacts:
     return ModelFacts.from_hf_dict({**EMBEDDING_GEMMA, **changes}, source="embeddinggemma")
+
+
+def _field_values(field) -> st.SearchStrategy:
+    """Values a ServerArgs field takes: its Literal choices, booleans, or numbers inside its bounds (None where optional)."""
+    annotation, optional = field.annotation, False
+    if typing.get_origin(annotation) is typing.Union:
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        annotation, optional = args[0], True
+    if typing.get_origin(annotation) is typing.Literal:
+        values = st.sampled_from(typing.get_args(annotation))
+    elif annotation is bool:
+        values = st.booleans()
+    elif annotation in (int, float):
+        lo = next((m.ge for m in field.metadata if hasattr(m, "ge")), -1)
+        hi = next((m.le for m in field.metadata if hasattr(m, "le")), 1 << 16)
+        values = st.sampled_from(sorted({lo, min(hi, max(lo, 1)), min(hi, 16), min(hi, 4096), hi}))
+    else:
+        values = st.just(field.default)
+    return st.none() | values if optional else values
+
+
+#: Any subset of ServerArgs's fields, each at a value its type allows (hypothesis; ServerArgs may still refuse the mix).
+SERVER_ARGS = st.fixed_dictionaries({}, optional={name: _field_values(f) for name, f in ServerArgs.model_fields.items()})

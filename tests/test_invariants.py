@@ -7,16 +7,18 @@ import itertools
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from attngate import ForwardMode, Platform, PlanError, ServerArgs, resolve
-from attngate.errors import RulesError
+from attngate.errors import RulesError, ServerArgsError
 from attngate.facts.schema import base_facts
 from attngate.gates.registry import GATES
 from attngate.rules.condition import gate_key
 from attngate.rules.lint import lint_rules
 from attngate.rules.load import load_rules, parse_rules, shipped_rules_path
 from attngate.rules.prove import prove_invariants
-from helpers import MODELS, model
+from helpers import MODELS, SERVER_ARGS, model
 
 SHIPPED = shipped_rules_path().read_text()
 
@@ -103,17 +105,35 @@ def test_the_prover_agrees_with_resolve_on_real_configs():
             r = resolve(ServerArgs(attention_backend=backend, **flags), model(path.stem), Platform.from_name(gpu, kernels=["flashinfer", "flash_attn.cute", "flash_attn_interface"]))
         except PlanError:
             continue
-        facts = rules.with_predicates(base_facts(r.server_args, r.model, r.platform))
-        for mode, kind in itertools.product(ForwardMode, sorted(set(r.model.layer_kinds), key=lambda k: k.value)):
-            values = {**facts, "forward_mode": mode.value, "layer_kind": kind.value}
-            for name, spec in GATES.items():
-                group = spec.group
-                holder = r.plan if spec.scope == "global" else (r.plan.mode(mode) if spec.scope == "mode" else r.plan.layer(kind))
-                values[gate_key(name)] = getattr(getattr(holder, group), spec.field)
-            for inv in rules.invariants:
-                assert inv.condition(values), f"{inv.id} fails for {path.stem} {backend} {gpu} {flags} {mode.value} {kind.value}"
-                checked += 1
+        checked += _assert_invariants_hold(rules, r, f"{path.stem} {backend} {gpu} {flags}")
     assert checked > 5_000
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(args=SERVER_ARGS, name=st.sampled_from(sorted(p.stem for p in MODELS.glob("*.json"))),
+       gpu=st.sampled_from(["sm80", "sm90", "sm100", "sm120"]))
+def test_the_prover_agrees_with_resolve_on_any_server_arguments(args, name, gpu):
+    """The same, over any mix of SGLang's server arguments: what z3 proved for every input, Python finds on each."""
+    try:
+        r = resolve(ServerArgs(**args), model(name), Platform.from_name(gpu))
+    except (PlanError, ServerArgsError):
+        return
+    _assert_invariants_hold(load_rules(), r, f"{name} {gpu} {args}")
+
+
+def _assert_invariants_hold(rules, r, label: str) -> int:
+    """Evaluate every invariant on resolution ``r`` for every mode and every layer kind its model has; the count."""
+    facts = rules.with_predicates(base_facts(r.server_args, r.model, r.platform))
+    checked = 0
+    for mode, kind in itertools.product(ForwardMode, sorted(set(r.model.layer_kinds), key=lambda k: k.value)):
+        values = {**facts, "forward_mode": mode.value, "layer_kind": kind.value}
+        for name, spec in GATES.items():
+            holder = r.plan if spec.scope == "global" else (r.plan.mode(mode) if spec.scope == "mode" else r.plan.layer(kind))
+            values[gate_key(name)] = getattr(getattr(holder, spec.group), spec.field)
+        for inv in rules.invariants:
+            assert inv.condition(values), f"{inv.id} fails for {label} {mode.value} {kind.value}"
+            checked += 1
+    return checked
 
 
 # ---- attngate diff ------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from attngate.cli import app
 from attngate.errors import AttngateError, ModelConfigError, RulesError, ServerArgsError
 from attngate.gates.plan import Plan, PlanLoadError
 from attngate.rules.load import load_rules, parse_rules
-from helpers import MODELS
+from helpers import MODELS, SERVER_ARGS
 
 LLAMA = MODELS / "Llama-3.1-8B.json"
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
@@ -284,32 +284,8 @@ def test_a_plan_changed_in_place_is_refused_by_every_backend():
         ReferenceBackend(plan, MHATokenToKVPool(64, 1, 1, 8, 128), torch.zeros(1, 64, dtype=torch.int32), layers_from_model(facts))
 
 
-def _field_values(field) -> st.SearchStrategy:
-    """Values a ServerArgs field takes: its Literal choices, booleans, or numbers inside its bounds (None where optional)."""
-    import typing
-
-    annotation, optional = field.annotation, False
-    if typing.get_origin(annotation) is typing.Union:
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        annotation, optional = args[0], True
-    if typing.get_origin(annotation) is typing.Literal:
-        values = st.sampled_from(typing.get_args(annotation))
-    elif annotation is bool:
-        values = st.booleans()
-    elif annotation in (int, float):
-        lo = next((m.ge for m in field.metadata if hasattr(m, "ge")), -1)
-        hi = next((m.le for m in field.metadata if hasattr(m, "le")), 1 << 16)
-        values = st.sampled_from(sorted({lo, min(hi, max(lo, 1)), min(hi, 16), min(hi, 4096), hi}))
-    else:
-        values = st.just(field.default)
-    return st.none() | values if optional else values
-
-
-_SERVER_ARGS = st.fixed_dictionaries({}, optional={name: _field_values(f) for name, f in ServerArgs.model_fields.items()})
-
-
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(args=_SERVER_ARGS, model=st.sampled_from(sorted(p.stem for p in MODELS.glob("*.json"))),
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(args=SERVER_ARGS, model=st.sampled_from(sorted(p.stem for p in MODELS.glob("*.json"))),
        gpu=st.sampled_from(["sm80", "sm90", "sm100", "sm120"]))
 def test_any_server_arguments_resolve_and_explain_or_fail_cleanly(args, model, gpu):
     """Any combination of SGLang's server arguments, on any example model and GPU: a plan whose every gate explains
