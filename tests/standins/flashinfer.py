@@ -2,8 +2,9 @@
 
 ``plan()`` checks what the kernels need (monotone int32 indptr from 0, one length per request,
 page ids inside the cache, ``last_page_len`` in ``[1, page_size]``, GQA head counts, a custom mask of
-``sum(qo_len * kv_len)`` entries and none on the fa3 family, fa3 only at its head dims, ``fixed_split_size`` positive, the
-CUDA-graph buffers' batch size and capacity) and raises ``ValueError`` listing every problem. It
+``sum(qo_len * kv_len)`` entries and none on the fa3 family, fa3 only at its head dims and never over an FP8 cache,
+``fixed_split_size`` positive, the CUDA-graph buffers' batch size and capacity, a graph's custom-mask buffers) and
+raises ``ValueError`` listing every problem. A custom mask and ``window_left`` apply together, as in FlashInfer. It
 keeps exactly what it was given (graph wrappers: copied into their static buffers, which ``run()``
 then reads, as a replayed graph does). Split-KV follows FlashInfer: with ``fixed_split_size`` the KV
 is cut every that many pages (ragged: tokens); otherwise a batch-dependent heuristic decides, and
@@ -260,10 +261,10 @@ class _GraphMask:
         nbytes = _packed_bytes(qo_lens, kv_lens)
         self.indptr.copy_(torch.tensor([0, *itertools.accumulate(nbytes)], dtype=torch.int32))
         bits, offset = mask.cpu().to(torch.uint8), 0
+        weights = torch.tensor([1 << i for i in range(8)], dtype=torch.int32)  # little-endian bit order
         for r, (size, n) in enumerate(zip(self.sizes, nbytes)):
             seg = torch.zeros(n * 8, dtype=torch.uint8)
             seg[:size] = bits[offset: offset + size]
-            weights = torch.tensor([1 << i for i in range(8)], dtype=torch.int32)
             packed = (seg.view(n, 8).to(torch.int32) * weights).sum(dim=1).to(torch.uint8)
             self.buf[int(self.indptr[r]): int(self.indptr[r + 1])].copy_(packed)
             offset += size
