@@ -4,8 +4,9 @@ A property test over the configs of examples/models x server arguments x GPU: fo
 every side (prefill, decode) that is one of attngate's GPU backends (fa3/fa4 through ``flash_attn.cute``,
 flashinfer) is built over one layer of each of the model's layer kinds, with the plan's per-rank heads
 and page size, on the CPU stand-ins of the kernels; the batches a server would send it (an extend over
-cached prefixes of uneven lengths and over page boundaries, a decode step, a target verify under
-speculative decoding, encoder tokens for cross-attention layers) must run and match the reference backend
+cached prefixes of uneven lengths and over page boundaries, a decode step, a target verify under a speculative
+chain or tree, encoder tokens for cross-attention layers, an FP8 cache) must run, eagerly and, where the plan
+captures the mode, as a CUDA graph captured without prefix and replayed, and match the reference backend
 under the same plan. The rules and the backends are written apart; this is where a plan that promises what
 its backend refuses, or resolves a decision the backend reads differently from the reference, shows up.
 """
@@ -30,15 +31,14 @@ from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
 from attngate.backends.kv_cache import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
 from attngate.backends.layer import layers_from_model  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
-from backend_cases import CPU, Graph, random_tree  # noqa: E402
+from backend_cases import CPU, SPECULATIVE as SPECULATIVE_CHAIN, SPECULATIVE_TREE, Graph, random_tree  # noqa: E402
 from helpers import MODELS  # noqa: E402
 from standins import flash_attn_cute, flashinfer  # noqa: E402
 
 M = ForwardMode
 BACKENDS = {"fa3": FlashAttentionBackend, "fa4": FlashAttentionBackend, "flashinfer": FlashInferBackend}
 CONFIGS = {path.stem: ModelFacts.from_hf_config(path) for path in sorted(MODELS.glob("*.json"))}
-SPECULATIVE = {"chain": dict(speculative_algorithm="EAGLE", speculative_eagle_topk=1, speculative_num_steps=3, speculative_num_draft_tokens=4),
-               "tree": dict(speculative_algorithm="EAGLE", speculative_eagle_topk=4, speculative_num_steps=5, speculative_num_draft_tokens=8)}
+SPECULATIVE = {"chain": SPECULATIVE_CHAIN, "tree": SPECULATIVE_TREE}
 TOL = {torch.bfloat16: 3e-2, torch.float32: 1e-4}
 
 
