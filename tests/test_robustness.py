@@ -305,3 +305,20 @@ def test_any_server_arguments_resolve_and_explain_or_fail_cleanly(args, model, g
     event("resolved and explained")
     why = res.explanation
     assert set(why.gates) and set(why.modes) and set(why.layers)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(args=SERVER_ARGS, model=st.sampled_from(sorted(p.stem for p in MODELS.glob("*.json"))),
+       gpu=st.sampled_from(["sm80", "sm90", "sm100"]), view=st.sampled_from([(), ("--all",), ("--format", "json")]))
+def test_explain_prints_any_server_arguments_or_says_why_not(tmp_path_factory, args, model, gpu, view):
+    """The CLI over any mix of server arguments (as an args file): exit 0 or 1 with the explained plan or every
+    reason, 2 for arguments ServerArgs refuses; never a traceback, in every view."""
+    import yaml
+
+    path = tmp_path_factory.mktemp("args") / "args.yaml"
+    path.write_text(yaml.safe_dump(args))
+    result = CliRunner().invoke(app, ["explain", "--model", str(MODELS / f"{model}.json"), "--gpu", gpu, "--args-file", str(path), *view])
+    event(f"exit {result.exit_code}")
+    assert result.exit_code in (0, 1, 2), result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
