@@ -33,6 +33,7 @@ class AttentionBackend(ABC):
         check_served_layers(layers)
         check_pool_dtype(plan, kv_pool)
         self.plan = plan
+        self._tree_modes = frozenset(m for m in ForwardMode if plan.mode(m).common.tree_mask)
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
         self.layers = layers
@@ -48,6 +49,13 @@ class AttentionBackend(ABC):
             views = self._paged_views[layer_id] = tuple(b.view(b.shape[0] // ps, ps, *b.shape[1:])
                                                         for b in self.kv_pool.get_kv_buffer(layer_id))
         return views
+
+    def spec_tree(self, mode: ForwardMode, spec_tree_mask: torch.Tensor | None, new: Sequence[int]) -> torch.Tensor | None:
+        """:func:`tree_mask_of` under this backend's plan, with no work where neither the plan's mode nor the batch has
+        a tree (every step of a server without speculative trees)."""
+        if spec_tree_mask is None and mode not in self._tree_modes:
+            return None
+        return tree_mask_of(self.plan, mode, spec_tree_mask, new)
 
     @abstractmethod
     def init_forward_metadata(self, batch: ForwardBatch) -> None:

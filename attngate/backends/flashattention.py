@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from attngate.backends.base import (AttentionBackend, captured_graph, check_batch, check_capture_mode, check_graph_batch,
-                                    check_pool_page_size, chain_verify_only, sixteen_bit_kv_only, tree_mask_of)
+                                    check_pool_page_size, chain_verify_only, sixteen_bit_kv_only)
 from attngate.backends.batch_metadata import BatchLengths, check_page_aligned, host, page_ids, page_table
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
@@ -190,7 +190,7 @@ class FlashAttentionBackend(AttentionBackend):
             self.md = None
             return
         lens = BatchLengths.from_batch(batch)
-        tree_mask_of(self.plan, batch.forward_mode, batch.spec_tree_mask, lens.new)  # refuses a tree batch: chains only
+        self.spec_tree(batch.forward_mode, batch.spec_tree_mask, lens.new)  # refuses a tree batch: chains only
         if lens.has_encoder:
             check_page_aligned(lens.enc, self.page_size, "encoder_lens", "FA")
         if batch.forward_mode == ForwardMode.DECODE:  # one query per request: cu_seqlens_q is a slice of a fixed arange
@@ -391,7 +391,7 @@ class FlashAttentionBackend(AttentionBackend):
         md = self.md = captured_graph(self._graph_md, forward_mode, bs)  # eager batches in between replaced self.md
         self._graph_mla_form(forward_mode)
         per_req = md.max_seqlen_q
-        tree_mask_of(self.plan, forward_mode, spec_tree_mask, [per_req] * bs)  # chains only
+        self.spec_tree(forward_mode, spec_tree_mask, [per_req] * bs)  # chains only
         if self.checked:
             check_graph_batch(self, bs, per_req, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode, encoder_lens_cpu)
         self._fill_kv_metadata(md, forward_mode, req_pool_indices, seq_lens, per_req, encoder_lens, in_place=True,

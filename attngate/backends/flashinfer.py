@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from attngate.backends.base import (AttentionBackend, captured_graph, check_batch, check_capture_mode, check_graph_batch,
-                                    check_pool_page_size, is_fp8, tree_mask_of)
+                                    check_pool_page_size, is_fp8)
 from attngate.backends.batch_metadata import BatchLengths, GraphPageIds, PageRange, check_page_aligned, host, page_ids
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
@@ -209,7 +209,7 @@ class FlashInferBackend(AttentionBackend):
         lens = BatchLengths.from_batch(batch)
         if lens.has_encoder:
             check_page_aligned(lens.enc, self.page_size, "encoder_lens", "FlashInfer")
-        tree = tree_mask_of(self.plan, mode, batch.spec_tree_mask, lens.new)
+        tree = self.spec_tree(mode, batch.spec_tree_mask, lens.new)
         if mode == ForwardMode.DECODE:
             self._batch_path = "decode"
             for spec, wrapper in zip(self.specs, self.decode_wrappers):
@@ -393,7 +393,7 @@ class FlashInferBackend(AttentionBackend):
         """Plan the captured wrappers for new lengths: plan() refills their static buffers in place (a tree verify's
         mask too), the rows are copied into the graph's, and the graph itself rebuilds the page ids."""
         lens = BatchLengths.for_graph(mode, rows, seq_lens_cpu, g.per_req, encoder_lens, encoder_lens_cpu)
-        tree = tree_mask_of(self.plan, mode, spec_tree_mask, lens.new)
+        tree = self.spec_tree(mode, spec_tree_mask, lens.new)
         if lens.has_encoder:
             check_page_aligned(lens.enc, self.page_size, "encoder_lens", "FlashInfer")
             # a wrapper captured without first tokens fills its page ids from token 0; self-attention ranges here start later

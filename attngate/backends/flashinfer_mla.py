@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from attngate.backends.base import (AttentionBackend, captured_graph, check_batch, check_capture_mode, check_graph_batch,
-                                    check_pool_page_size, chain_verify_only, sixteen_bit_kv_only, tree_mask_of)
+                                    check_pool_page_size, chain_verify_only, sixteen_bit_kv_only)
 from attngate.backends.batch_metadata import BatchLengths, GraphPageIds, host, page_ids
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
@@ -103,7 +103,7 @@ class FlashInferMLABackend(AttentionBackend):
             return
         self._active_mla, self._graph = self.mla_wrapper, None
         lens = BatchLengths.from_batch(batch)
-        tree_mask_of(self.plan, batch.forward_mode, batch.spec_tree_mask, lens.new)  # refuses a tree batch: chains only
+        self.spec_tree(batch.forward_mode, batch.spec_tree_mask, lens.new)  # refuses a tree batch: chains only
         self._has_prefix = lens.has_prefix
         self._absorbed = absorbed_for_batch(self.plan.mode(batch.forward_mode).common.mla_form, self._has_prefix)
         qo_indptr = host(lens.qo_indptr)
@@ -177,7 +177,7 @@ class FlashInferMLABackend(AttentionBackend):
     def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode,
                                                 encoder_lens_cpu=None, spec_tree_mask=None):  # MLA models have no encoder
         g = captured_graph(self._graphs, forward_mode, bs)
-        tree_mask_of(self.plan, forward_mode, spec_tree_mask, [g.per_req] * bs)  # chains only
+        self.spec_tree(forward_mode, spec_tree_mask, [g.per_req] * bs)  # chains only
         if self.checked:
             check_graph_batch(self, bs, g.per_req, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode)
         lens = BatchLengths.for_graph(forward_mode, req_pool_indices, seq_lens_cpu, g.per_req, None)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attngate.backends.base import AttentionBackend, check_batch, tree_mask_of
+from attngate.backends.base import AttentionBackend, check_batch
 from attngate.backends.batch_metadata import BatchLengths
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
@@ -66,7 +66,7 @@ class ReferenceBackend(AttentionBackend):
         check_batch(batch, self.req_to_token, self.kv_pool.num_slots)
         lens = BatchLengths.from_batch(batch)
         self._md = _Metadata.of(lens)
-        self._md.tree = tree_mask_of(self.plan, batch.forward_mode, batch.spec_tree_mask, self._md.new)
+        self._md.tree = self.spec_tree(batch.forward_mode, batch.spec_tree_mask, self._md.new)
 
     def forward_decode(self, q, k, v, layer, batch, save_kv_cache):
         return self.forward_extend(q, k, v, layer, batch, save_kv_cache)
