@@ -751,3 +751,24 @@ def test_explain_backend_verdicts_are_what_asking_for_each_backend_gives(gpu):
                 kept = False
             assert (verdict.status != "rejected") is kept, (facts.source, backend, verdict)
     assert explained >= len(configs) - 1
+
+
+# ---- which backend runs each forward mode -------------------------------------------------------
+
+@pytest.mark.parametrize("spec_mode", ["prefill", "decode"])
+def test_each_mode_runs_on_the_backend_sglangs_hybrid_backend_picks(spec_mode):
+    """Prefill on FA3, decode on FlashInfer (SGLang's HybridAttnBackend, section 3.1): DECODE and IDLE run on the decode
+    backend, TARGET_VERIFY on the decode backend only under --speculative-attention-mode decode, the rest on prefill."""
+    flags = ("--prefill-attention-backend fa3 --decode-attention-backend flashinfer --speculative-algorithm EAGLE "
+             "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 "
+             f"--speculative-attention-mode {spec_mode}")
+    r = resolve_flags(flags, "Llama-3.1-8B", "sm90")
+    plan = r.plan
+    on_decode = {ForwardMode.DECODE, ForwardMode.IDLE} | ({ForwardMode.TARGET_VERIFY} if spec_mode == "decode" else set())
+    for mode in ForwardMode:
+        assert plan.mode(mode).common.runs_on == ("decode" if mode in on_decode else "prefill"), mode
+        assert plan.backend_for(mode) == ("flashinfer" if mode in on_decode else "fa3"), mode
+    origin = r.explanation.modes["target_verify"]["common.runs_on"].origin
+    assert origin == ("hybrid.verify-on-decode-backend-in-decode-mode" if spec_mode == "decode" else "default")
+    one = resolve_flags("--attention-backend flashinfer", "Llama-3.1-8B", "sm90").plan  # one backend: nothing to route
+    assert all(one.mode(m).common.runs_on == "prefill" and one.backend_for(m) == "flashinfer" for m in ForwardMode)

@@ -95,6 +95,8 @@ class CommonModeGates(_Group):
                              "for a batch without cached prefix, else absorbed). The latent is written before attention in every form.")
     tree_mask: bool = gate(False, "The draft tokens of this mode form a speculative tree (speculative_eagle_topk > 1): each attends to the "
                            "cached prefix and to its ancestors in the tree (ForwardBatch.spec_tree_mask), not to every earlier draft token.")
+    runs_on: Literal["prefill", "decode"] = gate("prefill", "Which of the plan's two backends runs this mode where they differ: "
+                                                 "prefill_backend or decode_backend (SGLang's HybridAttnBackend). Plan.backend_for(mode) names it.")
 
 
 class ModeGates(_Group):
@@ -170,6 +172,11 @@ class Plan(ValidatedModel):
     def mode(self, mode: ForwardMode | str) -> ModeGates:
         """The gates of one forward mode (a ForwardMode or its value, e.g. ``"decode"``); UsageError for none such."""
         return getattr(self.modes, _member(ForwardMode, mode, "mode").value)
+
+    def backend_for(self, mode: ForwardMode | str) -> AttentionBackendName:
+        """The backend that runs forward mode ``mode``: ``decode_backend`` where the mode's ``common.runs_on`` is
+        "decode", else ``prefill_backend``. UsageError for a mode that does not exist."""
+        return self.decode_backend if self.mode(mode).common.runs_on == "decode" else self.prefill_backend
 
     def layer(self, kind: LayerKind | str) -> LayerGates:
         """The gates of one layer kind (a LayerKind or its value, e.g. ``"sliding_window"``); UsageError for none such."""
