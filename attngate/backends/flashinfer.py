@@ -122,9 +122,11 @@ class FlashInferBackend(AttentionBackend):
         self._kwargs_cache: dict[tuple[int, str, bool], dict] = {}
         unwritten = [lay.layer_id for lay in layers
                      if lay.kind != LayerKind.CROSS_ATTENTION and not self.layer_gates[lay.kind].common.write_kv_cache]
-        if unwritten and plan.mode(ForwardMode.EXTEND).flashinfer.paged_kv_extent != "prefix":
-            raise ValueError(f"layers {unwritten} write no KV cache (common.write_kv_cache) but EXTEND runs through "
-                             "the paged wrapper (flashinfer.paged_kv_extent prefix_plus_new), which would read their stale slots")
+        # only where FlashInfer runs EXTEND: under FA prefill (the embedding fast path) FlashInfer only decodes
+        extend = ForwardMode.EXTEND
+        if unwritten and plan.backend_for(extend) == "flashinfer" and plan.mode(extend).flashinfer.paged_kv_extent != "prefix":
+            raise UsageError(Problem(f"layers {unwritten}", "write no KV cache (common.write_kv_cache) but EXTEND runs through the "
+                                     "paged wrapper (flashinfer.paged_kv_extent prefix_plus_new), which would read their stale slots"))
         self.workspace = torch.empty(gates.workspace_size_mb << 20, dtype=torch.uint8, device=self.device)
         n = len(self.specs)
         # an explicit decode family: 'auto' re-probes for cuDNN on every plan() (about 100 µs per step, bench/RESULTS.md)

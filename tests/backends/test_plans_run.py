@@ -1,9 +1,9 @@
 """Every plan the rules resolve runs on the backends it names, and computes what the reference computes.
 
 A property test over the configs of examples/models x server arguments x GPU: for each plan that resolves,
-every side (prefill, decode) that is one of attngate's GPU backends (fa3/fa4 through ``flash_attn.cute``,
-flashinfer) is built over one layer of each of the model's layer kinds, with the plan's per-rank heads
-and page size, on the CPU stand-ins of the kernels; the batches a server would send it (an extend over
+the backend of each forward mode (``plan.backend_for``; through PlanBackend where attngate runs both of the
+plan's backends: fa3/fa4 through ``flash_attn.cute``, flashinfer) is built over one layer of each of the
+model's layer kinds, with the plan's per-rank heads and page size, on the CPU stand-ins of the kernels; the batches a server would send it (an extend over
 cached prefixes of uneven lengths and over page boundaries, a decode step, a target verify under a speculative
 chain or tree, encoder tokens for cross-attention layers, an FP8 cache) must run, eagerly and, where the plan
 captures the mode, as a CUDA graph captured without prefix and replayed, and match the reference backend
@@ -30,13 +30,14 @@ from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
 from attngate.backends.kv_cache import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
 from attngate.backends.layer import layers_from_model  # noqa: E402
+from attngate.backends.plan_backend import KERNEL_BACKENDS, PlanBackend  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
 from backend_cases import CPU, SPECULATIVE as SPECULATIVE_CHAIN, SPECULATIVE_TREE, Graph, random_tree  # noqa: E402
 from helpers import MODELS  # noqa: E402
 from standins import flash_attn_cute, flashinfer  # noqa: E402
 
 M = ForwardMode
-BACKENDS = {"fa3": FlashAttentionBackend, "fa4": FlashAttentionBackend, "flashinfer": FlashInferBackend}
+BACKENDS = KERNEL_BACKENDS
 CONFIGS = {path.stem: ModelFacts.from_hf_config(path) for path in sorted(MODELS.glob("*.json"))}
 SPECULATIVE = {"chain": SPECULATIVE_CHAIN, "tree": SPECULATIVE_TREE}
 TOL = {torch.bfloat16: 3e-2, torch.float32: 1e-4}
@@ -70,19 +71,30 @@ def _layers(facts: ModelFacts, plan, gen: torch.Generator):
     return layers
 
 
-def _batches(plan, facts: ModelFacts, side: str, speculative: str | None):
-    """(mode, [(prefix, new)]): the batches a server sends the ``side`` backend under this plan. Where a layer writes no
-    cache (encoder-only layers, the embedding fast path) requests have no cached prefix and never decode."""
+def _batches(plan, facts: ModelFacts, speculative: str | None):
+    """(mode, [(prefix, new)]): the batches a server sends under this plan. Where a layer writes no cache (encoder-only
+    layers, the embedding fast path) requests have no cached prefix and never decode."""
     ps = plan.common.page_size
     kinds = {lay.kind for lay in layers_from_model(facts, include_encoder=False)}
     cached = LayerKind.ENCODER_ONLY not in kinds and all(plan.layer(kind).common.write_kv_cache for kind in kinds)
     prefixes = [0, ps - 1, ps + 3, 2 * ps + 5] if cached else [0, 0, 0, 0]
-    if side == "prefill":
-        yield M.EXTEND, [(p, n) for p, n in zip(prefixes, [7, 1, ps + 2, 5])]
-    elif cached:
+    yield M.EXTEND, [(p, n) for p, n in zip(prefixes, [7, 1, ps + 2, 5])]
+    if cached:
         yield M.DECODE, [(p + 1, 1) for p in prefixes]
         if speculative:
             yield M.TARGET_VERIFY, [(p + 1, 4 if speculative == "chain" else 8) for p in prefixes]
+
+
+def _backend_class(plan, facts: ModelFacts, mode: M):
+    """What runs ``mode``: PlanBackend where attngate runs both of the plan's backends (so each mode reaches the one
+    ``common.runs_on`` names), else the class of the mode's own backend, or None where attngate has none for it.
+    attngate's FA and FlashInfer MLA backends read 16-bit caches only and refuse an FP8 plan saying so (tested apart)."""
+    fp8 = plan.common.kv_cache_dtype != "auto"
+    runs = {name for name in BACKENDS if not (fp8 and (name in ("fa3", "fa4") or facts.use_mla))}
+    if {plan.prefill_backend, plan.decode_backend} <= runs:
+        return PlanBackend
+    name = plan.backend_for(mode)
+    return BACKENDS[name] if name in runs else None
 
 
 def _run(cls, plan, facts: ModelFacts, mode: M, requests, seed: int):
@@ -122,7 +134,7 @@ def _run(cls, plan, facts: ModelFacts, mode: M, requests, seed: int):
                                 None if layer.kind == LayerKind.CROSS_ATTENTION or mla else v, layer, s.batch)
                 for layer, (q, k, v) in zip(layers, inputs)]
 
-    queries = {"q_dtype": dtype} if cls is FlashInferBackend else {}
+    queries = {"q_dtype": dtype} if cls in (FlashInferBackend, PlanBackend) else {}
     outs = {}
     for name, backend, pool in (("eager", functools.partial(cls, **queries), pools[0]), ("reference", ReferenceBackend, pools[1])):
         backend = backend(plan, pool, rtt, layers, "cpu")
@@ -152,9 +164,9 @@ def _replayed(backend, batch, forward):
        gpu=st.sampled_from(["sm80", "sm90", "sm100"]), page_size=st.sampled_from([None, 1, 16, 64, 128]),
        tp=st.sampled_from([(1, False), (2, False), (4, False), (4, True)]), deterministic=st.booleans(),
        embedding=st.booleans(), speculative=st.sampled_from([None, "chain", "tree"]), kv_cache=st.sampled_from(["auto", "fp8_e4m3"]),
-       seed=st.integers(0, 3))
+       verify_on=st.sampled_from(["prefill", "decode"]), seed=st.integers(0, 3))
 def test_every_resolved_plan_runs_on_its_backends_as_the_reference(model, backend, split, gpu, page_size, tp, deterministic,
-                                                                   embedding, speculative, kv_cache, seed):
+                                                                   embedding, speculative, kv_cache, verify_on, seed):
     facts = CONFIGS[model]
     args = dict(attention_backend=backend, page_size=page_size, enable_deterministic_inference=deterministic, tp_size=tp[0],
                 kv_cache_dtype=kv_cache)
@@ -165,24 +177,22 @@ def test_every_resolved_plan_runs_on_its_backends_as_the_reference(model, backen
     if embedding:
         args.update(is_embedding=True, chunked_prefill_size=-1, disable_radix_cache=True)
     if speculative:
-        args.update(SPECULATIVE[speculative])
+        args.update(SPECULATIVE[speculative], speculative_attention_mode=verify_on)
     try:
         plan = resolve(ServerArgs(**args), facts, Platform.from_name(gpu)).plan
     except PlanError:
         assume(False)
-    # attngate's FA and FlashInfer MLA backends read 16-bit caches only and refuse an FP8 plan saying so (tested apart)
-    fp8 = plan.common.kv_cache_dtype != "auto"
-    sides = [(name, side) for name, side in (("prefill", plan.prefill_backend), ("decode", plan.decode_backend))
-             if side in BACKENDS and not (fp8 and (side in ("fa3", "fa4") or facts.use_mla))]
-    assume(sides)
-    for name, side in sides:
-        for mode, requests in _batches(plan, facts, name, speculative):
-            layers, outs, tol = _run(BACKENDS[side], plan, facts, mode, requests, seed)
-            expected = outs.pop("reference")
-            for run, got in outs.items():
-                for layer, a, b in zip(layers, got, expected):
-                    diff = (a.float() - b.float()).abs().max().item()
-                    assert diff < tol, f"{model} {args} on {gpu}: {side} {run} {mode.value} {layer.kind.value} layer differs by {diff}"
+    runs = [(mode, requests, _backend_class(plan, facts, mode)) for mode, requests in _batches(plan, facts, speculative)]
+    runs = [run for run in runs if run[2] is not None]
+    assume(runs)
+    for mode, requests, cls in runs:
+        layers, outs, tol = _run(cls, plan, facts, mode, requests, seed)
+        expected = outs.pop("reference")
+        side = plan.backend_for(mode)
+        for run, got in outs.items():
+            for layer, a, b in zip(layers, got, expected):
+                diff = (a.float() - b.float()).abs().max().item()
+                assert diff < tol, f"{model} {args} on {gpu}: {side} {run} {mode.value} {layer.kind.value} layer differs by {diff}"
 
 
 def test_an_encoder_decoder_models_encoder_layers_stay_outside_the_paged_backends():

@@ -14,6 +14,7 @@ from standins import flash_attn_cute, flashinfer  # noqa: E402
 from suites.dp_padding import *  # noqa: E402,F401,F403
 from suites.fa_backend import *  # noqa: E402,F401,F403
 from suites.flashinfer_backend import *  # noqa: E402,F401,F403
+from suites.plan_backend import *  # noqa: E402,F401,F403
 
 
 @pytest.fixture(autouse=True)
