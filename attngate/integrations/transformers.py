@@ -6,8 +6,9 @@ run on transformers' own cache and mask with the plan's per-layer decisions
 
 ``register()`` adds ``"attngate"`` to transformers' ``AttentionInterface``; a model built with
 ``attn_implementation="attngate"`` and bound to an :class:`AttngateRuntime` then runs every
-attention call through an attngate backend (the reference backend by default) over attngate's own
-paged KV cache, with a Plan resolved from the model's config::
+attention call through an attngate backend over attngate's own paged KV cache (on CUDA the plan's
+backends, FA and FlashInfer, each forward mode on the one the plan names; elsewhere the reference
+backend), with a Plan resolved from the model's config::
 
     from attngate.integrations.transformers import AttngateRuntime, register
     register()
@@ -43,6 +44,7 @@ from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.kv_cache import MHATokenToKVPool, MLATokenToKVPool, PageAllocator, ReqToTokenPool
 from attngate.backends.layer import AttentionLayer, layers_from_model
+from attngate.backends.plan_backend import PlanBackend
 from attngate.backends.reference import ReferenceBackend
 from attngate.errors import Problem, UsageError
 from attngate.facts.model import ModelFacts
@@ -144,7 +146,8 @@ class AttngateRuntime:
             backend's semantics do not depend on it).
         page_size, num_slots, max_requests, max_context_len: KV pool geometry (tokens); page_size defaults to
             the plan's (``server_args.page_size`` as the rules resolve it) and must equal it, num_slots a multiple of it.
-        backend_cls: the backend to run (default: the reference backend).
+        backend_cls: the backend to run. Default: on CUDA the plan's own backends (:class:`PlanBackend`: each forward
+            mode on the one ``plan.backend_for(mode)`` names, FA and FlashInfer), elsewhere the reference backend.
 
     Raises UsageError listing every bad argument (a model not built for attngate, a geometry that does not fit, a
     page_size other than the server arguments'), before anything is allocated.
@@ -152,7 +155,7 @@ class AttngateRuntime:
 
     def __init__(self, model: torch.nn.Module, *, server_args: ServerArgs | None = None, platform: Platform | None = None,
                  page_size: int | None = None, num_slots: int = 4096, max_requests: int = 16, max_context_len: int = 2048,
-                 backend_cls: type[AttentionBackend] = ReferenceBackend):
+                 backend_cls: type[AttentionBackend] | None = None):
         register()
         self.model = model
         page_size = _check_runtime_arguments(model, server_args, page_size, num_slots, max_requests, max_context_len)
@@ -184,6 +187,8 @@ class AttngateRuntime:
                                          self.facts.head_dim, self.facts.v_head_dim, dtype=kv_dtype, device=device)
         self.allocator = PageAllocator(num_slots // page_size, page_size, _scattered(num_slots // page_size))
         self.req_to_token_pool = ReqToTokenPool(max_requests, max_context_len, device)
+        if backend_cls is None:
+            backend_cls = PlanBackend if torch.device(device).type == "cuda" else ReferenceBackend
         queries = {"q_dtype": dtype} if "q_dtype" in inspect.signature(backend_cls).parameters else {}  # FlashInfer's
         self.backend = backend_cls(self.plan, self.pool, self.req_to_token_pool.req_to_token, self.layers, device, **queries)
         self.batch: ForwardBatch | None = None

@@ -19,8 +19,13 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from attngate import Platform, ServerArgs  # noqa: E402
+from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
+from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
+from attngate.backends.flashinfer_mla import FlashInferMLABackend  # noqa: E402
 from attngate.backends.kv_cache import MLATokenToKVPool  # noqa: E402
-from attngate.facts.modes import LayerKind  # noqa: E402
+from attngate.backends.plan_backend import PlanBackend  # noqa: E402
+from attngate.backends.reference import ReferenceBackend  # noqa: E402
+from attngate.facts.modes import ForwardMode, LayerKind  # noqa: E402
 from attngate.integrations.transformers import AttngateRuntime, register  # noqa: E402
 from helpers import MODELS  # noqa: E402
 
@@ -76,16 +81,20 @@ def _pair(cfg, auto=transformers.AutoModelForCausalLM):
     return ref, ours
 
 
-def _run_and_compare(name: str, page_size: int, flags: tuple[str, ...] = ()) -> AttngateRuntime:
+def _run_and_compare(name: str, page_size: int, flags: tuple[str, ...] = (), backend_cls=ReferenceBackend,
+                     after_build=lambda: None) -> AttngateRuntime:
+    """``after_build``: runs once the models are built (installs the kernel stand-ins, which transformers' import
+    probes at model build must not see)."""
     file, overrides, kinds = MODELS_UNDER_TEST[name]
     ref, ours = _pair(_config(file, overrides))
+    after_build()
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(1, 96, (n,), generator=gen) for n in PROMPTS]
     with torch.no_grad():
         full = [ref(p[None]).logits[0] for p in prompts]
 
     args = ServerArgs.from_flags([*flags, "--page-size", str(page_size)])
-    rt = AttngateRuntime(ours, server_args=args, page_size=page_size, num_slots=256)
+    rt = AttngateRuntime(ours, server_args=args, page_size=page_size, num_slots=256, backend_cls=backend_cls)
     assert kinds == set(rt.facts.layer_kinds)
     reqs = [rt.add_request() for _ in prompts]
     got: list[list[torch.Tensor]] = [[], []]
@@ -110,6 +119,38 @@ def _run_and_compare(name: str, page_size: int, flags: tuple[str, ...] = ()) -> 
 @pytest.mark.parametrize("name", sorted(n for n in MODELS_UNDER_TEST if "mla" not in n))
 def test_chunked_prefill_and_decode_match_transformers(name, page_size):
     _run_and_compare(name, page_size)
+
+
+# (model, flags, page_size, the backend class of each side): the runtime on the plan's own backends
+ON_KERNELS = [
+    ("llama", "--attention-backend flashinfer", 16, (FlashInferBackend, FlashInferBackend)),
+    ("llama", "--attention-backend fa3", 1, (FlashAttentionBackend, FlashAttentionBackend)),
+    ("llama", "--prefill-attention-backend fa3 --decode-attention-backend flashinfer", 16, (FlashAttentionBackend, FlashInferBackend)),
+    ("mistral-swa", "--attention-backend flashinfer", 1, (FlashInferBackend, FlashInferBackend)),
+    ("gemma2-softcap-swa", "--attention-backend flashinfer", 16, (FlashInferBackend, FlashInferBackend)),
+    ("gemma2-softcap-swa", "--attention-backend fa3", 16, (FlashAttentionBackend, FlashAttentionBackend)),
+    ("gpt-oss-sinks", "", 16, (FlashAttentionBackend, FlashAttentionBackend)),
+    ("llama4-chunked", "", 4, (FlashAttentionBackend, FlashAttentionBackend)),
+    ("deepseek-v2-mla", "", 64, (FlashInferMLABackend, FlashInferMLABackend)),
+]
+
+
+@pytest.mark.parametrize("name, flags, page_size, classes", ON_KERNELS, ids=[f"{n}-{f or 'default'}-{p}" for n, f, p, _ in ON_KERNELS])
+def test_the_runtime_on_the_plans_kernel_backends_matches_transformers(name, flags, page_size, classes, monkeypatch):
+    """AttngateRuntime's default on CUDA, PlanBackend, run on the CPU through the kernel stand-ins: chunked prefill and
+    decode on the backends the plan names (prefill and decode apart where it splits them) match eager attention."""
+    import sys
+
+    from standins import flash_attn_cute, flashinfer
+
+    def kernels():
+        monkeypatch.setitem(sys.modules, "flashinfer", flashinfer.module())
+        for module_name, module in flash_attn_cute.modules().items():
+            monkeypatch.setitem(sys.modules, module_name, module)
+
+    rt = _run_and_compare(name, page_size, tuple(flags.split()), backend_cls=PlanBackend, after_build=kernels)
+    ran = tuple(type(rt.backend.backend_of(mode)) for mode in (ForwardMode.EXTEND, ForwardMode.DECODE))
+    assert ran == classes
 
 
 @pytest.mark.parametrize("flags, extend_form", [((), "non_absorbed"),
