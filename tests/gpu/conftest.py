@@ -2,7 +2,7 @@
 
 A cold run on one H100 takes about 15 minutes, most of it FlashInfer JIT-building its kernel variants
 (fa3 prefill variants 70 to 100 s each, decode and fa2 variants 10 to 20 s; FA4 2 to 3 s each): more than the
-10 minutes of one device call, so run it in four, in this order (stage c, transformers, before the second).
+10 minutes of one device call, so run it in four calls, in this order (stage c, transformers, installed before the second).
 Last full run, 2026-11-24 (second session), one fresh H100 80GB HBM3 host, cold:
 - test_plan_backend.py with test_flashattention.py: 93 passed in 3:35;
 - test_runtime_on_kernels.py with test_transformers_plain.py: 30 passed in 5:27;
