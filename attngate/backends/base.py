@@ -10,7 +10,7 @@ import torch
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.layer import AttentionLayer
-from attngate.errors import Problem
+from attngate.errors import Problem, UsageError
 from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.gates.plan import Plan
 
@@ -197,26 +197,30 @@ def check_graph_batch(backend: AttentionBackend, bs: int, per_req: int, req_pool
     check_batch(batch, backend.req_to_token, backend.kv_pool.num_slots)
 
 
-def check_capture_mode(plan: Plan, bs: int, mode: ForwardMode) -> None:
-    """ValueError unless a backend may capture a CUDA graph of ``bs`` requests in ``mode``: the plan's
+def check_capture_mode(plan: Plan, bs: int, mode: ForwardMode, max_bs: int | None) -> None:
+    """UsageError unless a backend may capture a CUDA graph of ``bs`` requests in ``mode``: the plan's
     ``capture_cuda_graph`` table is the one source; an IDLE batch replays the DECODE graph, padded to its batch
-    size (:func:`attngate.backends.dp_padding.pad_decode_batch`, as SGLang does), so it has no graph of its own."""
+    size (:func:`attngate.backends.dp_padding.pad_decode_batch`, as SGLang does), so it has no graph of its own.
+    ``max_bs``: what ``init_cuda_graph_state`` sized the static buffers for (None: it was not called); a larger
+    batch would read slices of them shorter than itself."""
     if mode == ForwardMode.IDLE:
-        raise ValueError("IDLE batches replay the DECODE graph padded to its batch size (attngate.backends.dp_padding."
-                         "pad_decode_batch); capture DECODE")
+        raise UsageError(Problem("forward_mode", "IDLE batches replay the DECODE graph padded to its batch size "
+                                                 "(attngate.backends.dp_padding.pad_decode_batch); capture DECODE"))
     if not plan.mode(mode).common.capture_cuda_graph:
-        raise ValueError(f"the plan captures no CUDA graph for forward mode {mode.value}")
-    if bs < 1:
-        raise ValueError(f"a CUDA graph serves 1 request or more, not {bs}")
+        raise UsageError(Problem("forward_mode", f"the plan captures no CUDA graph for forward mode {mode.value}"))
+    if max_bs is None:
+        raise UsageError(Problem("init_cuda_graph_state", "not called: it sizes the static buffers a capture reads"))
+    if not 1 <= bs <= max_bs:
+        raise UsageError(Problem("bs", f"a CUDA graph serves 1 to {max_bs} requests (init_cuda_graph_state's max_bs), not {bs}"))
 
 
 def captured_graph(graphs: dict, mode: ForwardMode, bs: int):
-    """The graph state a backend captured for ``(mode, bs)``; ValueError naming what was captured when there is none
+    """The graph state a backend captured for ``(mode, bs)``; UsageError naming what was captured when there is none
     (a replay of a batch size or mode never captured would otherwise read another graph's buffers)."""
     graph = graphs.get((mode, bs))
     if graph is None:
         have = ", ".join(f"{m.value} x {n}" for m, n in sorted(graphs, key=lambda key: (key[0].value, key[1]))) or "none"
-        raise ValueError(f"no CUDA graph was captured for forward mode {mode.value} at batch size {bs} (captured: {have})")
+        raise UsageError(Problem("bs", f"no CUDA graph was captured for forward mode {mode.value} at batch size {bs} (captured: {have})"))
     return graph
 
 
@@ -283,7 +287,7 @@ def is_fp8(dtype: torch.dtype) -> bool:
 
 
 def check_pool_page_size(plan: Plan, kv_pool) -> int:
-    """The plan's page_size; ValueError when the KV pool was built with another (every paged GPU backend)."""
+    """The plan's page_size; UsageError when the KV pool was built with another (every paged GPU backend)."""
     if kv_pool.page_size != plan.common.page_size:
-        raise ValueError(f"the KV pool has page_size {kv_pool.page_size}, the plan {plan.common.page_size}")
+        raise UsageError(Problem("kv_pool", f"has page_size {kv_pool.page_size}, the plan {plan.common.page_size}"))
     return plan.common.page_size

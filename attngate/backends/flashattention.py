@@ -31,7 +31,7 @@ from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.layer import AttentionLayer
 from attngate.backends.mla import absorb_q, absorbed_for_batch, check_mla_weights, decompress, mla_reads_what_it_writes, project_out
-from attngate.errors import Problem
+from attngate.errors import Problem, UsageError
 from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.gates.plan import Plan
 
@@ -359,13 +359,12 @@ class FlashAttentionBackend(AttentionBackend):
             self._graph["local_page_table"] = torch.zeros(max_bs, -(-self.chunk // self.page_size), dtype=torch.int32, device=self.device)
 
     def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode):
-        check_capture_mode(self.plan, bs, forward_mode)  # the plan's table is the one source
-        if self._graph is None:
-            raise RuntimeError("call init_cuda_graph_state first")
         g = self._graph
+        check_capture_mode(self.plan, bs, forward_mode, None if g is None else g["seqused_k"].shape[0])  # the plan's table decides
         per_req = num_tokens // bs
         if self.chunk is not None and forward_mode != ForwardMode.DECODE:
-            raise ValueError(f"chunked-local layers replay DECODE graphs only, not {forward_mode.value}: its local batches vary in number")
+            raise UsageError(Problem("forward_mode", f"chunked-local layers replay DECODE graphs only, not {forward_mode.value}: "
+                                                     "their local batches vary in number"))
         self._graph_mla_form(forward_mode)
         # not refilled at replay: each graph keeps its own (a graph of another mode at this bs has other offsets)
         cu = torch.arange(0, (bs + 1) * per_req, per_req, device=self.device, dtype=torch.int32)
@@ -374,7 +373,8 @@ class FlashAttentionBackend(AttentionBackend):
             self.md.local = _Metadata(cu, 1, g["local_seqused_k"][:bs], g["local_page_table"][:bs])
         if encoder_lens is not None:
             if "encoder_seqused_k" not in g:
-                raise ValueError("a CUDA graph with encoder tokens needs a cross-attention layer among the backend's layers")
+                raise UsageError(Problem("encoder_lens", "a CUDA graph with encoder tokens needs a cross-attention layer among "
+                                                         "the backend's layers"))
             self.md.encoder_seqused_k, self.md.encoder_page_table = g["encoder_seqused_k"][:bs], g["encoder_page_table"][:bs]
         self._fill_kv_metadata(self.md, forward_mode, req_pool_indices, seq_lens, per_req, encoder_lens, in_place=True)
 
@@ -383,7 +383,8 @@ class FlashAttentionBackend(AttentionBackend):
         if self._mla is None:
             return
         if not absorbed_for_batch(self.plan.mode(mode).common.mla_form, True):
-            raise ValueError(f"the plan runs MLA non-absorbed in {mode.value}; only absorbed modes replay as CUDA graphs")
+            raise UsageError(Problem("forward_mode", f"the plan runs MLA non-absorbed in {mode.value}; only absorbed modes replay "
+                                                     "as CUDA graphs"))
         self._mla_absorbed, self._mla_kv = True, None
 
     def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode,

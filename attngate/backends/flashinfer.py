@@ -139,6 +139,7 @@ class FlashInferBackend(AttentionBackend):
         self._active_decode, self._active_paged = self.decode_wrappers, self.paged_wrappers  # graph replays swap these
         self._graphs: dict[tuple[ForwardMode, int], _Graph] = {}
         self._graph: _Graph | None = None  # the graph whose buffers the current forward reads (None: eager)
+        self._graph_max: tuple[int, int] | None = None  # (max_bs, max_num_tokens), set by init_cuda_graph_state
         has_encoder = any(lay.kind == LayerKind.CROSS_ATTENTION for lay in layers)
         self._shiftable = [s.window_left >= 0 or (has_encoder and not s.cross) for s in self.specs]
         self._first_layer = [min((lay.layer_id for lay in layers if self.layer_gates[lay.kind].flashinfer.wrapper_index == s.index), default=-1)
@@ -160,14 +161,15 @@ class FlashInferBackend(AttentionBackend):
             gates = self.layer_gates[layer.kind]
             i = gates.flashinfer.wrapper_index
             if i >= count:
-                raise ValueError(f"layer {layer.layer_id} ({layer.kind.value}) maps to wrapper {i} of {count}")
+                raise UsageError(Problem(f"layer {layer.layer_id}", f"({layer.kind.value}) maps to wrapper {i} of {count}"))
             spec = _WrapperSpec(i, gates.common.causal, layer.sliding_window_size if gates.common.use_window else -1,
                                 layer.logit_cap, layer.scaling, layer.kind == LayerKind.CROSS_ATTENTION,
                                 (layer.num_q_heads, layer.num_kv_heads, layer.head_dim))
             if specs[i] is None:
                 specs[i] = spec
             elif specs[i] != spec:
-                raise ValueError(f"layers of wrapper {i} disagree ({specs[i]} vs {spec}); one wrapper serves one kind of layer")
+                raise UsageError(Problem(f"layer {layer.layer_id}", f"disagrees with the other layers of wrapper {i} ({specs[i]} vs "
+                                                                    f"{spec}); one wrapper serves one kind of layer"))
         head = self.layers[0]  # a wrapper no layer uses is planned like the first layer, never run
         return [s or _WrapperSpec(i, True, -1, head.logit_cap, head.scaling, False, (head.num_q_heads, head.num_kv_heads, head.head_dim))
                 for i, s in enumerate(specs)]
@@ -358,9 +360,7 @@ class FlashInferBackend(AttentionBackend):
         return dict(custom_mask_buf=mask, mask_indptr_buf=torch.zeros(bs + 1, dtype=torch.int32, device=self.device))
 
     def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode):
-        check_capture_mode(self.plan, bs, forward_mode)  # the plan's table is the one source
-        if bs > self._graph_max[0]:
-            raise ValueError(f"batch size {bs} exceeds the {self._graph_max[0]} of init_cuda_graph_state")
+        check_capture_mode(self.plan, bs, forward_mode, self._graph_max[0] if self._graph_max else None)  # the plan's table decides
         max_pages = self.req_to_token.shape[1] // self.page_size + 1
         per_req = num_tokens // bs
         zeros = lambda n: torch.zeros(n, dtype=torch.int32, device=self.device)  # noqa: E731

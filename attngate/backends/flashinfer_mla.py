@@ -34,7 +34,7 @@ from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.layer import AttentionLayer
 from attngate.backends.mla import absorb_q, absorbed_for_batch, check_mla_weights, decompress, mla_reads_what_it_writes, project_out
-from attngate.errors import Problem
+from attngate.errors import Problem, UsageError
 from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.gates.plan import Plan
 
@@ -89,6 +89,7 @@ class FlashInferMLABackend(AttentionBackend):
         self._active_mla = self.mla_wrapper
         self._graphs: dict[tuple[ForwardMode, int], _MLAGraph] = {}
         self._graph: _MLAGraph | None = None  # the graph whose buffers the current forward reads (None: eager)
+        self._graph_max_bs: int | None = None  # set by init_cuda_graph_state
         self._first_layer = min(lay.layer_id for lay in layers)  # fills a graph's page ids (one wrapper serves every layer)
         self._absorbed = True
         self._has_prefix = False
@@ -158,11 +159,10 @@ class FlashInferMLABackend(AttentionBackend):
     def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode):
         """One MLA wrapper per (mode, batch size), ``num_tokens // bs`` queries per request (1 for DECODE; the
         draft tokens of TARGET_VERIFY / DRAFT_EXTEND_V2), its static buffers re-planned in place before each replay."""
-        check_capture_mode(self.plan, bs, forward_mode)  # the plan's table is the one source
+        check_capture_mode(self.plan, bs, forward_mode, self._graph_max_bs)  # the plan's table is the one source
         if not absorbed_for_batch(self.plan.mode(forward_mode).common.mla_form, True):
-            raise ValueError(f"the plan runs MLA non-absorbed in {forward_mode.value}; only absorbed modes replay as CUDA graphs")
-        if bs > self._graph_max_bs:
-            raise ValueError(f"batch size {bs} exceeds the {self._graph_max_bs} of init_cuda_graph_state")
+            raise UsageError(Problem("forward_mode", f"the plan runs MLA non-absorbed in {forward_mode.value}; only absorbed modes "
+                                                     "replay as CUDA graphs"))
         max_pages = bs * (self.req_to_token.shape[1] // self.page_size + 1)
         buffers = dict(qo_indptr=torch.zeros(bs + 1, dtype=torch.int32, device=self.device),
                        kv_indptr=torch.zeros(bs + 1, dtype=torch.int32, device=self.device),

@@ -131,20 +131,28 @@ def test_fa_cuda_graph_replay_reads_the_rows_given_at_replay(env, page_size):
     assert_replays_match_reference(env, functools.partial(fa_backend, env), plan, layer, M.DECODE, page_size, fresh_rows=True)
 
 
-@pytest.mark.parametrize("bs, mode, needle", [(2, M.IDLE, "replay the DECODE graph padded"), (2, M.EXTEND, "no CUDA graph for forward mode extend"),
-                                             (0, M.DECODE, "1 request or more")])
-def test_cuda_graph_capture_refuses_what_no_graph_serves(env, bs, mode, needle):
-    """IDLE batches run the padded DECODE graph, EXTEND is not captured, a graph needs a request: a clear ValueError from
-    every GPU backend (the FA backend here; FlashInfer shares the check) before anything is allocated."""
+@pytest.mark.parametrize("bs, mode, max_bs, needle", [
+    (2, M.IDLE, 2, "forward_mode: IDLE batches replay the DECODE graph padded"),
+    (2, M.EXTEND, 2, "forward_mode: the plan captures no CUDA graph for forward mode extend"),
+    (0, M.DECODE, 2, r"bs: a CUDA graph serves 1 to 2 requests \(init_cuda_graph_state's max_bs\), not 0"),
+    (2, M.DECODE, 1, r"bs: a CUDA graph serves 1 to 1 requests \(init_cuda_graph_state's max_bs\), not 2"),
+    (2, M.DECODE, None, "init_cuda_graph_state: not called"),
+])
+def test_cuda_graph_capture_refuses_what_no_graph_serves(env, bs, mode, max_bs, needle):
+    """IDLE batches run the padded DECODE graph, EXTEND is not captured, a graph needs a request and no more than the
+    static buffers were sized for (a larger one would read slices of them shorter than itself), and the buffers must
+    exist: a UsageError naming the argument from every GPU backend, before anything is allocated."""
     from attngate.backends.flashinfer import FlashInferBackend
+    from attngate.errors import UsageError
 
     case = make_case(env, [(5, 1), (9, 1)], M.DECODE, 16)
     layer = layer_of(env, LayerKind.FULL)
     for cls, backend in ((FlashAttentionBackend, "fa4"), (FlashInferBackend, "flashinfer")):
         b = cls(plan_for(env, backend, 16), case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], env.device)
-        b.init_cuda_graph_state(2, 2)
+        if max_bs is not None:
+            b.init_cuda_graph_state(max_bs, max_bs)
         rows, seq = case.setup.batch.req_pool_indices[:bs], case.setup.batch.seq_lens[:bs]
-        with pytest.raises(ValueError, match=needle):
+        with pytest.raises(UsageError, match=needle):
             b.init_forward_metadata_capture_cuda_graph(bs, bs, rows, seq, None, mode)
 
 
