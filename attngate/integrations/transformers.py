@@ -150,7 +150,9 @@ class AttngateRuntime:
             mode on the one ``plan.backend_for(mode)`` names, FA and FlashInfer), elsewhere the reference backend.
 
     Raises UsageError listing every bad argument (a model not built for attngate, a geometry that does not fit, a
-    page_size other than the server arguments'), before anything is allocated.
+    page_size other than the server arguments'), before anything is allocated; BatchMetadataError where the backend
+    refuses the plan or the model's layers (on CUDA, a plan naming a backend attngate has no kernels for, say triton:
+    resolve with another --attention-backend, or pass ``backend_cls=ReferenceBackend``).
     """
 
     def __init__(self, model: torch.nn.Module, *, server_args: ServerArgs | None = None, platform: Platform | None = None,

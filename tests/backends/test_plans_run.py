@@ -3,9 +3,10 @@
 A property test over the configs of examples/models x server arguments x GPU: for each plan that resolves,
 the backend of each forward mode (``plan.backend_for``; through PlanBackend where attngate runs both of the
 plan's backends: fa3/fa4 through ``flash_attn.cute``, flashinfer) is built over one layer of each of the
-model's layer kinds, with the plan's per-rank heads and page size, on the CPU stand-ins of the kernels; the batches a server would send it (an extend over
-cached prefixes of uneven lengths and over page boundaries, a decode step, a target verify under a speculative
-chain or tree, encoder tokens for cross-attention layers, an FP8 cache) must run, eagerly and, where the plan
+model's layer kinds, with the plan's per-rank heads and page size, on the CPU stand-ins of the kernels; the
+batches a server would send it (an extend over cached prefixes of uneven lengths and over page boundaries, a
+decode step, a target verify under a speculative chain or tree, encoder tokens for cross-attention layers, an
+FP8 cache) must run, eagerly and, where the plan
 captures the mode, as a CUDA graph captured without prefix and replayed, and match the reference backend
 under the same plan. The rules and the backends are written apart; this is where a plan that promises what
 its backend refuses, or resolves a decision the backend reads differently from the reference, shows up.
