@@ -38,7 +38,6 @@ from helpers import MODELS  # noqa: E402
 from standins import flash_attn_cute, flashinfer  # noqa: E402
 
 M = ForwardMode
-BACKENDS = KERNEL_BACKENDS
 CONFIGS = {path.stem: ModelFacts.from_hf_config(path) for path in sorted(MODELS.glob("*.json"))}
 SPECULATIVE = {"chain": SPECULATIVE_CHAIN, "tree": SPECULATIVE_TREE}
 TOL = {torch.bfloat16: 3e-2, torch.float32: 1e-4}
@@ -91,11 +90,11 @@ def _backend_class(plan, facts: ModelFacts, mode: M):
     ``common.runs_on`` names), else the class of the mode's own backend, or None where attngate has none for it.
     attngate's FA and FlashInfer MLA backends read 16-bit caches only and refuse an FP8 plan saying so (tested apart)."""
     fp8 = plan.common.kv_cache_dtype != "auto"
-    runs = {name for name in BACKENDS if not (fp8 and (name in ("fa3", "fa4") or facts.use_mla))}
+    runs = {name for name in KERNEL_BACKENDS if not (fp8 and (name in ("fa3", "fa4") or facts.use_mla))}
     if {plan.prefill_backend, plan.decode_backend} <= runs:
         return PlanBackend
     name = plan.backend_for(mode)
-    return BACKENDS[name] if name in runs else None
+    return KERNEL_BACKENDS[name] if name in runs else None
 
 
 def _run(cls, plan, facts: ModelFacts, mode: M, requests, seed: int):
