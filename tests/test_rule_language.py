@@ -90,6 +90,21 @@ def test_every_error_of_the_predicates_and_invariants_in_one_run():
     ]
 
 
+def test_an_unknown_key_is_matched_against_the_keys_of_its_own_section():
+    """A misspelt invariant key is matched against an invariant's keys, a top-level key against the file's."""
+    text = textwrap.dedent("""\
+        version: 1
+        rulez: []
+        invariants:
+          - {id: inv.a, summary: s, asert: use_mla or not use_mla, source: x, why: w}
+        rules: []
+        """)
+    found = problems(text)
+    assert "rules.yaml:2:8: unknown key 'rulez' (did you mean 'rules'?)" in found
+    assert "rules.yaml:4:36: unknown key 'asert' (did you mean 'assert'?)" in found
+    assert "rules.yaml:4:76: unknown key 'why'" in found  # an invariant has no why: its summary and source say it
+
+
 def test_yaml_errors_duplicate_keys_and_tags():
     assert any("duplicate key 'when'" in p for p in problems(HEAD + "  - {id: r, when: 'True', when: 'False'}\n"))
     assert any("YAML syntax error" in p for p in problems("version: 1\nrules: [\n"))

@@ -174,7 +174,7 @@ def _check_document(doc: YamlDocument, problems: list[Problem]) -> tuple[list[Ru
     try:
         RuleFileSpec.model_validate({**data, "rules": [], "invariants": []})  # each entry is checked on its own below
     except ValidationError as exc:
-        _pydantic_problems(exc, doc, (), problems)
+        _pydantic_problems(exc, doc, (), problems, RuleFileSpec)
     predicates = _check_predicates(data.get("predicates"), doc, problems)
     fact_types = {p.name: FactType("bool") for p in predicates}
     raw_rules = data.get("rules")
@@ -214,7 +214,7 @@ def _check_invariants(raw: Any, doc: YamlDocument, problems: list[Problem], pred
         try:
             spec = InvariantSpec.model_validate(item)
         except ValidationError as exc:
-            _pydantic_problems(exc, doc, path, problems)
+            _pydantic_problems(exc, doc, path, problems, InvariantSpec)
             continue
         if spec.id in seen:
             problems.append(Problem(doc.where(path + ("id",)), f"duplicate invariant id {spec.id!r} (first at {seen[spec.id]})"))
@@ -258,7 +258,7 @@ def _validate_spec(raw: Any, doc: YamlDocument, path: tuple, problems: list[Prob
     try:
         return RuleSpec.model_validate(raw)
     except ValidationError as exc:
-        _pydantic_problems(exc, doc, path, problems)
+        _pydantic_problems(exc, doc, path, problems, RuleSpec)
         unknown = {e["loc"][0] for e in exc.errors() if e["type"] == "extra_forbidden"}
         if not unknown or len(unknown) != len(exc.errors()):
             return None
@@ -268,12 +268,14 @@ def _validate_spec(raw: Any, doc: YamlDocument, path: tuple, problems: list[Prob
         return None
 
 
-def _pydantic_problems(exc: ValidationError, doc: YamlDocument, base: tuple, problems: list[Problem]) -> None:
+def _pydantic_problems(exc: ValidationError, doc: YamlDocument, base: tuple, problems: list[Problem],
+                       spec: type[RuleSpec | InvariantSpec | RuleFileSpec]) -> None:
+    """One Problem per error of validating ``spec``; an unknown key gets a did-you-mean from ``spec``'s own keys."""
     for err in exc.errors():
         loc = tuple(err["loc"])
         if err["type"] == "extra_forbidden":
             name = loc[-1]
-            known = [f.alias or n for n, f in RuleSpec.model_fields.items()]
+            known = [f.alias or n for n, f in spec.model_fields.items()]
             problems.append(Problem(doc.where(base + loc), f"unknown key {name!r}" + did_you_mean(str(name), known)))
         else:
             loc = tuple(p for p in loc if not (isinstance(p, str) and p in ("str", "bool")))
