@@ -83,7 +83,7 @@ def test_embedding_gemma_is_served_as_a_full_encoder():
     for kind in ("sliding_window", "full"):
         assert not r.plan.layer(kind).common.causal
     assert r.plan.layer("sliding_window").common.use_window
-    r = resolve(ServerArgs(attention_backend="fa3"), embedding_gemma(), Platform.from_name("sm80"))  # no no-pool path on SM80
+    r = resolve(ServerArgs(attention_backend="fa3"), embedding_gemma(), fa3_gpu("sm80"))  # no no-pool path on SM80
     assert r.server_args.is_embedding and not r.server_args.prefill_only_disable_kv_cache and r.plan.flashattention.skip_kv_cache
     r = resolve(ServerArgs(attention_backend="triton"), embedding_gemma(), Platform.from_name("sm90"))  # a non-FA backend keeps the pool
     assert r.server_args.is_embedding and not r.server_args.prefill_only_disable_kv_cache
@@ -126,10 +126,11 @@ def test_dp_attention_without_dp_size_is_switched_off_with_a_warning():
 
 @pytest.mark.parametrize("gpu, backend, kernels, precompute", [
     ("sm90", "fa4", None, False), ("sm100", "fa4", None, False), ("sm90", "fa3", None, False),  # flash_attn.cute serves both names
-    ("sm120", "fa4", None, True), ("sm90", "fa3", ("flash_attn_interface",), True),
+    ("sm90", "fa3", ("flash_attn_interface",), True),
 ])
 def test_fa4_takes_no_precomputed_schedule_outside_sm120(gpu, backend, kernels, precompute):
-    """fa.fa4-no-scheduler-precompute: SGLang leaves FA4's get_scheduler_metadata unset except on SM120."""
+    """fa.fa4-no-scheduler-precompute: SGLang leaves FA4's get_scheduler_metadata unset except on SM120, where
+    flash_attn.cute pages no KV cache (fa.cute-pages-on-sm90-and-sm100-only refuses it), so only FA3 precomputes one."""
     platform = Platform.from_name(gpu, kernels=kernels) if kernels else Platform.from_name(gpu)
     r = resolve(ServerArgs(attention_backend=backend), model("Llama-3.1-8B"), platform)
     assert r.plan.flashattention.precompute_scheduler_metadata is precompute

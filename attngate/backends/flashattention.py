@@ -52,28 +52,23 @@ class _Fa4Kernel:
     """``flash_attn.cute`` (FlashAttention-4)."""
 
     def __init__(self) -> None:
-        module = importlib.import_module("flash_attn.cute")
-        self.varlen = module.flash_attn_varlen_func
-        self._scheduler = getattr(module, "get_scheduler_metadata", None) or getattr(
-            importlib.import_module("flash_attn.cute.interface"), "get_scheduler_metadata", None)
+        self.varlen = importlib.import_module("flash_attn.cute").flash_attn_varlen_func
 
     def scheduler_metadata(self, md: _Metadata, layer: AttentionLayer, max_seqlen_k: int, *, num_splits: int,
-                           page_size: int, dtype: torch.dtype):
-        """The decode tile scheduler's metadata, computed once per batch (None where FA4 offers none)."""
-        if self._scheduler is None:
-            return None
-        return self._scheduler(md.max_seqlen_q, max_seqlen_k, layer.num_q_heads, layer.num_kv_heads, layer.head_dim,
-                               num_splits, headdim_v=layer.v_head_dim, causal=True, cu_seqlens_q=md.cu_seqlens_q,
-                               seqused_k=md.seqused_k)
+                           page_size: int, dtype: torch.dtype) -> None:
+        """None: no plan that names fa3/fa4 precomputes a schedule for flash_attn.cute (invariant
+        fa-precompute-only-on-fa3-interface; SGLang's FA4 takes one on SM120 only, where flash_attn.cute pages no
+        KV cache). A plan naming neither leaves the gate at its default, which this kernel ignores."""
+        return None
 
     def __call__(self, q, k, v, *, cu_seqlens_q, max_seqlen_q, seqused_k=None, page_table=None, cu_seqlens_k=None,
                  max_seqlen_k=None, layer: AttentionLayer, causal: bool, window: tuple, num_splits: int,
-                 scheduler_metadata=None) -> torch.Tensor:
+                 scheduler_metadata=None) -> torch.Tensor:  # scheduler_metadata: always None here
         out = self.varlen(
             q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
             max_seqlen_k=max_seqlen_k, seqused_k=seqused_k, page_table=page_table, softmax_scale=layer.scaling,
             causal=causal, window_size=window, learnable_sink=layer.sinks, softcap=layer.logit_cap,
-            num_splits=num_splits, scheduler_metadata=scheduler_metadata,  # 0: the kernel's split heuristic
+            num_splits=num_splits,  # 0: the kernel's split heuristic
         )
         return out[0] if isinstance(out, tuple) else out
 
@@ -135,7 +130,13 @@ def fa_refusals(plan: Plan, layers: list[AttentionLayer], sm_major: int | None =
     the architecture checks (CPU stand-ins). Needs no kernel import."""
     provider, page_size = plan.flashattention.provider, plan.common.page_size
     problems = mla_reads_what_it_writes(plan, layers) + chain_verify_only(plan, "FA backend") + sixteen_bit_kv_only(plan, "FA backend")
+    if provider == "flash_attn.cute" and sm_major is not None and sm_major not in (9, 10):
+        problems.append(Problem("flashattention.provider", f"flash_attn.cute reads no paged KV cache on SM{sm_major}x "
+                                                           "(SM90 and SM100 only), and every FA path but the embedding fast path reads one"))
     for layer in layers:
+        if provider == "flash_attn.cute" and sm_major in (9, 10) and not _cute_runs_head_dims(layer, sm_major):
+            problems.append(Problem(f"layer {layer.layer_id}", f"flash_attn.cute runs no head dims {layer.head_dim}/{layer.v_head_dim} "
+                                                               f"(q·k / v) on SM{sm_major}x"))
         where = f"layer {layer.layer_id}"
         if (layer.has_sinks or layer.sinks is not None) and provider == "flash_attn_interface":
             problems.append(Problem(where, "flash_attn_interface (FA3) has no learned attention sinks; the plan must pick flash_attn.cute"))
@@ -397,6 +398,15 @@ class FlashAttentionBackend(AttentionBackend):
             check_graph_batch(self, bs, per_req, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode, encoder_lens_cpu)
         self._fill_kv_metadata(md, forward_mode, req_pool_indices, seq_lens, per_req, encoder_lens, in_place=True,
                                encoder_lens_cpu=encoder_lens_cpu)
+
+
+def _cute_runs_head_dims(layer: AttentionLayer, sm_major: int) -> bool:
+    """flash_attn.cute's head-dim bounds (its _validate_head_dims, flash-attn-4 4.0.0b36): up to 256 on SM90; on SM100 up
+    to 128, or 192 with 128 (MLA's non-absorbed form), or 256 with 256."""
+    d, dv = layer.head_dim, layer.v_head_dim
+    if sm_major == 9:
+        return d <= 256 and dv <= 256
+    return (d <= 128 and dv <= 128) or (d, dv) in ((192, 128), (256, 256))
 
 
 def _same_shape(a: AttentionLayer, b: AttentionLayer | None) -> bool:

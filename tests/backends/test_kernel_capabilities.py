@@ -23,7 +23,8 @@ from helpers import MODELS, embedding_gemma  # noqa: E402
 
 KERNELS = {"gpu-extra": ["flashinfer", "flash_attn.cute"], "with-fa3": ["flashinfer", "flash_attn.cute", "flash_attn_interface"]}
 # those the configs below can trip
-CAPABILITY_RULES = {"fa.mla-needs-absorbed-kernel", "flashinfer.no-chunked-local", "flashinfer.no-bidirectional-window"}
+CAPABILITY_RULES = {"fa.mla-needs-absorbed-kernel", "flashinfer.no-chunked-local", "flashinfer.no-bidirectional-window",
+                    "fa.cute-pages-on-sm90-and-sm100-only"}
 # every config of examples/models, and EmbeddingGemma's (bidirectional sliding-window layers)
 CONFIGS = [(path.stem, lambda path=path: ModelFacts.from_hf_config(path)) for path in sorted(MODELS.glob("*.json"))] + [
     ("embeddinggemma", embedding_gemma)]
@@ -40,7 +41,7 @@ def refusals(backend: str, plan, layers, sm_major: int):
 def test_every_resolved_plan_names_backends_that_accept_every_layer():
     fired: set[str] = set()
     accepted = 0
-    for (name, read), backend, gpu, kernels in itertools.product(CONFIGS, CANDIDATE_BACKENDS, ("sm80", "sm90", "sm100"), KERNELS):
+    for (name, read), backend, gpu, kernels in itertools.product(CONFIGS, CANDIDATE_BACKENDS, ("sm80", "sm90", "sm100", "sm120"), KERNELS):
         facts = read()
         platform = Platform.from_name(gpu, kernels=KERNELS[kernels])
         try:
@@ -141,3 +142,51 @@ def test_every_attngate_backend_refuses_a_plan_over_the_unified_memory_pool():
     pool = MHATokenToKVPool(64, 1, 1, 8, 128)
     with pytest.raises(BatchMetadataError, match="common.unified_kv_pool"):
         ReferenceBackend(plan, pool, torch.zeros(2, 64, dtype=torch.int32), layers_from_model(facts, plan)[:1])
+
+
+def _llama(**overrides):
+    raw = json.loads((MODELS / "Llama-3.1-8B.json").read_text())
+    return ModelFacts.from_hf_dict({**raw, **overrides}, source=f"Llama-3.1-8B {overrides}")
+
+
+@pytest.mark.parametrize("facts, args, gpu, rule", [
+    (_llama(), {"attention_backend": "fa4"}, "sm120", "fa.cute-pages-on-sm90-and-sm100-only"),
+    (_llama(), {"attention_backend": "fa3"}, "sm86", "fa.cute-pages-on-sm90-and-sm100-only"),
+    (_llama(), {"attention_backend": "fa3", "kv_cache_dtype": "fp8_e4m3"}, "sm90", "fa.cute-fp8-kv-on-sm100-only"),
+    (_llama(head_dim=512), {"attention_backend": "fa3"}, "sm90", "fa.cute-head-dims"),
+    (_llama(head_dim=256), {"attention_backend": "fa4"}, "sm90", None),
+    (_llama(head_dim=192), {"attention_backend": "fa4"}, "sm100", "fa.cute-head-dims"),
+    (_llama(head_dim=256), {"attention_backend": "fa4"}, "sm100", None),
+])
+def test_flash_attn_cute_limits_refuse_in_the_plan_and_in_the_backend(facts, args, gpu, rule):
+    """flash_attn.cute's own limits (paged KV on SM90/SM100 only, FP8 on SM100 only, head dims): the plan refuses what
+    the kernel would assert on at its first launch, and the backend's refusals say the same (FP8 aside: attngate's FA
+    backend reads 16-bit caches only, on every GPU)."""
+    platform = Platform.from_name(gpu)
+    layers = layers_from_model(facts)
+    if rule is None:
+        plan = resolve(ServerArgs(**args), facts, platform).plan
+        assert plan.flashattention.provider == "flash_attn.cute" and not fa_refusals(plan, layers, platform.sm_major)
+        return
+    with pytest.raises(PlanError) as err:
+        resolve(ServerArgs(**args), facts, platform)
+    assert [v.rule for v in err.value.violations] == [rule]
+    # the same configuration with the limit's check left out of the plan: the backend refuses it on its own
+    plan = resolve(ServerArgs(**{**args, "attention_backend": "flashinfer"}), facts, platform).plan
+    fa_plan = plan.model_copy(update={"prefill_backend": args["attention_backend"], "decode_backend": args["attention_backend"]})
+    assert fa_refusals(fa_plan, layers, platform.sm_major)
+
+
+@pytest.mark.parametrize("args, gpu, rule", [
+    ({"kv_cache_dtype": "fp8_e4m3"}, "sm90", "default-backend.mha-hopper-fp8-without-fa3"),
+    ({"enable_deterministic_inference": True}, "sm80", "default-backend.deterministic-ampere-without-fa3"),
+])
+def test_a_default_of_fa3_that_flash_attn_cute_would_refuse_goes_to_flashinfer(args, gpu, rule):
+    """SGLang's fa3 defaults assume sgl_kernel's FA3; without flash_attn_interface the default is FlashInfer (adjusted,
+    with the reason), and with it the default stays fa3 on FA3's own kernels."""
+    facts = _llama()
+    without = resolve(ServerArgs(**args), facts, Platform.from_name(gpu))
+    assert without.plan.prefill_backend == without.plan.decode_backend == "flashinfer"
+    assert [a.rule for a in without.adjustments if a.field == "attention_backend"] == [rule]
+    with_fa3 = resolve(ServerArgs(**args), facts, Platform.from_name(gpu, kernels=KERNELS["with-fa3"])).plan
+    assert with_fa3.prefill_backend == "fa3" and with_fa3.flashattention.provider == "flash_attn_interface"

@@ -2,10 +2,9 @@
 
 ``flash_attn_varlen_func`` takes ragged K/V (``cu_seqlens_k``) or the paged cache (``page_table``,
 ``seqused_k``), windows ``(left, right)`` with None for unbounded, soft-cap, learned sinks, the
-absorbed-MLA input ``qv``, ``num_splits`` (1: none, 0: FA's batch-dependent heuristic, n: n pieces)
-and ``scheduler_metadata`` from ``get_scheduler_metadata``, which must have been computed for this
-very launch (same length tensors, heads, head dims, splits and causality). Every problem found is
-raised in one ``ValueError``.
+absorbed-MLA input ``qv`` and ``num_splits`` (1: none, 0: FA's batch-dependent heuristic, n: n
+pieces); attngate hands it no ``scheduler_metadata`` (invariant fa-precompute-only-on-fa3-interface).
+Every problem found is raised in one ``ValueError``.
 """
 
 from __future__ import annotations
@@ -20,22 +19,6 @@ from standins.kernel_math import attend, heuristic_chunk, request_mask
 BLOCK_N = 128  # keys per tile: splits cut at tile boundaries
 
 
-class SchedulerMetadata:
-    """What ``get_scheduler_metadata`` was asked for; the kernel call checks it against its own arguments."""
-
-    def __init__(self, **planned) -> None:
-        self.planned = planned
-
-
-def get_scheduler_metadata(max_seqlen_q, max_seqlen_k, nheads, nheads_kv, headdim, num_splits, headdim_v=None, pack_gqa=None,
-                           causal=False, window_size_left=None, window_size_right=None, seqlen_k_new=0, cu_seqlens_q=None,
-                           cu_seqlens_k=None, cu_seqlens_k_new=None, seqused_q=None, seqused_k=None, leftpad_k=None,
-                           seqlen_k_per_split=None, _arch=None) -> SchedulerMetadata:
-    return SchedulerMetadata(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, nheads=nheads, nheads_kv=nheads_kv,
-                             headdim=headdim, headdim_v=headdim_v or headdim, num_splits=num_splits, causal=causal,
-                             cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k)
-
-
 def _lengths(problems: list[str], name: str, t: torch.Tensor | None, entries: int | None) -> list[int] | None:
     if t is None:
         return None
@@ -43,17 +26,6 @@ def _lengths(problems: list[str], name: str, t: torch.Tensor | None, entries: in
         problems.append(f"{name} must be 1-D int32 with {entries} entries, got {t.dtype} {tuple(t.shape)}")
         return None
     return t.tolist()
-
-
-def _check_schedule(problems: list[str], meta: SchedulerMetadata, *, q, k, v, cu_seqlens_q, seqused_k, causal, num_splits) -> None:
-    p = meta.planned
-    want = dict(nheads=q.shape[1], nheads_kv=k.shape[-2], headdim=q.shape[-1], headdim_v=v.shape[-1], num_splits=num_splits,
-                causal=causal)
-    wrong = [f"{key} {p[key]} (the call: {value})" for key, value in want.items() if p[key] != value]
-    if p["cu_seqlens_q"] is not cu_seqlens_q or p["seqused_k"] is not seqused_k:
-        wrong.append("cu_seqlens_q / seqused_k are not the tensors of this call")
-    if wrong:
-        problems.append("scheduler_metadata was computed for another launch: " + ", ".join(wrong))
 
 
 def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
@@ -99,9 +71,6 @@ def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=Non
             if kv_lens[0] != 0 or kv_lens[-1] != k.shape[0]:
                 problems.append(f"cu_seqlens_k must rise from 0 to the {k.shape[0]} keys, got {kv_lens[:8]}")
             kv_lens = [b - a for a, b in zip(kv_lens, kv_lens[1:])]
-    if scheduler_metadata is not None and not disable_scheduler_metadata:
-        _check_schedule(problems, scheduler_metadata, q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k,
-                        causal=causal, num_splits=num_splits)
     if learnable_sink is not None and learnable_sink.shape != (q.shape[1],):
         problems.append(f"learnable_sink must be [{q.shape[1]}], got {tuple(learnable_sink.shape)}")
     if problems:
@@ -139,7 +108,6 @@ def modules() -> dict[str, types.ModuleType]:
     """``sys.modules`` entries for ``flash_attn``, ``flash_attn.cute`` and ``flash_attn.cute.interface``."""
     interface = types.ModuleType("flash_attn.cute.interface")
     interface.flash_attn_varlen_func = flash_attn_varlen_func
-    interface.get_scheduler_metadata = get_scheduler_metadata
     cute = types.ModuleType("flash_attn.cute")
     cute.flash_attn_varlen_func = flash_attn_varlen_func
     cute.interface = interface

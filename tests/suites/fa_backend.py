@@ -227,12 +227,10 @@ def test_fa_checked_mode_catches_out_of_range_page(env):
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_fa_scheduler_metadata_precompute_follows_the_plan(env, page_size):
+    """flash_attn.cute never takes a precomputed schedule (FA3's, with and without DP attention, is
+    tests/backends/test_fa3_provider.py's)."""
     plans = [plan_for(env, page_size=page_size), plan_for(env, page_size=page_size, enable_dp_attention=True, dp_size=2, tp_size=2)]
-    if env.device == "cpu":  # the stand-ins run any GPU's plan: add SM120's, where FA4 takes a precomputed schedule
-        plans.append(resolve(ServerArgs(attention_backend="fa4", page_size=page_size),
-                             ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json"), Platform.from_name("sm120")).plan)
-        assert plans[-1].flashattention.precompute_scheduler_metadata
-    assert not plans[1].flashattention.precompute_scheduler_metadata  # DP attention never precomputes
+    assert not any(plan.flashattention.precompute_scheduler_metadata for plan in plans)
     layer = layer_of(env, LayerKind.FULL)
     expected = reference_out(env, make_case(env, REQUESTS["decode"], M.DECODE, page_size), plans[0], layer)
     for plan in plans:
@@ -291,9 +289,10 @@ def test_fa_verifies_chains_only_and_says_so(env):
 
 
 def test_fa_reads_16_bit_kv_caches_only_and_says_so(env):
-    """An FP8 KV cache needs FA3's descale tensors, which attngate's FA backend does not compute: the plan for one is
-    refused at construction, naming the backend that reads it."""
-    plan = plan_for(env, "fa3", 1, kv_cache_dtype="fp8_e4m3")
-    case = make_case(env, [(5, 1), (40, 1)], M.DECODE, 1, kv_dtype=torch.float8_e4m3fn)
+    """An FP8 KV cache needs descale tensors, which attngate's FA backend does not compute: the plan for one (fa4 on SM100,
+    where flash_attn.cute reads FP8) is refused at construction, naming the backend that reads it."""
+    plan = resolve(ServerArgs(attention_backend="fa4", kv_cache_dtype="fp8_e4m3"), ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json"),
+                   Platform.from_name("sm100")).plan
+    case = make_case(env, [(5, 1), (40, 1)], M.DECODE, plan.common.page_size, kv_dtype=torch.float8_e4m3fn)
     with pytest.raises(BatchMetadataError, match="common.kv_cache_dtype: 'fp8_e4m3': attngate's FA backend reads 16-bit KV caches only"):
         fa_backend(env, plan, case, layer_of(env, LayerKind.FULL))

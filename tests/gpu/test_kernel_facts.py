@@ -1,0 +1,62 @@
+"""The plan's flash_attn.cute facts against the real kernel on this GPU: a configuration the rules accept runs its
+paged decode call, and one they refuse (fa.cute-head-dims, fa.cute-fp8-kv-on-sm100-only,
+fa.cute-pages-on-sm90-and-sm100-only) fails in the kernel. The rules are written from flash-attn-4 4.0.0b36's source;
+this is where they meet the installed kernel."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+cute = pytest.importorskip("flash_attn.cute")
+
+from attngate import ModelFacts, Platform, PlanError, ServerArgs, resolve  # noqa: E402
+from helpers import MODELS  # noqa: E402
+
+PAGE = 16
+HEADS, KV_HEADS, PAGES_PER_REQ, BS = 8, 2, 4, 3
+
+
+def _platform() -> Platform:
+    major, minor = torch.cuda.get_device_capability()
+    return Platform.from_name(f"sm{major}{minor}", kernels=["flashinfer", "flash_attn.cute"])
+
+
+def _plan_accepts(head_dim: int, kv_cache_dtype: str) -> bool:
+    raw = json.loads((MODELS / "Llama-3.1-8B.json").read_text())
+    facts = ModelFacts.from_hf_dict({**raw, "head_dim": head_dim}, source=f"Llama-3.1-8B, head_dim {head_dim}")
+    try:
+        resolve(ServerArgs(attention_backend="fa4", page_size=PAGE, kv_cache_dtype=kv_cache_dtype), facts, _platform())
+    except PlanError:
+        return False
+    return True
+
+
+def _kernel_runs(head_dim: int, kv_dtype: torch.dtype) -> bool:
+    """One paged decode call (the FA backend's: cu_seqlens_q, seqused_k, page_table, one split) with these K/V."""
+    dev = "cuda"
+    q = torch.randn(BS, HEADS, head_dim, device=dev, dtype=torch.bfloat16)
+    cache = [torch.randn(BS * PAGES_PER_REQ, PAGE, KV_HEADS, head_dim, device=dev).to(kv_dtype) for _ in range(2)]
+    cu = torch.arange(BS + 1, device=dev, dtype=torch.int32)
+    used = torch.full((BS,), PAGES_PER_REQ * PAGE - 5, device=dev, dtype=torch.int32)
+    table = torch.arange(BS * PAGES_PER_REQ, device=dev, dtype=torch.int32).view(BS, PAGES_PER_REQ)
+    if kv_dtype != torch.bfloat16:
+        q = q.to(kv_dtype)
+    try:
+        cute.flash_attn_varlen_func(q, cache[0], cache[1], cu_seqlens_q=cu, max_seqlen_q=1, seqused_k=used, page_table=table,
+                                    causal=True, num_splits=1)
+        torch.cuda.synchronize()
+    except (AssertionError, NotImplementedError, ValueError, RuntimeError, TypeError):
+        return False
+    return True
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256, 512])
+def test_the_head_dims_the_plan_accepts_are_the_ones_the_kernel_runs(head_dim):
+    assert _plan_accepts(head_dim, "auto") == _kernel_runs(head_dim, torch.bfloat16)
+
+
+def test_an_fp8_cache_is_accepted_where_the_kernel_reads_one():
+    assert _plan_accepts(128, "fp8_e4m3") == _kernel_runs(128, torch.float8_e4m3fn)
