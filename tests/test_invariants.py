@@ -56,8 +56,8 @@ REINJECTIONS = {
                                                                         'fa.skip_kv_cache and layer_kind'),
                                                     "unwritten-layers-read-no-paged-extend"),
     "fa3 family without its custom-mask exclusion": (
-        lambda t: t.replace("sm_major == 9 and flashinfer_fa3_head_dims and not flashinfer_prefill_custom_mask\n",
-                            "sm_major == 9 and flashinfer_fa3_head_dims\n"),
+        lambda t: t.replace("sm_major == 9 and flashinfer_head_dims and not flashinfer_prefill_custom_mask\n",
+                            "sm_major == 9 and flashinfer_head_dims\n"),
         "flashinfer-fa3-plans-no-custom-mask"),
     "fa3 family over an FP8 cache": (
         lambda t: t.replace('\n      and kv_cache_dtype in ("auto", "bf16", "bfloat16")\n    set: {flashinfer.prefill_kernel_family: fa3}',

@@ -77,6 +77,9 @@ def flashinfer_refusals(plan: Plan, layers: list[AttentionLayer]) -> list[Proble
     if any(layer.is_mla for layer in layers):
         return problems + mla_refusals(plan, layers)
     for layer in layers:
+        if layer.head_dim != layer.v_head_dim or layer.head_dim not in (64, 128, 256):
+            problems.append(Problem(f"layer {layer.layer_id}", f"FlashInfer runs head dims 64, 128 and 256 (q·k = v), not "
+                                                               f"{layer.head_dim}/{layer.v_head_dim}"))
         if layer.has_sinks or layer.sinks is not None:
             problems.append(Problem(f"layer {layer.layer_id}", "FlashInfer runs no learned attention sinks"))
         if layer.kind == LayerKind.CHUNKED_LOCAL:

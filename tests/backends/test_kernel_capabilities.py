@@ -24,7 +24,7 @@ from helpers import MODELS, embedding_gemma  # noqa: E402
 KERNELS = {"gpu-extra": ["flashinfer", "flash_attn.cute"], "with-fa3": ["flashinfer", "flash_attn.cute", "flash_attn_interface"]}
 # those the configs below can trip
 CAPABILITY_RULES = {"fa.mla-needs-absorbed-kernel", "flashinfer.no-chunked-local", "flashinfer.no-bidirectional-window",
-                    "fa.cute-pages-on-sm90-and-sm100-only"}
+                    "fa.cute-pages-on-sm90-and-sm100-only", "flashinfer.head-dims"}
 # every config of examples/models, and EmbeddingGemma's (bidirectional sliding-window layers)
 CONFIGS = [(path.stem, lambda path=path: ModelFacts.from_hf_config(path)) for path in sorted(MODELS.glob("*.json"))] + [
     ("embeddinggemma", embedding_gemma)]
@@ -172,7 +172,7 @@ def test_flash_attn_cute_limits_refuse_in_the_plan_and_in_the_backend(facts, arg
         resolve(ServerArgs(**args), facts, platform)
     assert [v.rule for v in err.value.violations] == [rule]
     # the same configuration with the limit's check left out of the plan: the backend refuses it on its own
-    plan = resolve(ServerArgs(**{**args, "attention_backend": "flashinfer"}), facts, platform).plan
+    plan = resolve(ServerArgs(**{**args, "attention_backend": "triton"}), facts, platform).plan
     fa_plan = plan.model_copy(update={"prefill_backend": args["attention_backend"], "decode_backend": args["attention_backend"]})
     assert fa_refusals(fa_plan, layers, platform.sm_major)
 
@@ -190,3 +190,13 @@ def test_a_default_of_fa3_that_flash_attn_cute_would_refuse_goes_to_flashinfer(a
     assert [a.rule for a in without.adjustments if a.field == "attention_backend"] == [rule]
     with_fa3 = resolve(ServerArgs(**args), facts, Platform.from_name(gpu, kernels=KERNELS["with-fa3"])).plan
     assert with_fa3.prefill_backend == "fa3" and with_fa3.flashattention.provider == "flash_attn_interface"
+
+
+def test_a_model_whose_head_dims_flashinfer_does_not_run_defaults_to_triton_off_hopper():
+    """all-MiniLM-L6-v2 (head dim 32): SGLang's generic default off Hopper is flashinfer, whose kernels fail on it."""
+    facts = ModelFacts.from_hf_config(MODELS / "all-MiniLM-L6-v2.json")
+    r = resolve(ServerArgs(), facts, Platform.from_name("sm80"))
+    assert r.plan.prefill_backend == "triton"
+    assert [a.rule for a in r.adjustments if a.field == "attention_backend"] == ["default-backend.mha-sinks-triton"]
+    assert flashinfer_refusals(resolve(ServerArgs(attention_backend="triton"), facts, Platform.from_name("sm80")).plan,
+                               layers_from_model(facts))

@@ -1,7 +1,7 @@
-"""The plan's flash_attn.cute facts against the real kernel on this GPU: a configuration the rules accept runs its
-paged decode call, and one they refuse (fa.cute-head-dims, fa.cute-fp8-kv-on-sm100-only,
-fa.cute-pages-on-sm90-and-sm100-only) fails in the kernel. The rules are written from flash-attn-4 4.0.0b36's source;
-this is where they meet the installed kernel."""
+"""The plan's kernel facts against the real kernels on this GPU: a configuration the rules accept runs, and one they
+refuse fails in the kernel (flash_attn.cute: fa.cute-head-dims, fa.cute-fp8-kv-on-sm100-only,
+fa.cute-pages-on-sm90-and-sm100-only, written from flash-attn-4 4.0.0b36's source; FlashInfer: flashinfer.head-dims,
+measured). This is where the rules meet the installed kernels."""
 
 from __future__ import annotations
 
@@ -60,3 +60,36 @@ def test_the_head_dims_the_plan_accepts_are_the_ones_the_kernel_runs(head_dim):
 
 def test_an_fp8_cache_is_accepted_where_the_kernel_reads_one():
     assert _plan_accepts(128, "fp8_e4m3") == _kernel_runs(128, torch.float8_e4m3fn)
+
+
+def _flashinfer_prefill_runs(head_dim: int) -> bool:
+    """One causal ragged prefill of two requests through FlashInfer's fa2 kernels (the family off SM90, and for every
+    head dim outside fa3's)."""
+    fi = pytest.importorskip("flashinfer")
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    wrapper = fi.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend="fa2")
+    qo_indptr = torch.tensor([0, 7, 20], dtype=torch.int32)
+    q = torch.randn(20, HEADS, head_dim, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(20, KV_HEADS, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    try:
+        wrapper.plan(qo_indptr, qo_indptr, HEADS, KV_HEADS, head_dim, causal=True, q_data_type=torch.bfloat16)
+        wrapper.run(q, k, v)
+        torch.cuda.synchronize()
+    except RuntimeError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("head_dim", [32, 64])
+def test_flashinfer_runs_the_head_dims_the_plan_accepts(head_dim):
+    """flashinfer.head-dims: all-MiniLM-L6-v2's head dim 32 fails in FlashInfer's prefill ("Invalid configuration").
+    Head dim 80 read out of bounds on an H100 (an illegal memory access, which ends the process's CUDA context, so it is
+    not run here); the rule refuses both."""
+    raw = json.loads((MODELS / "Llama-3.1-8B.json").read_text())
+    facts = ModelFacts.from_hf_dict({**raw, "head_dim": head_dim}, source=f"Llama-3.1-8B, head_dim {head_dim}")
+    try:
+        resolve(ServerArgs(attention_backend="flashinfer"), facts, _platform())
+        accepted = True
+    except PlanError:
+        accepted = False
+    assert accepted == _flashinfer_prefill_runs(head_dim)

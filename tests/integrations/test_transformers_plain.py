@@ -87,7 +87,8 @@ def test_the_flashinfer_path_unpads_plans_once_per_forward_and_matches_eager(nam
     monkeypatch.setitem(sys.modules, "flashinfer", module)
     monkeypatch.setattr(transformers_plain, "_on_gpu", lambda t: True)
     monkeypatch.setattr(transformers_plain, "_RAGGED", {})
-    ref, ours = _pair(_config(*MODELS_UNDER_TEST[name][:2]))
+    file, overrides, _ = MODELS_UNDER_TEST[name]
+    ref, ours = _pair(_config(file, {**overrides, "head_dim": 64}))  # the smallest head dim FlashInfer runs
     resolution = configure(ours, ServerArgs(attention_backend="flashinfer"))
     assert resolution.plan.prefill_backend == resolution.plan.decode_backend == "flashinfer"
     plans = []

@@ -319,10 +319,10 @@ def test_fi_checked_mode_catches_out_of_range_slot(env):
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 @pytest.mark.parametrize("det", [False, True], ids=["default", "deterministic"])
 def test_fi_encoder_only_layers_match_reference(env, det, page_size):
-    """Bidirectional layers (BERT-style embedding models): by default the ragged wrapper on the raw
+    """Bidirectional layers (embedding models such as gte-Qwen2): by default the ragged wrapper on the raw
     K/V; under deterministic inference the paged wrapper reads the K/V the layer wrote first (rule
     layer.encoder-only-writes-no-cache), where skipping the write once read stale slots."""
-    plan = plan_for(env, "flashinfer", page_size, "all-MiniLM-L6-v2", is_embedding=True, enable_deterministic_inference=det)
+    plan = plan_for(env, "flashinfer", page_size, "gte-Qwen2-7B-instruct", is_embedding=True, enable_deterministic_inference=det)
     layer = layer_of(env, LayerKind.ENCODER_ONLY)
     case = make_case(env, REQUESTS["extend"], M.EXTEND, page_size)
     fi = fi_backend(env, plan, case, layer)
@@ -331,7 +331,7 @@ def test_fi_encoder_only_layers_match_reference(env, det, page_size):
 
 
 def test_fi_encoder_only_layer_with_a_cached_prefix_is_a_clear_error(env):
-    plan = plan_for(env, "flashinfer", 1, "all-MiniLM-L6-v2", is_embedding=True)
+    plan = plan_for(env, "flashinfer", 1, "gte-Qwen2-7B-instruct", is_embedding=True)
     layer = layer_of(env, LayerKind.ENCODER_ONLY)
     case = make_case(env, [(5, 3), (0, 4)], M.EXTEND, 1)
     with pytest.raises(BatchMetadataError, match="cannot attend to a cached prefix"):
