@@ -134,10 +134,9 @@ def fa_refusals(plan: Plan, layers: list[AttentionLayer], sm_major: int | None =
         problems.append(Problem("flashattention.provider", f"flash_attn.cute reads no paged KV cache on SM{sm_major}x "
                                                            "(SM90 and SM100 only), and every FA path but the embedding fast path reads one"))
     for layer in layers:
-        if provider == "flash_attn.cute" and sm_major in (9, 10) and not _cute_runs_head_dims(layer, sm_major):
-            problems.append(Problem(f"layer {layer.layer_id}", f"flash_attn.cute runs no head dims {layer.head_dim}/{layer.v_head_dim} "
-                                                               f"(q·k / v) on SM{sm_major}x"))
         where = f"layer {layer.layer_id}"
+        if provider == "flash_attn.cute" and sm_major in (9, 10) and not _cute_runs_head_dims(layer, sm_major):
+            problems.append(Problem(where, f"flash_attn.cute runs no head dims {layer.head_dim}/{layer.v_head_dim} (q·k / v) on SM{sm_major}x"))
         if (layer.has_sinks or layer.sinks is not None) and provider == "flash_attn_interface":
             problems.append(Problem(where, "flash_attn_interface (FA3) has no learned attention sinks; the plan must pick flash_attn.cute"))
         if layer.kind == LayerKind.CHUNKED_LOCAL and (layer.attention_chunk_size or 0) % page_size:
