@@ -41,7 +41,7 @@ def embedding_gemma(**changes) -> ModelFacts:
     return ModelFacts.from_hf_dict({**EMBEDDING_GEMMA, **changes}, source="embeddinggemma")
 
 
-def _field_values(field) -> st.SearchStrategy:
+def field_values(field) -> st.SearchStrategy:
     """Values a ServerArgs field takes: its Literal choices, booleans, or numbers inside its bounds (None where optional)."""
     annotation, optional = field.annotation, False
     if typing.get_origin(annotation) is typing.Union:
@@ -61,4 +61,4 @@ def _field_values(field) -> st.SearchStrategy:
 
 
 #: Any subset of ServerArgs's fields, each at a value its type allows (hypothesis; ServerArgs may still refuse the mix).
-SERVER_ARGS = st.fixed_dictionaries({}, optional={name: _field_values(f) for name, f in ServerArgs.model_fields.items()})
+SERVER_ARGS = st.fixed_dictionaries({}, optional={name: field_values(f) for name, f in ServerArgs.model_fields.items()})

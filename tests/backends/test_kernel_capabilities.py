@@ -22,7 +22,7 @@ from attngate.backends.flashattention import fa_refusals  # noqa: E402
 from attngate.backends.flashinfer import flashinfer_refusals  # noqa: E402
 from attngate.backends.layer import layers_from_model  # noqa: E402
 from attngate.facts.choices import CANDIDATE_BACKENDS  # noqa: E402
-from helpers import MODELS, _field_values, embedding_gemma  # noqa: E402
+from helpers import MODELS, field_values, embedding_gemma  # noqa: E402
 
 KERNELS = {"gpu-extra": ["flashinfer", "flash_attn.cute"], "with-fa3": ["flashinfer", "flash_attn.cute", "flash_attn_interface"]}
 # those the configs below can trip
@@ -210,7 +210,7 @@ def test_a_model_whose_head_dims_flashinfer_does_not_run_defaults_to_triton_off_
 IMPLEMENTATION_GAPS = {"common.kv_cache_dtype", "common.tree_mask", "flashinfer.multi_item_scoring"}
 RAW_CONFIGS = {path.stem: json.loads(path.read_text()) for path in sorted(MODELS.glob("*.json"))}
 # the server arguments that decide what a kernel is asked to run (the rest mostly trip unrelated forbid rules)
-KERNEL_ARGS = st.fixed_dictionaries({}, optional={name: _field_values(ServerArgs.model_fields[name]) for name in (
+KERNEL_ARGS = st.fixed_dictionaries({}, optional={name: field_values(ServerArgs.model_fields[name]) for name in (
     "kv_cache_dtype", "page_size", "enable_deterministic_inference", "is_embedding", "chunked_prefill_size", "disable_radix_cache",
     "speculative_algorithm", "speculative_eagle_topk", "speculative_num_steps", "speculative_num_draft_tokens",
     "enable_dp_attention", "dp_size", "tp_size", "enable_mis")})
