@@ -186,7 +186,11 @@ def test_every_resolved_plan_runs_on_its_backends_as_the_reference(model, backen
     runs = [run for run in runs if run[2] is not None]
     assume(runs)
     for mode, requests, cls in runs:
-        layers, outs, tol = _run(cls, plan, facts, mode, requests, seed)
+        flash_attn_cute.ARCH = Platform.from_name(gpu).sm_major  # the stand-in holds each call to this GPU's limits
+        try:
+            layers, outs, tol = _run(cls, plan, facts, mode, requests, seed)
+        finally:
+            flash_attn_cute.ARCH = None
         expected = outs.pop("reference")
         side = plan.backend_for(mode)
         for run, got in outs.items():

@@ -17,6 +17,30 @@ from standins.graphs import RECORDER
 from standins.kernel_math import attend, heuristic_chunk, request_mask
 
 BLOCK_N = 128  # keys per tile: splits cut at tile boundaries
+#: The compute capability major the stand-in runs as (the real kernel reads the GPU's, or FLASH_ATTENTION_ARCH): its
+#: architecture limits are checked for it; None checks none of them.
+ARCH: int | None = None
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _arch_problems(problems: list[str], q, v, qv, paged: bool, num_splits: int) -> None:
+    """flash-attn-4 4.0.0b36's architecture limits (_flash_attn_fwd, _validate_head_dims) for :data:`ARCH`."""
+    arch = ARCH
+    if arch is None:
+        return
+    if paged and arch in (8, 12):
+        problems.append(f"paged KV not supported on SM {arch}.0")
+    if num_splits != 1 and arch != 10:
+        problems.append(f"SplitKV not supported on SM {arch}.0")
+    if v.dtype in _FP8 and arch != 10:
+        problems.append("FP8 is only supported on SM100")
+    if qv is not None and arch != 10:
+        problems.append("only support Blackwell arch with qv")
+    d, dv = q.shape[-1], v.shape[-1]
+    if qv is None and arch == 9 and not (d <= 256 and dv <= 256):
+        problems.append(f"(head_dim, head_dim_v)=({d}, {dv}) is not supported on SM90")
+    if qv is None and arch == 10 and not ((d <= 128 and dv <= 128) or (d, dv) in ((192, 128), (256, 256))):
+        problems.append(f"(head_dim, head_dim_v)=({d}, {dv}) is not supported on SM100/SM110")
 
 
 def _lengths(problems: list[str], name: str, t: torch.Tensor | None, entries: int | None) -> list[int] | None:
@@ -71,6 +95,7 @@ def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=Non
             if kv_lens[0] != 0 or kv_lens[-1] != k.shape[0]:
                 problems.append(f"cu_seqlens_k must rise from 0 to the {k.shape[0]} keys, got {kv_lens[:8]}")
             kv_lens = [b - a for a, b in zip(kv_lens, kv_lens[1:])]
+    _arch_problems(problems, q, v, qv, paged, num_splits)
     if learnable_sink is not None and learnable_sink.shape != (q.shape[1],):
         problems.append(f"learnable_sink must be [{q.shape[1]}], got {tuple(learnable_sink.shape)}")
     if problems:
