@@ -13,7 +13,9 @@ test_flashattention.py and test_flashinfer.py -k "graph or replay or capture" 48
 After flash_attn.cute's limits became kernel facts (commit 743a4cb), on a fresh H100 host (session of 2026-11-24, third):
 test_kernel_facts.py, test_flashattention.py and test_plan_backend.py 100 passed in 3:59 (cold); test_standin_drift.py
 and test_mla_and_local.py 74 passed in 4:45. After flashinfer.head-dims (commit ab43117), on another fresh H100 host:
-test_kernel_facts.py with test_flashinfer.py -k encoder_only 12 passed in 3:20 (cold).
+test_kernel_facts.py with test_flashinfer.py -k encoder_only 12 passed in 3:20 (cold). After the flash_attn.cute stand-in
+took on the kernel's architecture limits, on a third fresh H100 host: test_kernel_facts.py (stand-in beside kernel) and
+test_standin_drift.py 52 passed in 6:24 (cold).
 test_two_gpus.py needs two GPUs (skipped on one): 5 passed in 2:44 on 2 x H200 (cold host, 2026-11-23).
 The FP8 KV cache variants: FlashInfer 0.7.2's SM90 (fa3) prefill module does not compile for an FP8 cache, so the plan
 keeps FP8 caches on fa2 (rule flashinfer.prefill-fa3-on-hopper); test_flashinfer.py -k "fp8 or kv_cache_dtype" builds them.

@@ -1,7 +1,8 @@
 """The plan's kernel facts against the real kernels on this GPU: a configuration the rules accept runs, and one they
 refuse fails in the kernel (flash_attn.cute: fa.cute-head-dims, fa.cute-fp8-kv-on-sm100-only,
 fa.cute-pages-on-sm90-and-sm100-only, written from flash-attn-4 4.0.0b36's source; FlashInfer: flashinfer.head-dims,
-measured). This is where the rules meet the installed kernels."""
+measured), and the flash_attn.cute stand-in of the CPU suite, run as this GPU, agrees. This is where the rules meet
+the installed kernels."""
 
 from __future__ import annotations
 
@@ -34,8 +35,10 @@ def _plan_accepts(head_dim: int, kv_cache_dtype: str) -> bool:
     return True
 
 
-def _kernel_runs(head_dim: int, kv_dtype: torch.dtype) -> bool:
-    """One paged decode call (the FA backend's: cu_seqlens_q, seqused_k, page_table, one split) with these K/V."""
+def _kernel_runs(head_dim: int, kv_dtype: torch.dtype, kernel=None) -> bool:
+    """One paged decode call (the FA backend's: cu_seqlens_q, seqused_k, page_table, one split) with these K/V, through
+    ``kernel`` (default the installed flash_attn.cute)."""
+    kernel = kernel or cute.flash_attn_varlen_func
     dev = "cuda"
     q = torch.randn(BS, HEADS, head_dim, device=dev, dtype=torch.bfloat16)
     cache = [torch.randn(BS * PAGES_PER_REQ, PAGE, KV_HEADS, head_dim, device=dev).to(kv_dtype) for _ in range(2)]
@@ -45,21 +48,31 @@ def _kernel_runs(head_dim: int, kv_dtype: torch.dtype) -> bool:
     if kv_dtype != torch.bfloat16:
         q = q.to(kv_dtype)
     try:
-        cute.flash_attn_varlen_func(q, cache[0], cache[1], cu_seqlens_q=cu, max_seqlen_q=1, seqused_k=used, page_table=table,
-                                    causal=True, num_splits=1)
+        kernel(q, cache[0], cache[1], cu_seqlens_q=cu, max_seqlen_q=1, seqused_k=used, page_table=table, causal=True, num_splits=1)
         torch.cuda.synchronize()
     except (AssertionError, NotImplementedError, ValueError, RuntimeError, TypeError):
         return False
     return True
 
 
+def _standin_runs(head_dim: int, kv_dtype: torch.dtype) -> bool:
+    """The same call through the CPU suite's stand-in, holding it to this GPU's limits."""
+    from standins import flash_attn_cute
+
+    flash_attn_cute.ARCH = torch.cuda.get_device_capability()[0]
+    try:
+        return _kernel_runs(head_dim, kv_dtype, flash_attn_cute.flash_attn_varlen_func)
+    finally:
+        flash_attn_cute.ARCH = None
+
+
 @pytest.mark.parametrize("head_dim", [64, 128, 256, 512])
 def test_the_head_dims_the_plan_accepts_are_the_ones_the_kernel_runs(head_dim):
-    assert _plan_accepts(head_dim, "auto") == _kernel_runs(head_dim, torch.bfloat16)
+    assert _plan_accepts(head_dim, "auto") == _kernel_runs(head_dim, torch.bfloat16) == _standin_runs(head_dim, torch.bfloat16)
 
 
 def test_an_fp8_cache_is_accepted_where_the_kernel_reads_one():
-    assert _plan_accepts(128, "fp8_e4m3") == _kernel_runs(128, torch.float8_e4m3fn)
+    assert _plan_accepts(128, "fp8_e4m3") == _kernel_runs(128, torch.float8_e4m3fn) == _standin_runs(128, torch.float8_e4m3fn)
 
 
 def _flashinfer_prefill_runs(head_dim: int) -> bool:
