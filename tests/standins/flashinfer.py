@@ -211,12 +211,14 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         return (out, _lse2(torch.cat(lses))) if return_lse else out
 
 
-FA3_HEAD_DIMS = {(64, 64), (128, 128), (256, 256), (192, 128)}  # (qk, vo) pairs of FlashInfer's SM90 prefill kernels
+# (qk, vo) pairs FlashInfer's prefill kernels run, fa2 and fa3 alike (measured on an H100: head dim 32 raises
+# "Invalid configuration", 80 reads out of bounds)
+PREFILL_HEAD_DIMS = {(64, 64), (128, 128), (256, 256), (192, 128)}
 
 
 def _check_family(problems: _Problems, backend: str, head_dim_qk: int, head_dim_vo: int | None, kv_data_type=None) -> None:
     pair = (head_dim_qk, head_dim_vo or head_dim_qk)
-    problems.check(backend != "fa3" or pair in FA3_HEAD_DIMS, f"the fa3 kernel family has no variant for head dims {pair}")
+    problems.check(pair in PREFILL_HEAD_DIMS, f"no prefill kernel runs head dims {pair} (64, 128, 256; MLA's 192/128)")
     # FlashInfer 0.7.2 on an H100: the SM90 prefill module for 16-bit queries over an FP8 cache fails to compile
     # ("MajorB must be GMMA::Major::K", prefill_sm90.cuh), so no fa3 plan reads an FP8 cache
     problems.check(backend != "fa3" or kv_data_type not in (torch.float8_e4m3fn, torch.float8_e5m2),
