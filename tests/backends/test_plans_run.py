@@ -185,12 +185,12 @@ def test_every_resolved_plan_runs_on_its_backends_as_the_reference(model, backen
     runs = [(mode, requests, _backend_class(plan, facts, mode)) for mode, requests in _batches(plan, facts, speculative)]
     runs = [run for run in runs if run[2] is not None]
     assume(runs)
-    for mode, requests, cls in runs:
-        flash_attn_cute.ARCH = Platform.from_name(gpu).sm_major  # the stand-in holds each call to this GPU's limits
-        try:
-            layers, outs, tol = _run(cls, plan, facts, mode, requests, seed)
-        finally:
-            flash_attn_cute.ARCH = None
+    flash_attn_cute.ARCH = Platform.from_name(gpu).sm_major  # the stand-in holds each call to this GPU's limits
+    try:
+        results = [(mode, *_run(cls, plan, facts, mode, requests, seed)) for mode, requests, cls in runs]
+    finally:
+        flash_attn_cute.ARCH = None
+    for mode, layers, outs, tol in results:
         expected = outs.pop("reference")
         side = plan.backend_for(mode)
         for run, got in outs.items():
