@@ -78,7 +78,7 @@ def attngate_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
     returns ``([B, S, H, Dv], None)``. Inside an AttngateRuntime forward: the runtime's backend over its paged
     cache (B = 1, every request's tokens flattened); outside one: transformers' own cache and mask with the
     plan's decisions (attngate.integrations.transformers_plain)."""
-    runtime = _ACTIVE.get()
+    runtime = None if torch.compiler.is_compiling() else _ACTIVE.get()  # a runtime's forward never compiles (force_eager)
     if runtime is None:  # model(ids) / generate(): transformers' own cache and mask, the plan's decisions
         return plain_attention(module, query, key, value, attention_mask, scaling, **kwargs)
     layer = runtime.layer_for(module, scaling)
@@ -303,8 +303,8 @@ class AttngateRuntime:
         ids = torch.cat([t.reshape(-1) for t in new_tokens.values()]).to(self.device)[None]
         positions = torch.cat([torch.arange(p, p + n) for p, n in zip(prefix, lens)]).to(self.device)[None]
         token = _ACTIVE.set(self)
-        try:
-            with torch.no_grad():
+        try:  # a torch.compile'd model runs eagerly here: its graphs attend over transformers' cache, not this pool
+            with torch.no_grad(), torch.compiler.set_stance("force_eager"):
                 out = self.model(input_ids=ids, position_ids=positions, **self._call_kwargs())
         finally:
             _ACTIVE.reset(token)

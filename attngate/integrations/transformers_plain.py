@@ -37,6 +37,8 @@ from attngate.gates.resolve import resolve
 
 # per config object (kept off the config itself, which transformers serializes and copies)
 _PLANS: dict[int, tuple[Resolution, list[AttentionLayer]]] = {}
+# bumped by every configure(): a compiled graph guards on it, so a plan resolved again retraces what used the old one
+_generation = 0
 
 
 def configure(model: torch.nn.Module, server_args: ServerArgs | None = None, platform: Platform | None = None) -> Resolution:
@@ -59,6 +61,8 @@ def configure(model: torch.nn.Module, server_args: ServerArgs | None = None, pla
         platform = Platform.detect() if torch.cuda.is_available() else Platform.from_name("sm90")
     resolution = resolve(server_args or ServerArgs(), facts, platform)
     entry = (resolution, layers_from_model(facts))
+    global _generation
+    _generation += 1
     text = getattr(config, "text_config", None)
     for cfg in (config, text) if text is not None else (config,):
         if id(cfg) not in _PLANS:
@@ -72,54 +76,96 @@ def plan_of(module: torch.nn.Module) -> tuple[Resolution, list[AttentionLayer]] 
     return _PLANS.get(id(module.config))
 
 
+@dataclass(frozen=True)
+class _LayerDecisions:
+    """What the plan decides for one attention module, as plain values (what a torch.compile graph bakes in)."""
+
+    layer_id: int
+    kind: LayerKind
+    causal: bool
+    window: int | None  # earlier keys a query sees; None: no window on this layer
+    scaling: float
+    logit_cap: float
+    attention_chunk_size: int  # 0: not chunked local
+    prefill_kernel: str | None  # on a GPU: "fa", "flashinfer", or None (float32 torch)
+    decode_kernel: str | None
+    prefill_kernel_family: str  # FlashInfer's ragged wrapper's
+    workspace_size_mb: int
+
+
+@torch.compiler.assume_constant_result
+def _layer_decisions(module: torch.nn.Module, generation: int) -> _LayerDecisions:
+    """The module's decisions from its model's plan (resolved here on first use). Eager: evaluated every call, so
+    edits to the plan's layer specs apply at once; under torch.compile: once per trace, the graph guarding on
+    ``generation`` (configure() bumps it). Raises as :func:`plain_attention` says."""
+    if plan_of(module) is None:
+        configure(module)
+    resolution, layers = plan_of(module)
+    layer = layers[_position(resolution.model, module)]
+    plan, gates = resolution.plan, resolution.plan.layer(layer.kind).common
+    return _LayerDecisions(
+        layer_id=layer.layer_id, kind=layer.kind, causal=gates.causal,
+        window=layer.sliding_window_size if gates.use_window and layer.sliding_window_size >= 0 else None,
+        scaling=layer.scaling, logit_cap=layer.logit_cap, attention_chunk_size=layer.attention_chunk_size or 0,
+        prefill_kernel=_kernel_of(resolution, plan.prefill_backend), decode_kernel=_kernel_of(resolution, plan.decode_backend),
+        prefill_kernel_family=plan.flashinfer.prefill_kernel_family, workspace_size_mb=plan.flashinfer.workspace_size_mb)
+
+
 def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     attention_mask: torch.Tensor | None, scaling: float | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """``query: [B, H, S, D]``, ``key``/``value: [B, H_kv, S_kv, D/Dv]`` (transformers' cache included),
     ``attention_mask: [B, 1, S, S_kv]`` bool or additive, or None -> ``([B, S, H, Dv], None)``. Raises
     BatchMetadataError where a chunked-local layer's mask does not chunk as the plan says or the module has no place
     in the plan (no layer_idx); ModelConfigError where the
-    module's config is no language model's (a vision tower's, naming the sub-config to give another implementation)."""
-    if plan_of(module) is None:
-        configure(module)
-    resolution, layers = plan_of(module)
-    layer = layers[_position(resolution.model, module)]
-    gates = resolution.plan.layer(layer.kind).common
-    scale = layer.scaling if scaling is None else float(scaling)
+    module's config is no language model's (a vision tower's, naming the sub-config to give another implementation).
+
+    Traceable by torch.compile: ``fullgraph=True`` on the float32 path outside chunked-local layers (whose mask check
+    reads the host); a call on a GPU kernel runs outside the graph (a graph break per attention call, as vLLM splits its
+    graphs at attention), the rest of the model compiles."""
+    d = _layer_decisions(module, _generation)
+    scale = d.scaling if scaling is None else float(scaling)
     sinks = getattr(module, "sinks", None)
     b, h, s, _ = query.shape
     s_kv = key.shape[2]
-    visible = _visible(attention_mask, b, s, s_kv, query.device, gates.causal)  # [B, S, S_kv] as transformers masks it
-    window = layer.sliding_window_size if gates.use_window and layer.sliding_window_size >= 0 else None
-    kernel = _kernel_of(resolution, query, s)
+    visible = _visible(attention_mask, b, s, s_kv, query.device, d.causal)  # [B, S, S_kv] as transformers masks it
+    kernel = (d.prefill_kernel if s > 1 else d.decode_kernel) if _on_gpu(query) else None
     if kernel is not None:
-        rows = _unpad(query, key, value, visible, layer)
-        run = _fa_varlen if kernel == "fa" else _flashinfer_ragged
-        out = run(resolution, rows, causal=gates.causal, window=window, scale=scale, softcap=layer.logit_cap, sinks=sinks)
-        return rows.pad_back(out, query, value), None
+        return _on_kernel(d, kernel, query, key, value, visible, scale, sinks), None
     # where each query sits among the keys: its last visible key under a causal mask, else bottom-right (a
     # bidirectional layer's mask shows every key of the row to every query). Positions are padded ones: a window
     # (a distance) reads them as the unpadded positions would.
     j = torch.arange(s_kv, device=query.device)
     bottom_right = (s_kv - s) + torch.arange(s, device=query.device)
     last = torch.where(visible, j, -1).amax(-1)
-    q_pos = torch.where(last >= 0, last, bottom_right) if gates.causal else bottom_right.expand(b, s)
+    q_pos = torch.where(last >= 0, last, bottom_right) if d.causal else bottom_right.expand(b, s)
     # the keys a query may see: on a cross layer its own mask's (data), else those some query of the row sees (not padding)
-    seen = visible if layer.kind == LayerKind.CROSS_ATTENTION else visible.any(1, keepdim=True)
-    mask = seen & visible_keys(q_pos, j, causal=gates.causal, window=window)
-    if layer.attention_chunk_size:
-        _chunk_extents(visible, visible.any(-1), layer)  # the mask chunks as the plan says
+    seen = visible if d.kind == LayerKind.CROSS_ATTENTION else visible.any(1, keepdim=True)
+    mask = seen & visible_keys(q_pos, j, causal=d.causal, window=d.window)
+    if d.attention_chunk_size:
+        _chunk_extents(visible, visible.any(-1), d)  # the mask chunks as the plan says
         mask &= visible
     rep = h // key.shape[1]
     k, v = key.float().repeat_interleave(rep, 1), value.float().repeat_interleave(rep, 1)
     scores = torch.einsum("bhqd,bhkd->bhqk", query.float(), k) * scale
-    if layer.logit_cap:
-        scores = layer.logit_cap * torch.tanh(scores / layer.logit_cap)
+    if d.logit_cap:
+        scores = d.logit_cap * torch.tanh(scores / d.logit_cap)
     scores = scores.masked_fill(~mask[:, None], float("-inf"))
     if sinks is not None:
         scores = torch.cat([scores, sinks.float().view(1, h, 1, 1).expand(b, h, s, 1)], dim=-1)
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)[..., :s_kv]
     out = torch.einsum("bhqk,bhkd->bqhd", probs, v)
     return out.to(query.dtype), None
+
+
+@torch.compiler.disable  # the varlen lengths live on the host, and a kernel package's Python is no graph's
+def _on_kernel(d: _LayerDecisions, kernel: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               visible: torch.Tensor, scale: float, sinks: torch.Tensor | None) -> torch.Tensor:
+    """The call on the GPU kernel ``kernel`` ("fa" or "flashinfer") over the batch unpadded into varlen rows;
+    ``[B, S, H, Dv]``, zeros at padding queries."""
+    rows = _unpad(query, key, value, visible, d)
+    run = _fa_varlen if kernel == "fa" else _flashinfer_ragged
+    out = run(d, rows, causal=d.causal, window=d.window, scale=scale, softcap=d.logit_cap, sinks=sinks)
+    return rows.pad_back(out, query, value)
 
 
 def _position(model: ModelFacts, module: torch.nn.Module) -> int:
@@ -147,14 +193,11 @@ def _on_gpu(t: torch.Tensor) -> bool:
     return t.is_cuda
 
 
-def _kernel_of(resolution: Resolution, query: torch.Tensor, s: int) -> str | None:
-    """Which kernel runs this phase (prefill: ``s > 1``) on a GPU: ``"fa"`` (FA4's varlen kernel, where the plan
-    runs the phase on FA through flash_attn.cute), ``"flashinfer"`` (its ragged prefill wrapper), or None
-    (float32 torch: off the GPU, or a provider this path does not call)."""
+def _kernel_of(resolution: Resolution, backend: str) -> str | None:
+    """Which kernel runs a phase on ``backend`` on a GPU: ``"fa"`` (FA4's varlen kernel, where the plan runs FA
+    through flash_attn.cute), ``"flashinfer"`` (its ragged prefill wrapper), or None (float32 torch: a provider
+    this path does not call)."""
     plan = resolution.plan
-    backend = plan.prefill_backend if s > 1 else plan.decode_backend
-    if not _on_gpu(query):
-        return None
     if backend in ("fa3", "fa4") and plan.flashattention.provider == "flash_attn.cute":
         return "fa"
     return "flashinfer" if backend == "flashinfer" else None
@@ -184,7 +227,7 @@ class _Rows:
         return padded
 
 
-def _unpad(query, key, value, visible: torch.Tensor, layer: AttentionLayer) -> _Rows:
+def _unpad(query, key, value, visible: torch.Tensor, layer: _LayerDecisions) -> _Rows:
     """Varlen rows from transformers' mask ``visible: [B, S, S_kv]``: one per request (its valid queries over its
     valid keys); on a chunked-local layer one per request and chunk; on a cross-attention layer one per run of a
     request's queries that see the same keys. One host sync per call (a cross layer's runs: three)."""
@@ -198,7 +241,7 @@ def _unpad(query, key, value, visible: torch.Tensor, layer: AttentionLayer) -> _
     return _Rows(query.transpose(1, 2)[q_valid], key.transpose(1, 2)[kv_valid], value.transpose(1, 2)[kv_valid], q_valid, lens)
 
 
-def _chunk_rows(query, key, value, visible: torch.Tensor, q_valid: torch.Tensor, layer: AttentionLayer) -> _Rows:
+def _chunk_rows(query, key, value, visible: torch.Tensor, q_valid: torch.Tensor, layer: _LayerDecisions) -> _Rows:
     """Chunked local attention (SGLang's local virtual batches): the queries of a request that share a chunk (the
     same first visible key) form one row over the keys from that chunk's first one to the row's last query, so
     that causal bottom-right alignment within the row is the chunk's mask."""
@@ -239,7 +282,7 @@ def _gathered_rows(query, key, value, q_valid: torch.Tensor, q_lens: torch.Tenso
     return _Rows(query.transpose(1, 2)[q_valid], k, v, q_valid, torch.stack([q_lens, k_lens]).to(torch.int32))
 
 
-def _chunk_extents(visible: torch.Tensor, q_valid: torch.Tensor, layer: AttentionLayer) -> torch.Tensor:
+def _chunk_extents(visible: torch.Tensor, q_valid: torch.Tensor, layer: _LayerDecisions) -> torch.Tensor:
     """``[3, total_q]`` int64 on the host (one sync), per valid query in row-major order: its row, first and last
     visible key. Raises BatchMetadataError naming the layer where the mask shows a query keys that are not one
     range, or more of them than the plan's attention_chunk_size."""
@@ -260,7 +303,7 @@ def _chunk_extents(visible: torch.Tensor, q_valid: torch.Tensor, layer: Attentio
     return torch.stack([row, first, last])
 
 
-def _fa_varlen(resolution: Resolution, rows: _Rows, *, causal: bool, window: int | None, scale: float, softcap: float,
+def _fa_varlen(d: _LayerDecisions, rows: _Rows, *, causal: bool, window: int | None, scale: float, softcap: float,
                sinks) -> torch.Tensor:
     """One varlen call of FA4 over the rows."""
     varlen = importlib.import_module("flash_attn.cute").flash_attn_varlen_func
@@ -278,19 +321,19 @@ _RAGGED: dict[tuple, list] = {}
 _WORKSPACES: dict[torch.device, torch.Tensor] = {}
 
 
-def _flashinfer_ragged(resolution: Resolution, rows: _Rows, *, causal: bool, window: int | None, scale: float,
+def _flashinfer_ragged(d: _LayerDecisions, rows: _Rows, *, causal: bool, window: int | None, scale: float,
                        softcap: float, sinks) -> torch.Tensor:
     """FlashInfer's ragged prefill wrapper over the rows (prefill and decode: bottom-right causal), in the
     plan's kernel family (``flashinfer.prefill_kernel_family``)."""
     if sinks is not None:  # the plan refuses FlashInfer for sinks (flashinfer.no-attention-sinks); a config edited since
         raise ValueError("FlashInfer runs no learned attention sinks; configure() the model again with another attention_backend")
-    fi, gates = importlib.import_module("flashinfer"), resolution.plan.flashinfer
+    fi, family = importlib.import_module("flashinfer"), d.prefill_kernel_family
     heads, (kv_heads, head_dim), head_dim_vo = rows.q.shape[1], rows.k.shape[1:], rows.v.shape[-1]
-    spec = (rows.q.device, gates.prefill_kernel_family, causal, window, softcap, scale, heads, kv_heads, head_dim, head_dim_vo, rows.q.dtype)
+    spec = (rows.q.device, family, causal, window, softcap, scale, heads, kv_heads, head_dim, head_dim_vo, rows.q.dtype)
     if spec not in _RAGGED:
         if rows.q.device not in _WORKSPACES:  # one float workspace per device, shared as the backends share theirs
-            _WORKSPACES[rows.q.device] = torch.empty(gates.workspace_size_mb << 20, dtype=torch.uint8, device=rows.q.device)
-        _RAGGED[spec] = [fi.BatchPrefillWithRaggedKVCacheWrapper(_WORKSPACES[rows.q.device], "NHD", backend=gates.prefill_kernel_family), None]
+            _WORKSPACES[rows.q.device] = torch.empty(d.workspace_size_mb << 20, dtype=torch.uint8, device=rows.q.device)
+        _RAGGED[spec] = [fi.BatchPrefillWithRaggedKVCacheWrapper(_WORKSPACES[rows.q.device], "NHD", backend=family), None]
     entry = _RAGGED[spec]
     wrapper, planned = entry
     if planned is None or not torch.equal(planned, rows.lens):

@@ -70,6 +70,20 @@ def test_prefill_and_decode_on_the_plans_kernels_match_sdpa(name, cache):
     _prefill_and_decode_match(*_pair(name), cache)
 
 
+# torch.compile: inductor around FA4's varlen calls; FlashInfer's path through dynamo only (aot_eager). Each attention
+# call runs outside the graph, transformers' static cache and the rest of the model inside it
+@pytest.mark.parametrize("server_args, compiler", [(None, "inductor"), (ServerArgs(attention_backend="flashinfer"), "aot_eager")],
+                         ids=["fa4-inductor", "flashinfer-aot_eager"])
+def test_a_compiled_model_on_the_plans_kernels_matches_sdpa(server_args, compiler):
+    if server_args is not None:
+        pytest.importorskip("flashinfer")
+    ref, ours = _pair("llama", server_args)
+    torch._dynamo.reset()
+    ours.forward = torch.compile(ours.forward, backend=compiler)
+    _prefill_and_decode_match(ref, ours, "static", steps=6)
+    assert plan_of(ours)[0].plan.decode_backend == ("flashinfer" if server_args else "fa3")
+
+
 # FlashInfer's fa3 ragged variants JIT-build in about 90 s each: the two that tests/gpu/test_flashinfer.py builds too
 @pytest.mark.parametrize("name", ["llama", "mistral-swa"])
 def test_prefill_and_decode_on_flashinfer_match_sdpa(name):

@@ -5,6 +5,7 @@ transformers' DynamicCache and static cache, greedy and sampled decoding."""
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 
@@ -302,3 +303,99 @@ def test_a_bidirectional_decoder_matches_eager():
     window = resolution.plan.layer("sliding_window").common
     assert not window.causal and window.use_window and resolution.server_args.is_embedding
     assert {layer.sliding_window_size for layer in layers if layer.kind == "sliding_window"} == {3}  # 6 // 2 each side
+
+
+def _graph_counter() -> tuple[list, Any]:
+    """A torch.compile backend that records each graph dynamo hands it and runs it as traced (no C++ toolchain)."""
+    graphs: list = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    return graphs, backend
+
+
+# soft-cap with alternating windows, learned sinks, MLA (decompressed K/V), and the plain full-attention case
+@pytest.mark.parametrize("name", ["llama", "gemma2-softcap-swa", "gpt-oss-sinks", "deepseek-v3-mla"])
+def test_torch_compile_traces_the_plans_attention_in_one_graph(name):
+    """``torch.compile(fullgraph=True)`` traces attngate's attention with no graph break (a break would raise), prefill
+    and static-cache decode match eager; the plan's decisions are baked into the graph, and configure() after a
+    config edit retraces (the graph guards on the plan's generation), so no stale decision outlives a new plan."""
+    from attngate.integrations import transformers_plain
+
+    file, overrides, _ = MODELS_UNDER_TEST[name]
+    ref, ours = _pair(_config(file, overrides))
+    ids, mask = _batch()
+    graphs, backend = _graph_counter()
+    torch._dynamo.reset()
+    eager_forward = ours.forward
+    ours.forward = torch.compile(eager_forward, backend=backend, fullgraph=True)
+    with torch.no_grad():
+        before = ours(ids, attention_mask=mask).logits
+        assert (ref(ids, attention_mask=mask).logits - before)[mask.bool()].abs().max().item() < ATOL
+        assert len(graphs) == 1
+        greedy = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, cache_implementation="static")
+        assert torch.equal(ours.generate(ids, **greedy), ref.generate(ids, **greedy))
+    if name != "gemma2-softcap-swa":
+        return
+    traced, generation = len(graphs), transformers_plain._generation
+    ours.config.attn_logit_softcapping = 0.01  # read by the next configure() only: transformers keeps its own
+    configure(ours)
+    assert transformers_plain._generation == generation + 1
+    with torch.no_grad():
+        expected, got = eager_forward(ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits
+    assert len(graphs) == traced + 1  # retraced under the new plan
+    assert (expected - got)[mask.bool()].abs().max().item() < ATOL
+    assert (before - got)[mask.bool()].abs().max().item() > 1e-3  # the new soft-cap is what it attends with (noise: 1e-6)
+
+
+def test_torch_compile_breaks_the_graph_only_where_a_chunked_local_mask_is_checked():
+    """Llama 4's chunked-local layers check transformers' mask on the host (a graph break); compiled without fullgraph
+    the model still matches eager, prefill and static-cache decode."""
+    ref, ours = _pair(_config(*MODELS_UNDER_TEST["llama4-chunked"][:2]))
+    ids, mask = _batch()
+    graphs, backend = _graph_counter()
+    torch._dynamo.reset()
+    ours.forward = torch.compile(ours.forward, backend=backend)
+    with torch.no_grad():
+        assert (ref(ids, attention_mask=mask).logits - ours(ids, attention_mask=mask).logits)[mask.bool()].abs().max().item() < ATOL
+        assert len(graphs) > 1
+        greedy = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, cache_implementation="static")
+        assert torch.equal(ours.generate(ids, **greedy), ref.generate(ids, **greedy))
+
+
+def test_a_compiled_model_runs_eagerly_inside_the_runtime():
+    """AttngateRuntime over a model whose forward is torch.compile'd: the runtime's forwards run it eagerly, so its
+    attention goes through the runtime's paged cache and matches eager transformers (prefill, then decode)."""
+    ref, ours = _pair(_config(*MODELS_UNDER_TEST["llama"][:2]))
+    graphs, backend = _graph_counter()
+    torch._dynamo.reset()
+    ours.forward = torch.compile(ours.forward, backend=backend, fullgraph=True)
+    prompt = torch.randint(1, 96, (9,), generator=torch.Generator().manual_seed(2))
+    rt = AttngateRuntime(ours, page_size=4, num_slots=64)
+    req = rt.add_request()
+    with torch.no_grad():
+        expected = ref(prompt[None]).logits[0]
+        got = rt.extend({req: prompt[:8]})
+        assert (expected[:8] - got).abs().max().item() < ATOL
+        assert (expected[8] - rt.decode({req: prompt[8:]})[0]).abs().max().item() < ATOL
+    assert graphs == []  # nothing was traced: the runtime's forwards ran eagerly
+
+
+def test_torch_compile_runs_the_fa_path_outside_the_graph(monkeypatch):
+    """On a GPU kernel (here FA's varlen call, the flash_attn.cute stand-in) each attention call runs outside the graph
+    (a graph break; the rest of the model compiles in pieces around it) and the compiled model matches eager, prefill
+    and static-cache decode."""
+    ref, ours = _pair(_config(*MODELS_UNDER_TEST["llama"][:2]))
+    calls = _on_fa_standin(monkeypatch)
+    configure(ours, ServerArgs(), FA_HOST)
+    ids, mask = _batch()
+    graphs, backend = _graph_counter()
+    torch._dynamo.reset()
+    ours.forward = torch.compile(ours.forward, backend=backend)
+    with torch.no_grad():
+        assert (ref(ids, attention_mask=mask).logits - ours(ids, attention_mask=mask).logits)[mask.bool()].abs().max().item() < ATOL
+        assert len(calls) == ours.config.num_hidden_layers and graphs  # each layer on the kernel, the rest compiled
+        greedy = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, cache_implementation="static")
+        assert torch.equal(ours.generate(ids, **greedy), ref.generate(ids, **greedy))
