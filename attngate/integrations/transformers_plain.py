@@ -37,8 +37,6 @@ from attngate.gates.resolve import resolve
 
 # per config object (kept off the config itself, which transformers serializes and copies)
 _PLANS: dict[int, tuple[Resolution, list[AttentionLayer]]] = {}
-# bumped by every configure(): a compiled graph guards on it, so a plan resolved again retraces what used the old one
-_generation = 0
 
 
 def configure(model: torch.nn.Module, server_args: ServerArgs | None = None, platform: Platform | None = None) -> Resolution:
@@ -61,13 +59,12 @@ def configure(model: torch.nn.Module, server_args: ServerArgs | None = None, pla
         platform = Platform.detect() if torch.cuda.is_available() else Platform.from_name("sm90")
     resolution = resolve(server_args or ServerArgs(), facts, platform)
     entry = (resolution, layers_from_model(facts))
-    global _generation
-    _generation += 1
     text = getattr(config, "text_config", None)
     for cfg in (config, text) if text is not None else (config,):
         if id(cfg) not in _PLANS:
             weakref.finalize(cfg, _PLANS.pop, id(cfg), None)
         _PLANS[id(cfg)] = entry
+    _keep_decisions(model)
     return resolution
 
 
@@ -78,7 +75,7 @@ def plan_of(module: torch.nn.Module) -> tuple[Resolution, list[AttentionLayer]] 
 
 @dataclass(frozen=True)
 class _LayerDecisions:
-    """What the plan decides for one attention module, as plain values (what a torch.compile graph bakes in)."""
+    """What the plan decides for one attention module, as plain values (what a torch.compile graph reads)."""
 
     layer_id: int
     kind: LayerKind
@@ -93,22 +90,47 @@ class _LayerDecisions:
     workspace_size_mb: int
 
 
-@torch.compiler.assume_constant_result
-def _layer_decisions(module: torch.nn.Module, generation: int) -> _LayerDecisions:
-    """The module's decisions from its model's plan (resolved here on first use). Eager: evaluated every call, so
-    edits to the plan's layer specs apply at once; under torch.compile: once per trace, the graph guarding on
-    ``generation`` (configure() bumps it). Raises as :func:`plain_attention` says."""
+# each attention module's latest decisions, read by torch.compile graphs (which cannot run the plan's Python): kept by
+# every eager call and by configure() for every module of the model it is given; a graph guards on its entry, so a
+# plan configured again retraces the graphs that read the old one
+_DECISIONS: dict[int, _LayerDecisions] = {}
+
+
+def _decide(module: torch.nn.Module) -> _LayerDecisions:
+    """The module's decisions from its model's plan (resolved here on first use), kept for compiled graphs. Raises as
+    :func:`plain_attention` says."""
     if plan_of(module) is None:
         configure(module)
     resolution, layers = plan_of(module)
     layer = layers[_position(resolution.model, module)]
     plan, gates = resolution.plan, resolution.plan.layer(layer.kind).common
-    return _LayerDecisions(
+    decisions = _LayerDecisions(
         layer_id=layer.layer_id, kind=layer.kind, causal=gates.causal,
         window=layer.sliding_window_size if gates.use_window and layer.sliding_window_size >= 0 else None,
         scaling=layer.scaling, logit_cap=layer.logit_cap, attention_chunk_size=layer.attention_chunk_size or 0,
         prefill_kernel=_kernel_of(resolution, plan.prefill_backend), decode_kernel=_kernel_of(resolution, plan.decode_backend),
         prefill_kernel_family=plan.flashinfer.prefill_kernel_family, workspace_size_mb=plan.flashinfer.workspace_size_mb)
+    if id(module) not in _DECISIONS:
+        weakref.finalize(module, _DECISIONS.pop, id(module), None)
+    _DECISIONS[id(module)] = decisions
+    return decisions
+
+
+# the first traced call of a module no eager call or configure() has seen: a graph break (fullgraph=True refuses it)
+_decide_outside_the_graph = torch.compiler.disable(
+    _decide, reason="attngate resolves a model's plan on its first attention call, in Python: call "
+                    "attngate.integrations.transformers.configure(model) before torch.compile(..., fullgraph=True)")
+
+
+def _keep_decisions(model: torch.nn.Module) -> None:
+    """Decide again for every attention module under ``model`` that attends by a configured plan (a module the plan
+    cannot place, an MLP say, is no attention module of it)."""
+    for module in model.modules():
+        if hasattr(module, "config") and plan_of(module) is not None:
+            try:
+                _decide(module)
+            except BatchMetadataError:
+                _DECISIONS.pop(id(module), None)
 
 
 def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -119,10 +141,13 @@ def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     in the plan (no layer_idx); ModelConfigError where the
     module's config is no language model's (a vision tower's, naming the sub-config to give another implementation).
 
-    Traceable by torch.compile: ``fullgraph=True`` on the float32 path outside chunked-local layers (whose mask check
-    reads the host); a call on a GPU kernel runs outside the graph (a graph break per attention call, as vLLM splits its
-    graphs at attention), the rest of the model compiles."""
-    d = _layer_decisions(module, _generation)
+    Traceable by torch.compile: ``fullgraph=True`` on the float32 path of a model configured (or run) before it is
+    compiled, outside chunked-local layers (whose mask check reads the host); a call on a GPU kernel runs outside the
+    graph (a graph break per attention call, as vLLM splits its graphs at attention), the rest of the model compiles."""
+    if torch.compiler.is_compiling():
+        d = _DECISIONS.get(id(module)) or _decide_outside_the_graph(module)
+    else:  # every eager call reads the plan afresh: an edit to its layer specs applies at once
+        d = _decide(module)
     scale = d.scaling if scaling is None else float(scaling)
     sinks = getattr(module, "sinks", None)
     b, h, s, _ = query.shape

@@ -319,13 +319,12 @@ def _graph_counter() -> tuple[list, Any]:
 # soft-cap with alternating windows, learned sinks, MLA (decompressed K/V), and the plain full-attention case
 @pytest.mark.parametrize("name", ["llama", "gemma2-softcap-swa", "gpt-oss-sinks", "deepseek-v3-mla"])
 def test_torch_compile_traces_the_plans_attention_in_one_graph(name):
-    """``torch.compile(fullgraph=True)`` traces attngate's attention with no graph break (a break would raise), prefill
-    and static-cache decode match eager; the plan's decisions are baked into the graph, and configure() after a
-    config edit retraces (the graph guards on the plan's generation), so no stale decision outlives a new plan."""
-    from attngate.integrations import transformers_plain
-
+    """``torch.compile(fullgraph=True)`` of a configured model traces attngate's attention with no graph break (a break
+    would raise), prefill and static-cache decode match eager; the graph reads the module's decisions, and configure()
+    after a config edit retraces it (the graph guards on them), so no stale decision outlives a new plan."""
     file, overrides, _ = MODELS_UNDER_TEST[name]
     ref, ours = _pair(_config(file, overrides))
+    configure(ours)
     ids, mask = _batch()
     graphs, backend = _graph_counter()
     torch._dynamo.reset()
@@ -339,15 +338,32 @@ def test_torch_compile_traces_the_plans_attention_in_one_graph(name):
         assert torch.equal(ours.generate(ids, **greedy), ref.generate(ids, **greedy))
     if name != "gemma2-softcap-swa":
         return
-    traced, generation = len(graphs), transformers_plain._generation
+    traced = len(graphs)
     ours.config.attn_logit_softcapping = 0.01  # read by the next configure() only: transformers keeps its own
     configure(ours)
-    assert transformers_plain._generation == generation + 1
     with torch.no_grad():
-        expected, got = eager_forward(ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits
+        got = ours(ids, attention_mask=mask).logits  # before any eager call, which would refresh the decisions itself
+        expected = eager_forward(ids, attention_mask=mask).logits
     assert len(graphs) == traced + 1  # retraced under the new plan
     assert (expected - got)[mask.bool()].abs().max().item() < ATOL
     assert (before - got)[mask.bool()].abs().max().item() > 1e-3  # the new soft-cap is what it attends with (noise: 1e-6)
+
+
+def test_torch_compile_of_a_model_never_configured_resolves_its_plan_outside_the_graph():
+    """A model compiled before any configure() or eager call: fullgraph=True refuses it, naming configure(); without
+    fullgraph the first trace resolves the plan outside the graph and the model matches eager."""
+    ref, ours = _pair(_config(*MODELS_UNDER_TEST["llama"][:2]))
+    ids, mask = _batch()
+    torch._dynamo.reset()
+    strict = torch.compile(ours.forward, backend=_graph_counter()[1], fullgraph=True)
+    with torch.no_grad(), pytest.raises(Exception, match=r"configure\(model\) before torch.compile"):
+        strict(ids, attention_mask=mask)
+    ref, ours = _pair(_config(*MODELS_UNDER_TEST["llama"][:2]))
+    torch._dynamo.reset()
+    ours.forward = torch.compile(ours.forward, backend=_graph_counter()[1])
+    with torch.no_grad():
+        assert (ref(ids, attention_mask=mask).logits - ours(ids, attention_mask=mask).logits)[mask.bool()].abs().max().item() < ATOL
+    assert plan_of(ours) is not None
 
 
 def test_torch_compile_breaks_the_graph_only_where_a_chunked_local_mask_is_checked():
