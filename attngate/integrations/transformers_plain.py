@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -141,9 +141,9 @@ def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     in the plan (no layer_idx); ModelConfigError where the
     module's config is no language model's (a vision tower's, naming the sub-config to give another implementation).
 
-    Traceable by torch.compile: ``fullgraph=True`` on the float32 path of a model configured (or run) before it is
-    compiled, outside chunked-local layers (whose mask check reads the host); a call on a GPU kernel runs outside the
-    graph (a graph break per attention call, as vLLM splits its graphs at attention), the rest of the model compiles."""
+    Traceable by torch.compile with ``fullgraph=True`` once the model is configured (or has run): a call on a GPU
+    kernel is one opaque op of the graph (``attngate::plain_kernel_attention``), the float32 path is traced, except on
+    chunked-local layers, whose mask check reads the host (a graph break)."""
     if torch.compiler.is_compiling():
         d = _DECISIONS.get(id(module)) or _decide_outside_the_graph(module)
     else:  # every eager call reads the plan afresh: an edit to its layer specs applies at once
@@ -155,7 +155,7 @@ def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     visible = _visible(attention_mask, b, s, s_kv, query.device, d.causal)  # [B, S, S_kv] as transformers masks it
     kernel = (d.prefill_kernel if s > 1 else d.decode_kernel) if _on_gpu(query) else None
     if kernel is not None:
-        return _on_kernel(d, kernel, query, key, value, visible, scale, sinks), None
+        return torch.ops.attngate.plain_kernel_attention(query, key, value, visible, sinks, id(module), kernel, scale), None
     # where each query sits among the keys: its last visible key under a causal mask, else bottom-right (a
     # bidirectional layer's mask shows every key of the row to every query). Positions are padded ones: a window
     # (a distance) reads them as the unpadded positions would.
@@ -182,15 +182,24 @@ def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     return out.to(query.dtype), None
 
 
-@torch.compiler.disable  # the varlen lengths live on the host, and a kernel package's Python is no graph's
-def _on_kernel(d: _LayerDecisions, kernel: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-               visible: torch.Tensor, scale: float, sinks: torch.Tensor | None) -> torch.Tensor:
-    """The call on the GPU kernel ``kernel`` ("fa" or "flashinfer") over the batch unpadded into varlen rows;
-    ``[B, S, H, Dv]``, zeros at padding queries."""
+# an opaque op to torch.compile (as vLLM registers its attention): the varlen lengths live on the host and a kernel
+# package's Python is no graph's, so a compiled model keeps one graph around it rather than breaking at every layer
+@torch.library.custom_op("attngate::plain_kernel_attention", mutates_args=())
+def _kernel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor,
+                      sinks: Optional[torch.Tensor], module_id: int, kernel: str, scale: float) -> torch.Tensor:
+    """The call on the GPU kernel ``kernel`` ("fa" or "flashinfer") for the attention module ``module_id`` (its
+    decisions as kept), over the batch unpadded into varlen rows: ``[B, S, H, Dv]``, zeros at padding queries."""
+    d = _DECISIONS[module_id]
     rows = _unpad(query, key, value, visible, d)
     run = _fa_varlen if kernel == "fa" else _flashinfer_ragged
     out = run(d, rows, causal=d.causal, window=d.window, scale=scale, softcap=d.logit_cap, sinks=sinks)
     return rows.pad_back(out, query, value)
+
+
+@_kernel_attention.register_fake
+def _(query, key, value, visible, sinks, module_id, kernel, scale) -> torch.Tensor:
+    b, h, s, _ = query.shape
+    return query.new_empty(b, s, h, value.shape[-1])
 
 
 def _position(model: ModelFacts, module: torch.nn.Module) -> int:

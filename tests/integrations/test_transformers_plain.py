@@ -399,19 +399,21 @@ def test_a_compiled_model_runs_eagerly_inside_the_runtime():
     assert graphs == []  # nothing was traced: the runtime's forwards ran eagerly
 
 
-def test_torch_compile_runs_the_fa_path_outside_the_graph(monkeypatch):
-    """On a GPU kernel (here FA's varlen call, the flash_attn.cute stand-in) each attention call runs outside the graph
-    (a graph break; the rest of the model compiles in pieces around it) and the compiled model matches eager, prefill
-    and static-cache decode."""
+def test_torch_compile_keeps_the_fa_path_as_one_op_of_the_graph(monkeypatch):
+    """On a GPU kernel (here FA's varlen call, the flash_attn.cute stand-in) each attention call is one opaque op
+    (``attngate::plain_kernel_attention``) of a single graph, ``fullgraph=True``, and the compiled model matches eager,
+    prefill and static-cache decode."""
     ref, ours = _pair(_config(*MODELS_UNDER_TEST["llama"][:2]))
     calls = _on_fa_standin(monkeypatch)
     configure(ours, ServerArgs(), FA_HOST)
     ids, mask = _batch()
     graphs, backend = _graph_counter()
     torch._dynamo.reset()
-    ours.forward = torch.compile(ours.forward, backend=backend)
+    ours.forward = torch.compile(ours.forward, backend=backend, fullgraph=True)
     with torch.no_grad():
         assert (ref(ids, attention_mask=mask).logits - ours(ids, attention_mask=mask).logits)[mask.bool()].abs().max().item() < ATOL
-        assert len(calls) == ours.config.num_hidden_layers and graphs  # each layer on the kernel, the rest compiled
+        assert len(graphs) == 1 and len(calls) == ours.config.num_hidden_layers
+        ops = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+        assert ops.count("attngate.plain_kernel_attention") == ours.config.num_hidden_layers
         greedy = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, cache_implementation="static")
         assert torch.equal(ours.generate(ids, **greedy), ref.generate(ids, **greedy))
