@@ -19,6 +19,12 @@ test_standin_drift.py 52 passed in 6:24 (cold). Then on a fourth fresh H100 host
 (cold); test_runtime_on_kernels.py, test_transformers_plain.py and test_page_ids.py 42 passed in 4:01. With the runs
 above, every file of tests/gpu passed after this session's changes: test_two_gpus.py 5 passed in 2:11 on 2 x H200 (cold).
 test_two_gpus.py needs two GPUs (skipped on one): 5 passed in 2:44 on 2 x H200 (cold host, 2026-11-23).
+After the plain transformers path took torch.compile (an attention call on a GPU kernel is the custom op
+attngate::plain_kernel_attention, commit after d6521db), session of 2026-11-24 (fourth), on torch 2.11.0 and transformers
+5.17.0: test_transformers_plain.py 8 passed in 4:20 (the compiled, Llama, DeepSeek-V3 and Mllama cases, cold) and on a
+fresh H100 host the other 16 passed in 2:26; tests/integrations/test_transformers_plain.py -k compile on the same hosts
+(CPU tests, torch 2.11) 7 passed; its chunked-local case failed inside transformers 5.17's generate() (its
+create_masks_for_generate hands create_chunked_causal_mask a block_sequence_ids it does not take): CI's 5.23 runs it.
 The FP8 KV cache variants: FlashInfer 0.7.2's SM90 (fa3) prefill module does not compile for an FP8 cache, so the plan
 keeps FP8 caches on fa2 (rule flashinfer.prefill-fa3-on-hopper); test_flashinfer.py -k "fp8 or kv_cache_dtype" builds them.
 Tests share variants where they can (the same head dim, dtype and mask modes), so that a new test adds as few builds as
