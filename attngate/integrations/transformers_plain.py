@@ -155,7 +155,8 @@ def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     visible = _visible(attention_mask, b, s, s_kv, query.device, d.causal)  # [B, S, S_kv] as transformers masks it
     kernel = (d.prefill_kernel if s > 1 else d.decode_kernel) if _on_gpu(query) else None
     if kernel is not None:
-        return torch.ops.attngate.plain_kernel_attention(query, key, value, visible, sinks, id(module), kernel, scale), None
+        return torch.ops.attngate.plain_kernel_attention(query, key, value, visible, attention_mask, sinks, id(module), kernel,
+                                                         scale), None
     # where each query sits among the keys: its last visible key under a causal mask, else bottom-right (a
     # bidirectional layer's mask shows every key of the row to every query). Positions are padded ones: a window
     # (a distance) reads them as the unpadded positions would.
@@ -186,18 +187,21 @@ def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
 # package's Python is no graph's, so a compiled model keeps one graph around it rather than breaking at every layer
 @torch.library.custom_op("attngate::plain_kernel_attention", mutates_args=())
 def _kernel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor,
-                      sinks: Optional[torch.Tensor], module_id: int, kernel: str, scale: float) -> torch.Tensor:
+                      attention_mask: Optional[torch.Tensor], sinks: Optional[torch.Tensor], module_id: int, kernel: str,
+                      scale: float) -> torch.Tensor:
     """The call on the GPU kernel ``kernel`` ("fa" or "flashinfer") for the attention module ``module_id`` (its
-    decisions as kept), over the batch unpadded into varlen rows: ``[B, S, H, Dv]``, zeros at padding queries."""
+    decisions as kept), over the batch unpadded into varlen rows: ``[B, S, H, Dv]``, zeros at padding queries.
+    ``attention_mask``, transformers' (``visible`` is made from it), names the batch's layout: every layer it reaches
+    shares one unpadding."""
     d = _DECISIONS[module_id]
-    rows = _unpad(query, key, value, visible, d)
+    rows = _unpad(query, key, value, visible, d, attention_mask)
     run = _fa_varlen if kernel == "fa" else _flashinfer_ragged
     out = run(d, rows, causal=d.causal, window=d.window, scale=scale, softcap=d.logit_cap, sinks=sinks)
     return rows.pad_back(out, query, value)
 
 
 @_kernel_attention.register_fake
-def _(query, key, value, visible, sinks, module_id, kernel, scale) -> torch.Tensor:
+def _(query, key, value, visible, attention_mask, sinks, module_id, kernel, scale) -> torch.Tensor:
     b, h, s, _ = query.shape
     return query.new_empty(b, s, h, value.shape[-1])
 
@@ -245,7 +249,7 @@ class _Rows:
     q: torch.Tensor  # [total_q, H, D]
     k: torch.Tensor  # [total_k, H_kv, D]
     v: torch.Tensor  # [total_k, H_kv, Dv]
-    q_valid: torch.Tensor  # [B, S] bool
+    q_at: tuple[torch.Tensor, torch.Tensor]  # [total_q] int64 each: the request and position of each valid query
     lens: torch.Tensor  # [2, B] int32 on the host: valid queries, valid keys per row
 
     @property
@@ -257,22 +261,56 @@ class _Rows:
     def pad_back(self, out: torch.Tensor, query: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         """``[total_q, H, Dv]`` -> ``[B, S, H, Dv]``, zeros at padding queries (transformers ignores them)."""
         padded = out.new_zeros(query.shape[0], query.shape[2], query.shape[1], value.shape[-1])
-        padded[self.q_valid] = out
+        padded[self.q_at] = out
         return padded
 
 
-def _unpad(query, key, value, visible: torch.Tensor, layer: _LayerDecisions) -> _Rows:
+def _unpad(query, key, value, visible: torch.Tensor, layer: _LayerDecisions, attention_mask: torch.Tensor | None = None) -> _Rows:
     """Varlen rows from transformers' mask ``visible: [B, S, S_kv]``: one per request (its valid queries over its
-    valid keys); on a chunked-local layer one per request and chunk; on a cross-attention layer one per run of a
-    request's queries that see the same keys. One host sync per call (a cross layer's runs: three)."""
-    q_valid = visible.any(-1)  # [B, S]: padding queries see nothing
-    if layer.attention_chunk_size:
-        return _chunk_rows(query, key, value, visible, q_valid, layer)
-    if layer.kind == LayerKind.CROSS_ATTENTION:
-        return _key_set_rows(query, key, value, visible, q_valid)
-    kv_valid = visible.any(1)
+    valid keys), where each valid position is found once per ``attention_mask`` (see :func:`_valid_positions`); on a
+    chunked-local layer one per request and chunk; on a cross-attention layer one per run of a request's queries that
+    see the same keys (host syncs at every call)."""
+    if layer.attention_chunk_size or layer.kind == LayerKind.CROSS_ATTENTION:
+        q_valid = visible.any(-1)  # [B, S]: padding queries see nothing
+        rows = _chunk_rows if layer.attention_chunk_size else _key_set_rows
+        return rows(query, key, value, visible, q_valid, layer)
+    at = _valid_positions(visible, attention_mask, layer.causal)
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    return _Rows(q[at.q], k[at.k], v[at.k], at.q, at.lens)
+
+
+@dataclass(frozen=True)
+class _ValidPositions:
+    """Where a padded batch's valid queries and keys sit: (request, position) index pairs, ``[total]`` int64 each."""
+
+    q: tuple[torch.Tensor, torch.Tensor]
+    k: tuple[torch.Tensor, torch.Tensor]
+    lens: torch.Tensor  # [2, B] int32 on the host
+
+
+# the valid positions of the masks of the forwards in flight: transformers hands every layer of a forward the same mask
+# object (one per layer type), so its host syncs are paid once per forward, not at every layer
+_VALID: dict[tuple, _ValidPositions] = {}
+
+
+def _valid_positions(visible: torch.Tensor, attention_mask: torch.Tensor | None, causal: bool) -> _ValidPositions:
+    """The valid positions of ``visible: [B, S, S_kv]``, made from ``attention_mask`` (kept while the mask lives and is
+    not edited), or without one from the shape alone (causal, or every key). One host sync where not kept."""
+    # the mask's version counter too: an in-place edit (a caller's own 4D mask, reused) is another layout
+    mask_key = None if attention_mask is None else (id(attention_mask), attention_mask._version)
+    key = (mask_key, causal, *visible.shape, visible.device)
+    if key in _VALID:
+        return _VALID[key]
+    q_valid, kv_valid = visible.any(-1), visible.any(1)
     lens = torch.stack([q_valid.sum(1), kv_valid.sum(1)]).to(torch.int32).cpu()
-    return _Rows(query.transpose(1, 2)[q_valid], key.transpose(1, 2)[kv_valid], value.transpose(1, 2)[kv_valid], q_valid, lens)
+    found = _ValidPositions(q_valid.nonzero(as_tuple=True), kv_valid.nonzero(as_tuple=True), lens)
+    if attention_mask is not None:
+        weakref.finalize(attention_mask, _VALID.pop, key, None)
+    elif sum(k[0] is None for k in _VALID) >= 64:  # shapes alone: a decode grows S_kv every step
+        for stale in [k for k in _VALID if k[0] is None]:
+            del _VALID[stale]
+    _VALID[key] = found
+    return found
 
 
 def _chunk_rows(query, key, value, visible: torch.Tensor, q_valid: torch.Tensor, layer: _LayerDecisions) -> _Rows:
@@ -288,7 +326,7 @@ def _chunk_rows(query, key, value, visible: torch.Tensor, q_valid: torch.Tensor,
     return _gathered_rows(query, key, value, q_valid, q_lens, k_lens, k_rows, k_cols)
 
 
-def _key_set_rows(query, key, value, visible: torch.Tensor, q_valid: torch.Tensor) -> _Rows:
+def _key_set_rows(query, key, value, visible: torch.Tensor, q_valid: torch.Tensor, layer: _LayerDecisions) -> _Rows:
     """Cross attention: each run of consecutive queries of a request that see the same keys (the text after one
     image, say) forms one non-causal row over exactly those keys."""
     rows = _request_of(q_valid)
@@ -313,7 +351,8 @@ def _gathered_rows(query, key, value, q_valid: torch.Tensor, q_lens: torch.Tenso
     (lengths on the host, indices on either side)."""
     k_rows, k_cols = k_rows.to(key.device, non_blocking=True), k_cols.to(key.device, non_blocking=True)
     k, v = key.transpose(1, 2)[k_rows, k_cols], value.transpose(1, 2)[k_rows, k_cols]
-    return _Rows(query.transpose(1, 2)[q_valid], k, v, q_valid, torch.stack([q_lens, k_lens]).to(torch.int32))
+    q_at = q_valid.nonzero(as_tuple=True)
+    return _Rows(query.transpose(1, 2)[q_at], k, v, q_at, torch.stack([q_lens, k_lens]).to(torch.int32))
 
 
 def _chunk_extents(visible: torch.Tensor, q_valid: torch.Tensor, layer: _LayerDecisions) -> torch.Tensor:
