@@ -270,10 +270,10 @@ def _unpad(query, key, value, visible: torch.Tensor, layer: _LayerDecisions, att
     valid keys), where each valid position is found once per ``attention_mask`` (see :func:`_valid_positions`); on a
     chunked-local layer one per request and chunk; on a cross-attention layer one per run of a request's queries that
     see the same keys (host syncs at every call)."""
-    if layer.attention_chunk_size or layer.kind == LayerKind.CROSS_ATTENTION:
-        q_valid = visible.any(-1)  # [B, S]: padding queries see nothing
-        rows = _chunk_rows if layer.attention_chunk_size else _key_set_rows
-        return rows(query, key, value, visible, q_valid, layer)
+    if layer.attention_chunk_size:
+        return _chunk_rows(query, key, value, visible, visible.any(-1), layer)  # padding queries see nothing
+    if layer.kind == LayerKind.CROSS_ATTENTION:
+        return _key_set_rows(query, key, value, visible, visible.any(-1))
     at = _valid_positions(visible, attention_mask, layer.causal)
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     return _Rows(q[at.q], k[at.k], v[at.k], at.q, at.lens)
@@ -326,7 +326,7 @@ def _chunk_rows(query, key, value, visible: torch.Tensor, q_valid: torch.Tensor,
     return _gathered_rows(query, key, value, q_valid, q_lens, k_lens, k_rows, k_cols)
 
 
-def _key_set_rows(query, key, value, visible: torch.Tensor, q_valid: torch.Tensor, layer: _LayerDecisions) -> _Rows:
+def _key_set_rows(query, key, value, visible: torch.Tensor, q_valid: torch.Tensor) -> _Rows:
     """Cross attention: each run of consecutive queries of a request that see the same keys (the text after one
     image, say) forms one non-causal row over exactly those keys."""
     rows = _request_of(q_valid)
