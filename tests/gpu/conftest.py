@@ -26,7 +26,8 @@ fresh H100 host the other 16 passed in 2:26; tests/integrations/test_transformer
 (CPU tests, torch 2.11) 7 passed; its chunked-local case failed inside transformers 5.17's generate() (its
 create_masks_for_generate hands create_chunked_causal_mask a block_sequence_ids it does not take): CI's 5.23 runs it.
 After a mask's valid positions became shared by the layers of a forward: test_transformers_plain.py 24 passed in 6:47 on
-another fresh H100 host (cold).
+another fresh H100 host (cold); after the last change to its chunked-local and cross rows (commit d46356c), on a third:
+-k "mllama or whisper or llama4 or bidirectional or compiled" 7 passed in 3:10 (cold).
 The FP8 KV cache variants: FlashInfer 0.7.2's SM90 (fa3) prefill module does not compile for an FP8 cache, so the plan
 keeps FP8 caches on fa2 (rule flashinfer.prefill-fa3-on-hopper); test_flashinfer.py -k "fp8 or kv_cache_dtype" builds them.
 Tests share variants where they can (the same head dim, dtype and mask modes), so that a new test adds as few builds as
