@@ -8,7 +8,9 @@ For every batch size (decode, 2048 cached tokens per request; 32/8 heads, head_d
   same arguments prebuilt (and by a wrapper left on FlashInfer's "auto" decode family, on fresh host
   arrays, on arrays copied into fixed ones, and after the backend's host length work); CUDA-graph
   ``init_forward_metadata_replay_cuda_graph`` against the raw ``plan()`` of the captured wrapper, handed the
-  view of its static page ids that the backend hands it; ``forward`` alone; GPU time of ``forward`` against
+  view of its static page ids that the backend hands it, and against the raw ``fast_decode_plan`` (what
+  flashinfer.graph_decode_replan runs) with the one copy into the static buffers it leaves to its caller; the
+  same replay hook on a backend whose plan says ``plan``; ``forward`` alone; GPU time of ``forward`` against
   raw ``run()``.
 - FA (page 128): ``init_forward_metadata`` + ``forward`` against the raw kernel call on prebuilt
   metadata, and against the raw call plus the raw KV write (two ``index_copy_``), and the parts
@@ -53,6 +55,13 @@ def flashinfer_row(bs: int, plan) -> dict:
     graph_wrapper = graph.wrappers[0]
     # what the backend hands the captured wrapper: a view of its static page ids, which the graph itself fills
     graph_args = (args[0], graph.ids[0].kv_indices[: rng.total_pages], *args[2:])
+    packed, static_packed = host(rng.packed), graph.ids[0].packed
+    graph_kw = fi._plan_kwargs(spec, "decode", cuda_graph=True)
+    # the same backend and graph, its plan saying plan() (flashinfer.graph_decode_replan before its rule)
+    by_plan = plan.model_copy(update={"flashinfer": plan.flashinfer.model_copy(update={"graph_decode_replan": "plan"})})
+    fi_by_plan, case_by_plan, layer_by_plan, _ = flashinfer_setup(DECODE * bs, ForwardMode.DECODE, by_plan)
+    decode_graph_replay(fi_by_plan, case_by_plan, layer_by_plan, bs)
+    batch_by_plan = case_by_plan.setup.batch
     # the same wrapper left on FlashInfer's "auto" (what the backend built before flashinfer.decode_kernel_family)
     auto = fi.fi.BatchDecodeWithPagedKVCacheWrapper(fi.workspace, "NHD", use_tensor_cores=fi.decode_use_tensor_cores)
     fixed = (rng.indptr.copy(), rng.last_page_len.copy())
@@ -74,7 +83,11 @@ def flashinfer_row(bs: int, plan) -> dict:
         "lengths": lengths,
         "replay_replan": lambda: fi.init_forward_metadata_replay_cuda_graph(bs, batch.req_pool_indices, batch.seq_lens,
                                                                             batch.seq_lens_cpu, None, ForwardMode.DECODE),
-        "raw_graph_plan": lambda: graph_wrapper.plan(*graph_args, **fi._plan_kwargs(spec, "decode", cuda_graph=True)),
+        "raw_graph_plan": lambda: graph_wrapper.plan(*graph_args, **graph_kw),
+        "raw_graph_fast_plan": lambda: (static_packed.copy_(packed, non_blocking=True),
+                                        fi.fi.fast_decode_plan(graph_wrapper, *graph_args, global_override_indptr_cpu=args[0], **graph_kw)),
+        "replay_replan_by_plan": lambda: fi_by_plan.init_forward_metadata_replay_cuda_graph(
+            bs, batch_by_plan.req_pool_indices, batch_by_plan.seq_lens, batch_by_plan.seq_lens_cpu, None, ForwardMode.DECODE),
         "raw_plan_auto_family": lambda: auto.plan(*args, **fi._plan_kwargs(spec, "decode")),
         "replay_step": replay,
     })

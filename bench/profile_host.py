@@ -51,18 +51,18 @@ def parts(bs: int = 64) -> None:
     batch, rtt = case.setup.batch, case.setup.req_to_token_pool.req_to_token
     lens = bm.BatchLengths.from_batch(batch)
     rng = lens.kv_pages(16)
-    starts_dev = bm.host(rng.starts).cuda()
+    packed_dev = bm.host(rng.packed).cuda()
     out = torch.empty(rng.total_pages, dtype=torch.int32, device="cuda")
     launch = bm._triton_page_ids()
     rows = {
         "BatchLengths.from_batch": lambda: bm.BatchLengths.from_batch(batch),
         "kv_pages": lambda: lens.kv_pages(16),
-        "h2d pageable": lambda: bm.host(rng.starts).to("cuda", non_blocking=True),
+        "h2d pageable": lambda: bm.host(rng.packed).to("cuda", non_blocking=True),
         "torch.empty cuda": lambda: torch.empty(rng.total_pages, dtype=torch.int32, device="cuda"),
-        "triton launch": lambda: launch(rtt, lens.rows, starts_dev, None, out, 16),
+        "triton launch": lambda: launch(rtt, lens.rows, packed_dev, None, out, 16),
         "page_ids": lambda: bm.page_ids(rtt, lens.rows, rng, 16),
         "page_table (FA layout)": lambda: bm.page_table(rtt, lens.rows, 128, 16),
-        "torch add (one op)": lambda: starts_dev + 1,
+        "torch add (one op)": lambda: packed_dev + 1,
     }
     print("===== parts, host us")
     for name, fn in rows.items():

@@ -44,20 +44,21 @@ def host(arr: np.ndarray) -> torch.Tensor:
 class PageRange(NamedTuple):
     """The pages one kernel reads per request: ``counts`` pages of its row of ``req_to_token`` from token
     ``first_token`` (page-aligned) on, ``kv_len`` tokens from there.
-    ``indptr`` (``[bs + 1]`` int32, kv_indptr) and ``last_page_len`` (``[bs]`` int32, in [1, page_size];
-    page_size for a request without pages, FlashInfer's convention) go to plan() as they are; ``starts``
-    (``[2 * bs + 1]`` int32: indptr, then first_token) is what :func:`page_ids` copies to the device, in one copy.
+    ``packed`` (``[3 * bs + 1]`` int32) holds ``indptr`` (kv_indptr, ``[bs + 1]``), ``first_token`` (``[bs]``) and
+    ``last_page_len`` (``[bs]``, in [1, page_size]; page_size for a request without pages, FlashInfer's convention)
+    back to back, so one host-to-device copy puts all three on the device (:func:`page_ids`,
+    :meth:`GraphPageIds.load`); ``indptr`` and ``last_page_len`` are views of it and go to plan() as they are.
     ``shifted``: some range may start past token 0 (a window or encoder tokens), so the kernels need first_token."""
 
     indptr: np.ndarray
     last_page_len: np.ndarray
-    starts: np.ndarray
+    packed: np.ndarray
     kv_len: np.ndarray
     shifted: bool
 
     @property
     def first_token(self) -> np.ndarray:
-        return self.starts[len(self.indptr):]
+        return self.packed[len(self.indptr): 2 * len(self.indptr) - 1]
 
     @property
     def counts(self) -> np.ndarray:
@@ -139,8 +140,8 @@ class BatchLengths:
         (-1: no window) on. Pages are whole, so a window's range starts at the page holding its first key.
         A dozen numpy ops on ``[bs]`` arrays: this runs for every batch and every CUDA-graph replay."""
         bs = len(self.seq)
-        starts = np.zeros(2 * bs + 1, dtype=np.int32)
-        indptr, first = starts[: bs + 1], starts[bs + 1:]
+        packed = np.zeros(3 * bs + 1, dtype=np.int32)
+        indptr, first, last_len = packed[: bs + 1], packed[bs + 1: 2 * bs + 1], packed[2 * bs + 1:]
         if cross:  # the encoder tokens open the row
             end, shifted = self.enc, False
         else:
@@ -154,9 +155,9 @@ class BatchLengths:
         kv_len = np.maximum(end - first, 0) if shifted else end
         counts = (kv_len + (page_size - 1)) // page_size
         np.cumsum(counts, out=indptr[1:])
-        last_len = np.subtract(kv_len, counts * page_size, out=np.empty(bs, dtype=np.int32), casting="unsafe")
+        np.subtract(kv_len, counts * page_size, out=last_len, casting="unsafe")
         last_len += page_size  # kv_len - (counts - 1) * page_size: page_size where kv_len is 0
-        return PageRange(indptr, last_len, starts, kv_len, shifted)
+        return PageRange(indptr, last_len, packed, kv_len, shifted)
 
     @cached_property
     def has_encoder(self) -> bool:
@@ -185,9 +186,10 @@ def page_ids(req_to_token: torch.Tensor, rows: torch.Tensor, pages: PageRange, p
     device = req_to_token.device
     out = torch.empty(pages.total_pages, dtype=torch.int32, device=device)
     if out.numel():
-        starts = torch.from_numpy(pages.starts).to(device, non_blocking=True)  # kv_pages made it contiguous
-        first = starts[len(pages.indptr):] if pages.shifted else None
-        fill_page_ids(req_to_token, rows, starts, first, out, page_size)
+        bs = len(pages.indptr) - 1
+        packed = torch.from_numpy(pages.packed).to(device, non_blocking=True)  # kv_pages made it contiguous
+        first = packed[bs + 1: 2 * bs + 1] if pages.shifted else None
+        fill_page_ids(req_to_token, rows, packed, first, out, page_size)
     return out
 
 
@@ -229,6 +231,23 @@ class GraphPageIds:
     first_token: torch.Tensor | None  # [bs] int32 for ranges that can start past token 0, else None (token 0)
     first_layer: int  # the layer that fills the ids
     filled: bool = False  # the current forward has filled them
+    packed: torch.Tensor | None = None  # [3 * bs + 1] int32 laid out as PageRange.packed: kv_indptr, first_token, last_page_len
+    last_page_len: torch.Tensor | None = None  # [bs] int32, a view of packed
+
+    @classmethod
+    def packed_buffers(cls, rows: torch.Tensor, num_pages: int, first_layer: int, *, shifted: bool) -> GraphPageIds:
+        """Static buffers laid out as :attr:`PageRange.packed`, so :meth:`load` fills kv_indptr, first_token and
+        last_page_len with one copy. ``rows``: ``[bs]`` int64 on the device; ``num_pages``: kv_indices capacity;
+        ``shifted``: ranges may start past token 0 (first_token is kept; else None, token 0)."""
+        bs = rows.numel()
+        packed = torch.zeros(3 * bs + 1, dtype=torch.int32, device=rows.device)
+        return cls(rows, packed[: bs + 1], torch.zeros(num_pages, dtype=torch.int32, device=rows.device),
+                   packed[bs + 1: 2 * bs + 1] if shifted else None, first_layer, packed=packed, last_page_len=packed[2 * bs + 1:])
+
+    def load(self, pages: PageRange) -> None:
+        """Copy a batch's ranges into the static buffers, one host-to-device copy (what FlashInfer's fast_decode_plan
+        leaves to its caller). Needs :meth:`packed_buffers`' layout and a batch of this graph's size."""
+        self.packed.copy_(host(pages.packed), non_blocking=True)
 
     def on_layer(self, layer_id: int, req_to_token: torch.Tensor, page_size: int) -> None:
         """Before a layer of this wrapper runs: its first layer fills the ids; a layer before it would read stale

@@ -22,7 +22,10 @@ CUDA graphs: the page ids are built inside the graph. Re-planning a captured wra
 lengths (plan() fills its static kv_indptr) and the request rows; the graph's first layer of each
 wrapper fills the wrapper's static kv_indices from those buffers (one kernel, replayed with the
 graph), so a replay's host work is the lengths and plan() alone. plan() of the fa2 and fa3 families
-never reads the page ids on the host; run() reads them on the device.
+never reads the page ids on the host; run() reads them on the device. A decode graph is re-planned as
+``flashinfer.graph_decode_replan`` says: by plan(), or (after the capture's plan()) by FlashInfer's
+``fast_decode_plan``, which copies nothing, so the replay hook fills the static kv_indptr, first tokens and
+kv_last_page_len itself, in one copy (:meth:`GraphPageIds.load`).
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ class _Graph:
     per_req: int  # new tokens per request
     rows: torch.Tensor  # [bs] int64, req_pool_indices, copied in at each re-plan; shared by the wrappers' ids
     ids: list[GraphPageIds]
+    planned: bool = False  # the capture's plan() ran: the wrappers hold a kernel module fast_decode_plan may reuse
 
 
 def flashinfer_refusals(plan: Plan, layers: list[AttentionLayer]) -> list[Problem]:
@@ -118,6 +122,10 @@ class FlashInferBackend(AttentionBackend):
         self.decode_fixed_split_size = gates.decode_fixed_split_size
         self.cuda_graph_disable_split_kv = gates.cuda_graph_disable_split_kv
         self.decode_use_tensor_cores = gates.decode_use_tensor_cores
+        self.graph_decode_replan = gates.graph_decode_replan
+        if self.graph_decode_replan == "fast_decode_plan" and not hasattr(self.fi, "fast_decode_plan"):
+            raise BatchMetadataError(Problem("flashinfer.graph_decode_replan", f"is fast_decode_plan, which this FlashInfer "
+                                             f"({getattr(self.fi, '__version__', 'version unknown')}) does not export; 0.7.2 does"))
         self.page_size = check_pool_page_size(plan, kv_pool)
         self.checked = checked
         self.layer_gates = {kind: plan.layer(kind) for kind in LayerKind}
@@ -254,8 +262,16 @@ class FlashInferBackend(AttentionBackend):
 
     def _plan_decode(self, wrapper, spec: _WrapperSpec, lens: BatchLengths, graph: _Graph | None = None) -> None:
         rng = self._pages(spec, lens, prefix_only=False)
+        kw = self._plan_kwargs(spec, "decode", cuda_graph=graph is not None)
+        if graph is not None and graph.planned and self.graph_decode_replan == "fast_decode_plan":
+            ids = graph.ids[spec.index]
+            ids.load(rng)  # fast_decode_plan copies nothing into the static buffers
+            indptr = host(rng.indptr)
+            self.fi.fast_decode_plan(wrapper, indptr, ids.kv_indices[: rng.total_pages], host(rng.last_page_len), *spec.heads,
+                                     self.page_size, global_override_indptr_cpu=indptr, **kw)
+            return
         wrapper.plan(host(rng.indptr), self._ids_for_plan(spec, lens, rng, graph), host(rng.last_page_len), *spec.heads,
-                     self.page_size, **self._plan_kwargs(spec, "decode", cuda_graph=graph is not None))
+                     self.page_size, **kw)
 
     def _plan_paged(self, wrapper, spec: _WrapperSpec, qo_indptr: torch.Tensor, lens: BatchLengths, *, prefix_only: bool,
                     causal: bool, window_mask: bool = False, graph: _Graph | None = None, tree: torch.Tensor | None = None) -> None:
@@ -366,26 +382,27 @@ class FlashInferBackend(AttentionBackend):
         check_capture_mode(self.plan, bs, forward_mode, self._graph_max[0] if self._graph_max else None)  # the plan's table decides
         max_pages = self.req_to_token.shape[1] // self.page_size + 1
         per_req = num_tokens // bs
-        zeros = lambda n: torch.zeros(n, dtype=torch.int32, device=self.device)  # noqa: E731
         rows = torch.zeros(bs, dtype=torch.int64, device=self.device)
-        g = _Graph([], per_req, rows, [GraphPageIds(rows, zeros(bs + 1), zeros(bs * max_pages), zeros(bs) if shiftable else None, first)
+        g = _Graph([], per_req, rows, [GraphPageIds.packed_buffers(rows, bs * max_pages, first, shifted=shiftable)
                                        for shiftable, first in zip(self._shiftable, self._first_layer)])
         tree = self.plan.mode(forward_mode).common.tree_mask
         for spec, ids in zip(self.specs, g.ids):
-            last = zeros(bs)
             if forward_mode == ForwardMode.DECODE:
                 g.wrappers.append(self.fi.BatchDecodeWithPagedKVCacheWrapper(
                     self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.decode_use_tensor_cores, backend=self.decode_kernel_family,
-                    paged_kv_indptr_buffer=ids.kv_indptr, paged_kv_indices_buffer=ids.kv_indices, paged_kv_last_page_len_buffer=last))
+                    paged_kv_indptr_buffer=ids.kv_indptr, paged_kv_indices_buffer=ids.kv_indices,
+                    paged_kv_last_page_len_buffer=ids.last_page_len))
             else:
                 qo = torch.arange(0, (bs + 1) * per_req, per_req, dtype=torch.int32, device=self.device)
                 mask = self._graph_mask_buffers(spec.index, bs) if tree and not spec.cross else {}
                 g.wrappers.append(self.fi.BatchPrefillWithPagedKVCacheWrapper(
                     self.workspace, "NHD", use_cuda_graph=True, qo_indptr_buf=qo, paged_kv_indptr_buf=ids.kv_indptr,
-                    paged_kv_indices_buf=ids.kv_indices, paged_kv_last_page_len_buf=last, backend=self.prefill_kernel_family, **mask))
+                    paged_kv_indices_buf=ids.kv_indices, paged_kv_last_page_len_buf=ids.last_page_len,
+                    backend=self.prefill_kernel_family, **mask))
         self._graphs[(forward_mode, bs)] = g
         chain = torch.ones(bs, per_req, per_req, dtype=torch.bool, device=self.device).tril() if tree else None  # captured as a chain
         self._replan_graph(g, req_pool_indices, seq_lens.cpu(), encoder_lens, forward_mode, spec_tree_mask=chain)
+        g.planned = True
 
     def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode,
                                                 encoder_lens_cpu=None, spec_tree_mask=None):

@@ -9,6 +9,7 @@ keeps exactly what it was given (graph wrappers: copied into their static buffer
 then reads, as a replayed graph does). Split-KV follows FlashInfer: with ``fixed_split_size`` the KV
 is cut every that many pages (ragged: tokens); otherwise a batch-dependent heuristic decides, and
 ``disable_split_kv`` turns splitting off. ``return_lse`` gives the log-sum-exp in base 2, as FlashInfer.
+``fast_decode_plan`` re-plans a planned decode wrapper without copying anything, as FlashInfer's.
 Where the real kernel's result is undefined the stand-in returns NaN: the fa3 paged kernel over a
 request with no keys (measured: finite garbage where fa2 gives lse -inf and output 0).
 """
@@ -70,7 +71,7 @@ def _split_chunk(units: list[int], *, fixed_split_size, disable_split_kv: bool, 
 class _PagedKv:
     """What a paged plan holds: indptr, indices, last_page_len (copies, or views of the graph buffers)."""
 
-    def __init__(self, problems: _Problems, indptr, indices, last_page_len, page_size: int, buffers=None):
+    def __init__(self, problems: _Problems, indptr, indices, last_page_len, page_size: int, buffers=None, adopt: bool = False):
         bs = indptr.numel() - 1
         _check_indptr(problems, "paged_kv_indptr", indptr)
         problems.check(indices.dtype == torch.int32, f"paged_kv_indices must be int32, got {indices.dtype}")
@@ -86,7 +87,9 @@ class _PagedKv:
             problems.check(indices.numel() <= xb.numel(), f"{indices.numel()} page indices exceed the CUDA-graph buffer of {xb.numel()}")
         if problems:
             return
-        if buffers is not None:  # plan() fills the static buffers in place; run() reads them
+        if adopt:  # fast_decode_plan: run() reads these very tensors (a graph's static buffers, as the caller left them)
+            self.indptr, self.indices, self.last = indptr, indices, last_page_len
+        elif buffers is not None:  # plan() fills the static buffers in place; run() reads them
             ib, xb, lb = buffers
             ib.copy_(indptr)
             xb[: indices.numel()].copy_(indices)
@@ -145,7 +148,7 @@ class _Wrapper:
         problems.raise_any(type(self).__name__)
         self.backend, self.use_cuda_graph, self.buffers = backend, use_cuda_graph, buffers
         self.planned: dict | None = None
-        self.plans = 0
+        self.plans = self.fast_plans = 0
 
     def _run_state(self, name: str):
         if self.planned is None:
@@ -196,6 +199,10 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         p = self._run_state("run")
         kv = p["kv"]
         bs = kv.indptr.numel() - 1
+        scheduled = p.get("scheduled_indptr")  # fast_decode_plan scheduled the split-KV work from a host indptr
+        if scheduled is not None and not torch.equal(scheduled, kv.indptr):
+            raise ValueError(f"run: kv_indptr {kv.indptr.tolist()[:8]} is not the indptr fast_decode_plan scheduled "
+                             f"({scheduled.tolist()[:8]}): the kernel would read outside its work items")
         _check_q(q, bs, p)
         k_cache, v_cache = _check_caches(paged_kv_cache, p, p["page_size"])
         chunk = p["chunk_pages"] * p["page_size"] if p["chunk_pages"] else None
@@ -209,6 +216,46 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
             lses.append(lse)
         out = torch.cat(outs) if outs else q.new_empty(0, q.shape[1], v_cache.shape[-1])
         return (out, _lse2(torch.cat(lses))) if return_lse else out
+
+
+def fast_decode_plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+                     pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None, q_data_type=None, kv_data_type=None,
+                     data_type=None, sm_scale=None, rope_scale=None, rope_theta=None, non_blocking=True, fixed_split_size=None,
+                     disable_split_kv=False, q_len_per_req=1, global_override_indptr_cpu=None):
+    """``flashinfer.fast_decode_plan``: re-plans a decode wrapper ``self`` that plan() planned before. It reuses the
+    kernel module that plan() chose (FlashInfer checks nothing: other dtypes, head_dim, a window or a soft-cap where
+    there was none would run the wrong module, so the stand-in refuses them) and copies nothing: a CUDA-graph wrapper's
+    run() reads its static buffers as the caller left them, an eager one the tensors given. The split-KV work is
+    scheduled from the host indptr (``global_override_indptr_cpu``, else ``indptr``); a run() whose kv_indptr differs
+    from it raises (the real kernel would read outside its work items)."""
+    problems = _Problems()
+    p = self.planned
+    if p is None:
+        raise ValueError("fast_decode_plan before plan(): it reuses the kernel module plan() built")
+    q_dtype = q_data_type or data_type or "float16"
+    module = (q_dtype, kv_data_type or data_type or q_dtype, head_dim, window_left >= 0, bool(logits_soft_cap))
+    planned = (p["q_data_type"], p["kv_data_type"], p["head_dim"], p["window_left"] >= 0, p["logits_soft_cap"] > 0)
+    problems.check(module == planned, f"(q dtype, kv dtype, head_dim, window, soft-cap) {module} differ from the {planned} "
+                                      "of the plan() whose kernel module fast_decode_plan reuses")
+    problems.check(q_len_per_req == 1, "q_len_per_req > 1 is not modelled")
+    _check_common(problems, num_qo_heads, num_kv_heads, window_left, logits_soft_cap, fixed_split_size)
+    scheduled = (global_override_indptr_cpu if global_override_indptr_cpu is not None else indptr).clone()  # host tensors on CPU
+    if self.use_cuda_graph:
+        ib, xb, lb = (self.buffers[n] for n in self.GRAPH_BUFFERS)
+        problems.check(last_page_len.numel() == ib.numel() - 1,
+                       f"batch size {last_page_len.numel()} differs from the {ib.numel() - 1} of the CUDA-graph buffers")
+        problems.check(indices.numel() <= xb.numel(), f"{indices.numel()} page indices exceed the CUDA-graph buffer of {xb.numel()}")
+        kv = _PagedKv(problems, ib, xb, lb, page_size, adopt=True)
+    else:
+        kv = _PagedKv(problems, indptr, indices, last_page_len, page_size, adopt=True)
+    problems.raise_any("fast_decode_plan")
+    pages = (scheduled[1:] - scheduled[:-1]).tolist()
+    self.planned = p | dict(kv=kv, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, page_size=page_size, window_left=window_left,
+                            logits_soft_cap=logits_soft_cap or 0.0, sm_scale=sm_scale if sm_scale is not None else head_dim ** -0.5,
+                            fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv, scheduled_indptr=scheduled,
+                            chunk_pages=_split_chunk(pages, fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv,
+                                                     heads=num_kv_heads, min_chunk=-(-MIN_CHUNK_TOKENS // page_size)))
+    self.fast_plans += 1
 
 
 # (qk, vo) pairs FlashInfer's prefill kernels run, fa2 and fa3 alike (measured on an H100: head dim 32 raises
@@ -528,6 +575,7 @@ def module() -> types.ModuleType:
     fi.BatchDecodeWithPagedKVCacheWrapper = BatchDecodeWithPagedKVCacheWrapper
     fi.BatchPrefillWithPagedKVCacheWrapper = BatchPrefillWithPagedKVCacheWrapper
     fi.BatchPrefillWithRaggedKVCacheWrapper = BatchPrefillWithRaggedKVCacheWrapper
+    fi.fast_decode_plan = fast_decode_plan
     fi.merge_state = merge_state
     fi.merge_state_in_place = merge_state_in_place
     fi.mla = types.SimpleNamespace(BatchMLAPagedAttentionWrapper=BatchMLAPagedAttentionWrapper,

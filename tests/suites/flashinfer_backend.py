@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 
 import pytest
 import torch
@@ -153,6 +154,26 @@ def test_fi_cuda_graph_replay_equals_eager(env, mode, page_size):
         assert max_diff(replayed, reference_out(env, case, plan, layer)) < env.tol, f"round {i}"
         eager = fi_backend(env, plan, case, layer)
         assert max_diff(replayed, run(eager, case, layer)) < env.tol, f"round {i}"
+
+
+@pytest.mark.parametrize("replan", ["plan", "fast_decode_plan"])
+def test_fi_cuda_graph_decode_replays_replan_as_the_plan_says(env, replan, monkeypatch):
+    """flashinfer.graph_decode_replan: every decode replay re-plans its wrappers by plan(), or by FlashInfer's
+    fast_decode_plan (rule flashinfer.graph-decode-fast-replan), which copies nothing into the static buffers; the
+    capture runs plan() either way. Both match the reference, a window layer's ranges (first tokens) included."""
+    shipped = plan_for(env, "flashinfer", 16, "Mistral-7B-v0.1")
+    assert shipped.flashinfer.graph_decode_replan == "fast_decode_plan"
+    plan = shipped.model_copy(update={"flashinfer": shipped.flashinfer.model_copy(update={"graph_decode_replan": replan})})
+    fi = importlib.import_module("flashinfer")
+    calls, fast = [], fi.fast_decode_plan
+    monkeypatch.setattr(fi, "fast_decode_plan", lambda *a, **kw: (calls.append(a[0]), fast(*a, **kw))[1])
+    layer = layer_of(env, LayerKind.SLIDING_WINDOW, sliding_window_size=100)
+    rounds = 0
+    for i, case, replayed in replay_rounds(env, functools.partial(fi_backend, env), plan, layer, M.DECODE, 16):
+        assert max_diff(replayed, reference_out(env, case, plan, layer)) < env.tol, f"round {i}"
+        rounds += 1
+    wrappers = 2  # sliding_window dispatch: the window layers' wrapper and the full layers'
+    assert len(calls) == (rounds * wrappers if replan == "fast_decode_plan" else 0)
 
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
