@@ -56,6 +56,7 @@ def flashinfer_row(bs: int, plan) -> dict:
     # what the backend hands the captured wrapper: a view of its static page ids, which the graph itself fills
     graph_args = (args[0], graph.ids[0].kv_indices[: rng.total_pages], *args[2:])
     packed, static_packed = host(rng.packed), graph.ids[0].packed
+    fast_args = (args[0], graph.ids[0].kv_indices, *args[2:])  # the backend's fast_decode_plan gets the whole static buffer
     graph_kw = fi._plan_kwargs(spec, "decode", cuda_graph=True)
     # the same backend and graph, its plan saying plan() (flashinfer.graph_decode_replan before its rule)
     by_plan = plan.model_copy(update={"flashinfer": plan.flashinfer.model_copy(update={"graph_decode_replan": "plan"})})
@@ -85,7 +86,7 @@ def flashinfer_row(bs: int, plan) -> dict:
                                                                             batch.seq_lens_cpu, None, ForwardMode.DECODE),
         "raw_graph_plan": lambda: graph_wrapper.plan(*graph_args, **graph_kw),
         "raw_graph_fast_plan": lambda: (static_packed.copy_(packed, non_blocking=True),
-                                        fi.fi.fast_decode_plan(graph_wrapper, *graph_args, global_override_indptr_cpu=args[0], **graph_kw)),
+                                        fi.fi.fast_decode_plan(graph_wrapper, *fast_args, global_override_indptr_cpu=args[0], **graph_kw)),
         "replay_replan_by_plan": lambda: fi_by_plan.init_forward_metadata_replay_cuda_graph(
             bs, batch_by_plan.req_pool_indices, batch_by_plan.seq_lens, batch_by_plan.seq_lens_cpu, None, ForwardMode.DECODE),
         "raw_plan_auto_family": lambda: auto.plan(*args, **fi._plan_kwargs(spec, "decode")),

@@ -266,9 +266,9 @@ class FlashInferBackend(AttentionBackend):
         if graph is not None and graph.planned and self.graph_decode_replan == "fast_decode_plan":
             ids = graph.ids[spec.index]
             ids.load(rng)  # fast_decode_plan copies nothing into the static buffers
-            indptr = host(rng.indptr)
-            self.fi.fast_decode_plan(wrapper, indptr, ids.kv_indices[: rng.total_pages], host(rng.last_page_len), *spec.heads,
-                                     self.page_size, global_override_indptr_cpu=indptr, **kw)
+            indptr = host(rng.indptr)  # on a graph wrapper it reads the indices' length only: the whole buffer, no view
+            self.fi.fast_decode_plan(wrapper, indptr, ids.kv_indices, host(rng.last_page_len), *spec.heads, self.page_size,
+                                     global_override_indptr_cpu=indptr, **kw)
             return
         wrapper.plan(host(rng.indptr), self._ids_for_plan(spec, lens, rng, graph), host(rng.last_page_len), *spec.heads,
                      self.page_size, **kw)
