@@ -20,6 +20,7 @@ HOST_SERIES = (  # (table, key, label, style)
     ("flashinfer_us", "raw_plan", "FlashInfer raw plan()", "C0:o"),
     ("flashinfer_us", "raw_plan_auto_family", "FlashInfer raw plan(), 'auto' decode family", "C0--"),
     ("flashinfer_us", "replay_replan", "FlashInfer graph re-plan", "C1-s"),
+    ("flashinfer_us", "replay_replan_by_plan", "FlashInfer graph re-plan through plan()", "C1-."),
     ("flashinfer_us", "raw_graph_plan", "FlashInfer raw plan(), graph wrapper", "C1:s"),
     ("flashinfer_us", "raw_graph_fast_plan", "FlashInfer raw fast_decode_plan + its copy, graph wrapper", "C1--"),
     ("fa_us", "eager_step", "FA metadata + forward", "C2-^"),
