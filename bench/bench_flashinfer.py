@@ -30,10 +30,11 @@ from common import paired_ms  # noqa: E402
 PS = 16
 
 
-def setup(requests, mode, plan):
+def setup(requests, mode, plan, page_size: int = PS):
     layer = layer_of(GPU, LayerKind.FULL)
     longest = max(p + n for p, n in requests)
-    case = make_case(GPU, requests, mode, PS, num_slots=len(requests) * (longest + PS) // PS * PS + PS, max_context_len=longest + PS)
+    ps = page_size
+    case = make_case(GPU, requests, mode, ps, num_slots=len(requests) * (longest + ps) // ps * ps + ps, max_context_len=longest + ps)
     fi = FlashInferBackend(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], "cuda")
     batch = case.setup.batch
     fi.init_forward_metadata(batch)

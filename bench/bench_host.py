@@ -12,6 +12,9 @@ For every batch size (decode, 2048 cached tokens per request; 32/8 heads, head_d
   flashinfer.graph_decode_replan runs) with the one copy into the static buffers it leaves to its caller; the
   same replay hook on a backend whose plan says ``plan``; ``forward`` alone; GPU time of ``forward`` against
   raw ``run()``.
+- FlashInfer at page 1 (the resolved default, where flashinfer.eager_decode_replan is fast_decode_plan):
+  ``init_forward_metadata`` against the same on a backend whose plan says ``plan``, the raw ``plan()`` and the raw
+  ``fast_decode_plan`` handed device ranges.
 - FA (page 128): ``init_forward_metadata`` + ``forward`` against the raw kernel call on prebuilt
   metadata, and against the raw call plus the raw KV write (two ``index_copy_``), and the parts
   (metadata alone, the pool's KV write alone); GPU time of ``forward`` against the raw call.
@@ -99,6 +102,24 @@ def flashinfer_row(bs: int, plan) -> dict:
     return {k: round(v, 4 if k.startswith("gpu") else 1) for k, v in row.items()}
 
 
+def flashinfer_page1_row(bs: int, plan) -> dict:
+    fi, case, _, _ = flashinfer_setup(DECODE * bs, ForwardMode.DECODE, plan, page_size=1)
+    by_plan = plan.model_copy(update={"flashinfer": plan.flashinfer.model_copy(update={"eager_decode_replan": "plan"})})
+    fi_by_plan, case_by_plan, _, _ = flashinfer_setup(DECODE * bs, ForwardMode.DECODE, by_plan, page_size=1)
+    batch, batch_by_plan, spec, wrapper = case.setup.batch, case_by_plan.setup.batch, fi.specs[0], fi.decode_wrappers[0]
+    rng, args = decode_plan_args(fi, batch)
+    packed = batch_metadata.device_ranges(rng, "cuda")
+    fast_args = (packed[: bs + 1], args[1], packed[2 * bs + 1:], *args[3:])
+    kw = fi._plan_kwargs(spec, "decode")
+    row = paired_host_us({
+        "eager_metadata": lambda: fi.init_forward_metadata(batch),
+        "eager_metadata_by_plan": lambda: fi_by_plan.init_forward_metadata(batch_by_plan),
+        "raw_plan": lambda: wrapper.plan(*args, **kw),
+        "raw_fast_plan": lambda: fi.fi.fast_decode_plan(wrapper, *fast_args, global_override_indptr_cpu=args[0], **kw),
+    })
+    return {k: round(v, 1) for k, v in row.items()}
+
+
 def fa_row(bs: int, plan) -> dict:
     fa, case, layer, eager, raw, forward = fa_backend_and_raw(DECODE * bs, ForwardMode.DECODE, plan)  # page 128
     batch, pool = case.setup.batch, case.pools[0]
@@ -144,6 +165,7 @@ def main() -> None:
     fi_plan, fa_plan = plan_for(GPU, "flashinfer", 16), plan_for(GPU, page_size=128)
     out["page_ids_us"] = {bs: page_id_row(bs) for bs in BATCH_SIZES}
     out["flashinfer_us"] = {bs: flashinfer_row(bs, fi_plan) for bs in BATCH_SIZES}
+    out["flashinfer_page1_us"] = {bs: flashinfer_page1_row(bs, plan_for(GPU, "flashinfer", 1)) for bs in BATCH_SIZES}
     out["fa_us"] = {bs: fa_row(bs, fa_plan) for bs in BATCH_SIZES}
     print(json.dumps(out, indent=2))
 

@@ -178,19 +178,27 @@ def check_page_aligned(lens: np.ndarray, page_size: int, what: str, backend: str
         raise BatchMetadataError(Problem(what, f"must be multiples of page_size {page_size} on the {backend} backend"))
 
 
-def page_ids(req_to_token: torch.Tensor, rows: torch.Tensor, pages: PageRange, page_size: int) -> torch.Tensor:
+def page_ids(req_to_token: torch.Tensor, rows: torch.Tensor, pages: PageRange, page_size: int,
+             packed: torch.Tensor | None = None) -> torch.Tensor:
     """``[pages.total_pages]`` int32 on ``req_to_token``'s device: request b's page ids
     ``req_to_token[rows[b], first_token[b] + j * page_size] // page_size`` for ``j < counts[b]``, request by request
     (kv_indices). Sized on the host, its ranges copied to the device in one copy: no device sync. With
-    ``page_size`` 1 these are token slots."""
+    ``page_size`` 1 these are token slots. ``packed``: ``pages.packed`` already on the device (a caller that hands its
+    kv_indptr and kv_last_page_len to a kernel too copies it once, with :func:`device_ranges`); default: copied here."""
     device = req_to_token.device
     out = torch.empty(pages.total_pages, dtype=torch.int32, device=device)
     if out.numel():
         bs = len(pages.indptr) - 1
-        packed = torch.from_numpy(pages.packed).to(device, non_blocking=True)  # kv_pages made it contiguous
+        packed = device_ranges(pages, device) if packed is None else packed
         first = packed[bs + 1: 2 * bs + 1] if pages.shifted else None
         fill_page_ids(req_to_token, rows, packed, first, out, page_size)
     return out
+
+
+def device_ranges(pages: PageRange, device: torch.device | str) -> torch.Tensor:
+    """``pages.packed`` on ``device``, one host-to-device copy: ``[: bs + 1]`` is kv_indptr, ``[bs + 1: 2 * bs + 1]``
+    first_token, ``[2 * bs + 1:]`` kv_last_page_len (int32)."""
+    return torch.from_numpy(pages.packed).to(device, non_blocking=True)  # kv_pages made it contiguous
 
 
 def fill_page_ids(req_to_token: torch.Tensor, rows: torch.Tensor, kv_indptr: torch.Tensor, first_token: torch.Tensor | None,

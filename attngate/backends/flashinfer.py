@@ -38,7 +38,8 @@ import torch
 
 from attngate.backends.base import (AttentionBackend, captured_graph, check_batch, check_capture_mode, check_graph_batch,
                                     check_pool_page_size, is_fp8)
-from attngate.backends.batch_metadata import BatchLengths, GraphPageIds, PageRange, check_page_aligned, host, page_ids
+from attngate.backends.batch_metadata import (BatchLengths, GraphPageIds, PageRange, check_page_aligned, device_ranges, host,
+                                             page_ids)
 from attngate.backends.errors import BatchMetadataError
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.flashinfer_mla import FlashInferMLABackend, mla_refusals
@@ -122,10 +123,13 @@ class FlashInferBackend(AttentionBackend):
         self.decode_fixed_split_size = gates.decode_fixed_split_size
         self.cuda_graph_disable_split_kv = gates.cuda_graph_disable_split_kv
         self.decode_use_tensor_cores = gates.decode_use_tensor_cores
-        self.graph_decode_replan = gates.graph_decode_replan
-        if self.graph_decode_replan == "fast_decode_plan" and not hasattr(self.fi, "fast_decode_plan"):
-            raise BatchMetadataError(Problem("flashinfer.graph_decode_replan", f"is fast_decode_plan, which this FlashInfer "
-                                             f"({getattr(self.fi, '__version__', 'version unknown')}) does not export; 0.7.2 does"))
+        self.graph_decode_replan, self.eager_decode_replan = gates.graph_decode_replan, gates.eager_decode_replan
+        fast = [f"flashinfer.{name}" for name, how in (("graph_decode_replan", self.graph_decode_replan),
+                                                       ("eager_decode_replan", self.eager_decode_replan)) if how == "fast_decode_plan"]
+        if fast and not hasattr(self.fi, "fast_decode_plan"):
+            version = getattr(self.fi, "__version__", "version unknown")
+            raise BatchMetadataError([Problem(gate, f"is fast_decode_plan, which this FlashInfer ({version}) does not export; 0.7.2 does")
+                                      for gate in fast])
         self.page_size = check_pool_page_size(plan, kv_pool)
         self.checked = checked
         self.layer_gates = {kind: plan.layer(kind) for kind in LayerKind}
@@ -144,6 +148,7 @@ class FlashInferBackend(AttentionBackend):
         self.decode_kernel_family = gates.decode_kernel_family
         self.decode_wrappers = [self.fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=self.decode_use_tensor_cores,
                                                                            backend=self.decode_kernel_family) for _ in range(n)]
+        self._decode_planned = [False] * n  # eager decode wrapper i has run plan(): fast_decode_plan may reuse its kernel module
         family = self.prefill_kernel_family = gates.prefill_kernel_family  # every prefill wrapper, graph ones included
         self.paged_wrappers = [self.fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=family) for _ in range(n)]
         self.ragged_wrappers = [self.fi.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend=family) for _ in range(n)]
@@ -270,8 +275,16 @@ class FlashInferBackend(AttentionBackend):
             self.fi.fast_decode_plan(wrapper, indptr, ids.kv_indices, host(rng.last_page_len), *spec.heads, self.page_size,
                                      global_override_indptr_cpu=indptr, **kw)
             return
+        if graph is None and self._decode_planned[spec.index] and self.eager_decode_replan == "fast_decode_plan":
+            packed, bs = device_ranges(rng, self.device), lens.batch_size  # fast_decode_plan keeps these device tensors
+            ids = page_ids(self.req_to_token, lens.rows, rng, self.page_size, packed)
+            self.fi.fast_decode_plan(wrapper, packed[: bs + 1], ids, packed[2 * bs + 1:], *spec.heads, self.page_size,
+                                     global_override_indptr_cpu=host(rng.indptr), **kw)
+            return
         wrapper.plan(host(rng.indptr), self._ids_for_plan(spec, lens, rng, graph), host(rng.last_page_len), *spec.heads,
                      self.page_size, **kw)
+        if graph is None:
+            self._decode_planned[spec.index] = True
 
     def _plan_paged(self, wrapper, spec: _WrapperSpec, qo_indptr: torch.Tensor, lens: BatchLengths, *, prefix_only: bool,
                     causal: bool, window_mask: bool = False, graph: _Graph | None = None, tree: torch.Tensor | None = None) -> None:

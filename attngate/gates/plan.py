@@ -62,6 +62,7 @@ class FlashInferGates(_Group):
     mla_kernel_family: Literal["fa2", "fa3"] = gate("fa2", "Kernel family of BatchMLAPagedAttentionWrapper (absorbed MLA).")
     multi_item_scoring: bool = gate(False, "EXTEND scores several items per request: item masks from delimiter tokens replace the causal mask (SGLang's MultiItemScoringParams). attngate's FlashInfer backend does not implement it and refuses such a plan.")
     decode_kernel_family: Literal["fa2"] = gate("fa2", "Kernel family of every decode wrapper: fa2 (the CUDA-core decode kernel, or the fa2 prefill kernel under decode_use_tensor_cores). Never FlashInfer's 'auto', which probes for cuDNN on every plan().")
+    eager_decode_replan: Literal["plan", "fast_decode_plan"] = gate("plan", "How an eager decode wrapper is re-planned after its first plan(): plan(), or flashinfer.fast_decode_plan handed the device kv_indptr and kv_last_page_len that the page-id build copies anyway. fast_decode_plan reads kv_last_page_len on the host under tensor-core decode unless page_size is 1, a device-to-host sync, so only there or without tensor cores.")
     graph_decode_replan: Literal["plan", "fast_decode_plan"] = gate("plan", "How a captured CUDA-graph decode wrapper is re-planned before each replay: FlashInfer's plan(), or flashinfer.fast_decode_plan (the backend fills the graph's static kv_indptr and kv_last_page_len in one copy; FlashInfer keeps the kernel module of the capture's plan() and copies nothing).")
 
 

@@ -176,6 +176,36 @@ def test_fi_cuda_graph_decode_replays_replan_as_the_plan_says(env, replan, monke
     assert len(calls) == (rounds * wrappers if replan == "fast_decode_plan" else 0)
 
 
+@pytest.mark.parametrize("replan", ["plan", "fast_decode_plan"])
+def test_fi_eager_decode_replans_as_the_plan_says(env, replan, monkeypatch):
+    """flashinfer.eager_decode_replan: an eager decode wrapper's first batch runs plan(); later batches plan() again or
+    FlashInfer's fast_decode_plan over the device page ranges the page-id build copied (rule
+    flashinfer.eager-decode-fast-replan, page_size 1). Three batches of other sizes and lengths on one backend, GQA with
+    tensor-core decode (Llama-3.1-8B's group of 4), each against the reference."""
+    shipped = plan_for(env, "flashinfer", 1, "Llama-3.1-8B")
+    assert shipped.flashinfer.eager_decode_replan == "fast_decode_plan" and shipped.flashinfer.decode_use_tensor_cores
+    assert plan_for(env, "flashinfer", 16, "Llama-3.1-8B").flashinfer.eager_decode_replan == "plan"
+    plan = shipped.model_copy(update={"flashinfer": shipped.flashinfer.model_copy(update={"eager_decode_replan": replan})})
+    fi = importlib.import_module("flashinfer")
+    calls, fast = [], fi.fast_decode_plan
+    monkeypatch.setattr(fi, "fast_decode_plan", lambda *a, **kw: (calls.append(a[0]), fast(*a, **kw))[1])
+    layer = layer_of(env, LayerKind.FULL)
+    batches = [[(900, 1), (0, 1), (77, 1), (1, 1), (300, 1), (12, 1)], REQUESTS["decode"], [(40, 1), (3, 1)]]  # largest first
+    backend = None
+    for i, requests in enumerate(batches):
+        case = make_case(env, requests, M.DECODE, 1, seed=i)
+        if backend is None:
+            backend = fi_backend(env, plan, case, layer)
+        else:  # the same backend, its wrapper planned before: this batch's cache and request table copied into its own
+            backend.kv_pool.k_buffer[0].copy_(case.pools[0].k_buffer[0])
+            backend.kv_pool.v_buffer[0].copy_(case.pools[0].v_buffer[0])
+            rtt = case.setup.req_to_token_pool.req_to_token
+            backend.req_to_token[: rtt.shape[0]].copy_(rtt)
+        assert max_diff(run(backend, case, layer), reference_out(env, case, plan, layer)) < env.tol, f"batch {i}"
+    assert len(calls) == (len(batches) - 1 if replan == "fast_decode_plan" else 0)
+    assert all(w is backend.decode_wrappers[0] for w in calls)
+
+
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 @pytest.mark.parametrize("shape", ["extend_prefix", "decode", "target_verify"])
 def test_fi_fp8_kv_cache_matches_reference(env, shape, page_size):
