@@ -22,10 +22,12 @@ CUDA graphs: the page ids are built inside the graph. Re-planning a captured wra
 lengths (plan() fills its static kv_indptr) and the request rows; the graph's first layer of each
 wrapper fills the wrapper's static kv_indices from those buffers (one kernel, replayed with the
 graph), so a replay's host work is the lengths and plan() alone. plan() of the fa2 and fa3 families
-never reads the page ids on the host; run() reads them on the device. A decode graph is re-planned as
-``flashinfer.graph_decode_replan`` says: by plan(), or (after the capture's plan()) by FlashInfer's
-``fast_decode_plan``, which copies nothing, so the replay hook fills the static kv_indptr, first tokens and
-kv_last_page_len itself, in one copy (:meth:`GraphPageIds.load`).
+never reads the page ids on the host; run() reads them on the device.
+
+Decode re-plans: after a decode wrapper's first plan(), ``flashinfer.graph_decode_replan`` (captured wrappers) and
+``flashinfer.eager_decode_replan`` say whether plan() runs again or FlashInfer's ``fast_decode_plan``, which keeps the
+kernel module plan() chose and copies nothing: a replay fills the static kv_indptr, first tokens and kv_last_page_len
+itself, in one copy (:meth:`GraphPageIds.load`); an eager batch hands it the device copy of its page ranges.
 """
 
 from __future__ import annotations
@@ -268,23 +270,36 @@ class FlashInferBackend(AttentionBackend):
     def _plan_decode(self, wrapper, spec: _WrapperSpec, lens: BatchLengths, graph: _Graph | None = None) -> None:
         rng = self._pages(spec, lens, prefix_only=False)
         kw = self._plan_kwargs(spec, "decode", cuda_graph=graph is not None)
-        if graph is not None and graph.planned and self.graph_decode_replan == "fast_decode_plan":
-            ids = graph.ids[spec.index]
-            ids.load(rng)  # fast_decode_plan copies nothing into the static buffers
-            indptr = host(rng.indptr)  # on a graph wrapper it reads the indices' length only: the whole buffer, no view
-            self.fi.fast_decode_plan(wrapper, indptr, ids.kv_indices, host(rng.last_page_len), *spec.heads, self.page_size,
-                                     global_override_indptr_cpu=indptr, **kw)
-            return
-        if graph is None and self._decode_planned[spec.index] and self.eager_decode_replan == "fast_decode_plan":
-            packed, bs = device_ranges(rng, self.device), lens.batch_size  # fast_decode_plan keeps these device tensors
-            ids = page_ids(self.req_to_token, lens.rows, rng, self.page_size, packed)
-            self.fi.fast_decode_plan(wrapper, packed[: bs + 1], ids, packed[2 * bs + 1:], *spec.heads, self.page_size,
-                                     global_override_indptr_cpu=host(rng.indptr), **kw)
+        if self._replans_fast(spec, graph):
+            indptr_host = host(rng.indptr)
+            indptr, ids, last_page_len = self._fast_plan_arrays(spec, lens, rng, graph, indptr_host)
+            self.fi.fast_decode_plan(wrapper, indptr, ids, last_page_len, *spec.heads, self.page_size,
+                                     global_override_indptr_cpu=indptr_host, **kw)
             return
         wrapper.plan(host(rng.indptr), self._ids_for_plan(spec, lens, rng, graph), host(rng.last_page_len), *spec.heads,
                      self.page_size, **kw)
         if graph is None:
             self._decode_planned[spec.index] = True
+
+    def _replans_fast(self, spec: _WrapperSpec, graph: _Graph | None) -> bool:
+        """fast_decode_plan re-plans this decode wrapper: the plan says so for its kind (CUDA-graph or eager), and plan()
+        has run on it before (fast_decode_plan reuses the kernel module plan() chose)."""
+        if graph is not None:
+            return graph.planned and self.graph_decode_replan == "fast_decode_plan"
+        return self._decode_planned[spec.index] and self.eager_decode_replan == "fast_decode_plan"
+
+    def _fast_plan_arrays(self, spec: _WrapperSpec, lens: BatchLengths, rng: PageRange, graph: _Graph | None,
+                          indptr_host: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(kv_indptr, kv_indices, kv_last_page_len) for fast_decode_plan, which copies none of them. CUDA graph: the
+        static buffers filled by one copy (:meth:`GraphPageIds.load`), indptr and last_page_len handed on the host (it
+        reads them there; the kernels read the static ones) and the whole kv_indices buffer (it reads its length only).
+        Eager: device views of the page ranges the page-id build copies anyway; the wrapper keeps these tensors."""
+        if graph is not None:
+            ids = graph.ids[spec.index]
+            ids.load(rng)
+            return indptr_host, ids.kv_indices, host(rng.last_page_len)
+        packed, bs = device_ranges(rng, self.device), lens.batch_size
+        return packed[: bs + 1], page_ids(self.req_to_token, lens.rows, rng, self.page_size, packed), packed[2 * bs + 1:]
 
     def _plan_paged(self, wrapper, spec: _WrapperSpec, qo_indptr: torch.Tensor, lens: BatchLengths, *, prefix_only: bool,
                     causal: bool, window_mask: bool = False, graph: _Graph | None = None, tree: torch.Tensor | None = None) -> None:
