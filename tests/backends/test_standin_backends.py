@@ -9,7 +9,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from backend_cases import CPU  # noqa: E402
+from attngate import ForwardMode, LayerKind  # noqa: E402
+from attngate.backends.errors import BatchMetadataError  # noqa: E402
+from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
+from backend_cases import CPU, layer_of, make_case, plan_for  # noqa: E402
 from standins import flash_attn_cute, flashinfer  # noqa: E402
 from suites.dp_padding import *  # noqa: E402,F401,F403
 from suites.fa_backend import *  # noqa: E402,F401,F403
@@ -28,3 +31,15 @@ def kernels(monkeypatch):
 @pytest.fixture
 def env():
     return CPU
+
+
+def test_fi_refuses_a_fast_replan_plan_on_a_flashinfer_without_fast_decode_plan(env, monkeypatch):
+    """A plan that re-plans decode through fast_decode_plan (both gates at page 1), on a FlashInfer that does not export
+    it (before 0.7): refused at construction, naming both gates, not at the first replay."""
+    monkeypatch.delattr(sys.modules["flashinfer"], "fast_decode_plan")
+    plan = plan_for(env, "flashinfer", 1)
+    case = make_case(env, [(5, 1)], ForwardMode.DECODE, 1)
+    with pytest.raises(BatchMetadataError) as err:
+        FlashInferBackend(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer_of(env, LayerKind.FULL)], env.device)
+    assert [p.where for p in err.value.problems] == ["flashinfer.graph_decode_replan", "flashinfer.eager_decode_replan"]
+    assert "does not export" in str(err.value)
