@@ -34,7 +34,9 @@ test_standin_drift.py, test_page_ids.py, test_plan_backend.py and test_mla_and_l
 drift or page or mla or graph" 90 passed in 2:49. After eager decode at page 1 moved to fast_decode_plan too, on another
 fresh H100 host: test_flashinfer.py and test_standin_drift.py -k "replan or decode or graph or replay" 45 passed in 4:10
 (cold, after bench_host.py), then test_plan_backend.py, test_runtime_on_kernels.py and test_flashinfer.py -k "flashinfer
-or fi_" 82 passed in 3:31.
+or fi_" 82 passed in 3:31. After the re-plan code became _replans_fast / _fast_plan_arrays (commit f701bb1), on a fourth
+fresh H100 host: test_flashinfer.py, test_standin_drift.py and test_page_ids.py -k "replan or decode or graph or replay or
+page" 60 passed in 5:08 (cold).
 The FP8 KV cache variants: FlashInfer 0.7.2's SM90 (fa3) prefill module does not compile for an FP8 cache, so the plan
 keeps FP8 caches on fa2 (rule flashinfer.prefill-fa3-on-hopper); test_flashinfer.py -k "fp8 or kv_cache_dtype" builds them.
 Tests share variants where they can (the same head dim, dtype and mask modes), so that a new test adds as few builds as
