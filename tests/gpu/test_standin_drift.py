@@ -107,9 +107,10 @@ def test_flashinfer_lse_is_base_2_in_both():
     assert (lses[0] - lses[1]).abs().max().item() < 2e-2 * math.log2(math.e)
 
 
+@pytest.mark.parametrize("replan", ["plan", "fast_decode_plan"])
 @pytest.mark.parametrize("bad", ["graph_batch_size_changes", "graph_indices_overflow"])
-def test_both_reject_what_flashinfer_rejects(bad):
-    """CUDA-graph plans that do not fit the captured buffers. (The stand-in is stricter than FlashInfer
+def test_both_reject_what_flashinfer_rejects(bad, replan):
+    """CUDA-graph re-plans, by plan() or fast_decode_plan, that do not fit the captured buffers. (The stand-in is stricter than FlashInfer
     where FlashInfer computes silently: e.g. 32 query heads over 17 KV heads, measured accepted by
     FlashInfer 0.7.2's decode wrapper, is a ValueError in the stand-in.)"""
     import flashinfer as real_fi
@@ -124,11 +125,12 @@ def test_both_reject_what_flashinfer_rejects(bad):
                                                             use_cuda_graph=True, **buffers)
         kw = dict(q_data_type=GPU.dtype, kv_data_type=GPU.dtype)
         wrapper.plan(i32([0, 1, 2]), i32([0, 1]), i32([1, 1]), h, hkv, d, 1, **kw)
+        replan_with = wrapper.plan if replan == "plan" else lambda *a, **k: module.fast_decode_plan(wrapper, *a, **k)
         with pytest.raises(Exception):  # noqa: B017 - FlashInfer raises its own error types
             if bad == "graph_batch_size_changes":
-                wrapper.plan(i32([0, 1, 2, 3]), i32([0, 1, 2]), i32([1, 1, 1]), h, hkv, d, 1, **kw)
+                replan_with(i32([0, 1, 2, 3]), i32([0, 1, 2]), i32([1, 1, 1]), h, hkv, d, 1, **kw)
             else:
-                wrapper.plan(i32([0, 3, 6]), i32(list(range(6))), i32([1, 1]), h, hkv, d, 1, **kw)
+                replan_with(i32([0, 3, 6]), i32(list(range(6))), i32([1, 1]), h, hkv, d, 1, **kw)
 
 
 def test_fa3_paged_state_over_no_keys_is_undefined_as_the_standin_models():
