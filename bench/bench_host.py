@@ -37,7 +37,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 from attngate import ForwardMode  # noqa: E402
 from attngate.backends import batch_metadata  # noqa: E402
 from attngate.backends.batch_metadata import BatchLengths, host, page_ids  # noqa: E402
-from backend_cases import GPU, make_case, plan_for  # noqa: E402
+from backend_cases import GPU, make_case, plan_for, with_gate  # noqa: E402
 from bench_flashattention import backend_and_raw as fa_backend_and_raw  # noqa: E402
 from bench_flashinfer import decode_plan_args, host_length_work, setup as flashinfer_setup  # noqa: E402
 from common import decode_graph_replay, host_us, paired_host_us, paired_ms  # noqa: E402
@@ -62,7 +62,7 @@ def flashinfer_row(bs: int, plan) -> dict:
     fast_args = (args[0], graph.ids[0].kv_indices, *args[2:])  # the backend's fast_decode_plan gets the whole static buffer
     graph_kw = fi._plan_kwargs(spec, "decode", cuda_graph=True)
     # the same backend and graph, its plan saying plan() (flashinfer.graph_decode_replan before its rule)
-    by_plan = plan.model_copy(update={"flashinfer": plan.flashinfer.model_copy(update={"graph_decode_replan": "plan"})})
+    by_plan = with_gate(plan, "flashinfer.graph_decode_replan", "plan")
     fi_by_plan, case_by_plan, layer_by_plan, _ = flashinfer_setup(DECODE * bs, ForwardMode.DECODE, by_plan)
     decode_graph_replay(fi_by_plan, case_by_plan, layer_by_plan, bs)
     batch_by_plan = case_by_plan.setup.batch
@@ -104,7 +104,7 @@ def flashinfer_row(bs: int, plan) -> dict:
 
 def flashinfer_page1_row(bs: int, plan) -> dict:
     fi, case, _, _ = flashinfer_setup(DECODE * bs, ForwardMode.DECODE, plan, page_size=1)
-    by_plan = plan.model_copy(update={"flashinfer": plan.flashinfer.model_copy(update={"eager_decode_replan": "plan"})})
+    by_plan = with_gate(plan, "flashinfer.eager_decode_replan", "plan")
     fi_by_plan, case_by_plan, _, _ = flashinfer_setup(DECODE * bs, ForwardMode.DECODE, by_plan, page_size=1)
     batch, batch_by_plan, spec, wrapper = case.setup.batch, case_by_plan.setup.batch, fi.specs[0], fi.decode_wrappers[0]
     rng, args = decode_plan_args(fi, batch)

@@ -57,6 +57,13 @@ def plan_for(env: Env, backend: str = "fa4", page_size: int = 1, model: str = "L
     return resolve(ServerArgs(attention_backend=backend, page_size=page_size, **args), facts, env.platform()).plan
 
 
+def with_gate(plan, gate: str, value):
+    """``plan`` with one global gate (``"group.field"``, e.g. ``"flashinfer.graph_decode_replan"``) set to ``value``: a
+    configuration the shipped rules do not resolve to, for comparing a backend's two paths under one plan otherwise."""
+    group, field = gate.split(".")
+    return plan.model_copy(update={group: getattr(plan, group).model_copy(update={field: value})})
+
+
 @dataclass
 class Case:
     setup: BatchSetup

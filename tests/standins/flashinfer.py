@@ -148,7 +148,7 @@ class _Wrapper:
         problems.raise_any(type(self).__name__)
         self.backend, self.use_cuda_graph, self.buffers = backend, use_cuda_graph, buffers
         self.planned: dict | None = None
-        self.plans = self.fast_plans = 0
+        self.plans = 0
 
     def _run_state(self, name: str):
         if self.planned is None:
@@ -255,7 +255,6 @@ def fast_decode_plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_
                             fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv, scheduled_indptr=scheduled,
                             chunk_pages=_split_chunk(pages, fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv,
                                                      heads=num_kv_heads, min_chunk=-(-MIN_CHUNK_TOKENS // page_size)))
-    self.fast_plans += 1
 
 
 # (qk, vo) pairs FlashInfer's prefill kernels run, fa2 and fa3 alike (measured on an H100: head dim 32 raises

@@ -15,7 +15,7 @@ from attngate.backends.flashinfer import FlashInferBackend
 from attngate.backends.kv_cache import MHATokenToKVPool
 from attngate.backends.layer import AttentionLayer
 from backend_cases import Env, MODE_OF, layer_of, make_case, plan_for, reference_out, replay_rounds, requests_around_page, run, target_in_batch, with_cross_layer
-from backend_cases import ENCODER_PAGES, SPECULATIVE, SPECULATIVE_TREE, assert_replays_match_reference, max_diff, random_tree
+from backend_cases import ENCODER_PAGES, SPECULATIVE, SPECULATIVE_TREE, assert_replays_match_reference, max_diff, random_tree, with_gate
 
 M = ForwardMode
 PAGE_SIZES = [1, 16]
@@ -156,6 +156,14 @@ def test_fi_cuda_graph_replay_equals_eager(env, mode, page_size):
         assert max_diff(replayed, run(eager, case, layer)) < env.tol, f"round {i}"
 
 
+def _spy_on_fast_decode_plan(monkeypatch) -> list:
+    """The wrappers ``flashinfer.fast_decode_plan`` is called on, in order (it still runs)."""
+    fi, calls = importlib.import_module("flashinfer"), []
+    fast = fi.fast_decode_plan
+    monkeypatch.setattr(fi, "fast_decode_plan", lambda *a, **kw: (calls.append(a[0]), fast(*a, **kw))[1])
+    return calls
+
+
 @pytest.mark.parametrize("replan", ["plan", "fast_decode_plan"])
 def test_fi_cuda_graph_decode_replays_replan_as_the_plan_says(env, replan, monkeypatch):
     """flashinfer.graph_decode_replan: every decode replay re-plans its wrappers by plan(), or by FlashInfer's
@@ -163,10 +171,8 @@ def test_fi_cuda_graph_decode_replays_replan_as_the_plan_says(env, replan, monke
     capture runs plan() either way. Both match the reference, a window layer's ranges (first tokens) included."""
     shipped = plan_for(env, "flashinfer", 16, "Mistral-7B-v0.1")
     assert shipped.flashinfer.graph_decode_replan == "fast_decode_plan"
-    plan = shipped.model_copy(update={"flashinfer": shipped.flashinfer.model_copy(update={"graph_decode_replan": replan})})
-    fi = importlib.import_module("flashinfer")
-    calls, fast = [], fi.fast_decode_plan
-    monkeypatch.setattr(fi, "fast_decode_plan", lambda *a, **kw: (calls.append(a[0]), fast(*a, **kw))[1])
+    plan = with_gate(shipped, "flashinfer.graph_decode_replan", replan)
+    calls = _spy_on_fast_decode_plan(monkeypatch)
     layer = layer_of(env, LayerKind.SLIDING_WINDOW, sliding_window_size=100)
     rounds = 0
     for i, case, replayed in replay_rounds(env, functools.partial(fi_backend, env), plan, layer, M.DECODE, 16):
@@ -185,10 +191,8 @@ def test_fi_eager_decode_replans_as_the_plan_says(env, replan, monkeypatch):
     shipped = plan_for(env, "flashinfer", 1, "Llama-3.1-8B")
     assert shipped.flashinfer.eager_decode_replan == "fast_decode_plan" and shipped.flashinfer.decode_use_tensor_cores
     assert plan_for(env, "flashinfer", 16, "Llama-3.1-8B").flashinfer.eager_decode_replan == "plan"
-    plan = shipped.model_copy(update={"flashinfer": shipped.flashinfer.model_copy(update={"eager_decode_replan": replan})})
-    fi = importlib.import_module("flashinfer")
-    calls, fast = [], fi.fast_decode_plan
-    monkeypatch.setattr(fi, "fast_decode_plan", lambda *a, **kw: (calls.append(a[0]), fast(*a, **kw))[1])
+    plan = with_gate(shipped, "flashinfer.eager_decode_replan", replan)
+    calls = _spy_on_fast_decode_plan(monkeypatch)
     layer = layer_of(env, LayerKind.FULL)
     batches = [[(900, 1), (0, 1), (77, 1), (1, 1), (300, 1), (12, 1)], REQUESTS["decode"], [(40, 1), (3, 1)]]  # largest first
     backend = None
