@@ -37,7 +37,8 @@ fresh H100 host: test_flashinfer.py and test_standin_drift.py -k "replan or deco
 or fi_" 82 passed in 3:31. After the re-plan code became _replans_fast / _fast_plan_arrays (commit f701bb1), on a fourth
 fresh H100 host: test_flashinfer.py, test_standin_drift.py and test_page_ids.py -k "replan or decode or graph or replay or
 page" 60 passed in 5:08 (cold); on a fifth, test_standin_drift.py -k "reject or lse" (fast_decode_plan's rejections beside
-plan()'s) 5 passed in 1:13 (cold).
+plan()'s) 5 passed in 1:13 (cold); on a sixth, after the tests' with_gate helper, test_flashinfer.py -k replan 4 passed in
+1:20 (cold).
 The FP8 KV cache variants: FlashInfer 0.7.2's SM90 (fa3) prefill module does not compile for an FP8 cache, so the plan
 keeps FP8 caches on fa2 (rule flashinfer.prefill-fa3-on-hopper); test_flashinfer.py -k "fp8 or kv_cache_dtype" builds them.
 Tests share variants where they can (the same head dim, dtype and mask modes), so that a new test adds as few builds as
