@@ -196,7 +196,7 @@ def _kernel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     d = _DECISIONS[module_id]
     rows = _unpad(query, key, value, visible, d, attention_mask)
     run = _fa_varlen if kernel == "fa" else _flashinfer_ragged
-    out = run(d, rows, causal=d.causal, window=d.window, scale=scale, softcap=d.logit_cap, sinks=sinks)
+    out = run(d, rows, scale=scale, sinks=sinks)
     return rows.pad_back(out, query, value)
 
 
@@ -376,15 +376,15 @@ def _chunk_extents(visible: torch.Tensor, q_valid: torch.Tensor, layer: _LayerDe
     return torch.stack([row, first, last])
 
 
-def _fa_varlen(d: _LayerDecisions, rows: _Rows, *, causal: bool, window: int | None, scale: float, softcap: float,
-               sinks) -> torch.Tensor:
-    """One varlen call of FA4 over the rows."""
+def _fa_varlen(d: _LayerDecisions, rows: _Rows, *, scale: float, sinks) -> torch.Tensor:
+    """One varlen call of FA4 over the rows, with the layer's causality, window and soft-cap."""
+    causal, window = d.causal, d.window
     varlen = importlib.import_module("flash_attn.cute").flash_attn_varlen_func
     cu_q, cu_k = (cu.to(rows.q.device, non_blocking=True) for cu in rows.cu_seqlens)
     out = varlen(rows.q, rows.k, rows.v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=int(rows.lens[0].max()),
                  max_seqlen_k=int(rows.lens[1].max()), softmax_scale=scale, causal=causal,
                  window_size=(window, 0 if causal else window) if window is not None else (None, None),
-                 learnable_sink=None if sinks is None else sinks.float(), softcap=softcap)
+                 learnable_sink=None if sinks is None else sinks.float(), softcap=d.logit_cap)
     return out[0] if isinstance(out, tuple) else out
 
 
@@ -394,13 +394,13 @@ _RAGGED: dict[tuple, list] = {}
 _WORKSPACES: dict[torch.device, torch.Tensor] = {}
 
 
-def _flashinfer_ragged(d: _LayerDecisions, rows: _Rows, *, causal: bool, window: int | None, scale: float,
-                       softcap: float, sinks) -> torch.Tensor:
+def _flashinfer_ragged(d: _LayerDecisions, rows: _Rows, *, scale: float, sinks) -> torch.Tensor:
     """FlashInfer's ragged prefill wrapper over the rows (prefill and decode: bottom-right causal), in the
     plan's kernel family (``flashinfer.prefill_kernel_family``)."""
     if sinks is not None:  # the plan refuses FlashInfer for sinks (flashinfer.no-attention-sinks); a config edited since
         raise ValueError("FlashInfer runs no learned attention sinks; configure() the model again with another attention_backend")
     fi, family = importlib.import_module("flashinfer"), d.prefill_kernel_family
+    causal, window, softcap = d.causal, d.window, d.logit_cap
     heads, (kv_heads, head_dim), head_dim_vo = rows.q.shape[1], rows.k.shape[1:], rows.v.shape[-1]
     spec = (rows.q.device, family, causal, window, softcap, scale, heads, kv_heads, head_dim, head_dim_vo, rows.q.dtype)
     if spec not in _RAGGED:
