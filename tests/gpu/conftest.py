@@ -38,7 +38,11 @@ or fi_" 82 passed in 3:31. After the re-plan code became _replans_fast / _fast_p
 fresh H100 host: test_flashinfer.py, test_standin_drift.py and test_page_ids.py -k "replan or decode or graph or replay or
 page" 60 passed in 5:08 (cold); on a fifth, test_standin_drift.py -k "reject or lse" (fast_decode_plan's rejections beside
 plan()'s) 5 passed in 1:13 (cold); on a sixth, after the tests' with_gate helper, test_flashinfer.py -k replan 4 passed in
-1:20 (cold).
+1:20 (cold). After the plain path's kernel calls read causality, window and soft-cap from the layer's decisions alone, on a
+seventh (transformers 5.17.0): test_transformers_plain.py with test_runtime_on_kernels.py 32 passed in 8:58 (cold), then
+test_flashattention.py, test_kernel_facts.py and test_mla_and_local.py 109 passed in 2:39, then test_plan_backend.py and
+test_page_ids.py 34 passed in 0:43. With the runs above, every file of tests/gpu passed after this session's changes but
+test_two_gpus.py (untouched paths; 5 passed on 2 x H200 in the third session).
 The FP8 KV cache variants: FlashInfer 0.7.2's SM90 (fa3) prefill module does not compile for an FP8 cache, so the plan
 keeps FP8 caches on fa2 (rule flashinfer.prefill-fa3-on-hopper); test_flashinfer.py -k "fp8 or kv_cache_dtype" builds them.
 Tests share variants where they can (the same head dim, dtype and mask modes), so that a new test adds as few builds as
