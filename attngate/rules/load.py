@@ -9,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from attngate._suggest import did_you_mean
 from attngate.errors import Problem, RulesError, check_arguments
@@ -18,6 +18,7 @@ from attngate.facts.server_args import ServerArgs
 from attngate.gates.registry import GATES, Scope
 from attngate.inputs import read_text
 from attngate.rules.condition import Condition, ConditionErrors, compile_condition
+from attngate.rules.deviations import Deviation, check_deviations
 from attngate.rules.spec import InvariantSpec, RuleFileSpec, RuleKind, RuleSpec
 from attngate.rules.yaml_source import YamlDocument, load_yaml
 
@@ -106,6 +107,7 @@ class RuleSet:
     filename: str
     predicates: tuple[Predicate, ...] = ()
     invariants: tuple[Invariant, ...] = ()
+    deviations: tuple["Deviation", ...] = ()  # differences from SGLang on purpose (attngate conform)
 
     def with_predicates(self, facts: dict[str, Any]) -> dict[str, Any]:
         """``facts`` plus the value of every predicate (each may read the ones before it)."""
@@ -157,13 +159,16 @@ def parse_rules(text: str, filename: str = "rules.yaml") -> RuleSet:
     rules: list[Rule] = []
     predicates: list[Predicate] = []
     invariants: list[Invariant] = []
+    deviations: list[Deviation] = []
     if doc is not None:
         rules, predicates = _check_document(doc, problems)
         if isinstance(doc.data, dict):
             invariants = _check_invariants(doc.data.get("invariants"), doc, problems, predicates)
+            deviations = check_deviations(doc.data.get("deviations"), doc, problems,
+                                          {p.name: FactType("bool") for p in predicates}, _pydantic_problems)
     if problems:
         raise RulesError(problems)
-    return RuleSet(tuple(rules), filename, tuple(predicates), tuple(invariants))
+    return RuleSet(tuple(rules), filename, tuple(predicates), tuple(invariants), tuple(deviations))
 
 
 def _check_document(doc: YamlDocument, problems: list[Problem]) -> tuple[list[Rule], list[Predicate]]:
@@ -172,7 +177,7 @@ def _check_document(doc: YamlDocument, problems: list[Problem]) -> tuple[list[Ru
         problems.append(Problem(doc.where(()), "a rules file is a mapping with 'version: 1' and 'rules: [...]'"))
         return [], []
     try:
-        RuleFileSpec.model_validate({**data, "rules": [], "invariants": []})  # each entry is checked on its own below
+        RuleFileSpec.model_validate({**data, "rules": [], "invariants": [], "deviations": []})  # each entry is checked on its own below
     except ValidationError as exc:
         _pydantic_problems(exc, doc, (), problems, RuleFileSpec)
     predicates = _check_predicates(data.get("predicates"), doc, problems)
@@ -269,7 +274,7 @@ def _validate_spec(raw: Any, doc: YamlDocument, path: tuple, problems: list[Prob
 
 
 def _pydantic_problems(exc: ValidationError, doc: YamlDocument, base: tuple, problems: list[Problem],
-                       spec: type[RuleSpec | InvariantSpec | RuleFileSpec]) -> None:
+                       spec: type[BaseModel]) -> None:
     """One Problem per error of validating ``spec``; an unknown key gets a did-you-mean from ``spec``'s own keys."""
     for err in exc.errors():
         loc = tuple(err["loc"])

@@ -42,7 +42,7 @@ class InvariantSpec(BaseModel):
 
 
 class RuleFileSpec(BaseModel):
-    """A rules file: ``version: 1``, predicates, rules and invariants."""
+    """A rules file: ``version: 1``, predicates, rules, invariants and deviations."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -50,3 +50,19 @@ class RuleFileSpec(BaseModel):
     predicates: dict[str, str] = Field(default_factory=dict, description="named boolean conditions that rules read like facts; each may read earlier ones")
     rules: list[RuleSpec]
     invariants: list[InvariantSpec] = Field(default_factory=list, description="assertions `attngate lint` proves over every input (z3)")
+    deviations: list["DeviationSpec"] = Field(default_factory=list, description="deliberate differences from SGLang's resolution (`attngate conform`)")
+
+
+class DeviationSpec(BaseModel):
+    """A deliberate difference from SGLang's own resolution, which ``attngate conform`` then accepts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.\-]*$", description="unique among deviations")
+    field: str = Field(description="the server argument that differs, or `refusal`: one side refuses, the other accepts")
+    when: Union[str, bool] = Field(description="condition over the configuration as given (facts before any adjust rule)")
+    reason: str = Field(min_length=1, description="why attngate differs on purpose")
+    source: str = Field(min_length=1, description="the PR, issue or kernel check behind the difference")
+
+
+RuleFileSpec.model_rebuild()

@@ -1,0 +1,151 @@
+"""Conformance cases: read from a JSON file, or generated as a covering array over the values the rules read.
+
+A case is ``{"name", "model_config", "gpu", "args": {SGLang ServerArgs field: value}}`` with an optional
+``"kernels"`` (attngate's kernel providers; default: what an SGLang install has, FlashInfer, flash_attn.cute
+and FA3 from sgl_kernel).
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attngate.errors import AttngateError, Problem
+from attngate.facts.choices import GPU_ARCHS, KERNEL_PROVIDERS
+from attngate.facts.schema import FACTS
+from attngate.facts.server_args import ServerArgs
+from attngate.inputs import parse_json, read_text
+from attngate.integrations.sglang.fields import to_sglang_kwargs
+from attngate.rules.load import RuleSet
+
+#: What a SGLang install provides: FlashInfer, FA4's flash_attn.cute and FA3 (sgl_kernel's flash_attn).
+SGLANG_KERNELS: tuple[str, ...] = KERNEL_PROVIDERS
+
+
+class CaseFileError(AttngateError):
+    title = "invalid conformance cases"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    model_config: Path
+    gpu: str
+    args: dict[str, Any] = field(default_factory=dict)
+    kernels: tuple[str, ...] = SGLANG_KERNELS
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "model_config": str(self.model_config), "gpu": self.gpu, "args": self.args,
+                "kernels": list(self.kernels)}
+
+
+def load_cases(path: str | Path, sglang_fields: frozenset[str]) -> list[Case]:
+    """Read a JSON list of cases. Raises CaseFileError with every problem, each naming the case's index."""
+    path = Path(path)
+    data = parse_json(read_text(path, CaseFileError, "cases file"), str(path), CaseFileError)
+    if not isinstance(data, list):
+        raise CaseFileError(Problem(str(path), "a cases file holds a JSON list of {name, model_config, gpu, args}"))
+    problems: list[Problem] = []
+    cases = []
+    for index, raw in enumerate(data):
+        where = f"{path}: case {index}"
+        if not isinstance(raw, dict):
+            problems.append(Problem(where, "a case is an object {name, model_config, gpu, args}"))
+            continue
+        for key in sorted(set(raw) - {"name", "model_config", "gpu", "args", "kernels"}):
+            problems.append(Problem(where, f"unknown key {key!r}"))
+        name = raw.get("name", f"case-{index}")
+        config = raw.get("model_config")
+        if not isinstance(config, str):
+            problems.append(Problem(where, "model_config: a path to a config.json (relative to the cases file) is required"))
+        elif not (path.parent / config).exists():
+            problems.append(Problem(where, f"model_config: {config} does not exist"))
+        gpu = raw.get("gpu")
+        if gpu not in GPU_ARCHS:
+            problems.append(Problem(where, f"gpu: {gpu!r} is not one of {', '.join(GPU_ARCHS)}"))
+        args = raw.get("args", {})
+        if not isinstance(args, dict):
+            problems.append(Problem(where, "args: a mapping of SGLang ServerArgs fields to values"))
+            args = {}
+        for key in args:
+            if key not in sglang_fields:
+                problems.append(Problem(where, f"args: {key!r} is not a field of SGLang's ServerArgs"))
+        kernels = raw.get("kernels", list(SGLANG_KERNELS))
+        if not isinstance(kernels, list) or any(k not in KERNEL_PROVIDERS for k in kernels):
+            problems.append(Problem(where, f"kernels: a list of {', '.join(KERNEL_PROVIDERS)}"))
+            kernels = list(SGLANG_KERNELS)
+        if isinstance(config, str):
+            cases.append(Case(str(name), path.parent / config, str(gpu), dict(args), tuple(kernels)))
+    if problems:
+        raise CaseFileError(problems)
+    return cases
+
+
+def _literals(rules: RuleSet) -> dict[str, set[Any]]:
+    """Every literal a rule condition compares a server argument with, by argument."""
+    found: dict[str, set[Any]] = {}
+    for condition in [r.condition for r in rules.rules] + [p.condition for p in rules.predicates]:
+        for node in ast.walk(ast.parse(condition.text, mode="eval")):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            names = [s.id for s in sides if isinstance(s, ast.Name) and s.id in ServerArgs.model_fields]
+            for side in sides:
+                if isinstance(side, (ast.Constant, ast.Tuple)):
+                    value = ast.literal_eval(side)
+                    for name in names:
+                        found.setdefault(name, set()).update(value if isinstance(value, tuple) else (value,))
+    return found
+
+
+def value_domains(rules: RuleSet) -> dict[str, list[Any]]:
+    """For every server argument the rules read: its default, both values of a bool, and every value a rule
+    compares it with (an ordered comparison's bound, and one past it)."""
+    reads = {name for r in rules.rules for name in r.condition.reads} | {n for p in rules.predicates for n in p.condition.reads}
+    literals = _literals(rules)
+    domains: dict[str, list[Any]] = {}
+    for name, info in ServerArgs.model_fields.items():
+        if name not in reads:
+            continue
+        ftype = FACTS[name].type
+        values: list[Any] = [info.default]
+        if ftype.base == "bool":
+            values += [not info.default]
+        for value in sorted(literals.get(name, ()), key=repr):
+            values += [value, value + 1] if ftype.base == "int" and isinstance(value, int) and value > 0 else [value]
+        domains[name] = [v for v in dict.fromkeys(values) if ftype.accepts(v) and _expressible(name, v)]
+    return {k: v for k, v in domains.items() if len(v) > 1}
+
+
+def _expressible(name: str, value: Any) -> bool:
+    try:
+        to_sglang_kwargs({name: value})
+    except AttngateError:
+        return False
+    return True
+
+
+def generate_cases(models: list[Path], gpus: list[str], rules: RuleSet, *, seed: int = 0) -> list[Case]:
+    """An all-pairs covering array over (model, GPU, setting, setting), where a setting is one non-default value of
+    one server argument the rules read (:func:`value_domains`) or none: every model meets every GPU and every
+    setting, and every two settings of different arguments meet in some case, the other arguments at SGLang's
+    defaults (allpairspy). Cases are named ``model/gpu/index``."""
+    from allpairspy import AllPairs
+
+    settings: list[tuple[str, Any] | None] = [None] + [
+        (name, value) for name, values in value_domains(rules).items()
+        for value in values if value != ServerArgs.model_fields[name].default]
+    random.Random(seed).shuffle(settings)
+
+    def distinct(row: list[Any]) -> bool:  # two settings of one argument would overwrite each other
+        return len(row) < 4 or row[2] is None or row[3] is None or row[2][0] < row[3][0]
+
+    cases = []
+    for index, (model, gpu, *chosen) in enumerate(AllPairs([list(models), list(gpus), settings, settings],
+                                                             filter_func=distinct)):
+        args = dict(s for s in chosen if s is not None)
+        cases.append(Case(f"{Path(model).stem}/{gpu}/{index}", Path(model), gpu, to_sglang_kwargs(args)))
+    return cases

@@ -1,0 +1,113 @@
+"""One configuration through SGLang and through resolve(), and every difference between them.
+
+Compared: every attngate ServerArgs field, as SGLang resolved it and as the Plan's adjusted arguments
+hold it, plus acceptance (one side refuses). Where attngate leaves a field unset because SGLang's value
+depends on what attngate does not model (GPU memory, the model's context length), :data:`UNSET_MEANS`
+says which SGLang values that unset stands for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from attngate.errors import AttngateError
+from attngate.facts.model import ModelFacts
+from attngate.facts.platform import Platform
+from attngate.gates.resolution import PlanError
+from attngate.gates.resolve import resolve
+from attngate.integrations.sglang.fields import attngate_values
+from attngate.rules.deviations import matching_deviations
+from attngate.rules.load import RuleSet
+
+#: Fields attngate leaves unset where SGLang derives a value from what attngate does not model; the
+#: predicate says which SGLang values that unset agrees with.
+UNSET_MEANS: dict[str, Callable[[Any], bool]] = {
+    # SGLang sizes it from GPU memory (8192/16384...); -1 (chunked prefill off) is a decision attngate must make
+    "chunked_prefill_size": lambda v: v is None or v > 0,
+    "context_length": lambda v: True,  # the model's own maximum
+    "max_running_requests": lambda v: True,  # from the KV pool size
+    "sampling_backend": lambda v: True,  # not an attention decision
+}
+REFUSAL = "refusal"
+
+
+class Verdict(str, Enum):
+    AGREE = "agree"
+    DEVIATION = "declared deviation"
+    BOTH_REFUSE = "both refuse"
+    ONE_REFUSES = "only one refuses"
+    DISAGREE = "undeclared disagreement"
+
+
+@dataclass
+class CaseResult:
+    """Both sides of one case. ``sglang``/``attngate`` hold the compared fields (attngate's names) or are None
+    where that side refused; ``differences`` maps a field (or ``refusal``) to (SGLang's, attngate's) value;
+    ``declared`` maps a differing field to the deviation ids that declare it; ``origins`` says which rule set
+    each of attngate's differing values."""
+
+    name: str
+    sglang: dict[str, Any] | None
+    attngate: dict[str, Any] | None
+    sglang_refusal: str | None = None
+    attngate_refusal: str | None = None
+    differences: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    declared: dict[str, list[str]] = field(default_factory=dict)
+    origins: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> Verdict:
+        if self.sglang is None and self.attngate is None:
+            return Verdict.BOTH_REFUSE
+        undeclared = [f for f in self.differences if not self.declared.get(f)]
+        if undeclared:
+            return Verdict.ONE_REFUSES if REFUSAL in undeclared else Verdict.DISAGREE
+        return Verdict.DEVIATION if self.differences else Verdict.AGREE
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "verdict": self.verdict.value, "sglang": self.sglang, "attngate": self.attngate,
+                "sglang_refusal": self.sglang_refusal, "attngate_refusal": self.attngate_refusal,
+                "differences": {k: list(v) for k, v in self.differences.items()}, "declared": self.declared,
+                "origins": self.origins}
+
+
+def _same(name: str, sglang_value: Any, attngate_value: Any) -> bool:
+    if attngate_value is None and name in UNSET_MEANS:
+        return UNSET_MEANS[name](sglang_value)
+    return sglang_value == attngate_value
+
+
+def compare_case(name: str, given: dict[str, Any], resolved: dict[str, Any] | None, sglang_refusal: str | None,
+                 model: ModelFacts, platform: Platform, rules: RuleSet) -> CaseResult:
+    """Resolve the arguments SGLang was given (``given``, SGLang's names) with attngate and compare with SGLang's
+    ``resolved`` values (None: SGLang refused with ``sglang_refusal``)."""
+    from attngate.facts.server_args import ServerArgs
+
+    sglang = attngate_values(resolved) if resolved is not None else None
+    result = CaseResult(name, sglang, None, sglang_refusal=sglang_refusal)
+    args = None
+    try:
+        args = ServerArgs.from_mapping(attngate_values(given), source="sglang")
+        resolution = resolve(args, model, platform, rules)
+    except PlanError as err:
+        result.attngate_refusal = "; ".join(f"{v.rule}: {v.message}" for v in err.violations)
+    except AttngateError as err:
+        result.attngate_refusal = "; ".join(str(p) for p in err.problems)
+    else:
+        result.attngate = resolution.server_args.model_dump()
+        by_field = {a.field: a.rule for a in resolution.adjustments}
+    deviations = matching_deviations(rules, args, model, platform) if args is not None else {}
+    if (sglang is None) != (result.attngate is None):
+        result.differences[REFUSAL] = (sglang_refusal, result.attngate_refusal)
+    elif sglang is not None and result.attngate is not None:
+        for key, value in result.attngate.items():
+            if not _same(key, sglang[key], value):
+                result.differences[key] = (sglang[key], value)
+                result.origins[key] = by_field.get(key, "as given")
+    for key in result.differences:
+        if deviations.get(key):
+            result.declared[key] = deviations[key]
+    return result

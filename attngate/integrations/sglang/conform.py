@@ -1,0 +1,110 @@
+"""``attngate conform``: every case through SGLang's own resolution and through resolve(), in parallel.
+
+Each case runs in a fresh process forked from one that imported SGLang once (its resolution keeps
+module-level state), ``jobs`` at a time.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attngate.errors import AttngateError
+from attngate.facts.model import ModelFacts
+from attngate.facts.platform import Platform
+from attngate.integrations.sglang.cases import Case
+from attngate.integrations.sglang.compare import REFUSAL, CaseResult, Verdict, compare_case
+from attngate.rules.load import RuleSet
+
+# What a forked worker reads: set by run_cases before the pool forks.
+_STATE: dict[str, Any] = {}
+
+
+@contextmanager
+def _model_folders(cases: list[Case]) -> Iterator[dict[Path, Path]]:
+    """SGLang reads a model folder: each config.json that is not already one gets a folder of its own."""
+    with tempfile.TemporaryDirectory(prefix="attngate-conform-") as tmp:
+        folders: dict[Path, Path] = {}
+        for path in {c.model_config for c in cases}:
+            if path.is_dir() or path.name == "config.json":
+                folders[path] = path if path.is_dir() else path.parent
+                continue
+            folder = Path(tmp) / f"{len(folders)}-{path.stem}"
+            folder.mkdir()
+            shutil.copyfile(path, folder / "config.json")
+            folders[path] = folder
+        yield folders
+
+
+def _run_one(index: int) -> CaseResult:
+    from attngate.integrations.sglang.oracle import sglang_resolve
+
+    case: Case = _STATE["cases"][index]
+    outcome = sglang_resolve(_STATE["folders"][case.model_config], case.gpu, case.args)
+    model = _STATE["models"][case.model_config]
+    if isinstance(model, AttngateError):
+        result = CaseResult(case.name, None, None, sglang_refusal=outcome.refusal,
+                            attngate_refusal="; ".join(map(str, model.problems)))
+        if outcome.refusal is None:
+            result.differences[REFUSAL] = (None, result.attngate_refusal)
+        return result
+    platform = Platform.from_name(case.gpu, kernels=case.kernels)
+    return compare_case(case.name, outcome.given, outcome.resolved, outcome.refusal, model, platform, _STATE["rules"])
+
+
+def _load_model(path: Path) -> ModelFacts | AttngateError:
+    try:
+        return ModelFacts.from_hf_config(path)
+    except AttngateError as err:
+        return err
+
+
+def run_cases(cases: list[Case], rules: RuleSet, *, jobs: int = 1,
+              progress: Callable[[CaseResult], None] | None = None) -> list[CaseResult]:
+    """Run every case through SGLang (needs the sglang extra) and attngate; results in the cases' order.
+    Raises SglangMissingError without SGLang."""
+    from attngate.integrations.sglang.device import preload
+    from attngate.integrations.sglang.oracle import require_sglang
+
+    require_sglang()
+    preload()
+    with _model_folders(cases) as folders:
+        _STATE.update(cases=cases, folders=folders, rules=rules,
+                      models={p: _load_model(p) for p in {c.model_config for c in cases}})
+        results: list[CaseResult | None] = [None] * len(cases)
+        context = multiprocessing.get_context("fork")
+        with context.Pool(max(jobs, 1), maxtasksperchild=1) as pool:
+            for index, result in zip(range(len(cases)), pool.imap(_run_one, range(len(cases)))):
+                results[index] = result
+                if progress:
+                    progress(result)
+        _STATE.clear()
+    return [r for r in results if r is not None]
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Counts per verdict, and per field the number of cases where it agreed, differed as declared, or
+    differed undeclared."""
+
+    verdicts: dict[str, int]
+    fields: dict[str, dict[str, int]]
+    undeclared: int
+
+
+def summarize(results: list[CaseResult]) -> Summary:
+    verdicts = Counter(r.verdict.value for r in results)
+    fields: dict[str, Counter] = {}
+    for result in results:
+        for name in result.differences:
+            kind = "declared" if result.declared.get(name) else "undeclared"
+            fields.setdefault(name, Counter())[kind] += 1
+    undeclared = verdicts[Verdict.DISAGREE.value] + verdicts[Verdict.ONE_REFUSES.value]
+    return Summary({v.value: verdicts[v.value] for v in Verdict}, {k: dict(v) for k, v in sorted(fields.items())}, undeclared)
