@@ -1,4 +1,4 @@
-"""The ``attngate`` command line: explain, lint, matrix, schema.
+"""The ``attngate`` command line: explain, lint, matrix, schema, conform.
 
 Exit codes: 0 resolved (warnings allowed); 1 the configuration is invalid (or lint found a
 problem in rules that load); 2 bad usage, a bad rules file, bad server arguments or a bad model config.
@@ -222,3 +222,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+from attngate.cli import conform as _conform  # noqa: E402,F401  (registers the command)

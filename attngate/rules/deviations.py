@@ -37,6 +37,7 @@ class Deviation:
     source: str
     where: str
     condition: Condition
+    rules: tuple[str, ...] = ()
 
 
 def check_deviations(raw: Any, doc: YamlDocument, problems: list[Problem], predicate_types: dict[str, FactType],
@@ -63,6 +64,9 @@ def check_deviations(raw: Any, doc: YamlDocument, problems: list[Problem], predi
             problems.append(Problem(doc.where(path + ("field",)), f"deviation {spec.id!r}: {spec.field!r} is neither a server "
                                     "argument nor 'refusal'" + did_you_mean(spec.field, DEVIATION_FIELDS)))
             continue
+        if spec.rules and spec.field != REFUSAL:
+            problems.append(Problem(doc.where(path + ("rules",)), f"deviation {spec.id!r}: rules: names attngate's refusing "
+                                    "rules, so it needs field: refusal"))
         text = spec.when if isinstance(spec.when, str) else str(spec.when)
         try:
             condition = compile_condition(text, readable)
@@ -70,7 +74,8 @@ def check_deviations(raw: Any, doc: YamlDocument, problems: list[Problem], predi
             for err in exc.errors:
                 problems.append(Problem(doc.where(path + ("when",), err.col), f"deviation {spec.id!r}: {err.message}"))
             continue
-        out.append(Deviation(spec.id, spec.field, spec.reason, spec.source, doc.where(path + ("id",)), condition))
+        out.append(Deviation(spec.id, spec.field, spec.reason, spec.source, doc.where(path + ("id",)), condition,
+                             tuple(spec.rules)))
     return out
 
 
@@ -79,13 +84,18 @@ def given_facts(rules: Any, args: ServerArgs, model: ModelFacts, platform: Platf
     return rules.with_predicates(base_facts(args, model, platform))
 
 
-def matching_deviations(rules: Any, args: ServerArgs, model: ModelFacts, platform: Platform) -> dict[str, list[str]]:
-    """``{field: [deviation ids]}`` of every deviation of ``rules`` whose condition holds for this configuration."""
-    if not rules.deviations:
-        return {}
-    facts = given_facts(rules, args, model, platform)
+def matching_deviations(rules: Any, args: ServerArgs, model: ModelFacts, platform: Platform,
+                        refused_by: frozenset[str] = frozenset()) -> dict[str, list[str]]:
+    """``{field: [deviation ids]}`` of every deviation of ``rules`` whose condition holds for this configuration.
+    ``refused_by``: the rules through which attngate refused it (empty: attngate accepted). A refusal deviation with
+    ``rules`` covers an attngate refusal whose rules are all among them; one without covers an SGLang refusal."""
+    facts = given_facts(rules, args, model, platform) if rules.deviations else {}
     out: dict[str, list[str]] = {}
     for deviation in rules.deviations:
+        if deviation.field == REFUSAL and bool(deviation.rules) != bool(refused_by):
+            continue
+        if deviation.rules and not refused_by <= set(deviation.rules):
+            continue
         if deviation.condition(facts):
             out.setdefault(deviation.field, []).append(deviation.id)
     return out

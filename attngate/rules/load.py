@@ -166,6 +166,9 @@ def parse_rules(text: str, filename: str = "rules.yaml") -> RuleSet:
             invariants = _check_invariants(doc.data.get("invariants"), doc, problems, predicates)
             deviations = check_deviations(doc.data.get("deviations"), doc, problems,
                                           {p.name: FactType("bool") for p in predicates}, _pydantic_problems)
+            known = {r.id for r in rules}
+            problems += [Problem(d.where, f"deviation {d.id!r}: no rule {rule!r}" + did_you_mean(rule, known))
+                         for d in deviations for rule in d.rules if rule not in known]
     if problems:
         raise RulesError(problems)
     return RuleSet(tuple(rules), filename, tuple(predicates), tuple(invariants), tuple(deviations))

@@ -120,6 +120,24 @@ def value_domains(rules: RuleSet) -> dict[str, list[Any]]:
     return {k: v for k, v in domains.items() if len(v) > 1}
 
 
+#: SGLang arguments a setting needs beside it to be a configuration SGLang takes at all (attngate reads none of them).
+COMPANIONS: dict[tuple[str, Any], dict[str, Any]] = {
+    ("enable_prefill_cp", True): {"cp_strategy": "zigzag"},  # arg_groups/parallel_hook.py: CP needs a strategy
+}
+#: Speculative algorithms whose draft is a separate model (arg_groups/speculative_hook.py): the case drafts with the
+#: target's own config.
+_SEPARATE_DRAFT = ("DFLASH", "STANDALONE")
+
+
+def _sglang_args(args: dict[str, Any]) -> dict[str, Any]:
+    out = to_sglang_kwargs(args)
+    for setting in args.items():
+        out.update(COMPANIONS.get(setting, {}))
+    if args.get("speculative_algorithm") in _SEPARATE_DRAFT:
+        out.setdefault("speculative_draft_model_path", "{model}")
+    return out
+
+
 def _expressible(name: str, value: Any) -> bool:
     try:
         to_sglang_kwargs({name: value})
@@ -147,5 +165,5 @@ def generate_cases(models: list[Path], gpus: list[str], rules: RuleSet, *, seed:
     for index, (model, gpu, *chosen) in enumerate(AllPairs([list(models), list(gpus), settings, settings],
                                                              filter_func=distinct)):
         args = dict(s for s in chosen if s is not None)
-        cases.append(Case(f"{Path(model).stem}/{gpu}/{index}", Path(model), gpu, to_sglang_kwargs(args)))
+        cases.append(Case(f"{Path(model).stem}/{gpu}/{index}", Path(model), gpu, _sglang_args(args)))
     return cases

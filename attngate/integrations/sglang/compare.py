@@ -30,7 +30,11 @@ UNSET_MEANS: dict[str, Callable[[Any], bool]] = {
     "context_length": lambda v: True,  # the model's own maximum
     "max_running_requests": lambda v: True,  # from the KV pool size
     "sampling_backend": lambda v: True,  # not an attention decision
+    "dtype": lambda v: True,  # "auto": the checkpoint's dtype, which SGLang reads off the weights' config
+    "speculative_draft_model_path": lambda v: True,  # SGLang fills in the target model (MTP heads live in it)
 }
+#: None in these means "the attention backend's"; both sides are compared with that filled in.
+_EFFECTIVE = ("prefill_attention_backend", "decode_attention_backend")
 REFUSAL = "refusal"
 
 
@@ -47,7 +51,7 @@ class CaseResult:
     """Both sides of one case. ``sglang``/``attngate`` hold the compared fields (attngate's names) or are None
     where that side refused; ``differences`` maps a field (or ``refusal``) to (SGLang's, attngate's) value;
     ``declared`` maps a differing field to the deviation ids that declare it; ``origins`` says which rule set
-    each of attngate's differing values."""
+    each of attngate's differing values ("as given": no rule changed it)."""
 
     name: str
     sglang: dict[str, Any] | None
@@ -57,6 +61,7 @@ class CaseResult:
     differences: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     declared: dict[str, list[str]] = field(default_factory=dict)
     origins: dict[str, str] = field(default_factory=dict)
+    resolution: Any = field(default=None, repr=False)  # attngate's Resolution, where the caller asked to keep it
 
     @property
     def verdict(self) -> Verdict:
@@ -74,32 +79,43 @@ class CaseResult:
                 "origins": self.origins}
 
 
+def _effective(values: dict[str, Any]) -> dict[str, Any]:
+    return {**values, **{k: values[k] or values["attention_backend"] for k in _EFFECTIVE}}
+
+
+#: attngate's "unset" of fields whose unset is not None.
+_UNSET_VALUE = {"dtype": "auto"}
+
+
 def _same(name: str, sglang_value: Any, attngate_value: Any) -> bool:
-    if attngate_value is None and name in UNSET_MEANS:
+    if attngate_value == _UNSET_VALUE.get(name) and name in UNSET_MEANS:
         return UNSET_MEANS[name](sglang_value)
     return sglang_value == attngate_value
 
 
 def compare_case(name: str, given: dict[str, Any], resolved: dict[str, Any] | None, sglang_refusal: str | None,
-                 model: ModelFacts, platform: Platform, rules: RuleSet) -> CaseResult:
+                 model: ModelFacts, platform: Platform, rules: RuleSet, *, keep: bool = False) -> CaseResult:
     """Resolve the arguments SGLang was given (``given``, SGLang's names) with attngate and compare with SGLang's
     ``resolved`` values (None: SGLang refused with ``sglang_refusal``)."""
     from attngate.facts.server_args import ServerArgs
 
-    sglang = attngate_values(resolved) if resolved is not None else None
+    sglang = _effective(attngate_values(resolved)) if resolved is not None else None
     result = CaseResult(name, sglang, None, sglang_refusal=sglang_refusal)
     args = None
+    refused_by: frozenset[str] = frozenset()
     try:
         args = ServerArgs.from_mapping(attngate_values(given), source="sglang")
         resolution = resolve(args, model, platform, rules)
     except PlanError as err:
         result.attngate_refusal = "; ".join(f"{v.rule}: {v.message}" for v in err.violations)
+        refused_by = frozenset(v.rule for v in err.violations)
     except AttngateError as err:
         result.attngate_refusal = "; ".join(str(p) for p in err.problems)
     else:
-        result.attngate = resolution.server_args.model_dump()
+        result.attngate = _effective(resolution.server_args.model_dump())
+        result.resolution = resolution if keep else None
         by_field = {a.field: a.rule for a in resolution.adjustments}
-    deviations = matching_deviations(rules, args, model, platform) if args is not None else {}
+    deviations = matching_deviations(rules, args, model, platform, refused_by) if args is not None else {}
     if (sglang is None) != (result.attngate is None):
         result.differences[REFUSAL] = (sglang_refusal, result.attngate_refusal)
     elif sglang is not None and result.attngate is not None:
@@ -108,6 +124,9 @@ def compare_case(name: str, given: dict[str, Any], resolved: dict[str, Any] | No
                 result.differences[key] = (sglang[key], value)
                 result.origins[key] = by_field.get(key, "as given")
     for key in result.differences:
-        if deviations.get(key):
-            result.declared[key] = deviations[key]
+        # a deviation of attention_backend covers the prefill and decode backends it stands for
+        covering = deviations.get(key) or (deviations.get("attention_backend") if key in _EFFECTIVE
+                                           and "attention_backend" in result.differences else None)
+        if covering:
+            result.declared[key] = covering
     return result

@@ -47,7 +47,9 @@ def _run_one(index: int) -> CaseResult:
     from attngate.integrations.sglang.oracle import sglang_resolve
 
     case: Case = _STATE["cases"][index]
-    outcome = sglang_resolve(_STATE["folders"][case.model_config], case.gpu, case.args)
+    folder = _STATE["folders"][case.model_config]
+    args = {k: str(folder) if v == "{model}" else v for k, v in case.args.items()}  # a draft that is the model itself
+    outcome = sglang_resolve(folder, case.gpu, args)
     model = _STATE["models"][case.model_config]
     if isinstance(model, AttngateError):
         result = CaseResult(case.name, None, None, sglang_refusal=outcome.refusal,

@@ -2,8 +2,7 @@
 
 SGLang 0.5.23 resolves its arguments in pure Python; what ties the result to a GPU is a handful of device
 queries. :func:`fake_gpu` answers them for one architecture and changes nothing else: every patched
-function is listed in :data:`PATCHED`, with the reason. On a GPU host whose arch is the one asked for,
-:func:`fake_gpu` patches nothing (``fake_gpu(arch, real=True)``).
+function is listed in :data:`PATCHED`, with the reason.
 
 SGLang's probes are ``lru_cache``-d and some of its modules import GPU-only packages when a probe says
 CUDA at import time, so the modules resolution needs are imported first (:func:`preload`, no GPU
@@ -59,6 +58,7 @@ PATCHED: dict[str, str] = {
     "torch.cuda.get_device_properties": "memory and SM count read through the device properties",
     "sglang.srt.utils.common.get_nvgpu_memory_capacity": "runs nvidia-smi, which would answer for this host's GPU",
     "sglang.srt.utils.common.is_flashinfer_available": "SGLang installs FlashInfer with itself; its import needs CUDA",
+    "sglang.srt.layers.quantization.QUANTIZATION_METHODS": "a CUDA import registers mxfp4 (gpt-oss) at import time",
 }
 
 DEVICE_COUNT = 8
@@ -109,10 +109,14 @@ def fake_gpu(arch: str, *, devices: int = DEVICE_COUNT) -> Iterator[GpuProfile]:
         "sglang.srt.utils.common.get_nvgpu_memory_capacity": lambda: total >> 20,
         "sglang.srt.utils.common.is_flashinfer_available": lambda: True,
     }
-    assert answers.keys() == PATCHED.keys()
+    from sglang.srt.layers import quantization
+
+    cuda_methods = {"mxfp4": quantization.Mxfp4Config}
+    assert {*answers, "sglang.srt.layers.quantization.QUANTIZATION_METHODS"} == PATCHED.keys()
     with contextlib.ExitStack() as stack:
         for target, value in answers.items():
             stack.enter_context(mock.patch(target, value))
+        stack.enter_context(mock.patch.dict(quantization.QUANTIZATION_METHODS, cuda_methods))
         _clear_probe_caches()
         stack.callback(_clear_probe_caches)
         del common

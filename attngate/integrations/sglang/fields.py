@@ -62,6 +62,11 @@ RENAMED: dict[str, Renamed] = {
         lambda value, args: {"dp_size": value}, "sglang 0.5.23 arg_groups/parallel_hook.py:handle_deprecated_dp_attention"),
     # --enable-piecewise-cuda-graph became the prefill phase's cuda_graph backend; the torch.compile
     # piecewise backend that turns FlashInfer's ragged prefill off is internal-only ("tc_piecewise")
+    # --disable-cuda-graph folds into the decode phase's cuda_graph backend, which other hooks also turn off
+    "disable_cuda_graph": Renamed(
+        ("cuda_graph_config", "disable_cuda_graph"),
+        lambda v: bool(v.get("disable_cuda_graph")) or _graph_backend(v, "decode") == "disabled",
+        lambda value, args: {"disable_cuda_graph": value}, "sglang 0.5.23 arg_groups/cuda_graph_hook.py:handle_cuda_graph_config"),
     "enable_piecewise_cuda_graph": Renamed(
         ("cuda_graph_config",), lambda v: _graph_backend(v, "prefill") == "tc_piecewise",
         _write_piecewise, "sglang 0.5.23 model_executor/cuda_graph_config.py:Backend.TC_PIECEWISE"),
