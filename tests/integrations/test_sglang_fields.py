@@ -111,3 +111,13 @@ def test_bad_deviations_are_all_reported_with_their_place():
     assert "no rule 'no.such-rule'" in text
     assert "needs field: refusal" in text and "use_mlaa" in text
     assert text.count("r.yaml:") >= 4
+
+
+@pytest.mark.parametrize("model, expected", [("Llama-3.1-8B", (5, 4, 8)), ("Qwen3-8B", (3, 1, 4)), ("Mistral-7B-v0.1", (3, 1, 4))])
+def test_eagle_auto_parameters_follow_sglang(model: str, expected: tuple[int, int, int]):
+    # found by attngate conform: SGLang 0.5.23's _auto_choose_speculative_params gives a tree to Llama and Grok-1 only
+    from attngate import resolve
+
+    args = resolve(ServerArgs(speculative_algorithm="EAGLE"), ModelFacts.from_hf_config(MODELS / f"{model}.json"),
+                   Platform.from_name("sm90")).server_args
+    assert (args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens) == expected
