@@ -1,0 +1,108 @@
+"""attngate against SGLang 0.5.23's own resolution (runs where the sglang extra is installed: .ci/run's second venv).
+
+The generated corpus is every example model x sm80/sm90/sm100 x an all-pairs array of the argument values the rules
+read. ``open_disagreements.json`` holds, per field, how many of its cases still differ undeclared (issue 35 open):
+the test fails when a field differs in more cases than recorded, so no new drift lands unseen.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+
+from attngate import load_rules
+from attngate.errors import AttngateError
+from attngate.integrations.sglang.cases import CaseFileError, generate_cases, load_cases
+from attngate.integrations.sglang.conform import run_cases, summarize
+from attngate.integrations.sglang.fields import check_mapping, sglang_field_names
+from attngate.integrations.sglang.verify import SglangMismatchError, verify
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ROOT / "examples" / "models"
+OPEN = Path(__file__).with_name("open_disagreements.json")
+
+
+def test_every_attngate_field_maps_onto_sglangs_server_args():
+    check_mapping(sglang_field_names())
+
+
+def test_generated_corpus_has_no_new_undeclared_disagreement():
+    cases = generate_cases(sorted(MODELS.glob("*.json")), ["sm80", "sm90", "sm100"], load_rules())
+    assert len(cases) >= 500
+    results = run_cases(cases, load_rules(), jobs=2)
+    summary = summarize(results)
+    undeclared = {name: counts["undeclared"] for name, counts in summary.fields.items() if counts.get("undeclared")}
+    recorded = json.loads(OPEN.read_text())
+    grown = {name: (count, recorded.get(name, 0)) for name, count in undeclared.items() if count > recorded.get(name, 0)}
+    assert not grown, f"fields now differing undeclared in more cases than recorded (now, recorded): {grown}"
+    assert summary.verdicts["agree"] + summary.verdicts["declared deviation"] >= len(cases) // 2
+
+
+def _resolved(folder: Path, gpu: str, **kwargs):
+    from sglang.srt.server_args import ServerArgs
+
+    from attngate.integrations.sglang.device import fake_gpu, preload
+
+    preload()
+    record = ServerArgs(model_path=str(folder), **kwargs)
+    with fake_gpu(gpu):
+        record.resolve_once()
+    return record
+
+
+@pytest.fixture()
+def llama(tmp_path: Path) -> Path:
+    shutil.copyfile(MODELS / "Llama-3.1-8B.json", tmp_path / "config.json")
+    return tmp_path
+
+
+def test_verify_on_a_real_sglang_server_args(llama: Path):
+    resolution = verify(_resolved(llama, "sm90"), gpu="sm90")
+    assert resolution.plan.prefill_backend == "fa3"
+
+
+def test_verify_raises_where_a_broken_rule_disagrees_with_sglang(llama: Path, tmp_path: Path):
+    text = (ROOT / "rules.yaml").read_text()
+    broken = text.replace("adjust: {attention_backend: fa3}\n    message: Hopper uses fa3 by default.",
+                          "adjust: {attention_backend: flashinfer}\n    message: Hopper uses fa3 by default.")
+    assert broken != text
+    (tmp_path / "rules.yaml").write_text(broken)
+    with pytest.raises(SglangMismatchError) as err:
+        verify(_resolved(llama, "sm90"), gpu="sm90", rules=load_rules(tmp_path / "rules.yaml"))
+    assert "attention_backend: SGLang resolved 'fa3'; the Plan has 'flashinfer' (default-backend.mha-hopper" in str(err.value)
+    assert verify(_resolved(llama, "sm90"), gpu="sm90", rules=load_rules(tmp_path / "rules.yaml"), strict=False)
+
+
+def test_verify_needs_a_resolved_server_args(llama: Path):
+    from sglang.srt.server_args import ServerArgs
+
+    with pytest.raises(AttngateError, match="after resolve_once"):
+        verify(ServerArgs(model_path=str(llama)), gpu="sm90")
+
+
+def test_a_bad_case_file_reports_every_problem_with_its_index(tmp_path: Path):
+    (tmp_path / "cases.json").write_text(json.dumps([
+        {"name": "a", "model_config": "missing.json", "gpu": "sm91", "args": {"attention_backnd": "fa3"}},
+        {"model_config": 3, "gpu": "sm90", "extra": 1},
+        "nonsense",
+    ]))
+    with pytest.raises(CaseFileError) as err:
+        load_cases(tmp_path / "cases.json", sglang_field_names())
+    text = str(err.value)
+    for needle in ("case 0: model_config: missing.json does not exist", "case 0: gpu: 'sm91'", "'attention_backnd'",
+                   "case 1: unknown key 'extra'", "case 1: model_config", "case 2: a case is an object"):
+        assert needle in text
+
+
+def test_another_sglang_version_is_warned_about(monkeypatch: pytest.MonkeyPatch):
+    from attngate.integrations.sglang import oracle
+
+    monkeypatch.setattr(oracle, "SGLANG_VERSION", "0.0.1")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        oracle.require_sglang()
+    assert any("0.0.1" in str(w.message) for w in caught)
