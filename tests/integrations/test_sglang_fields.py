@@ -99,11 +99,12 @@ def test_matching_deviations_reads_the_arguments_as_given():
 
 
 def test_bad_deviations_are_all_reported_with_their_place():
-    text = shipped_rules_path().read_text() + """
+    text = shipped_rules_path().read_text().replace("\ndeviations:\n", """
+deviations:
   - {id: x.one, field: page_sise, when: "true", reason: r, source: s}
   - {id: x.two, field: refusal, rules: [no.such-rule], reason: r, source: s}
   - {id: x.three, field: page_size, rules: [fa3.requires-sm80-or-sm90], when: "use_mlaa", reason: r, source: s}
-"""
+""")
     with pytest.raises(RulesError) as err:
         parse_rules(text, "r.yaml")
     text = str(err.value)
