@@ -12,14 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
-
+from attngate._suggest import did_you_mean
 from attngate.errors import Problem
 from attngate.facts.model import ModelFacts
 from attngate.facts.platform import Platform
 from attngate.facts.schema import FACTS, FactType, base_facts
 from attngate.facts.server_args import ServerArgs
 from attngate.rules.condition import Condition, ConditionErrors, compile_condition
+from attngate.rules.entries import validated_entries
 from attngate.rules.spec import DeviationSpec
 from attngate.rules.yaml_source import YamlDocument
 
@@ -40,27 +40,12 @@ class Deviation:
     rules: tuple[str, ...] = ()
 
 
-def check_deviations(raw: Any, doc: YamlDocument, problems: list[Problem], predicate_types: dict[str, FactType],
-                     pydantic_problems: Any) -> list[Deviation]:
+def check_deviations(raw: Any, doc: YamlDocument, problems: list[Problem], predicate_types: dict[str, FactType]) -> list[Deviation]:
     """Type-check the ``deviations:`` list; every problem goes to ``problems`` with file:line:col."""
-    if not isinstance(raw, list):
-        return []  # absent, or a wrong type already reported by the file schema
     readable = {**{name: spec.type for name, spec in FACTS.items()}, **predicate_types}
     out: list[Deviation] = []
-    seen: dict[str, str] = {}
-    for index, item in enumerate(raw):
-        path = ("deviations", index)
-        try:
-            spec = DeviationSpec.model_validate(item)
-        except ValidationError as exc:
-            pydantic_problems(exc, doc, path, problems, DeviationSpec)
-            continue
-        if spec.id in seen:
-            problems.append(Problem(doc.where(path + ("id",)), f"duplicate deviation id {spec.id!r} (first at {seen[spec.id]})"))
-        seen.setdefault(spec.id, doc.where(path + ("id",)))
+    for path, spec in validated_entries(raw, doc, problems, DeviationSpec, "deviations", "deviation"):
         if spec.field not in DEVIATION_FIELDS:
-            from attngate._suggest import did_you_mean
-
             problems.append(Problem(doc.where(path + ("field",)), f"deviation {spec.id!r}: {spec.field!r} is neither a server "
                                     "argument nor 'refusal'" + did_you_mean(spec.field, DEVIATION_FIELDS)))
             continue

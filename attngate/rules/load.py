@@ -9,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from attngate._suggest import did_you_mean
 from attngate.errors import Problem, RulesError, check_arguments
@@ -19,7 +19,9 @@ from attngate.gates.registry import GATES, Scope
 from attngate.inputs import read_text
 from attngate.rules.condition import Condition, ConditionErrors, compile_condition
 from attngate.rules.deviations import Deviation, check_deviations
-from attngate.rules.spec import InvariantSpec, RuleFileSpec, RuleKind, RuleSpec
+from attngate.rules.entries import pydantic_problems
+from attngate.rules.invariants import Invariant, check_invariants
+from attngate.rules.spec import RuleFileSpec, RuleKind, RuleSpec
 from attngate.rules.yaml_source import YamlDocument, load_yaml
 
 _GLOBAL_FACT_TYPES = {name: spec.type for name, spec in FACTS.items()}
@@ -79,17 +81,6 @@ class Rule:
             return self.condition(facts)
         except TypeError as exc:  # an order comparison met None: the condition lacks a guard
             raise RulesError(Problem(self.where, f"rule {self.id!r}: {exc}; guard the fact with 'is not None'")) from None
-
-
-@dataclass(frozen=True, slots=True)
-class Invariant:
-    """A loaded, type-checked invariant (``invariants:`` in the file); ``attngate lint`` proves it."""
-
-    id: str
-    summary: str
-    source: str
-    where: str
-    condition: Condition
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,9 +154,9 @@ def parse_rules(text: str, filename: str = "rules.yaml") -> RuleSet:
     if doc is not None:
         rules, predicates = _check_document(doc, problems)
         if isinstance(doc.data, dict):
-            invariants = _check_invariants(doc.data.get("invariants"), doc, problems, predicates)
-            deviations = check_deviations(doc.data.get("deviations"), doc, problems,
-                                          {p.name: FactType("bool") for p in predicates}, _pydantic_problems)
+            predicate_types = {p.name: FactType("bool") for p in predicates}
+            invariants = check_invariants(doc.data.get("invariants"), doc, problems, predicate_types)
+            deviations = check_deviations(doc.data.get("deviations"), doc, problems, predicate_types)
             known = {r.id for r in rules}
             problems += [Problem(d.where, f"deviation {d.id!r}: no rule {rule!r}" + did_you_mean(rule, known))
                          for d in deviations for rule in d.rules if rule not in known]
@@ -182,7 +173,7 @@ def _check_document(doc: YamlDocument, problems: list[Problem]) -> tuple[list[Ru
     try:
         RuleFileSpec.model_validate({**data, "rules": [], "invariants": [], "deviations": []})  # each entry is checked on its own below
     except ValidationError as exc:
-        _pydantic_problems(exc, doc, (), problems, RuleFileSpec)
+        pydantic_problems(exc, doc, (), problems, RuleFileSpec)
     predicates = _check_predicates(data.get("predicates"), doc, problems)
     fact_types = {p.name: FactType("bool") for p in predicates}
     raw_rules = data.get("rules")
@@ -204,37 +195,6 @@ def _check_document(doc: YamlDocument, problems: list[Problem]) -> tuple[list[Ru
         if rule is not None:
             rules.append(rule)
     return rules, predicates
-
-
-_ALL_GATE_TYPES = {name: g.type for name, g in GATES.items()}
-_INVARIANT_FACTS = {**_GLOBAL_FACT_TYPES, MODE_FACT.name: MODE_FACT.type, LAYER_FACT.name: LAYER_FACT.type}
-
-
-def _check_invariants(raw: Any, doc: YamlDocument, problems: list[Problem], predicates: list[Predicate]) -> list[Invariant]:
-    """Invariants may read every fact, predicate and gate (any scope), forward_mode and layer_kind."""
-    if not isinstance(raw, list):
-        return []  # absent, or a wrong type already reported by the file schema
-    readable = {**_INVARIANT_FACTS, **{p.name: FactType("bool") for p in predicates}}
-    out: list[Invariant] = []
-    seen: dict[str, str] = {}
-    for index, item in enumerate(raw):
-        path = ("invariants", index)
-        try:
-            spec = InvariantSpec.model_validate(item)
-        except ValidationError as exc:
-            _pydantic_problems(exc, doc, path, problems, InvariantSpec)
-            continue
-        if spec.id in seen:
-            problems.append(Problem(doc.where(path + ("id",)), f"duplicate invariant id {spec.id!r} (first at {seen[spec.id]})"))
-        seen.setdefault(spec.id, doc.where(path + ("id",)))
-        try:
-            condition = compile_condition(spec.assert_, readable, _ALL_GATE_TYPES)
-        except ConditionErrors as exc:
-            for err in exc.errors:
-                problems.append(Problem(doc.where(path + ("assert",), err.col), f"invariant {spec.id!r}: {err.message}"))
-            continue
-        out.append(Invariant(spec.id, spec.summary, spec.source, doc.where(path + ("assert",)), condition))
-    return out
 
 
 def _check_predicates(raw: Any, doc: YamlDocument, problems: list[Problem]) -> list[Predicate]:
@@ -266,7 +226,7 @@ def _validate_spec(raw: Any, doc: YamlDocument, path: tuple, problems: list[Prob
     try:
         return RuleSpec.model_validate(raw)
     except ValidationError as exc:
-        _pydantic_problems(exc, doc, path, problems, RuleSpec)
+        pydantic_problems(exc, doc, path, problems, RuleSpec)
         unknown = {e["loc"][0] for e in exc.errors() if e["type"] == "extra_forbidden"}
         if not unknown or len(unknown) != len(exc.errors()):
             return None
@@ -274,21 +234,6 @@ def _validate_spec(raw: Any, doc: YamlDocument, path: tuple, problems: list[Prob
         return RuleSpec.model_validate({k: v for k, v in raw.items() if k not in unknown})
     except ValidationError:
         return None
-
-
-def _pydantic_problems(exc: ValidationError, doc: YamlDocument, base: tuple, problems: list[Problem],
-                       spec: type[BaseModel]) -> None:
-    """One Problem per error of validating ``spec``; an unknown key gets a did-you-mean from ``spec``'s own keys."""
-    for err in exc.errors():
-        loc = tuple(err["loc"])
-        if err["type"] == "extra_forbidden":
-            name = loc[-1]
-            known = [f.alias or n for n, f in spec.model_fields.items()]
-            problems.append(Problem(doc.where(base + loc), f"unknown key {name!r}" + did_you_mean(str(name), known)))
-        else:
-            loc = tuple(p for p in loc if not (isinstance(p, str) and p in ("str", "bool")))
-            label = ".".join(map(str, loc)) or "rule"
-            problems.append(Problem(doc.where(base + loc), f"{label}: {err['msg']}"))
 
 
 _KIND_FIELDS: dict[str, tuple[set[str], set[str]]] = {  # kind -> (required, allowed-extra)

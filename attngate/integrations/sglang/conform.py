@@ -83,7 +83,7 @@ def run_cases(cases: list[Case], rules: RuleSet, *, jobs: int = 1,
         results: list[CaseResult | None] = [None] * len(cases)
         context = multiprocessing.get_context("fork")
         with context.Pool(max(jobs, 1), maxtasksperchild=1) as pool:
-            for index, result in zip(range(len(cases)), pool.imap(_run_one, range(len(cases)))):
+            for index, result in enumerate(pool.imap(_run_one, range(len(cases)))):
                 results[index] = result
                 if progress:
                     progress(result)
