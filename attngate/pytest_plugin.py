@@ -2,7 +2,8 @@
 and the ``known_failures`` fixture.
 
 ``--rule-coverage`` reports which rules fired over every resolve() of the session, which never did,
-and which atoms of their conditions were not seen both true and false;
+which atoms of their conditions were not seen both true and false, and which deviations (``deviations:``,
+where attngate differs from SGLang on purpose) no resolved configuration exercised;
 ``--rule-coverage-fail-under=PCT`` fails the session below PCT percent (rules fired plus atom
 outcomes seen, over rules plus twice the atoms); ``--rule-coverage-json=PATH`` writes the full report.
 """
@@ -27,21 +28,23 @@ def pytest_configure(config: pytest.Config) -> None:
     opts = config.option
     if not (opts.rule_coverage or opts.rule_coverage_fail_under is not None or opts.rule_coverage_json):
         return
-    from attngate.gates.resolve import OBSERVERS
+    from attngate.gates.resolve import DEVIATION_OBSERVERS, OBSERVERS
     from attngate.rules.coverage import RuleCoverage
     from attngate.rules.load import shipped_rules_path
 
     coverage = RuleCoverage(str(shipped_rules_path()))
     OBSERVERS.append(coverage.observe)
+    DEVIATION_OBSERVERS.append(coverage.observe_deviations)
     config.stash[_KEY] = coverage
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     coverage = config.stash.get(_KEY, None)
     if coverage is not None:
-        from attngate.gates.resolve import OBSERVERS
+        from attngate.gates.resolve import DEVIATION_OBSERVERS, OBSERVERS
 
         OBSERVERS.remove(coverage.observe)
+        DEVIATION_OBSERVERS.remove(coverage.observe_deviations)
 
 
 @pytest.fixture
@@ -99,6 +102,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
           f"{report['atom_outcomes_seen']}/{2 * report['atoms']} atom outcomes seen)")
     if report["never_fired"]:
         write("  never fired: " + ", ".join(r["rule"] for r in report["never_fired"]))
+    unused = report["deviations_never_applied"]
+    write(f"  deviations exercised: {report['deviations'] - len(unused)}/{report['deviations']}"
+          + (" (never: " + ", ".join(d["deviation"] for d in unused) + ")" if unused else ""))
     threshold = config.option.rule_coverage_fail_under
     if threshold is not None and report["percent"] < threshold:
         write(f"  FAIL: rule coverage {report['percent']}% is below --rule-coverage-fail-under={threshold}")

@@ -30,6 +30,25 @@ def test_coverage_reports_fired_and_never_fired_rules_and_atoms(pytester):
     never = {r["rule"] for r in report["never_fired"]}
     assert "default-backend.whisper" in never and "fa.fa4-sm90-single-split" not in never  # fa3 on sm90 fired it
     assert 0 < report["rules_fired"] < report["rules"] and report["atoms_not_seen_both_ways"]
+    # fa3 on sm90 with nothing else given meets no deviation from SGLang
+    assert len(report["deviations_never_applied"]) == report["deviations"] > 0
+    result.stdout.fnmatch_lines([f"  deviations exercised: 0/{report['deviations']} (never: sglang.*"])
+
+
+def test_coverage_counts_a_deviation_a_refused_configuration_exercises(pytester):
+    pytester.makepyfile(test_refused='''
+import pytest
+from attngate import ModelFacts, Platform, PlanError, ServerArgs, resolve
+from helpers_path import LLAMA
+
+def test_fa3_on_blackwell():
+    with pytest.raises(PlanError):
+        resolve(ServerArgs(attention_backend="fa3"), ModelFacts.from_hf_config(LLAMA), Platform.from_name("sm100"))
+''')
+    result = _inner(pytester, "--rule-coverage-json=cov.json")
+    assert result.ret == 0
+    never = {d["deviation"] for d in json.loads((pytester.path / "cov.json").read_text())["deviations_never_applied"]}
+    assert "sglang.registry-refusals-at-start-up" not in never and "sglang.hicache-kernel-io-keeps-fa3-decode" in never
 
 
 def test_coverage_below_the_threshold_fails_the_session(pytester):

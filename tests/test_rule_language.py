@@ -34,7 +34,7 @@ def problems(text: str) -> list[str]:
 @pytest.mark.parametrize("when, expected", [
     ("is_embeding", "rules.yaml:7:11: rule 'r': unknown fact 'is_embeding' (did you mean 'is_embedding'?)"),
     ("page_size == 'x'", "rules.yaml:7:24: rule 'r': page_size is int in [1, 65536] or None, compared with 'x'"),
-    ("attention_backend == 'fa33'", "rules.yaml:7:32: rule 'r': 'fa33' is not a value of attention_backend (25 choices) (did you mean 'fa3'?)"),
+    ("attention_backend == 'fa33'", "rules.yaml:7:32: rule 'r': 'fa33' is not a value of attention_backend (24 choices) (did you mean 'fa3'?)"),
     ("page_size", "rules.yaml:7:11: rule 'r': page_size is int in [1, 65536] or None, not a bool; compare it explicitly"),
     ("__import__('os').system('x')", "rules.yaml:7:11: rule 'r': a call is not allowed in a condition"),
     ("page_size + 1 > 2", "rules.yaml:7:11: rule 'r': arithmetic is not allowed in a comparison"),
@@ -318,18 +318,18 @@ def test_lint_proves_over_the_inputs_the_schema_allows_only():
        draft=st.none() | st.integers(1, 32), name=st.sampled_from(["Llama-3.1-8B", "DeepSeek-V2-Lite", "gpt-oss-20b",
                                                                    "Qwen3-30B-A3B", "whisper-large-v3-turbo"]))
 def test_the_provers_derived_fact_definitions_agree_with_derived_facts(tp, dp, cp, dp_attention, steps, topk, draft, name):
-    """lint, the invariant proofs and diff define the derived facts in z3 (_Encoder.links); every fact value
+    """lint, the invariant proofs and diff define the derived facts in z3 (Encoder.links); every fact value
     base_facts() computes for a real configuration satisfies those definitions."""
     import z3
 
     from attngate.facts.schema import base_facts
-    from attngate.rules.lint import _Encoder
+    from attngate.rules.encoding import Encoder
     from attngate.rules.load import load_rules
 
     args = ServerArgs(tp_size=tp, dp_size=dp, attn_cp_size=cp, enable_dp_attention=dp_attention, speculative_num_steps=steps,
                       speculative_eagle_topk=topk, speculative_num_draft_tokens=draft)
     facts = base_facts(args, model(name), Platform.from_name("sm90"))
-    enc = _Encoder(load_rules())
+    enc = Encoder(load_rules())
     solver = z3.Solver()
     solver.add(*enc.links)
     for fact, value in facts.items():

@@ -16,7 +16,8 @@ from attngate import ForwardMode, LayerKind, ModelFacts, Platform, PlanError, Se
 from attngate.facts.schema import FACTS, base_facts
 from attngate.gates.registry import GATES
 from attngate.rules.condition import gate_key
-from attngate.rules.lint import _Encoder, lint_rules
+from attngate.rules.encoding import Encoder
+from attngate.rules.lint import lint_rules
 from helpers import MODELS, fa3_gpu, model, resolve_flags
 
 FA_GPU = {"fa3": "sm90", "fa4": "sm100", "flashinfer": "sm90"}
@@ -96,7 +97,7 @@ def test_embedding_gemma_is_served_as_a_full_encoder():
 
 
 def test_no_rule_can_combine_mla_with_skip_kv_cache(rules):
-    enc = _Encoder(rules)
+    enc = Encoder(rules)
     solver = z3.Solver()
     solver.add(*enc.axioms)
     use_mla, _ = enc.var("use_mla")
@@ -237,6 +238,10 @@ def test_draft_extend_v2_reads_prefix_plus_new(backend, gpu, cuda_graph):
     ("--decode-attention-backend flashinfer", "DeepSeek-V3", "sm100",  # R62 needs all three flags unset; R6 then picks
      lambda r: (r.plan.prefill_backend, r.plan.decode_backend) == ("flashinfer", "flashinfer")),
     ("", "gpt-oss-20b", "sm80", lambda r: r.plan.prefill_backend == "triton"),
+    ("", "gpt-oss-20b", "sm100",  # 0.5.23's trtllm_mha translates full->SWA page tables: the hybrid pool stays on
+     lambda r: r.plan.prefill_backend == "trtllm_mha" and not r.server_args.disable_hybrid_swa_memory),
+    ("", "Llama-3.2-11B-Vision-Instruct", "sm90", lambda r: r.server_args.chunked_prefill_size == -1),  # Mllama: one chunk
+    ("--chunked-prefill-size 4096", "Qwen3-8B", "sm90", lambda r: r.server_args.chunked_prefill_size == 4096),
     ("", "whisper-large-v3-turbo", "sm90", lambda r: r.plan.prefill_backend == "flashinfer" and r.server_args.disable_radix_cache),
     ("--speculative-algorithm EAGLE", "Llama-3.1-8B", "sm90",  # issue 36554: topk filled first, then the backend
      lambda r: r.server_args.speculative_eagle_topk == 4 and r.plan.prefill_backend == "flashinfer"),
@@ -279,6 +284,19 @@ def test_draft_extend_v2_reads_prefix_plus_new(backend, gpu, cuda_graph):
     ("--speculative-algorithm NGRAM --speculative-ngram-max-bfs-breadth 4 --speculative-num-draft-tokens 8 --enable-mixed-chunk",
      "Llama-3.1-8B", "sm90", lambda r: (r.server_args.speculative_eagle_topk, r.server_args.speculative_num_steps) == (4, 2)
      and not r.server_args.enable_mixed_chunk),
+    # found by attngate conform against SGLang 0.5.23:
+    ("--speculative-algorithm EAGLE --enable-mixed-chunk", "Qwen3-8B", "sm90", lambda r: r.server_args.enable_mixed_chunk),
+    ("--speculative-algorithm STANDALONE --enable-mixed-chunk", "Qwen3-8B", "sm90", lambda r: not r.server_args.enable_mixed_chunk),
+    ("--prefill-attention-backend triton --decode-attention-backend triton", "Llama-3.1-8B", "sm90",
+     lambda r: r.server_args.attention_backend == "triton"),
+    ("--kv-cache-dtype nvfp4", "Qwen3-8B", "sm100", lambda r: (r.plan.prefill_backend, r.plan.decode_backend) == ("trtllm_mha",) * 2),
+    ("--kv-cache-dtype nvfp4 --attention-backend flashinfer", "Qwen3-8B", "sm100",
+     lambda r: (r.plan.prefill_backend, r.plan.decode_backend) == ("flashinfer", "trtllm_mha")),
+    ("--kv-cache-dtype nvfp4 --speculative-algorithm EAGLE", "Qwen3-8B", "sm100",
+     lambda r: r.server_args.speculative_draft_attention_backend == "trtllm_mha"),
+    ("--attention-backend trtllm_mha --speculative-eagle-topk 2", "Qwen3-8B", "sm100",  # no algorithm: topk unused
+     lambda r: r.plan.prefill_backend == "trtllm_mha"),
+    ("--disaggregation-mode prefill", "Qwen3-8B", "sm90", lambda r: r.server_args.disable_cuda_graph),
     ("--speculative-algorithm NGRAM --attention-backend flashinfer --page-size 16", "Llama-3.1-8B", "sm90",
      lambda r: r.plan.common.page_size == 16),
     ("--speculative-algorithm DFLASH --speculative-num-steps 4 --speculative-eagle-topk 2", "Llama-3.1-8B", "sm90",
@@ -418,7 +436,7 @@ def _reads(node: ast.AST, predicates: dict) -> tuple[set[str], set]:
 
 def test_every_rule_truth_table_matches_an_independent_encoding(rules):
     """The compiled Python condition and the z3 encoding agree on every (sampled) assignment."""
-    enc = _Encoder(rules)
+    enc = Encoder(rules)
     predicates = {p.name: p.condition.tree.body for p in rules.predicates}
     base = rules.with_predicates(base_facts(ServerArgs(attention_backend="fa3"), model("Llama-3.1-8B"), Platform.from_name("sm90")))
     rng = random.Random(0)
@@ -627,7 +645,7 @@ def test_attention_context_parallelism_narrows_attention_tp(flags, attn_tp, q_he
     assert (plan.common.attn_tp_size, plan.common.num_q_heads_per_rank) == (attn_tp, q_heads)
 
 
-# ---- dual chunk attention (R23) and cutedsl_mla (R16) ------------------------------------------------
+# ---- dual chunk attention (R23: no backend of its own in 0.5.23) and cutedsl_mla (R16) ------------------------------------------------
 
 def _dual_chunk() -> ModelFacts:
     """Qwen2.5-7B-Instruct-1M: Qwen2.5-7B's attention with a dual_chunk_attention_config."""
@@ -636,17 +654,11 @@ def _dual_chunk() -> ModelFacts:
     return ModelFacts.from_hf_dict(raw)
 
 
-def test_dual_chunk_attention_defaults_to_its_backend_without_mixed_chunks_or_radix_cache():
+def test_dual_chunk_attention_config_takes_the_generic_backend():
+    # SGLang 0.5.23 has no dual_chunk_flash_attn backend: the config only changes the rotary embedding
     r = resolve(ServerArgs.from_flags(["--enable-mixed-chunk"]), _dual_chunk(), fa3_gpu("sm90"))
-    assert r.plan.prefill_backend == "dual_chunk_flash_attn"
-    assert r.server_args.disable_radix_cache and not r.server_args.enable_mixed_chunk
-
-
-@pytest.mark.parametrize("flags", ["--attention-backend fa3", "--enable-deterministic-inference"])
-def test_dual_chunk_attention_refuses_any_other_backend(flags):
-    with pytest.raises(PlanError) as err:
-        resolve(ServerArgs.from_flags(flags.split()), _dual_chunk(), fa3_gpu("sm90"))
-    assert "dual-chunk.backend" in {v.rule for v in err.value.violations}
+    assert r.plan.prefill_backend == "fa3"
+    assert not r.server_args.disable_radix_cache and r.server_args.enable_mixed_chunk
 
 
 def test_cutedsl_mla_decodes_with_trtllm_mla_prefill_on_64_token_pages():
@@ -772,3 +784,32 @@ def test_each_mode_runs_on_the_backend_sglangs_hybrid_backend_picks(spec_mode):
     assert origin == ("hybrid.verify-on-decode-backend-in-decode-mode" if spec_mode == "decode" else "default")
     one = resolve_flags("--attention-backend flashinfer", "Llama-3.1-8B", "sm90").plan  # one backend: nothing to route
     assert all(one.mode(m).common.runs_on == "prefill" and one.backend_for(m) == "flashinfer" for m in ForwardMode)
+
+
+@pytest.mark.parametrize("flags, model, gpu, rule", [  # SGLang 0.5.23's start-up checks, found by attngate conform
+    ("--enable-unified-memory --speculative-algorithm NGRAM", "Qwen3-8B", "sm90", "unified-memory.speculative-algorithms"),
+    ("--enable-unified-memory --speculative-eagle-topk 2", "Qwen3-8B", "sm90", "unified-memory.linear-draft-chain"),
+    ("--enable-unified-memory --speculative-algorithm EAGLE", "Qwen3-8B", "sm90", "unified-memory.eagle-needs-unified-target"),
+    ("--enable-unified-memory --kv-cache-dtype fp4_mx_block16 --attention-backend triton", "Qwen3-8B", "sm90",
+     "unified-memory.no-fp4-kv"),
+    ("--kv-cache-dtype nvfp4 --attention-backend triton", "Qwen3-8B", "sm100", "kv-dtype.nvfp4-backends"),
+    ("--kv-cache-dtype nvfp4 --decode-attention-backend flashinfer", "Qwen3-8B", "sm100", "kv-dtype.nvfp4-backends"),
+    ("--kv-cache-dtype nvfp4 --speculative-algorithm EAGLE --speculative-draft-attention-backend fa4", "Qwen3-8B", "sm100",
+     "kv-dtype.nvfp4-draft-backend"),
+    ("--prefill-attention-backend fa4", "gpt-oss-20b", "sm100", "attngate"),  # no override, no decode backend: as SGLang
+    ("--kv-cache-dtype nvfp4 --speculative-algorithm DFLASH --speculative-draft-model-path d", "Qwen3-8B", "sm100",
+     "kv-dtype.nvfp4-native-speculation"),
+    ("--kv-cache-dtype nvfp4 --disaggregation-mode decode", "Qwen3-8B", "sm100", "kv-dtype.nvfp4-native-host-and-transfer-pools"),
+    ("--speculative-algorithm EAGLE --speculative-num-steps 2", "Qwen3-8B", "sm90", "spec.params-all-or-none"),
+    ("--attention-backend trtllm_mla --kv-cache-dtype bfloat16", "DeepSeek-V3", "sm100", "trtllm-mla.kv-dtype"),  # "bf16" only
+    ("--dp-size 2 --enable-prefill-cp", "DeepSeek-V3", "sm90", "dp-attention.tp-divisible-by-dp"),  # MLA CP: DP attention
+])
+def test_sglang_start_up_refusals(flags, model, gpu, rule):
+    with pytest.raises(PlanError) as err:
+        resolve_flags(flags, model, gpu)
+    assert rule in {v.rule for v in err.value.violations}
+
+
+def test_mla_prefill_cp_runs_dp_groups_as_attention_dp_and_the_rest_as_attention_cp():
+    args = resolve_flags("--tp-size 8 --dp-size 2 --enable-prefill-cp", "DeepSeek-V3").server_args
+    assert (args.enable_dp_attention, args.dp_size, args.attn_cp_size) == (True, 2, 4)  # as SGLang 0.5.23 resolves it

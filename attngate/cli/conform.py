@@ -16,7 +16,7 @@ from attngate.cli import EXIT_BAD_INPUT, EXIT_INVALID_CONFIG, OutputFormat, _fai
 @app.command()
 def conform(
     cases: Optional[Path] = typer.Option(None, "--cases", help='JSON list of {"name", "model_config", "gpu", "args": {SGLang ServerArgs field: value}}'),
-    generate: Optional[Path] = typer.Option(None, "--generate", help="a folder of config.json files: all-pairs cases over it, the GPUs and the rules' argument values"),
+    generate: Optional[Path] = typer.Option(None, "--generate", help="a folder of config.json files: cases over it, the GPUs and every two of the rules' argument values"),
     gpu: str = typer.Option("sm80,sm90,sm100", "--gpu", help="with --generate: comma-separated GPU architectures"),
     rules: Optional[Path] = typer.Option(None, "--rules", help="rules file (default: the shipped rules.yaml)"),
     jobs: int = typer.Option(2, "--jobs", min=1, help="cases resolved in parallel processes"),
@@ -53,7 +53,7 @@ def conform(
     summary = summarize(results)
     if output == OutputFormat.json:
         typer.echo(json.dumps({"cases": len(results), "seconds": round(seconds, 1), "verdicts": summary.verdicts,
-                               "fields": summary.fields, "results": [r.to_json() for r in results]}, default=str))
+                               "fields": summary.fields, "deviations": summary.deviations, "results": [r.to_json() for r in results]}, default=str))
     else:
         _print_table(results, summary, seconds)
     if summary.undeclared:
@@ -80,6 +80,10 @@ def _print_table(results, summary, seconds: float) -> None:
         typer.echo("per field (cases that differ):")
         for name, counts in summary.fields.items():
             typer.echo(f"  {name:<36} declared {counts.get('declared', 0):>5}   undeclared {counts.get('undeclared', 0):>5}")
+    if summary.deviations:
+        typer.echo("declared deviations (rules.yaml deviations:) and the cases each covers:")
+        for deviation, count in summary.deviations.items():
+            typer.echo(f"  {deviation:<58} {count:>5}")
     undeclared = [r for r in results if r.verdict in (Verdict.DISAGREE, Verdict.ONE_REFUSES)]
     if undeclared:
         typer.echo("undeclared differences (field: SGLang -> attngate [attngate's rule]):")

@@ -79,6 +79,10 @@ def render_resolution(r: Resolution, mode: str | None) -> None:
             style = "" if a.fills_default else "yellow"
             table.add_row(*(escape(str(x)) for x in (a.field, repr(a.old), repr(a.new), a.rule, a.message)), style=style)
         console.print(table)
+    from attngate.cli.summary import deviation_lines
+
+    for line in deviation_lines(r.deviations):
+        console.print(Text(line), overflow="fold")
     for w in r.warnings:
         console.print(f"[yellow]warning:[/yellow] {escape(str(w))}")
     table = Table(title="candidate backends", title_justify="left")
@@ -100,6 +104,10 @@ def render_error(err: PlanError) -> None:
         console.print(f"  [red]-[/red] {escape(v.rule)}: {escape(v.message)}{issue}{opt_in}{facts}")
     for a in err.adjustments:
         console.print(f"  [dim]adjusted {escape(str(a))}[/dim]")
+    from attngate.cli.summary import deviation_lines
+
+    for line in deviation_lines(err.deviations):
+        console.print(Text(line), overflow="fold")
 
 
 def load_model_configs(paths: list[Path]) -> list[tuple[str, ModelFacts]]:

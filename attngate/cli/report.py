@@ -20,6 +20,10 @@ def _adjustment(a: Adjustment) -> dict[str, Any]:
             "issue": a.issue, "fills_default": a.fills_default}
 
 
+def _deviation(d: Any) -> dict[str, Any]:
+    return {"id": d.id, "fields": list(d.fields), "reason": " ".join(d.reason.split()), "source": d.source}
+
+
 def resolution_report(r: Resolution) -> dict[str, Any]:
     """The report of a resolved configuration (``errors`` is empty)."""
     e = r.explanation
@@ -33,6 +37,7 @@ def resolution_report(r: Resolution) -> dict[str, Any]:
         "backends": [dataclasses.asdict(b) for b in e.backends],
         "adjustments": [_adjustment(a) for a in r.adjustments],
         "warnings": r.warnings,
+        "deviations": [_deviation(d) for d in r.deviations],
         "errors": [],
     }
 
@@ -45,6 +50,7 @@ def error_report(err: PlanError) -> dict[str, Any]:
         "gates": {}, "modes": {}, "layers": {}, "backends": [],
         "adjustments": [_adjustment(a) for a in err.adjustments],
         "warnings": [str(a) for a in err.adjustments if not a.fills_default],
+        "deviations": [_deviation(d) for d in err.deviations],
         "errors": [{"rule": v.rule, "message": v.message, "kind": v.kind, "facts": v.facts, "issue": v.issue}
                    for v in err.violations],
     }

@@ -40,7 +40,7 @@ def summary_lines(r: Resolution) -> list[str]:
                 else f"backend {plan.prefill_backend}")
     lines = [f"{r.model.source} on {r.platform.gpu_arch}: {backends} (plan {plan.fingerprint[:16]})", "", "backends:"]
     lines += _backend_lines(r)
-    lines += _adjustment_lines(r)
+    lines += _adjustment_lines(r) + deviation_lines(r.deviations)
     adjusted = {a.field for a in r.adjustments}
     others = [w for w in r.warnings if w.split(":", 1)[0] not in adjusted]
     if others:
@@ -104,7 +104,7 @@ def all_lines(r: Resolution, mode: str | None) -> list[str]:
     tables += [(f"layer kind {k}", g) for k, g in e.layers.items()] if mode is None else []
     for title, gates in tables:
         lines += ["", f"{title}:"] + [line for name, g in gates.items() for line in _why_lines(name, g, "  ")]
-    lines += _adjustment_lines(r)
+    lines += _adjustment_lines(r) + deviation_lines(r.deviations)
     lines += (["", "warnings:"] + [f"  {w}" for w in r.warnings]) if r.warnings else []
     return lines + ["", "candidate backends:"] + _backend_lines(r)
 
@@ -122,3 +122,13 @@ def _adjustment_lines(r: Resolution) -> list[str]:
     if not r.adjustments:
         return []
     return ["", "adjustments:"] + [f"  {a.field}: {a.old!r} -> {a.new!r} ({a.rule}: {a.message})" for a in r.adjustments]
+
+
+def deviation_lines(deviations: list[Any]) -> list[str]:
+    """The rules file's deviations that apply: where SGLang 0.5.23 resolves this configuration otherwise, on purpose."""
+    if not deviations:
+        return []
+    lines = ["", "differs from SGLang 0.5.23 on purpose (deviations: in the rules file):"]
+    for d in deviations:
+        lines += [f"  {d.id} ({', '.join(d.fields)}): {' '.join(d.reason.split())}", f"  {'':<2}source: {d.source}"]
+    return lines

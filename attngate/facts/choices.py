@@ -12,7 +12,7 @@ from typing import Literal, get_args
 AttentionBackendName = Literal[
     "triton", "torch_native", "flex_attention", "dsa", "nsa", "dsv4", "compressed",
     "cutlass_mla", "fa3", "fa4", "flashinfer", "flashmla", "trtllm_mla", "cutedsl_mla",
-    "tokenspeed_mla", "trtllm_mha", "dual_chunk_flash_attn", "hpc_ops", "minicpm_flashattn",
+    "tokenspeed_mla", "trtllm_mha", "hpc_ops", "minicpm_flashattn",
     "minicpm_flashinfer", "aiter", "wave", "intel_amx", "ascend", "intel_xpu",
 ]
 DraftAttentionBackendName = Literal[

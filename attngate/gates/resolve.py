@@ -40,6 +40,7 @@ from attngate.gates.resolution import (
     Violation,
 )
 from attngate.rules.condition import gate_key
+from attngate.rules.deviations import applicable_deviations, refusing_rules
 from attngate.rules.load import FactValue, Rule, RuleSet, adjust_value, load_rules
 
 MAX_ADJUST_ROUNDS = 32
@@ -47,6 +48,8 @@ MAX_ADJUST_ROUNDS = 32
 #: "adjust" per adjustment round, "global", then "mode" per forward mode and "layer" per layer kind);
 #: rule coverage listens here.
 OBSERVERS: list[Callable[[RuleSet, str, dict[str, Any]], None]] = []
+#: Called with the rule set and the deviations that apply to each configuration resolved (rule coverage).
+DEVIATION_OBSERVERS: list[Callable[[RuleSet, list[Any]], None]] = []
 _BACKEND_ARGS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
 
 
@@ -76,7 +79,12 @@ def resolve(server_args: ServerArgs, model: ModelFacts, platform: Platform, rule
     index = _index(rules)
     allowed = _check_allowed(rules, allow_known_failures)
     fixed = base_facts(server_args, model, platform)
-    args_state, adjustments = _adjust(server_args.model_dump(), fixed, index)
+    given = rules.with_predicates(fixed) if rules.deviations else {}
+    try:
+        args_state, adjustments = _adjust(server_args.model_dump(), fixed, index)
+    except PlanError as err:  # adjust rules in conflict, or a value out of its type: SGLang may still accept it
+        err.deviations = _deviations(rules, given, refusing_rules(err.violations))
+        raise
     facts = index.facts(fixed, args_state)
     for observe in OBSERVERS:
         observe(rules, "global", facts)
@@ -84,7 +92,7 @@ def resolve(server_args: ServerArgs, model: ModelFacts, platform: Platform, rule
     opted_in = [v for v in violations if v.kind == "known_failure" and v.rule in allowed]
     violations = [v for v in violations if v not in opted_in]
     if violations:
-        raise PlanError(violations, args_state, adjustments)
+        raise PlanError(violations, args_state, adjustments, _deviations(rules, given, refusing_rules(violations)))
     adjusted = ServerArgs.model_validate(args_state)
 
     global_values, global_hits = _resolve_scope(index.global_set, facts, GLOBAL_SPECS, violations)
@@ -115,7 +123,8 @@ def resolve(server_args: ServerArgs, model: ModelFacts, platform: Platform, rule
             backends=_backend_verdicts(server_args.model_dump(), fixed, {facts["prefill_backend"], facts["decode_backend"]}, index),
         )
 
-    return Resolution(plan, adjusted, server_args, model, platform, adjustments, functools.cache(explain), opted_in)
+    return Resolution(plan, adjusted, server_args, model, platform, adjustments, functools.cache(explain), opted_in,
+                      _deviations(rules, given, frozenset()))
 
 
 def _check_allowed(rules: RuleSet, ids: Iterable[str]) -> set[str]:
@@ -147,6 +156,13 @@ class _Index:
     def facts(self, fixed: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
         """Model/platform facts + server args + derived facts + the rule file's predicates."""
         return self.rules.with_predicates({**fixed, **args, **derived_facts({**fixed, **args})})
+
+
+def _deviations(rules: RuleSet, given: dict[str, Any], refused_by: frozenset[str]) -> list[Any]:
+    applied = applicable_deviations(rules, given, refused_by) if given else []
+    for observe in DEVIATION_OBSERVERS:
+        observe(rules, applied)
+    return applied
 
 
 @functools.lru_cache(maxsize=8)

@@ -1,6 +1,7 @@
 """Rule coverage over a set of resolve() calls: which rules fired, which never did, and for each atom
 of each condition (a comparison, a fact or a predicate, the leaves under and/or/not) whether it was
-seen true and seen false. Fed by :data:`attngate.gates.resolve.OBSERVERS`; the pytest plugin
+seen true and seen false. Also which of the file's deviations applied to no configuration. Fed by
+:data:`attngate.gates.resolve.OBSERVERS` and ``DEVIATION_OBSERVERS``; the pytest plugin
 (attngate.pytest_plugin, ``--rule-coverage``) reports it for a test session.
 """
 
@@ -45,6 +46,12 @@ class RuleCoverage:
     def __init__(self, filename: str):
         self.filename = filename
         self.records: dict[str, _RuleRecord] = {}
+        self.deviations_applied: set[str] = set()
+
+    def observe_deviations(self, rules: RuleSet, applied: list[Any]) -> None:
+        """Record the deviations that applied to one resolved (or refused) configuration."""
+        if rules.filename == self.filename:
+            self.deviations_applied.update(d.id for d in applied)
 
     def observe(self, rules: RuleSet, scope: str, facts: dict[str, Any]) -> None:
         if rules.filename != self.filename:
@@ -88,6 +95,9 @@ class RuleCoverage:
             "rules": len(records), "rules_fired": len(fired),
             "atoms": len(atoms), "atom_outcomes_seen": outcomes,
             "never_fired": [{"rule": r.rule.id, "where": r.rule.where} for r in records if not r.fired],
+            "deviations": len(rules.deviations),
+            "deviations_never_applied": [{"deviation": d.id, "where": d.where} for d in rules.deviations
+                                         if d.id not in self.deviations_applied],
             "atoms_not_seen_both_ways": [{"rule": r.rule.id, "atom": a.text, "seen": sorted(a.seen)}
                                          for r in records for a in r.atoms if len(a.seen) < 2],
         }

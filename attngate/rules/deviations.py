@@ -1,10 +1,12 @@
 """``deviations:`` in a rules file: where attngate differs from SGLang 0.5.23 on purpose.
 
-Each deviation names one server argument (or ``refusal``: one side refuses what the other accepts), the
-configurations it covers (``when``, read on the arguments as the user gave them, before any adjust rule,
-with the model and platform facts and the file's predicates), the reason and the source. ``attngate conform``
-counts a difference as declared only where a deviation of that field matches; ``explain`` shows the
-deviations that apply; ``lint`` checks that each can hold and that no two of one field overlap.
+Each deviation states one cause: the server arguments whose values differ through it, ``refusal`` (attngate
+refuses through the rules it lists, where SGLang accepts) and ``sglang_refusal`` (SGLang refuses, attngate
+accepts); the configurations it covers (``when``, read on the arguments as the user gave them, before any
+adjust rule, with the model and platform facts and the file's predicates), the reason and the source.
+``attngate conform`` counts a difference as declared only where a deviation of that field matches; an attngate
+refusal is declared where the matching deviations name, together, every rule it refused through. ``explain``
+shows the deviations that apply; ``lint`` checks that each can hold and that no two overlap.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from attngate.rules.entries import validated_entries
 from attngate.rules.spec import DeviationSpec
 from attngate.rules.yaml_source import YamlDocument
 
-REFUSAL = "refusal"
-DEVIATION_FIELDS: tuple[str, ...] = (REFUSAL, *ServerArgs.model_fields)
+REFUSAL = "refusal"  # attngate refuses what SGLang accepts
+SGLANG_REFUSAL = "sglang_refusal"  # SGLang refuses what attngate accepts
+DEVIATION_FIELDS: tuple[str, ...] = (REFUSAL, SGLANG_REFUSAL, *ServerArgs.model_fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +35,7 @@ class Deviation:
     """A loaded deviation; ``where`` is its ``file:line:col``."""
 
     id: str
-    field: str
+    fields: tuple[str, ...]
     reason: str
     source: str
     where: str
@@ -45,13 +48,17 @@ def check_deviations(raw: Any, doc: YamlDocument, problems: list[Problem], predi
     readable = {**{name: spec.type for name, spec in FACTS.items()}, **predicate_types}
     out: list[Deviation] = []
     for path, spec in validated_entries(raw, doc, problems, DeviationSpec, "deviations", "deviation"):
-        if spec.field not in DEVIATION_FIELDS:
-            problems.append(Problem(doc.where(path + ("field",)), f"deviation {spec.id!r}: {spec.field!r} is neither a server "
-                                    "argument nor 'refusal'" + did_you_mean(spec.field, DEVIATION_FIELDS)))
+        fields = (spec.fields,) if isinstance(spec.fields, str) else tuple(spec.fields)
+        unknown = [f for f in fields if f not in DEVIATION_FIELDS]
+        for name in unknown:
+            problems.append(Problem(doc.where(path + ("fields",)), f"deviation {spec.id!r}: {name!r} is neither a server "
+                                    "argument nor refusal / sglang_refusal" + did_you_mean(name, DEVIATION_FIELDS)))
+        if bool(spec.rules) != (REFUSAL in fields):
+            problems.append(Problem(doc.where(path + ("rules",) if spec.rules else path + ("fields",)),
+                                    f"deviation {spec.id!r}: fields: refusal (attngate refuses) goes with rules: the "
+                                    "refusing rules it declares, and rules: with fields: refusal"))
+        if unknown or not fields:
             continue
-        if spec.rules and spec.field != REFUSAL:
-            problems.append(Problem(doc.where(path + ("rules",)), f"deviation {spec.id!r}: rules: names attngate's refusing "
-                                    "rules, so it needs field: refusal"))
         text = spec.when if isinstance(spec.when, str) else str(spec.when)
         try:
             condition = compile_condition(text, readable)
@@ -59,7 +66,7 @@ def check_deviations(raw: Any, doc: YamlDocument, problems: list[Problem], predi
             for err in exc.errors:
                 problems.append(Problem(doc.where(path + ("when",), err.col), f"deviation {spec.id!r}: {err.message}"))
             continue
-        out.append(Deviation(spec.id, spec.field, spec.reason, spec.source, doc.where(path + ("id",)), condition,
+        out.append(Deviation(spec.id, fields, spec.reason, spec.source, doc.where(path + ("id",)), condition,
                              tuple(spec.rules)))
     return out
 
@@ -69,18 +76,34 @@ def given_facts(rules: Any, args: ServerArgs, model: ModelFacts, platform: Platf
     return rules.with_predicates(base_facts(args, model, platform))
 
 
+def refusing_rules(violations: list[Any]) -> frozenset[str]:
+    """The rules a refusal is declared by: its violations' rules, less adjust conflicts where a forbid rule also
+    matched (the conflict follows from what the forbid rule refuses)."""
+    causes = [v for v in violations if v.kind != "conflict"] or violations
+    return frozenset(v.rule for v in causes)
+
+
+def applicable_deviations(rules: Any, facts: dict[str, Any], refused_by: frozenset[str] = frozenset()) -> list[Deviation]:
+    """The deviations of ``rules`` that hold under ``facts`` (:func:`given_facts`) and declare something of this
+    outcome. ``refused_by``: the rules through which attngate refused the configuration (empty: it accepted). A
+    refusal is declared by the matching deviations that name its rules, and only where they name every one of
+    ``refused_by`` between them; an accepted configuration by those with value fields or ``sglang_refusal``."""
+    held = [d for d in rules.deviations if d.condition(facts)]
+    if not refused_by:
+        return [d for d in held if set(d.fields) - {REFUSAL}]
+    naming = [d for d in held if refused_by & set(d.rules)]
+    return naming if refused_by <= {rule for d in naming for rule in d.rules} else []
+
+
 def matching_deviations(rules: Any, args: ServerArgs, model: ModelFacts, platform: Platform,
                         refused_by: frozenset[str] = frozenset()) -> dict[str, list[str]]:
-    """``{field: [deviation ids]}`` of every deviation of ``rules`` whose condition holds for this configuration.
-    ``refused_by``: the rules through which attngate refused it (empty: attngate accepted). A refusal deviation with
-    ``rules`` covers an attngate refusal whose rules are all among them; one without covers an SGLang refusal."""
-    facts = given_facts(rules, args, model, platform) if rules.deviations else {}
+    """``{field: [deviation ids]}`` of :func:`applicable_deviations` for this configuration: for a refusal by
+    attngate only ``refusal``, else every field but ``refusal``."""
+    if not rules.deviations:
+        return {}
     out: dict[str, list[str]] = {}
-    for deviation in rules.deviations:
-        if deviation.field == REFUSAL and bool(deviation.rules) != bool(refused_by):
-            continue
-        if deviation.rules and not refused_by <= set(deviation.rules):
-            continue
-        if deviation.condition(facts):
-            out.setdefault(deviation.field, []).append(deviation.id)
+    for deviation in applicable_deviations(rules, given_facts(rules, args, model, platform), refused_by):
+        for name in deviation.fields:
+            if (name == REFUSAL) == bool(refused_by):
+                out.setdefault(name, []).append(deviation.id)
     return out

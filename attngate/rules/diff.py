@@ -20,7 +20,7 @@ from typing import Any
 import z3
 
 from attngate.gates.registry import GATES
-from attngate.rules.lint import _Encoder, find
+from attngate.rules.encoding import Encoder, find
 from attngate.rules.load import Rule, RuleSet
 from attngate.rules.prove import ResolutionModel, encode_resolution, inputs_read, model_value, simplest_witness, witness_inputs
 
@@ -45,7 +45,7 @@ class Difference:
 class _Side:
     def __init__(self, rules: RuleSet, prefix: str):
         self.rules = rules
-        self.enc = _Encoder(rules, all_gates=True, gate_prefix=prefix)
+        self.enc = Encoder(rules, all_gates=True, gate_prefix=prefix)
         self.model: ResolutionModel = encode_resolution(self.enc, rules)
 
     def rules_by_id(self, ids: list[str]) -> list[Rule]:

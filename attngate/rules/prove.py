@@ -25,16 +25,16 @@ import z3
 
 from attngate.facts.server_args import ServerArgs
 from attngate.gates.registry import GATES
-from attngate.rules.lint import Finding, _Encoder, find, lit
+from attngate.rules.encoding import Encoder, Finding, find, lit
 from attngate.rules.load import FactValue, Invariant, Rule, RuleSet
 
 
-def prove_invariants(rules: RuleSet, *, timeout_ms: int = 10_000, encoded: tuple[_Encoder, dict[str, Any]] | None = None) -> list[Finding]:
+def prove_invariants(rules: RuleSet, *, timeout_ms: int = 10_000, encoded: tuple[Encoder, dict[str, Any]] | None = None) -> list[Finding]:
     """One finding per invariant that some accepted input violates (or that z3 cannot decide in time).
     ``encoded``: an encoder over all gates and its rule conditions by id, where the caller (lint) has them."""
     if not rules.invariants:
         return []
-    enc, cond = encoded or (_Encoder(rules, all_gates=True), None)
+    enc, cond = encoded or (Encoder(rules, all_gates=True), None)
     model = encode_resolution(enc, rules, cond)
     solver = z3.Solver()
     solver.set("timeout", timeout_ms)
@@ -66,7 +66,7 @@ class ResolutionModel:
     setters: dict[str, list]
 
 
-def encode_resolution(enc: _Encoder, rules: RuleSet, cond: dict[str, Any] | None = None) -> ResolutionModel:
+def encode_resolution(enc: Encoder, rules: RuleSet, cond: dict[str, Any] | None = None) -> ResolutionModel:
     cond = cond or {r.id: enc.encode(r.condition.tree.body) for r in rules.rules}
     settled = [z3.Implies(cond[r.id], z3.And(*[enc.equals(a, v) for a, v in r.adjusts.items()])) for r in rules.rules if r.adjusts]
     settled += [z3.Not(enc.var(side)[1]) for side in ("prefill_backend", "decode_backend")]
@@ -79,7 +79,7 @@ def encode_resolution(enc: _Encoder, rules: RuleSet, cond: dict[str, Any] | None
     return ResolutionModel(cond, settled, accepted, gates, setters)
 
 
-def _define_gate(enc: _Encoder, name: str, rules: list, cond: dict[str, Any]) -> list[Any]:
+def _define_gate(enc: Encoder, name: str, rules: list, cond: dict[str, Any]) -> list[Any]:
     spec = GATES[name]
     value, none = enc.var(name)
     if spec.from_fact:
@@ -145,7 +145,7 @@ def model_value(model: z3.ModelRef, value: Any, none: Any) -> Any:
     return str(v)
 
 
-def simplest_witness(solver: z3.Solver, enc: _Encoder, terms: list[Any], model: z3.ModelRef, keep: set[str],
+def simplest_witness(solver: z3.Solver, enc: Encoder, terms: list[Any], model: z3.ModelRef, keep: set[str],
                      timeout_ms: int = 5_000) -> z3.ModelRef:
     """A model of the solver's assertions, ``terms`` and the derived-fact links in which as many server arguments
     outside ``keep`` as can keep their defaults (z3's Optimize, soft constraints), so that a witness shows only
@@ -159,7 +159,7 @@ def simplest_witness(solver: z3.Solver, enc: _Encoder, terms: list[Any], model: 
     return opt.model() if opt.check() == z3.sat else model
 
 
-def witness_inputs(enc: _Encoder, model: z3.ModelRef, names: set[str]) -> dict[str, Any]:
+def witness_inputs(enc: Encoder, model: z3.ModelRef, names: set[str]) -> dict[str, Any]:
     """The witness's values of ``names`` (what explains a finding, :func:`inputs_read`) and of every other server
     argument it sets away from its default, so that the flags shown reproduce it."""
     values = {n: model_value(model, *enc.var(n)) for n in names if n in enc.types}
@@ -170,7 +170,7 @@ def witness_inputs(enc: _Encoder, model: z3.ModelRef, names: set[str]) -> dict[s
     return dict(sorted(values.items()))
 
 
-def _counterexample(inv: Invariant, enc: _Encoder, model: z3.ModelRef, setters: dict[str, list], cond: dict[str, Any],
+def _counterexample(inv: Invariant, enc: Encoder, model: z3.ModelRef, setters: dict[str, list], cond: dict[str, Any],
                     reads: set[str]) -> str:
     def show(name: str) -> str:
         return repr(model_value(model, *enc.var(name)))

@@ -59,7 +59,7 @@ class DeviationSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.\-]*$", description="unique among deviations")
-    field: str = Field(description="the server argument that differs, or `refusal`: one side refuses, the other accepts")
+    fields: Union[str, list[str]] = Field(description="the server arguments that differ from one cause, or `refusal`: one side refuses, the other accepts")
     when: Union[str, bool] = Field(True, description="condition over the configuration as given (facts before any adjust rule)")
     rules: list[str] = Field(default_factory=list, description="field refusal: attngate refuses through these rules only (where SGLang accepts); empty: SGLang refuses, attngate accepts")
     reason: str = Field(min_length=1, description="why attngate differs on purpose")

@@ -94,24 +94,28 @@ def test_matching_deviations_reads_the_arguments_as_given():
     rules = load_rules()
     model = ModelFacts.from_hf_config(MODELS / "all-MiniLM-L6-v2.json")
     assert matching_deviations(rules, ServerArgs(), model, Platform.from_name("sm80")) == {
-        "attention_backend": ["sglang.default-backend-for-head-dims-flashinfer-cannot-run"]}
+        "attention_backend": ["sglang.default-backend-for-head-dims-flashinfer-cannot-run"],
+        "page_size": ["sglang.default-backend-for-head-dims-flashinfer-cannot-run"],
+        "sglang_refusal": ["sglang.default-backend-for-head-dims-flashinfer-cannot-run"]}
     assert matching_deviations(rules, ServerArgs(attention_backend="triton"), model, Platform.from_name("sm80")) == {}
 
 
 def test_bad_deviations_are_all_reported_with_their_place():
     text = shipped_rules_path().read_text().replace("\ndeviations:\n", """
 deviations:
-  - {id: x.one, field: page_sise, when: "true", reason: r, source: s}
-  - {id: x.two, field: refusal, rules: [no.such-rule], reason: r, source: s}
-  - {id: x.three, field: page_size, rules: [fa3.requires-sm80-or-sm90], when: "use_mlaa", reason: r, source: s}
+  - {id: x.one, fields: [page_sise, page_size], when: "true", reason: r, source: s}
+  - {id: x.two, fields: refusal, rules: [no.such-rule], reason: r, source: s}
+  - {id: x.three, fields: page_size, rules: [fa3.requires-sm80-or-sm90], when: "use_mlaa", reason: r, source: s}
+  - {id: x.four, fields: [page_size], rules: [fa3.requires-sm80-or-sm90], reason: r, source: s}
 """)
     with pytest.raises(RulesError) as err:
         parse_rules(text, "r.yaml")
     text = str(err.value)
-    assert "'page_sise' is neither a server argument nor 'refusal'" in text and "page_size" in text
+    assert "'page_sise' is neither a server argument nor refusal / sglang_refusal" in text and "page_size" in text
     assert "no rule 'no.such-rule'" in text
-    assert "needs field: refusal" in text and "use_mlaa" in text
-    assert text.count("r.yaml:") >= 4
+    assert "'x.three': fields: refusal (attngate refuses) goes with rules:" in text and "use_mlaa" in text
+    assert "'x.four': fields: refusal (attngate refuses) goes with rules:" in text
+    assert text.count("r.yaml:") >= 5
 
 
 @pytest.mark.parametrize("model, expected", [("Llama-3.1-8B", (5, 4, 8)), ("Qwen3-8B", (3, 1, 4)), ("Mistral-7B-v0.1", (3, 1, 4))])
@@ -122,3 +126,48 @@ def test_eagle_auto_parameters_follow_sglang(model: str, expected: tuple[int, in
     args = resolve(ServerArgs(speculative_algorithm="EAGLE"), ModelFacts.from_hf_config(MODELS / f"{model}.json"),
                    Platform.from_name("sm90")).server_args
     assert (args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens) == expected
+
+
+def test_an_attngate_refusal_is_declared_only_where_deviations_name_all_its_rules_between_them():
+    rules, model, sm100 = load_rules(), ModelFacts.from_hf_config(MODELS / "gemma-2-9b.json"), Platform.from_name("sm100")
+    both = frozenset({"fa3.requires-sm80-or-sm90", "known.flashinfer-swa-non-eagle-verify"})
+    assert matching_deviations(rules, ServerArgs(), model, sm100, both)["refusal"] == [
+        "sglang.registry-refusals-at-start-up", "sglang.known-failures-refused"]
+    unnamed = frozenset({"fa3.requires-sm80-or-sm90", "kv-dtype.nvfp4-blackwell"})
+    assert "refusal" not in matching_deviations(rules, ServerArgs(), model, sm100, unnamed)
+
+
+def test_lint_finds_a_deviation_that_cannot_hold_and_two_that_overlap():
+    from attngate.rules.lint import lint_rules
+
+    text = shipped_rules_path().read_text().replace("\ndeviations:\n", """
+deviations:
+  - {id: x.never, fields: page_size, when: "use_mla and not use_mla", reason: r, source: s}
+  - {id: x.wide, fields: [page_size, tp_size], when: "sm_major == 9", reason: r, source: s}
+  - {id: x.narrow, fields: tp_size, when: "sm_major >= 9 and tp_size > 2", reason: r, source: s}
+  - {id: x.other-field, fields: dp_size, when: "sm_major == 9", reason: r, source: s}
+  - {id: x.other-rule, fields: refusal, rules: [kv-dtype.nvfp4-blackwell], reason: r, source: s}
+  - {id: x.same-rule, fields: refusal, rules: [fa3.requires-sm80-or-sm90], when: "sm_major == 10", reason: r, source: s}
+""")
+    found = [f.message for f in lint_rules(parse_rules(text, "r.yaml"))]
+    assert "deviation 'x.never' can never hold" in found
+    assert any("'x.wide' and 'x.narrow' both declare tp_size" in m for m in found)
+    assert not any("x.other-field" in m or "x.other-rule" in m for m in found)
+    assert any("'x.same-rule' and 'sglang.registry-refusals-at-start-up' both declare refusal" in m for m in found)
+
+
+def test_generated_cases_meet_every_model_gpu_and_every_two_settings_once():
+    from itertools import combinations
+
+    from attngate.integrations.sglang.cases import generate_cases, value_domains
+
+    rules = load_rules()
+    models = [MODELS / f"{name}.json" for name in ("Llama-3.1-8B", "DeepSeek-V2-Lite", "gemma-2-9b")]
+    cases = generate_cases(models, ["sm90", "sm100"], rules)
+    settings = [(n, v) for n, vs in value_domains(rules).items() for v in vs if v != ServerArgs.model_fields[n].default]
+    pairs = [p for p in combinations(settings, 2) if p[0][0] != p[1][0]]
+    assert len(cases) == 3 * 2 + len(settings) * 2 + len(pairs)
+    assert {(c.model_config, c.gpu) for c in cases if not c.args} == {(m, g) for m in models for g in ("sm90", "sm100")}
+    assert len({c.name for c in cases}) == len(cases)
+    paired = [frozenset(c.args.items()) for c in cases[3 * 2 + len(settings) * 2:]]
+    assert len(set(paired)) == len(pairs)  # every pair once, none twice

@@ -147,23 +147,27 @@ def _expressible(name: str, value: Any) -> bool:
 
 
 def generate_cases(models: list[Path], gpus: list[str], rules: RuleSet, *, seed: int = 0) -> list[Case]:
-    """An all-pairs covering array over (model, GPU, setting, setting), where a setting is one non-default value of
-    one server argument the rules read (:func:`value_domains`) or none: every model meets every GPU and every
-    setting, and every two settings of different arguments meet in some case, the other arguments at SGLang's
-    defaults (allpairspy). Cases are named ``model/gpu/index``."""
-    from allpairspy import AllPairs
-
-    settings: list[tuple[str, Any] | None] = [None] + [
-        (name, value) for name, values in value_domains(rules).items()
-        for value in values if value != ServerArgs.model_fields[name].default]
-    random.Random(seed).shuffle(settings)
-
-    def distinct(row: list[Any]) -> bool:  # two settings of one argument would overwrite each other
-        return len(row) < 4 or row[2] is None or row[3] is None or row[2][0] < row[3][0]
-
-    cases = []
-    for index, (model, gpu, *chosen) in enumerate(AllPairs([list(models), list(gpus), settings, settings],
-                                                             filter_func=distinct)):
-        args = dict(s for s in chosen if s is not None)
-        cases.append(Case(f"{Path(model).stem}/{gpu}/{index}", Path(model), gpu, _sglang_args(args)))
-    return cases
+    """Cases that meet, where a setting is one non-default value of one server argument the rules read
+    (:func:`value_domains`): every model on every GPU with no setting; every setting on every GPU alone; and every
+    two settings of different arguments together, each pair once, on the GPU and model that cover the most
+    (GPU, setting), (model, setting) and (GPU, model) pairs not yet covered. The other arguments stay at SGLang's
+    defaults. A greedy array of our own: allpairspy takes one column per parameter, and two columns over one
+    list of settings meet each unordered pair in one orientation only, about half of them. Named
+    ``model/gpu/index``."""
+    settings = [(name, value) for name, values in value_domains(rules).items()
+                for value in values if value != ServerArgs.model_fields[name].default]
+    rng = random.Random(seed)
+    rows: list[tuple[Path, str, tuple[tuple[str, Any], ...]]] = [(m, g, ()) for g in gpus for m in models]
+    rows += [(models[i % len(models)], g, (s,)) for g in gpus for i, s in enumerate(settings)]
+    pairs = [(a, b) for i, a in enumerate(settings) for b in settings[i + 1:] if a[0] != b[0]]
+    rng.shuffle(pairs)
+    seen = {(r[0], r[1]) for r in rows} | {(r[0], s) for r in rows for s in r[2]} | {(r[1], s) for r in rows for s in r[2]}
+    combos = [(m, g) for g in gpus for m in models]
+    for a, b in pairs:
+        start = rng.randrange(len(combos))  # ties go to a different combination each time
+        model, gpu = max(combos[start:] + combos[:start], key=lambda c: sum(
+            k not in seen for k in ((c[0], c[1]), (c[0], a), (c[0], b), (c[1], a), (c[1], b))))
+        seen.update(((model, gpu), (model, a), (model, b), (gpu, a), (gpu, b)))
+        rows.append((model, gpu, (a, b)))
+    return [Case(f"{Path(model).stem}/{gpu}/{index}", Path(model), gpu, _sglang_args(dict(chosen)))
+            for index, (model, gpu, chosen) in enumerate(rows)]

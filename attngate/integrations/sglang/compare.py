@@ -19,23 +19,32 @@ from attngate.facts.platform import Platform
 from attngate.gates.resolution import PlanError
 from attngate.gates.resolve import resolve
 from attngate.integrations.sglang.fields import attngate_values
-from attngate.rules.deviations import matching_deviations
+from attngate.rules.deviations import REFUSAL, SGLANG_REFUSAL, matching_deviations, refusing_rules
 from attngate.rules.load import RuleSet
 
-#: Fields attngate leaves unset where SGLang derives a value from what attngate does not model; the
-#: predicate says which SGLang values that unset agrees with.
-UNSET_MEANS: dict[str, Callable[[Any], bool]] = {
-    # SGLang sizes it from GPU memory (8192/16384...); -1 (chunked prefill off) is a decision attngate must make
-    "chunked_prefill_size": lambda v: v is None or v > 0,
-    "context_length": lambda v: True,  # the model's own maximum
-    "max_running_requests": lambda v: True,  # from the KV pool size
-    "sampling_backend": lambda v: True,  # not an attention decision
-    "dtype": lambda v: True,  # "auto": the checkpoint's dtype, which SGLang reads off the weights' config
-    "speculative_draft_model_path": lambda v: True,  # SGLang fills in the target model (MTP heads live in it)
-}
 #: None in these means "the attention backend's"; both sides are compared with that filled in.
-_EFFECTIVE = ("prefill_attention_backend", "decode_attention_backend")
-REFUSAL = "refusal"
+_EFFECTIVE = _PHASES = ("prefill_attention_backend", "decode_attention_backend")
+#: Fields attngate leaves unset where SGLang derives a value from what attngate does not model; the
+#: predicate, given SGLang's value and attngate's arguments, says which SGLang values that unset agrees with.
+UNSET_MEANS: dict[str, Callable[[Any, dict[str, Any]], bool]] = {
+    # SGLang sizes it from GPU memory (8192/16384...); -1 (chunked prefill off) is a decision attngate must make
+    "chunked_prefill_size": lambda v, args: v is None or v > 0,
+    "context_length": lambda v, args: True,  # the model's own maximum
+    "max_running_requests": lambda v, args: True,  # from the KV pool size
+    "sampling_backend": lambda v, args: True,  # not an attention decision
+    "dtype": lambda v, args: True,  # "auto": the checkpoint's dtype, which SGLang reads off the weights' config
+    "speculative_draft_model_path": lambda v, args: True,  # SGLang fills in the target model (MTP heads live in it)
+}
+#: Fields compared only where they decide something: the predicate, given both sides' values, says where not.
+NOT_DECIDING: dict[str, Callable[[dict[str, Any], dict[str, Any]], bool]] = {
+    # the DFLASH draft's block size and backend come from the draft model's own config.json, which attngate does
+    # not read (it plans the target model's attention; the draft worker is SGLang's)
+    "speculative_num_draft_tokens": lambda sglang, mine: mine["speculative_algorithm"] == "DFLASH",
+    "speculative_draft_attention_backend": lambda sglang, mine: mine["speculative_algorithm"] == "DFLASH",
+    # where attngate sets a prefill and a decode backend, its attention_backend runs neither phase: what SGLang's
+    # runs is compared through the effective prefill and decode backends
+    "attention_backend": lambda sglang, mine: all(mine[k] is not None for k in _PHASES),
+}
 
 
 class Verdict(str, Enum):
@@ -69,7 +78,7 @@ class CaseResult:
             return Verdict.BOTH_REFUSE
         undeclared = [f for f in self.differences if not self.declared.get(f)]
         if undeclared:
-            return Verdict.ONE_REFUSES if REFUSAL in undeclared else Verdict.DISAGREE
+            return Verdict.ONE_REFUSES if {REFUSAL, SGLANG_REFUSAL} & set(undeclared) else Verdict.DISAGREE
         return Verdict.DEVIATION if self.differences else Verdict.AGREE
 
     def to_json(self) -> dict[str, Any]:
@@ -87,9 +96,10 @@ def _effective(values: dict[str, Any]) -> dict[str, Any]:
 _UNSET_VALUE = {"dtype": "auto"}
 
 
-def _same(name: str, sglang_value: Any, attngate_value: Any) -> bool:
+def _same(name: str, sglang_value: Any, attngate_values: dict[str, Any]) -> bool:
+    attngate_value = attngate_values[name]
     if attngate_value == _UNSET_VALUE.get(name) and name in UNSET_MEANS:
-        return UNSET_MEANS[name](sglang_value)
+        return sglang_value == attngate_value or UNSET_MEANS[name](sglang_value, attngate_values)
     return sglang_value == attngate_value
 
 
@@ -108,7 +118,7 @@ def compare_case(name: str, given: dict[str, Any], resolved: dict[str, Any] | No
         resolution = resolve(args, model, platform, rules)
     except PlanError as err:
         result.attngate_refusal = "; ".join(f"{v.rule}: {v.message}" for v in err.violations)
-        refused_by = frozenset(v.rule for v in err.violations)
+        refused_by = refusing_rules(err.violations)
     except AttngateError as err:
         result.attngate_refusal = "; ".join(str(p) for p in err.problems)
     else:
@@ -117,10 +127,13 @@ def compare_case(name: str, given: dict[str, Any], resolved: dict[str, Any] | No
         by_field = {a.field: a.rule for a in resolution.adjustments}
     deviations = matching_deviations(rules, args, model, platform, refused_by) if args is not None else {}
     if (sglang is None) != (result.attngate is None):
-        result.differences[REFUSAL] = (sglang_refusal, result.attngate_refusal)
+        result.differences[REFUSAL if sglang is not None else SGLANG_REFUSAL] = (sglang_refusal, result.attngate_refusal)
     elif sglang is not None and result.attngate is not None:
+        raw_sglang, raw_mine = attngate_values(resolved), resolution.server_args.model_dump()
         for key, value in result.attngate.items():
-            if not _same(key, sglang[key], value):
+            if key in NOT_DECIDING and NOT_DECIDING[key](raw_sglang, raw_mine):
+                continue
+            if not _same(key, sglang[key], result.attngate):
                 result.differences[key] = (sglang[key], value)
                 result.origins[key] = by_field.get(key, "as given")
     for key in result.differences:

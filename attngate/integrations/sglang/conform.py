@@ -1,12 +1,14 @@
 """``attngate conform``: every case through SGLang's own resolution and through resolve(), in parallel.
 
 Each case runs in a fresh process forked from one that imported SGLang once (its resolution keeps
-module-level state), ``jobs`` at a time.
+module-level state), ``jobs`` at a time; the children leave through os._exit.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import os
+import pickle
+import selectors
 import shutil
 import tempfile
 from collections import Counter
@@ -20,7 +22,8 @@ from attngate.errors import AttngateError
 from attngate.facts.model import ModelFacts
 from attngate.facts.platform import Platform
 from attngate.integrations.sglang.cases import Case
-from attngate.integrations.sglang.compare import REFUSAL, CaseResult, Verdict, compare_case
+from attngate.integrations.sglang.compare import CaseResult, Verdict, compare_case
+from attngate.rules.deviations import REFUSAL
 from attngate.rules.load import RuleSet
 
 # What a forked worker reads: set by run_cases before the pool forks.
@@ -81,14 +84,53 @@ def run_cases(cases: list[Case], rules: RuleSet, *, jobs: int = 1,
         _STATE.update(cases=cases, folders=folders, rules=rules,
                       models={p: _load_model(p) for p in {c.model_config for c in cases}})
         results: list[CaseResult | None] = [None] * len(cases)
-        context = multiprocessing.get_context("fork")
-        with context.Pool(max(jobs, 1), maxtasksperchild=1) as pool:
-            for index, result in enumerate(pool.imap(_run_one, range(len(cases)))):
-                results[index] = result
-                if progress:
-                    progress(result)
+        for index, result in _forked(range(len(cases)), max(jobs, 1), _run_one):
+            results[index] = result
+            if progress:
+                progress(result)
         _STATE.clear()
     return [r for r in results if r is not None]
+
+
+def _forked(indices: range, jobs: int, work: Callable[[int], Any]) -> Iterator[tuple[int, Any]]:
+    """(index, work(index)) for every index, each run in a child forked for it alone, ``jobs`` at a time, in the order
+    they finish. A child leaves through os._exit: no interpreter teardown (seconds with torch imported), no pool."""
+    pending, running = iter(indices), {}
+    with selectors.DefaultSelector() as selector:
+        while True:
+            while len(running) < jobs and (index := next(pending, None)) is not None:
+                read_fd, write_fd = os.pipe()
+                pid = os.fork()
+                if pid == 0:  # the child
+                    os.close(read_fd)
+                    try:
+                        payload = pickle.dumps((True, work(index)))
+                    except BaseException as exc:  # noqa: BLE001 - handed to the parent, which raises it
+                        payload = pickle.dumps((False, f"{type(exc).__name__}: {exc}"))
+                    with os.fdopen(write_fd, "wb") as out:
+                        out.write(payload)
+                    os._exit(0)
+                os.close(write_fd)
+                running[read_fd] = (pid, index, [])
+                selector.register(read_fd, selectors.EVENT_READ)
+            if not running:
+                return
+            for key, _ in selector.select():
+                pid, index, chunks = running[key.fd]
+                chunk = os.read(key.fd, 1 << 20)
+                if chunk:
+                    chunks.append(chunk)
+                    continue
+                selector.unregister(key.fd)
+                os.close(key.fd)
+                os.waitpid(pid, 0)
+                del running[key.fd]
+                if not chunks:
+                    raise RuntimeError(f"case {index}: its worker died without a result")
+                ok, value = pickle.loads(b"".join(chunks))
+                if not ok:
+                    raise RuntimeError(f"case {index} failed in its worker: {value}")
+                yield index, value
 
 
 @dataclass(frozen=True)
@@ -99,6 +141,7 @@ class Summary:
     verdicts: dict[str, int]
     fields: dict[str, dict[str, int]]
     undeclared: int
+    deviations: dict[str, int]  # cases each declared deviation covered
 
 
 def summarize(results: list[CaseResult]) -> Summary:
@@ -109,4 +152,6 @@ def summarize(results: list[CaseResult]) -> Summary:
             kind = "declared" if result.declared.get(name) else "undeclared"
             fields.setdefault(name, Counter())[kind] += 1
     undeclared = verdicts[Verdict.DISAGREE.value] + verdicts[Verdict.ONE_REFUSES.value]
-    return Summary({v.value: verdicts[v.value] for v in Verdict}, {k: dict(v) for k, v in sorted(fields.items())}, undeclared)
+    deviations = Counter(i for r in results for i in {i for ids in r.declared.values() for i in ids})
+    return Summary({v.value: verdicts[v.value] for v in Verdict}, {k: dict(v) for k, v in sorted(fields.items())}, undeclared,
+                   dict(sorted(deviations.items())))

@@ -70,6 +70,7 @@ def preload() -> None:
     import sglang.srt.arg_groups as groups
     import sglang.srt.configs.model_config  # noqa: F401
     import sglang.srt.server_args  # noqa: F401
+    import sglang.srt.speculative.dflash_utils  # noqa: F401  (DFLASH's hook; its sampler imports sgl_kernel under CUDA)
 
     for info in pkgutil.walk_packages(groups.__path__, groups.__name__ + "."):
         importlib.import_module(info.name)

@@ -1,0 +1,264 @@
+"""The z3 encoding of facts, server arguments, gates and rule conditions, shared by lint, the invariant
+proofs (prove) and diff.
+
+Facts are encoded exactly as the conditions read them: bools, integers and strings, each optional
+fact with a "is None" flag; ``prefill_backend``/``decode_backend`` follow from the three backend
+arguments; ``gpu_arch`` and ``sm_major`` agree; the derived facts (``attn_tp_size``, the speculative
+step counts, ...) and what ModelFacts guarantees of its own (``use_mla`` exactly with ``kv_lora_rank``)
+are defined as resolve() computes them (:attr:`Encoder.links`, joined to a query once it found a
+witness). Model facts are otherwise free, so a witness can be a combination no released model has.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Any
+
+import z3
+
+from attngate.facts.choices import GPU_ARCHS
+from attngate.facts.modes import LayerKind
+from attngate.facts.schema import FACTS, LAYER_FACT, MODE_FACT, FactType
+from attngate.gates.registry import GATES
+from attngate.rules.load import FactValue, RuleSet
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    where: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
+
+
+_LAYER_KIND_FACTS = {LayerKind.SLIDING_WINDOW: "has_sliding_window", LayerKind.CHUNKED_LOCAL: "is_local_attention_model",
+                     LayerKind.CROSS_ATTENTION: "has_cross_attention"}
+
+
+class Encoder:
+    def __init__(self, rules: RuleSet, *, all_gates: bool = False, gate_prefix: str = ""):
+        self.gate_prefix = gate_prefix  # distinct gate variables for a second rule file over the same facts (diff)
+        self.types: dict[str, FactType] = {n: f.type for n, f in FACTS.items()}
+        self.types[MODE_FACT.name] = MODE_FACT.type
+        self.types[LAYER_FACT.name] = LAYER_FACT.type
+        self.types.update({n: g.type for n, g in GATES.items() if all_gates or g.scope == "global"})
+        self.vars: dict[str, tuple[Any, Any]] = {}  # name -> (value, is_none)
+        self.axioms: list[Any] = []
+        self.links: list[Any] = []  # see _link_derived_facts
+        self.predicates = {p.name: p.condition.tree.body for p in rules.predicates}
+        self._encoded_predicates: dict[str, Any] = {}
+        for name in self.types:  # every variable now, so `axioms` is complete before any solver takes it
+            self.var(name)
+        self._derive_backends()
+        self._link_gpu_arch()
+        self._link_layer_kind()
+        self._link_derived_facts()
+
+    def var(self, name: str) -> tuple[Any, Any]:
+        if name not in self.vars:
+            t = self.types[name]
+            make = {"bool": z3.Bool, "int": z3.Int, "float": z3.Real, "str": z3.String}[t.base]
+            symbol = self.gate_prefix + name if name in GATES else name
+            value = make(symbol)
+            none = z3.Bool(f"{symbol}?none") if t.optional else z3.BoolVal(False)
+            if t.choices:
+                self.axioms.append(z3.Or(none, *[value == _lit(c) for c in t.choices]))
+            if t.minimum is not None:
+                self.axioms.append(z3.Or(none, value >= t.minimum))
+            if t.maximum is not None:
+                self.axioms.append(z3.Or(none, value <= t.maximum))
+            self.vars[name] = (value, none)
+        return self.vars[name]
+
+    def _derive_backends(self) -> None:
+        for derived, phase in (("prefill_backend", "prefill_attention_backend"), ("decode_backend", "decode_attention_backend")):
+            d, d_none = self.var(derived)
+            p, p_none = self.var(phase)
+            a, a_none = self.var("attention_backend")
+            self.axioms.append(z3.If(p_none, z3.And(d_none == a_none, d == a), z3.And(z3.Not(d_none), d == p)))
+
+    def _link_gpu_arch(self) -> None:
+        arch, _ = self.var("gpu_arch")
+        major, _ = self.var("sm_major")
+        self.axioms.append(z3.Or(*[z3.And(arch == z3.StringVal(a), major == int(a[2:-1])) for a in GPU_ARCHS]))
+
+    def _link_layer_kind(self) -> None:
+        """A layer kind exists only in a model that has it (ModelFacts derives these facts from its layer kinds),
+        so a proof over ``layer_kind`` speaks about layers that exist."""
+        kind, _ = self.var(LAYER_FACT.name)
+        for layer_kind, fact in _LAYER_KIND_FACTS.items():
+            has, _ = self.var(fact)
+            self.axioms.append(z3.Implies(kind == z3.StringVal(layer_kind.value), has))
+
+    def _link_derived_facts(self) -> None:
+        """``links``: derived facts as attngate.facts.schema.derived_facts and ModelFacts compute them. They are kept
+        apart from ``axioms`` because their integer division makes queries slower: a query runs without them
+        first (no model then means none with them either) and again with them only when it found one, so that
+        a finding's witness is an input that exists (not speculative_chain_draft_tokens None beside
+        speculative_num_steps 0). tests/test_rule_language.py checks them against derived_facts()."""
+        v = lambda name: self.var(name)[0]  # noqa: E731
+        none = lambda name: self.var(name)[1]  # noqa: E731
+        at_least_one = lambda x: z3.If(x >= 1, x, 1)  # noqa: E731
+        tp, dp, cp = v("tp_size"), v("dp_size"), v("attn_cp_size")
+        per_dp_group = z3.If(v("enable_dp_attention"), tp / dp, tp)  # z3's Int "/" floors for positive divisors
+        attn_tp = v("attn_tp_size")
+        q, kv = v("num_attention_heads"), z3.If(v("use_mla"), 1, v("num_key_value_heads"))
+        steps, draft, topk = v("speculative_num_steps"), v("speculative_num_draft_tokens"), v("speculative_eagle_topk")
+        ngram_none = z3.Or(none("speculative_num_draft_tokens"), none("speculative_eagle_topk"), topk == 0)
+        attn_tp_def = [attn_tp == at_least_one(per_dp_group / cp)]
+        #: per derived fact, the constraints that define it (with those of the facts it is computed from)
+        self.definitions = {
+            "attn_tp_size": attn_tp_def,
+            "num_q_heads_per_rank": attn_tp_def + [v("num_q_heads_per_rank") == at_least_one(q / attn_tp)],
+            "num_kv_heads_per_rank": attn_tp_def + [v("num_kv_heads_per_rank") == at_least_one(kv / attn_tp)],
+            "attn_heads_split_evenly": attn_tp_def + [
+                v("attn_heads_split_evenly") == z3.And(q % attn_tp == 0, z3.Or(kv % attn_tp == 0, attn_tp % kv == 0))],
+            "dp_divides_tp": [v("dp_divides_tp") == (tp % dp == 0)],
+            "attn_dp_group_size": [v("attn_dp_group_size") == per_dp_group],
+            "attn_cp_divides_tp": [v("attn_cp_divides_tp") == (per_dp_group % cp == 0)],
+            "speculative_chain_draft_tokens": [
+                none("speculative_chain_draft_tokens") == none("speculative_num_steps"),
+                z3.Or(none("speculative_num_steps"), v("speculative_chain_draft_tokens") == steps + 1)],
+            "speculative_ngram_num_steps": [
+                none("speculative_ngram_num_steps") == ngram_none,
+                z3.Or(ngram_none, v("speculative_ngram_num_steps") == draft / topk)],
+            "gqa_group_size": [q % v("num_key_value_heads") == 0, v("gqa_group_size") == q / v("num_key_value_heads")],
+        }
+        # what ModelFacts guarantees of the model facts it derives (cheap: no arithmetic)
+        model_facts = [
+            v("use_mla") == z3.Not(none("kv_lora_rank")),
+            z3.Or(z3.Not(v("use_mla")), z3.Not(none("qk_rope_head_dim"))),
+            v("has_asymmetric_kv") == (v("head_dim") != v("v_head_dim")),
+            z3.Implies(v("is_hybrid_swa"), v("has_sliding_window")),
+        ]
+        self.links = list(dict.fromkeys([*model_facts, *(c for cs in self.definitions.values() for c in cs)]))
+
+    def links_for(self, names: set[str]) -> list[Any]:
+        """The links a condition reading ``names`` needs: the definitions of the derived facts among them."""
+        return list(dict.fromkeys(c for name in names & self.definitions.keys() for c in self.definitions[name]))
+
+    def encode(self, node: ast.expr) -> Any:
+        if isinstance(node, ast.BoolOp):
+            parts = [self.encode(v) for v in node.values]
+            return z3.And(*parts) if isinstance(node.op, ast.And) else z3.Or(*parts)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            return z3.Not(self.encode(node.operand))
+        if isinstance(node, ast.Constant):
+            return z3.BoolVal(bool(node.value))
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            name = _name(node)
+            if name in self.predicates:  # encoded once: predicates are read by many rules
+                if name not in self._encoded_predicates:
+                    self._encoded_predicates[name] = self.encode(self.predicates[name])
+                return self._encoded_predicates[name]
+            value, none = self.var(name)
+            return z3.And(z3.Not(none), value)
+        assert isinstance(node, ast.Compare)
+        out, left = [], node.left
+        for op, right in zip(node.ops, node.comparators):
+            out.append(self.compare(left, op, right))
+            left = right
+        return z3.And(*out)
+
+    def term(self, name: str, value: Any) -> tuple[Any, Any]:
+        """(value, is-None) terms of a value given to ``name``: a literal, None, or a FactValue's fact."""
+        if isinstance(value, FactValue):
+            return self.var(value.fact)
+        if value is None:
+            return self.var(name)[0], z3.BoolVal(True)
+        return _lit(value), z3.BoolVal(False)
+
+    def equals(self, name: str, literal: Any) -> Any:
+        """``name == literal`` with Python's None semantics (``literal`` as :meth:`term` takes it)."""
+        value, none = self.var(name)
+        other, other_none = self.term(name, literal)
+        return z3.Or(z3.And(none, other_none), z3.And(z3.Not(none), z3.Not(other_none), value == other))
+
+    def operand(self, node: ast.expr) -> tuple[Any, Any, bool]:
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            value, none = self.var(_name(node))
+            return value, none, True
+        return ast.literal_eval(node), None, False
+
+    def compare(self, left: ast.expr, op: ast.cmpop, right: ast.expr) -> Any:
+        lv, ln, lref = self.operand(left)
+        rv, rn, rref = self.operand(right)
+        if lref and rref:
+            eq = z3.Or(z3.And(ln, rn), z3.And(z3.Not(ln), z3.Not(rn), lv == rv))
+            if isinstance(op, (ast.Eq, ast.NotEq)):  # (a z3 expression has no truth value: no `or` fallback here)
+                return eq if isinstance(op, ast.Eq) else z3.Not(eq)
+            return _order(op, lv, rv, z3.And(z3.Not(ln), z3.Not(rn)))
+        value, none, literal = (lv, ln, rv) if lref else (rv, rn, lv)
+        if isinstance(op, (ast.Is, ast.IsNot)):
+            return none if isinstance(op, ast.Is) else z3.Not(none)
+        if isinstance(op, (ast.In, ast.NotIn)):
+            member = z3.Or(*[none if item is None else z3.And(z3.Not(none), value == _lit(item)) for item in literal]) if literal else z3.BoolVal(False)
+            return member if isinstance(op, ast.In) else z3.Not(member)
+        if isinstance(op, (ast.Eq, ast.NotEq)):
+            eq = z3.And(z3.Not(none), value == _lit(literal))
+            return eq if isinstance(op, ast.Eq) else z3.Not(eq)
+        a, b = (value, _lit(literal)) if lref else (_lit(literal), value)
+        return _order(op, a, b, z3.Not(none))
+
+
+def _order(op: ast.cmpop, a: Any, b: Any, defined: Any) -> Any:
+    rel = {ast.Lt: a < b, ast.LtE: a <= b, ast.Gt: a > b, ast.GtE: a >= b}[type(op)]
+    return z3.And(defined, rel)
+
+
+def lit(value: Any) -> Any:
+    """A z3 literal of a fact or gate value (not None)."""
+    return _lit(value)
+
+
+def _lit(value: Any) -> Any:
+    if isinstance(value, bool):
+        return z3.BoolVal(value)
+    if isinstance(value, int):
+        return z3.IntVal(value)
+    if isinstance(value, float):
+        return z3.RealVal(value)
+    return z3.StringVal(value)
+
+
+def _name(node: ast.expr) -> str:
+    if isinstance(node, ast.Attribute):
+        return f"{node.value.id}.{node.attr}"  # type: ignore[attr-defined]
+    return node.id  # type: ignore[attr-defined]
+
+
+def can_hold(solver: z3.Solver, enc: Encoder, condition: Any, reads: set[str]) -> bool:
+    """Whether ``condition`` (reading ``reads``) holds for some input; the derived-fact links join the query only
+    where the condition reads a derived fact they define (few do), and then only that fact's definition."""
+    if not satisfiable(solver, condition):
+        return False
+    links = enc.links_for(reads)
+    return not links or satisfiable(solver, condition, *links)
+
+
+def find(solver: z3.Solver, claim: Any, links: list[Any]) -> tuple[Any, z3.ModelRef | None]:
+    """(verdict, model) of the solver's assertions and ``claim``, the model one that also satisfies ``links`` (the
+    derived-fact definitions, :meth:`Encoder._link_derived_facts`), joined only once the cheaper query without
+    them found one; None unless sat. The solver is left unchanged."""
+    solver.push()
+    try:
+        solver.add(claim)
+        verdict = solver.check()
+        if verdict == z3.sat and links:
+            solver.add(*links)
+            verdict = solver.check()
+        return verdict, solver.model() if verdict == z3.sat else None
+    finally:
+        solver.pop()
+
+
+def satisfiable(solver: z3.Solver, *terms: Any) -> bool:
+    """Whether the solver's assertions and ``terms`` have a model (without building it: that costs as much as the check)."""
+    solver.push()
+    solver.add(*terms)
+    try:
+        return solver.check() == z3.sat
+    finally:
+        solver.pop()
