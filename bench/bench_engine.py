@@ -1,5 +1,6 @@
 """Engine benchmarks on the shipped rules: load + type-check, resolve(), explanation, lint (with the
-invariant proofs) of the shipped file and of the file plus 400 more rules, and the cold start of
+invariant proofs) of the shipped file and of the file plus 400 more rules on one gate (two values, or 400
+distinct ones), and the cold start of
 `attngate explain` against `python -c pass` in the same run. Prints one JSON object."""
 
 from __future__ import annotations
@@ -20,19 +21,21 @@ from attngate.rules.lint import lint_rules  # noqa: E402
 from attngate.rules.load import parse_rules, shipped_rules_path  # noqa: E402
 
 
-def with_extra_rules(text: str, n: int) -> str:
-    """The shipped file plus ``n`` rules that never overlap one another (one page size each) and set one
-    gate to alternating values: lint must rule out every pair without checking every pair."""
-    head, invariants = text.split("\ninvariants:\n")
+def with_extra_rules(text: str, n: int, *, distinct: bool = False) -> str:
+    """The shipped file plus ``n`` rules that never overlap one another (one page size each) and set one gate:
+    to two alternating values, or (``distinct``) each to its own. Lint must rule out every pair of value classes
+    without checking every pair."""
+    head, rest = text.split("\ndeviations:\n")
     extra = "".join(f"""
   - id: extra.r{i}
     summary: s
-    when: page_size is not None and page_size == {1000 + i} and not use_mla
-    set: {{flashinfer.mla_kernel_family: {"fa2" if i % 2 else "fa3"}}}
+    when: page_size is not None and page_size == {1000 + i} and not use_mla and not enable_deterministic_inference
+    set: {{{f"flashinfer.prefill_fixed_split_size: {1000 + i}" if distinct else
+           f"flashinfer.mla_kernel_family: {'fa2' if i % 2 else 'fa3'}"}}}
     why: w
     source: s
 """ for i in range(n))
-    return head + extra + "\ninvariants:\n" + invariants
+    return head + extra + "\ndeviations:\n" + rest
 
 
 def lint_s(text: str, repeat: int = 3) -> float:
@@ -83,6 +86,8 @@ def main() -> None:
         "lint_shipped_s": (shipped := lint_s(text)),
         "lint_shipped_plus_400_rules_s": (bigger := lint_s(with_extra_rules(text, 400))),
         "lint_ratio": round(bigger / shipped, 2),
+        "lint_shipped_plus_400_distinct_values_s": (distinct := lint_s(with_extra_rules(text, 400, distinct=True))),
+        "lint_distinct_ratio": round(distinct / shipped, 2),
         "explain_cold_wall_s": explain_s,
         "python_pass_wall_s": pass_s,
         "explain_minus_python_s": round(explain_s - pass_s, 4),

@@ -85,8 +85,8 @@ def _lint_deviations(rules: RuleSet, enc: Encoder, solver: z3.Solver) -> list[Fi
 
 def _conflicts(rules: RuleSet, kind: str, values, cond: dict[str, Any], solver: z3.Solver, links: list[Any]):
     """(a, b, witness model) for rules a before b of one scope that can match together and give a name
-    different values. Per name one query over its value classes (``some rule giving v matches and some
-    rule giving w != v matches``), then one more per conflict found: linear in the rules, not pairwise."""
+    different values. Per name one query over its value classes (at least two of them match: a cardinality
+    constraint, linear in the classes), then one more per conflict found: linear in the rules, not pairwise."""
     group = [r for r in rules.rules if (r.kind == "set") == (kind == "set") and values(r)]
     position = {r.id: i for i, r in enumerate(group)}
     by_name: dict[tuple[str, str], list[Rule]] = {}
@@ -103,7 +103,7 @@ def _conflicts(rules: RuleSet, kind: str, values, cond: dict[str, Any], solver: 
         matches = {v: z3.Or(*[cond[r.id] for r in rs]) for v, rs in classes.items()}
         blocked: list[Any] = []
         while True:
-            clash = z3.Or(*[z3.And(matches[v], matches[w]) for v, w in combinations(matches, 2)])
+            clash = z3.AtLeast(*matches.values(), 2)  # two value classes match: linear in the classes, not pairwise
             _, model = find(solver, z3.And(clash, *blocked), links)
             if model is None:
                 break

@@ -18,7 +18,6 @@ with the rules that set them, and the invariant's location.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import combinations
 from typing import Any
 
 import z3
@@ -95,8 +94,8 @@ def _define_gate(enc: Encoder, name: str, rules: list, cond: dict[str, Any]) -> 
     classes: dict[str, list] = {}  # no two matching rules give different values (that is a conflict, not a plan)
     for rule in rules:
         classes.setdefault(repr(rule.sets[name]), []).append(cond[rule.id])
-    matches = [z3.Or(*conds) for conds in classes.values()]
-    out += [z3.Not(z3.And(a, b)) for a, b in combinations(matches, 2)]
+    if len(classes) > 1:  # at most one value class matches: one cardinality constraint, not a clause per pair
+        out.append(z3.AtMost(*[z3.Or(*conds) for conds in classes.values()], 1))
     if spec.from_fact and not spec.type.optional:  # resolve() refuses a fact-filled gate left None
         out.append(z3.Not(n_expr))
     return out
