@@ -297,6 +297,10 @@ def test_draft_extend_v2_reads_prefix_plus_new(backend, gpu, cuda_graph):
     ("--attention-backend trtllm_mha --speculative-eagle-topk 2", "Qwen3-8B", "sm100",  # no algorithm: topk unused
      lambda r: r.plan.prefill_backend == "trtllm_mha"),
     ("--disaggregation-mode prefill", "Qwen3-8B", "sm90", lambda r: r.server_args.disable_cuda_graph),
+    ("--kv-cache-dtype nvfp4 --prefill-attention-backend flashinfer", "Qwen3-8B", "sm100",
+     lambda r: r.server_args.decode_attention_backend == "trtllm_mha"),
+    ("--enable-hierarchical-cache", "gpt-oss-20b", "sm90",  # attention sinks: the FA3 decode moves to triton
+     lambda r: (r.plan.prefill_backend, r.plan.decode_backend) == ("fa3", "triton")),
     ("--speculative-algorithm NGRAM --attention-backend flashinfer --page-size 16", "Llama-3.1-8B", "sm90",
      lambda r: r.plan.common.page_size == 16),
     ("--speculative-algorithm DFLASH --speculative-num-steps 4 --speculative-eagle-topk 2", "Llama-3.1-8B", "sm90",
@@ -813,3 +817,18 @@ def test_sglang_start_up_refusals(flags, model, gpu, rule):
 def test_mla_prefill_cp_runs_dp_groups_as_attention_dp_and_the_rest_as_attention_cp():
     args = resolve_flags("--tp-size 8 --dp-size 2 --enable-prefill-cp", "DeepSeek-V3").server_args
     assert (args.enable_dp_attention, args.dp_size, args.attn_cp_size) == (True, 2, 4)  # as SGLang 0.5.23 resolves it
+
+
+@pytest.mark.parametrize("flags, name, gpu, deviation", [  # where SGLang 0.5.23 differs on purpose (deviations:)
+    ("--speculative-algorithm NGRAM --attention-backend flashinfer --prefill-attention-backend trtllm_mha", "Qwen3-8B", "sm100",
+     "sglang.ngram-tree-on-trtllm-mha"),
+    ("--kv-cache-dtype nvfp4", "gpt-oss-20b", "sm100", "sglang.nvfp4-decode-backend-before-gpt-oss-override"),
+    ("--kv-cache-dtype fp4_mx_block16 --enable-hierarchical-cache", "Mistral-7B-v0.1", "sm90",
+     "sglang.hicache-kernel-io-fp4-cache-split"),
+])
+def test_deviations_apply_where_sglang_resolves_otherwise(flags, name, gpu, deviation):
+    try:
+        applied = resolve_flags(flags, name, gpu).deviations
+    except PlanError as err:
+        applied = err.deviations
+    assert deviation in [d.id for d in applied]
