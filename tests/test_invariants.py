@@ -49,6 +49,10 @@ REINJECTIONS = {
         "write-before-attention-modes-read-prefix-plus-new"),
     "deterministic decode split size dropped": (lambda t: t.replace("      flashinfer.decode_fixed_split_size: 2048\n", ""),
                                                 "deterministic-fixed-splits-on-every-path"),
+    "deterministic decode leaves the tensor-core path": (
+        lambda t: t.replace("    when: enable_deterministic_inference\n    set: {flashinfer.decode_use_tensor_cores: true}",
+                            "    when: enable_deterministic_inference and page_size == 7\n    set: {flashinfer.decode_use_tensor_cores: true}"),
+        "deterministic-fixed-splits-on-every-path"),
     "window off under ragged prefill": (lambda t: t.replace('when: layer_kind == "sliding_window"\n',
                                                             'when: layer_kind == "sliding_window" and not flashinfer.use_ragged_prefill\n'),
                                         "window-on-every-pass"),
