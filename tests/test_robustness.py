@@ -322,3 +322,33 @@ def test_explain_prints_any_server_arguments_or_says_why_not(tmp_path_factory, a
     assert result.exit_code in (0, 1, 2), result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("argv, needle", [
+    ("--tp-size 2", "not a str; split it"),
+    (["--tp-size", 2], "argv[1]: 2 is a int, not a string"),
+    (None, "not a NoneType"),
+])
+def test_from_flags_names_a_bad_argv_instead_of_a_raw_type_error(argv, needle):
+    from attngate import ServerArgs
+    from attngate.errors import UsageError
+
+    with pytest.raises(UsageError) as err:
+        ServerArgs.from_flags(argv)
+    assert needle in str(err.value)
+
+
+def test_from_object_names_the_attribute_whose_access_raised():
+    from attngate import ServerArgs
+    from attngate.errors import UsageError
+
+    class Broken:
+        attention_backend = "fa3"
+
+        @property
+        def page_size(self):
+            raise RuntimeError("not resolved yet")
+
+    with pytest.raises(UsageError) as err:
+        ServerArgs.from_object(Broken())
+    assert "Broken.page_size: reading it raised RuntimeError: not resolved yet" in str(err.value)

@@ -336,3 +336,9 @@ def test_the_provers_derived_fact_definitions_agree_with_derived_facts(tp, dp, c
         if fact in enc.types and enc.types[fact].base != "float":
             solver.add(enc.equals(fact, value))
     assert solver.check() == z3.sat, facts
+
+
+@pytest.mark.parametrize("when", [1, 0.5])
+def test_a_condition_that_is_a_bare_number_is_an_error(when):
+    found = problems(HEAD + rule(when=when, set={"fa.skip_kv_cache": True}))
+    assert any("when: Input should be a valid boolean" in p for p in found), found

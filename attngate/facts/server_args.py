@@ -116,7 +116,13 @@ class ServerArgs(ValidatedModel):
         """
         from attngate.facts.flags import parse_flags
 
-        values, problems = parse_flags(argv, cls.model_fields)
+        if isinstance(argv, (str, bytes)) or not isinstance(argv, (list, tuple)):
+            raise UsageError(Problem("argv", f"takes a list of flag strings (e.g. {'--tp-size 2'.split()!r}), not a "
+                                             f"{type(argv).__name__}" + ("; split it: s.split()" if isinstance(argv, str) else "")))
+        not_str = [f"argv[{i}]: {a!r} is a {type(a).__name__}, not a string" for i, a in enumerate(argv) if not isinstance(a, str)]
+        if not_str:
+            raise UsageError([Problem("argv", message) for message in not_str])
+        values, problems = parse_flags(list(argv), cls.model_fields)
         return cls._validate(values, problems, lambda n: "--" + n.replace("_", "-"))
 
     @classmethod
@@ -149,8 +155,17 @@ class ServerArgs(ValidatedModel):
         if isinstance(obj, Mapping):
             raise UsageError(Problem("obj", f"takes an object with server-argument attributes, not a {type(obj).__name__}; "
                                             "for a mapping: ServerArgs(**mapping)"))
-        missing = object()
-        data = {n: v for n in cls.model_fields if (v := getattr(obj, n, missing)) is not missing}
+        missing, data, failed = object(), {}, []
+        for name in cls.model_fields:
+            try:
+                value = getattr(obj, name, missing)
+            except Exception as exc:  # noqa: BLE001 - a property of the caller's object raised; name it, do not pass it on
+                failed.append(Problem(f"{type(obj).__name__}.{name}", f"reading it raised {type(exc).__name__}: {exc}"))
+                continue
+            if value is not missing:
+                data[name] = value
+        if failed:
+            raise UsageError(failed)
         if not data:
             raise UsageError(Problem("obj", f"{type(obj).__name__} has none of the server arguments as attributes "
                                             "(e.g. attention_backend, page_size)"))

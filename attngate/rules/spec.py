@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from attngate.facts.choices import AttentionBackendName
 
@@ -19,7 +19,7 @@ class RuleSpec(BaseModel):
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.\-]*$", description="unique, kebab-case; dots group related rules")
     kind: RuleKind = Field("set", description="set: gate values; adjust: rewrite server arguments (a warning); forbid: configuration error; known_failure: a known-broken combination (error, or `fallback` adjustments)")
     summary: str = Field(min_length=1, description="one line: what the rule decides")
-    when: Union[str, bool] = Field(description="condition over facts, a safe Python expression subset")
+    when: Union[StrictStr, StrictBool] = Field(description="condition over facts, a safe Python expression subset")
     backends: Optional[list[AttentionBackendName]] = Field(None, description="applies only when the prefill or the decode backend is one of these")
     set_: Optional[dict[str, Any]] = Field(None, alias="set", description="kind set: {gate: value}")
     adjust: Optional[dict[str, Any]] = Field(None, description="kind adjust: {server_arg: value}")
@@ -60,7 +60,7 @@ class DeviationSpec(BaseModel):
 
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.\-]*$", description="unique among deviations")
     fields: Union[str, list[str]] = Field(description="the server arguments that differ from one cause, or `refusal`: one side refuses, the other accepts")
-    when: Union[str, bool] = Field(True, description="condition over the configuration as given (facts before any adjust rule)")
+    when: Union[StrictStr, StrictBool] = Field(True, description="condition over the configuration as given (facts before any adjust rule)")
     rules: list[str] = Field(default_factory=list, description="field refusal: attngate refuses through these rules only (where SGLang accepts); empty: SGLang refuses, attngate accepts")
     reason: str = Field(min_length=1, description="why attngate differs on purpose")
     source: str = Field(min_length=1, description="the PR, issue or kernel check behind the difference")
