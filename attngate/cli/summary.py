@@ -130,5 +130,5 @@ def deviation_lines(deviations: list[Any]) -> list[str]:
         return []
     lines = ["", "differs from SGLang 0.5.23 on purpose (deviations: in the rules file):"]
     for d in deviations:
-        lines += [f"  {d.id} ({', '.join(d.fields)}): {' '.join(d.reason.split())}", f"  {'':<2}source: {d.source}"]
+        lines += [f"  {d.id} ({', '.join(d.fields)}): {' '.join(d.reason.split())}", f"    source: {d.source}"]
     return lines

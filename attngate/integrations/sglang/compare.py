@@ -25,15 +25,15 @@ from attngate.rules.load import RuleSet
 #: None in these means "the attention backend's"; both sides are compared with that filled in.
 _EFFECTIVE = _PHASES = ("prefill_attention_backend", "decode_attention_backend")
 #: Fields attngate leaves unset where SGLang derives a value from what attngate does not model; the
-#: predicate, given SGLang's value and attngate's arguments, says which SGLang values that unset agrees with.
-UNSET_MEANS: dict[str, Callable[[Any, dict[str, Any]], bool]] = {
+#: predicate says which SGLang values that unset agrees with.
+UNSET_MEANS: dict[str, Callable[[Any], bool]] = {
     # SGLang sizes it from GPU memory (8192/16384...); -1 (chunked prefill off) is a decision attngate must make
-    "chunked_prefill_size": lambda v, args: v is None or v > 0,
-    "context_length": lambda v, args: True,  # the model's own maximum
-    "max_running_requests": lambda v, args: True,  # from the KV pool size
-    "sampling_backend": lambda v, args: True,  # not an attention decision
-    "dtype": lambda v, args: True,  # "auto": the checkpoint's dtype, which SGLang reads off the weights' config
-    "speculative_draft_model_path": lambda v, args: True,  # SGLang fills in the target model (MTP heads live in it)
+    "chunked_prefill_size": lambda v: v is None or v > 0,
+    "context_length": lambda v: True,  # the model's own maximum
+    "max_running_requests": lambda v: True,  # from the KV pool size
+    "sampling_backend": lambda v: True,  # not an attention decision
+    "dtype": lambda v: True,  # "auto": the checkpoint's dtype, which SGLang reads off the weights' config
+    "speculative_draft_model_path": lambda v: True,  # SGLang fills in the target model (MTP heads live in it)
 }
 #: Fields compared only where they decide something: the predicate, given both sides' values, says where not.
 NOT_DECIDING: dict[str, Callable[[dict[str, Any], dict[str, Any]], bool]] = {
@@ -96,10 +96,9 @@ def _effective(values: dict[str, Any]) -> dict[str, Any]:
 _UNSET_VALUE = {"dtype": "auto"}
 
 
-def _same(name: str, sglang_value: Any, attngate_values: dict[str, Any]) -> bool:
-    attngate_value = attngate_values[name]
+def _same(name: str, sglang_value: Any, attngate_value: Any) -> bool:
     if attngate_value == _UNSET_VALUE.get(name) and name in UNSET_MEANS:
-        return sglang_value == attngate_value or UNSET_MEANS[name](sglang_value, attngate_values)
+        return UNSET_MEANS[name](sglang_value)
     return sglang_value == attngate_value
 
 
@@ -133,7 +132,7 @@ def compare_case(name: str, given: dict[str, Any], resolved: dict[str, Any] | No
         for key, value in result.attngate.items():
             if key in NOT_DECIDING and NOT_DECIDING[key](raw_sglang, raw_mine):
                 continue
-            if not _same(key, sglang[key], result.attngate):
+            if not _same(key, sglang[key], value):
                 result.differences[key] = (sglang[key], value)
                 result.origins[key] = by_field.get(key, "as given")
     for key in result.differences:
