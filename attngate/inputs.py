@@ -8,6 +8,7 @@ recurses over the input.
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +18,26 @@ MAX_FILE_BYTES = 16 << 20  # the largest config.json on the Hub is a few hundred
 MAX_NESTING = 64  # real configs nest 3 to 4 deep; Python's parsers recurse per level
 
 
+def is_directory(path: Path) -> bool:
+    """Whether ``path`` is a directory; False where it cannot be examined (a name too long...), so that reading
+    it then reports why."""
+    try:
+        return stat.S_ISDIR(path.stat().st_mode)
+    except OSError:
+        return False
+
+
 def read_text(path: str | Path, error: type[AttngateError], what: str) -> str:
-    """The UTF-8 text of ``path``; ``error`` naming the path for a missing, unreadable, oversized or undecodable file."""
+    """The UTF-8 text of ``path``; ``error`` naming the path for a missing, unreadable, oversized or undecodable file,
+    a directory, or anything but a regular file (FIFOs, devices, sockets), and for every OSError (a name too long)."""
     path = Path(path)
     try:
-        if path.is_dir():
+        mode = path.stat().st_mode
+        if stat.S_ISDIR(mode):
             raise error(Problem(str(path), f"is a directory, not a {what}"))
-        with path.open("rb") as handle:  # bounded read: a device file such as /dev/zero reports size 0
+        if not stat.S_ISREG(mode):  # a FIFO would block the open until some writer came; a device never ends
+            raise error(Problem(str(path), f"is not a regular file (a FIFO, device or socket), not a {what}"))
+        with path.open("rb") as handle:  # bounded read: the file may grow while it is read
             data = handle.read(MAX_FILE_BYTES + 1)
         if len(data) > MAX_FILE_BYTES:
             raise error(Problem(str(path), f"more than the {MAX_FILE_BYTES} bytes a {what} may have"))

@@ -56,9 +56,29 @@ def test_a_directory_or_missing_file_is_a_clean_error(tmp_path):
 
 
 @pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
-def test_an_endless_file_that_reports_size_zero_is_read_bounded():
+def test_a_device_is_refused_before_it_is_read():
     result = _cli("explain", "--model", "/dev/zero", "--gpu", "sm90")
-    assert result.exit_code == 2 and "/dev/zero: more than the" in result.output
+    assert result.exit_code == 2 and "/dev/zero: is not a regular file" in result.output
+
+
+@pytest.mark.parametrize("command", [["explain", "--model", "{fifo}", "--gpu", "sm90"], ["lint", "{fifo}"],
+                                     ["explain", "--model", "{model}", "--gpu", "sm90", "--args-file", "{fifo}"]])
+def test_a_fifo_is_refused_at_once_instead_of_blocking_until_a_writer_comes(tmp_path, command):
+    import os
+
+    from helpers import MODELS
+
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    start = time.monotonic()
+    result = _cli(*[a.format(fifo=fifo, model=MODELS / "Llama-3.1-8B.json") for a in command])
+    assert result.exit_code == 2 and "is not a regular file (a FIFO, device or socket)" in result.output, result.output
+    assert time.monotonic() - start < 10
+
+
+def test_a_path_component_over_the_name_limit_is_a_clean_error():
+    result = _cli("explain", "--model", "/tmp/" + "x" * 300 + ".json", "--gpu", "sm90")
+    assert result.exit_code == 2 and "cannot read the config.json" in result.output, result.output
 
 
 @pytest.mark.parametrize("edit, expected", [

@@ -115,8 +115,9 @@ def load_model_configs(paths: list[Path]) -> list[tuple[str, ModelFacts]]:
     list, or every bad config's error at once (attngate.errors.load_all)."""
     from attngate.errors import ModelConfigError, Problem, load_all
     from attngate.facts.model import ModelFacts
+    from attngate.inputs import is_directory
 
-    files = [p for path in paths for p in (sorted(path.glob("*.json")) if path.is_dir() else [path])]
+    files = [p for path in paths for p in (sorted(path.glob("*.json")) if is_directory(path) else [path])]
     if not files:
         raise ModelConfigError(Problem("MODELS", f"no config.json files in {', '.join(map(str, paths))}"))
     facts = load_all(*(lambda f=f: ModelFacts.from_hf_config(f) for f in files))

@@ -17,7 +17,7 @@ from pydantic import ConfigDict, model_validator
 
 from attngate.errors import ModelConfigError, Problem, check_arguments
 from attngate.facts.modes import LayerKind
-from attngate.inputs import parse_json, read_text
+from attngate.inputs import is_directory, parse_json, read_text
 from attngate.validated import ValidatedModel
 
 _LAYER_TYPE_NAMES: dict[str, LayerKind | None] = {
@@ -168,7 +168,7 @@ class ModelFacts(ValidatedModel):
         path that is no path)."""
         check_arguments(("path", path, (str, Path), "a config mapping goes to ModelFacts.from_hf_dict"))
         path = Path(path)
-        if path.is_dir():
+        if is_directory(path):
             path = path / "config.json"
         raw = parse_json(read_text(path, ModelConfigError, "config.json"), str(path), ModelConfigError)
         if not isinstance(raw, dict):
