@@ -161,3 +161,21 @@ def test_not_json_and_missing(tmp_path):
         ModelFacts.from_hf_config(tmp_path / "missing.json")
     with pytest.raises(ModelConfigError, match="num_attention_heads"):
         ModelFacts.from_hf_dict({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64})
+
+
+@pytest.mark.parametrize("model, edit, needle", [  # values read as transformers and SGLang read them, not by truthiness
+    ("DeepSeek-V3", {"index_topk": False}, "index_topk: must be a positive integer, got False"),
+    ("Qwen2.5-7B-Instruct", {"use_sliding_window": "false"}, "use_sliding_window: must be true or false, got 'false'"),
+    ("Qwen2.5-7B-Instruct", {"is_causal": "false"}, "is_causal: must be true or false, got 'false'"),
+])
+def test_a_feature_key_of_the_wrong_type_is_an_error_naming_it(model, edit, needle):
+    raw = json.loads((MODELS / f"{model}.json").read_text())
+    with pytest.raises(ModelConfigError) as err:
+        ModelFacts.from_hf_dict({**raw, **edit})
+    assert needle in str(err.value) and len(err.value.problems) == 1
+
+
+@pytest.mark.parametrize("edit", [{"vision_config": None}, {"audio_config": None}, {"dual_chunk_attention_config": False}])
+def test_a_null_or_false_feature_config_means_no_such_feature(edit):
+    facts = ModelFacts.from_hf_dict({**json.loads((MODELS / "Qwen2.5-7B-Instruct.json").read_text()), **edit})
+    assert not facts.is_multimodal and not facts.has_dual_chunk_attention

@@ -245,6 +245,14 @@ class _ConfigReader:
             return None
         return value
 
+    def bool_(self, key: str) -> bool | None:
+        """A switch read as transformers reads it: true, false or absent; any other value names the key."""
+        value = self.get(key)
+        if value is not None and not isinstance(value, bool):
+            self._bad(self.where(key), f"must be true or false, got {value!r}")
+            return None
+        return value
+
     def float_(self, key: str) -> float | None:
         value = self.get(key)
         if value is None:
@@ -307,13 +315,14 @@ class _ConfigReader:
             layer_kinds=layer_kinds,
             attention_layer_ids=self.attention_ids,
             is_encoder_decoder=is_enc_dec,
-            is_multimodal="vision_config" in raw or "audio_config" in raw,
+            # a tower's config is an object; null (or false) means none, as transformers reads it
+            is_multimodal=isinstance(raw.get("vision_config"), dict) or isinstance(raw.get("audio_config"), dict),
             attn_logit_softcapping=self.float_("attn_logit_softcapping"),
             final_logit_softcapping=self.float_("final_logit_softcapping"),
             query_pre_attn_scalar=self.float_("query_pre_attn_scalar"),
             has_attention_sinks=model_type in _SINK_MODEL_TYPES,
-            has_dual_chunk_attention=self.get("dual_chunk_attention_config") is not None,
-            has_dsa_indexer=self.get("index_topk") is not None,
+            has_dual_chunk_attention=isinstance(self.get("dual_chunk_attention_config"), dict),
+            has_dsa_indexer=self.int_("index_topk") is not None,  # SGLang sizes the indexer's top-k by it
             use_bidirectional_attention=self.bidirectional,
             max_position_embeddings=self.int_("max_position_embeddings"),
             torch_dtype=dtype,
@@ -341,17 +350,18 @@ class _ConfigReader:
             decoder = (LayerKind.FULL, LayerKind.CROSS_ATTENTION) * dec
             return (LayerKind.ENCODER_ONLY,) * enc + decoder, None, None
         n = self.int_("num_hidden_layers", required=True) or 0
-        if model_type in _BIDIRECTIONAL_MODEL_TYPES or self.get("is_causal") is False:
+        if model_type in _BIDIRECTIONAL_MODEL_TYPES or self.bool_("is_causal") is False:
             return (LayerKind.ENCODER_ONLY,) * n, None, None
         window = self.int_("sliding_window")
         chunk = self.int_("attention_chunk_size")
-        if self.get("use_sliding_window") is False:
+        use_sliding_window = self.bool_("use_sliding_window")
+        if use_sliding_window is False:
             window = None  # Qwen2/Qwen3: a window is configured but switched off
         if self.bidirectional and window:  # transformers' Gemma3TextConfig: |q - k| < sliding_window // 2 + 1
             window = window // 2 + 1
         cross = self.get("cross_attention_layers")
         if cross is not None:
-            if not isinstance(cross, list) or not all(isinstance(i, int) and 0 <= i < n for i in cross):
+            if not isinstance(cross, list) or not all(type(i) is int and 0 <= i < n for i in cross):
                 self._bad(self.where("cross_attention_layers"), f"must list layer indices below {n}")
                 cross = []
             return tuple(LayerKind.CROSS_ATTENTION if i in cross else LayerKind.FULL for i in range(n)), None, None
@@ -372,7 +382,7 @@ class _ConfigReader:
         pattern = self.int_("sliding_window_pattern")
         if pattern is not None:  # every pattern-th layer is global
             return tuple(LayerKind.FULL if (i + 1) % pattern == 0 else LayerKind.SLIDING_WINDOW for i in range(n)), window, None
-        if self.get("use_sliding_window") is True:
+        if use_sliding_window is True:
             first = self.int_("max_window_layers", default=0) or 0
             return tuple(LayerKind.SLIDING_WINDOW if i >= first else LayerKind.FULL for i in range(n)), window, None
         return (LayerKind.SLIDING_WINDOW,) * n, window, None  # Mistral-style global window
