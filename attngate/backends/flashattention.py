@@ -400,9 +400,11 @@ class FlashAttentionBackend(AttentionBackend):
 
 
 def _cute_runs_head_dims(layer: AttentionLayer, sm_major: int) -> bool:
-    """flash_attn.cute's head-dim bounds (its _validate_head_dims, flash-attn-4 4.0.0b36): up to 256 on SM90; on SM100 up
-    to 128, or 192 with 128 (MLA's non-absorbed form), or 256 with 256."""
+    """flash_attn.cute's head-dim bounds (its _validate_head_dims, flash-attn-4 4.0.0b36): from 8 and a multiple of 8 (the
+    16-bit alignment); up to 256 on SM90; on SM100 up to 128, or 192 with 128 (MLA's non-absorbed form), or 256 with 256."""
     d, dv = layer.head_dim, layer.v_head_dim
+    if d < 8 or dv < 8 or d % 8 or dv % 8:
+        return False
     if sm_major == 9:
         return d <= 256 and dv <= 256
     return (d <= 128 and dv <= 128) or (d, dv) in ((192, 128), (256, 256))

@@ -160,6 +160,11 @@ class ModelFacts(ValidatedModel):
     def has_asymmetric_kv(self) -> bool:
         return self.head_dim != self.v_head_dim
 
+    @property
+    def head_dims_multiple_of_8(self) -> bool:
+        """FlashAttention's head-dim alignment for 16-bit inputs (flash_attn.cute's _validate_head_dims)."""
+        return self.head_dim % 8 == 0 and self.v_head_dim % 8 == 0
+
     # ---- reading a config.json -----------------------------------------------------------------
 
     @classmethod

@@ -104,6 +104,7 @@ _MODEL_FACTS = [
     _model_fact("kv_lora_rank", Optional[int], "MLA latent (ckv) width, elements; None without MLA", minimum=1),
     _model_fact("qk_rope_head_dim", Optional[int], "MLA rope part (kpe) of the QK head dim, elements", minimum=1),
     _model_fact("has_asymmetric_kv", bool, "head_dim != v_head_dim"),
+    _model_fact("head_dims_multiple_of_8", bool, "head_dim and v_head_dim are multiples of 8 (FlashAttention's 16-bit alignment)"),
     _model_fact("sliding_window", Optional[int], "active sliding window, tokens", minimum=1),
     _model_fact("has_sliding_window", bool, "some layer uses a sliding window"),
     _model_fact("is_hybrid_swa", bool, "sliding-window and full-attention layers mixed"),

@@ -160,6 +160,10 @@ def _llama(**overrides):
     (_llama(head_dim=256), {"attention_backend": "fa4"}, "sm90", None),
     (_llama(head_dim=192), {"attention_backend": "fa4"}, "sm100", "fa.cute-head-dims"),
     (_llama(head_dim=256), {"attention_backend": "fa4"}, "sm100", None),
+    (_llama(head_dim=4), {"attention_backend": "fa3"}, "sm90", "fa.cute-head-dims"),  # below 8
+    (_llama(head_dim=100), {"attention_backend": "fa3"}, "sm90", "fa.cute-head-dims"),  # not a multiple of 8
+    (_llama(head_dim=100), {"attention_backend": "fa4"}, "sm100", "fa.cute-head-dims"),
+    (_llama(head_dim=72), {"attention_backend": "fa3"}, "sm90", None),
 ])
 def test_flash_attn_cute_limits_refuse_in_the_plan_and_in_the_backend(facts, args, gpu, rule):
     """flash_attn.cute's own limits (paged KV on SM90/SM100 only, FP8 on SM100 only, head dims): the plan refuses what
