@@ -372,3 +372,14 @@ def test_from_object_names_the_attribute_whose_access_raised():
     with pytest.raises(UsageError) as err:
         ServerArgs.from_object(Broken())
     assert "Broken.page_size: reading it raised RuntimeError: not resolved yet" in str(err.value)
+
+
+@pytest.mark.parametrize("build, needle", [
+    (lambda: ServerArgs.from_flags(["--tp-size", "2.0"]), "--tp-size: takes an integer (got '2.0')"),
+    (lambda: ServerArgs(tp_size=True), "ServerArgs.tp_size: takes an integer (got True)"),
+    (lambda: ServerArgs(page_size=16.0), "ServerArgs.page_size: takes an integer (got 16.0)"),
+])
+def test_an_integer_argument_takes_no_bool_float_or_decimal_point(build, needle):
+    with pytest.raises(ServerArgsError) as err:
+        build()
+    assert needle in str(err.value)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Optional
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
 from attngate._suggest import did_you_mean
 from attngate.errors import Problem, ServerArgsError, UsageError
@@ -39,6 +39,16 @@ class ServerArgs(ValidatedModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     error = ServerArgsError
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _integers_are_integers(cls, value: Any, info: ValidationInfo) -> Any:
+        """An integer argument takes an integer (or its decimal string, as a flag gives it): not a bool, a float or
+        "2.0", which pydantic would otherwise read as 1 or 2."""
+        if FACT_INT_FIELDS.get(info.field_name) and (isinstance(value, (bool, float))
+                                                     or (isinstance(value, str) and not value.strip().lstrip("+-").isdigit())):
+            raise ValueError("takes an integer")
+        return value
 
     attention_backend: Optional[AttentionBackendName] = None
     prefill_attention_backend: Optional[AttentionBackendName] = None
@@ -185,3 +195,7 @@ class ServerArgs(ValidatedModel):
     def non_defaults(self) -> dict[str, Any]:
         """The arguments that differ from SGLang's defaults."""
         return {k: v for k, v in self.model_dump().items() if v != type(self).model_fields[k].default}
+
+
+#: Whether each field takes an integer (read off its annotation: int or Optional[int]).
+FACT_INT_FIELDS: dict[str, bool] = {name: info.annotation in (int, Optional[int]) for name, info in ServerArgs.model_fields.items()}
