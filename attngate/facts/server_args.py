@@ -45,7 +45,7 @@ class ServerArgs(ValidatedModel):
     def _integers_are_integers(cls, value: Any, info: ValidationInfo) -> Any:
         """An integer argument takes an integer (or its decimal string, as a flag gives it): not a bool, a float or
         "2.0", which pydantic would otherwise read as 1 or 2."""
-        if FACT_INT_FIELDS.get(info.field_name) and (isinstance(value, (bool, float))
+        if _INT_FIELDS.get(info.field_name) and (isinstance(value, (bool, float))
                                                      or (isinstance(value, str) and not value.strip().lstrip("+-").isdigit())):
             raise ValueError("takes an integer")
         return value
@@ -198,4 +198,4 @@ class ServerArgs(ValidatedModel):
 
 
 #: Whether each field takes an integer (read off its annotation: int or Optional[int]).
-FACT_INT_FIELDS: dict[str, bool] = {name: info.annotation in (int, Optional[int]) for name, info in ServerArgs.model_fields.items()}
+_INT_FIELDS: dict[str, bool] = {name: info.annotation in (int, Optional[int]) for name, info in ServerArgs.model_fields.items()}
