@@ -262,7 +262,7 @@ def test_explain_shows_where_sglang_differs_on_purpose():
 def test_conform_without_sglang_names_the_extra_and_the_install_command():
     try:  # the main CI venv has no SGLang (tests/sglang_conformance runs where it is)
         import sglang  # noqa: F401
-        pytest.skip("SGLang is installed here")
+        pytest.skip("SGLang is installed in this environment, so its absence cannot be shown (the main CI venv has none)")
     except ImportError:
         pass
     res = runner.invoke(app, ["conform", "--generate", str(MODELS), "--gpu", "sm90"])

@@ -19,110 +19,19 @@ Built on the host from the batch's CPU lengths in eager runs; CUDA graphs replay
 
 from __future__ import annotations
 
-import importlib
-from dataclasses import dataclass
-
 import torch
 
 from attngate.backends.base import (AttentionBackend, captured_graph, check_batch, check_capture_mode, check_graph_batch,
                                     check_pool_page_size, chain_verify_only, sixteen_bit_kv_only)
 from attngate.backends.batch_metadata import BatchLengths, check_page_aligned, host, page_ids, page_table
 from attngate.backends.errors import BatchMetadataError
+from attngate.backends.fa_kernels import Fa3Kernel, Fa4Kernel, FaMetadata
 from attngate.backends.forward_batch import ForwardBatch
 from attngate.backends.layer import AttentionLayer
 from attngate.backends.mla import absorb_q, absorbed_for_batch, check_mla_weights, decompress, mla_reads_what_it_writes, project_out
 from attngate.errors import Problem, UsageError
 from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.gates.plan import Plan
-
-
-@dataclass
-class _Metadata:
-    cu_seqlens_q: torch.Tensor  # [bs + 1] int32
-    max_seqlen_q: int
-    seqused_k: torch.Tensor | None  # [bs] int32, decoder tokens the kernel reads (None: raw K/V only)
-    page_table: torch.Tensor | None  # [bs, max_pages] int32
-    encoder_seqused_k: torch.Tensor | None = None  # cross attention: encoder tokens
-    encoder_page_table: torch.Tensor | None = None
-    scheduler_metadata: object | None = None
-    local: "_Metadata | None" = None  # chunked-local layers: the local virtual batches
-
-
-class _Fa4Kernel:
-    """``flash_attn.cute`` (FlashAttention-4)."""
-
-    def __init__(self) -> None:
-        self.varlen = importlib.import_module("flash_attn.cute").flash_attn_varlen_func
-
-    def scheduler_metadata(self, md: _Metadata, layer: AttentionLayer, max_seqlen_k: int, *, num_splits: int,
-                           page_size: int, dtype: torch.dtype) -> None:
-        """None: no plan that names fa3/fa4 precomputes a schedule for flash_attn.cute (invariant
-        fa-precompute-only-on-fa3-interface; SGLang's FA4 takes one on SM120 only, where flash_attn.cute pages no
-        KV cache). A plan naming neither leaves the gate at its default, which this kernel ignores."""
-        return None
-
-    def __call__(self, q, k, v, *, cu_seqlens_q, max_seqlen_q, seqused_k=None, page_table=None, cu_seqlens_k=None,
-                 max_seqlen_k=None, layer: AttentionLayer, causal: bool, window: tuple, num_splits: int,
-                 scheduler_metadata=None) -> torch.Tensor:  # scheduler_metadata: always None here
-        out = self.varlen(
-            q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-            max_seqlen_k=max_seqlen_k, seqused_k=seqused_k, page_table=page_table, softmax_scale=layer.scaling,
-            causal=causal, window_size=window, learnable_sink=layer.sinks, softcap=layer.logit_cap,
-            num_splits=num_splits,  # 0: the kernel's split heuristic
-        )
-        return out[0] if isinstance(out, tuple) else out
-
-    def mla_absorbed(self, q_rope, kpe_cache, ckv_cache, q_latent, *, md: _Metadata, layer: AttentionLayer,
-                     num_splits: int) -> torch.Tensor:
-        """Absorbed MLA over the paged latent (SM100): scores ``q_rope . kpe + q_latent . ckv``, values ckv."""
-        out = self.varlen(q_rope, kpe_cache, ckv_cache, qv=q_latent, cu_seqlens_q=md.cu_seqlens_q, max_seqlen_q=md.max_seqlen_q,
-                          seqused_k=md.seqused_k, page_table=md.page_table, softmax_scale=layer.scaling, causal=True,
-                          num_splits=num_splits)
-        return out[0] if isinstance(out, tuple) else out
-
-
-class _Fa3Kernel:
-    """``flash_attn_interface`` (FlashAttention-3): paged reads through ``flash_attn_with_kvcache``."""
-
-    def __init__(self) -> None:
-        self.fa3 = importlib.import_module("flash_attn_interface")
-
-    def scheduler_metadata(self, md: _Metadata, layer: AttentionLayer, max_seqlen_k: int, *, num_splits: int,
-                           page_size: int, dtype: torch.dtype):
-        """FA3's tile-scheduler metadata for the paged decode call; every argument that shapes the
-        schedule must equal the kernel call's, or FA3 reads a schedule planned for another launch."""
-        return self.fa3.get_scheduler_metadata(
-            md.seqused_k.shape[0], md.max_seqlen_q, max_seqlen_k, layer.num_q_heads, layer.num_kv_heads, layer.head_dim,
-            md.seqused_k, qkv_dtype=dtype, headdim_v=layer.v_head_dim, cu_seqlens_q=md.cu_seqlens_q, page_size=page_size,
-            causal=True, has_softcap=bool(layer.logit_cap), num_splits=num_splits)
-
-    def __call__(self, q, k, v, *, cu_seqlens_q, max_seqlen_q, seqused_k=None, page_table=None, cu_seqlens_k=None,
-                 max_seqlen_k=None, layer: AttentionLayer, causal: bool, window: tuple, num_splits: int,
-                 scheduler_metadata=None) -> torch.Tensor:
-        if layer.sinks is not None:
-            raise NotImplementedError("flash_attn_interface has no learned attention sinks; run the fa4 provider")
-        window = tuple(-1 if w is None else w for w in window)
-        if page_table is None:
-            out = self.fa3.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                  softmax_scale=layer.scaling, causal=causal, window_size=window,
-                                                  softcap=layer.logit_cap, num_splits=num_splits)
-        else:
-            out = self.fa3.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqused_k, page_table=page_table,
-                                                   cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
-                                                   softmax_scale=layer.scaling, causal=causal, window_size=window,
-                                                   softcap=layer.logit_cap, num_splits=num_splits,
-                                                   scheduler_metadata=scheduler_metadata)
-        return out[0] if isinstance(out, tuple) else out
-
-    def mla_absorbed(self, q_rope, kpe_cache, ckv_cache, q_latent, *, md: _Metadata, layer: AttentionLayer,
-                     num_splits: int) -> torch.Tensor:
-        """Absorbed MLA over the paged latent (SM90), as SGLang's FA3 MLA decode: q = q_rope against the kpe
-        cache, qv = q_latent against the ckv cache, which is also V."""
-        out = self.fa3.flash_attn_with_kvcache(q=q_rope, k_cache=kpe_cache, v_cache=ckv_cache, qv=q_latent,
-                                               page_table=md.page_table, cache_seqlens=md.seqused_k,
-                                               cu_seqlens_q=md.cu_seqlens_q, max_seqlen_q=md.max_seqlen_q,
-                                               softmax_scale=layer.scaling, causal=True, num_splits=num_splits)
-        return out[0] if isinstance(out, tuple) else out
 
 
 def fa_refusals(plan: Plan, layers: list[AttentionLayer], sm_major: int | None = None) -> list[Problem]:
@@ -160,7 +69,7 @@ class FlashAttentionBackend(AttentionBackend):
         self.num_splits = fa.num_splits
         self.precompute_scheduler_metadata = fa.precompute_scheduler_metadata
         self.page_size = check_pool_page_size(plan, kv_pool)
-        self.kernel = _Fa3Kernel() if fa.provider == "flash_attn_interface" else _Fa4Kernel()
+        self.kernel = Fa3Kernel() if fa.provider == "flash_attn_interface" else Fa4Kernel()
         self.checked = checked
         self._layer_gates = {kind: plan.layer(kind).common for kind in LayerKind}
         self._kv_extent = {mode: plan.mode(mode).flashattention.kv_extent for mode in ForwardMode}
@@ -176,10 +85,10 @@ class FlashAttentionBackend(AttentionBackend):
             raise BatchMetadataError(problems)
         self._max_pages = -(-req_to_token.shape[1] // self.page_size)  # a full row of req_to_token
         self._arange = torch.arange(req_to_token.shape[0] + 1, dtype=torch.int32, device=self.device)
-        self.md: _Metadata | None = None
+        self.md: FaMetadata | None = None
         self._graph: dict[str, torch.Tensor] | None = None
         # per captured (mode, batch size): its own cu_seqlens_q, views of the shared static buffers that replays refill
-        self._graph_md: dict[tuple[ForwardMode, int], _Metadata] = {}
+        self._graph_md: dict[tuple[ForwardMode, int], FaMetadata] = {}
 
     # ---- metadata ----------------------------------------------------------------------------------
 
@@ -199,7 +108,7 @@ class FlashAttentionBackend(AttentionBackend):
             cu, max_q = self._arange[: lens.batch_size + 1], 1
         else:
             cu, max_q = host(lens.qo_indptr).to(self.device, non_blocking=True), lens.max_new
-        self.md = _Metadata(cu, max_q, None, None)
+        self.md = FaMetadata(cu, max_q, None, None)
         max_k = lens.max_seq
         self._fill_kv_metadata(self.md, batch.forward_mode, batch.req_pool_indices, batch.seq_lens,
                                batch.extend_seq_lens, batch.encoder_lens, pages=-(-max_k // self.page_size))
@@ -211,7 +120,7 @@ class FlashAttentionBackend(AttentionBackend):
             self.md.scheduler_metadata = self.kernel.scheduler_metadata(
                 self.md, self._scheduled, max_k, num_splits=self.num_splits, page_size=self.page_size, dtype=self.kv_pool.dtype)
 
-    def _fill_kv_metadata(self, md: _Metadata, mode: ForwardMode, rows: torch.Tensor, seq_lens: torch.Tensor,
+    def _fill_kv_metadata(self, md: FaMetadata, mode: ForwardMode, rows: torch.Tensor, seq_lens: torch.Tensor,
                           extend_seq_lens: torch.Tensor | int, encoder_lens: torch.Tensor | None, *, in_place: bool = False,
                           pages: int | None = None, encoder_lens_cpu: torch.Tensor | None = None) -> None:
         """seqused_k and page_table (and the encoder's) on the device; ``in_place`` refills a graph's static buffers
@@ -252,7 +161,7 @@ class FlashAttentionBackend(AttentionBackend):
             slots = page_ids(self.req_to_token, lens.rows, tokens, 1).long()
             self._mla_kv = (slots, host(tokens.indptr).to(self.device), lens.max_seq)
 
-    def _forward_mla(self, q, k, layer: AttentionLayer, batch: ForwardBatch, md: _Metadata, write: bool) -> torch.Tensor:
+    def _forward_mla(self, q, k, layer: AttentionLayer, batch: ForwardBatch, md: FaMetadata, write: bool) -> torch.Tensor:
         """``q: [T, H, qk_nope + qk_rope]``, ``k``: the latent ``[T, 1, kv_lora_rank + qk_rope]`` -> ``[T, H, v_head_dim]``."""
         check_mla_weights(layer)
         if write and k is not None:
@@ -274,7 +183,7 @@ class FlashAttentionBackend(AttentionBackend):
         return self.kernel(q, k_full, v_full, cu_seqlens_q=md.cu_seqlens_q, max_seqlen_q=md.max_seqlen_q, cu_seqlens_k=cu_k,
                            max_seqlen_k=max_k, layer=layer, causal=True, window=(None, None), num_splits=self.num_splits)
 
-    def _local_batches(self, rows: torch.Tensor, seq: list[int], new: list[int]) -> _Metadata:
+    def _local_batches(self, rows: torch.Tensor, seq: list[int], new: list[int]) -> FaMetadata:
         """Local virtual batches: request r's queries at positions [seq - new, seq) cut at multiples of the chunk;
         a piece in chunk c attends causally to keys [c * chunk, its last query]. Host lengths, one copy to the device."""
         chunk, cu, used, req, start_tok = self.chunk, [0], [], [], []
@@ -295,9 +204,9 @@ class FlashAttentionBackend(AttentionBackend):
         pages = -(-max(used, default=1) // self.page_size)
         table = page_table(self.req_to_token, rows[req_d], pages, self.page_size, start_d)  # starts are chunk-, hence page-aligned
         max_q = max((b - a for a, b in zip(cu, cu[1:])), default=1)
-        return _Metadata(cu_d.to(torch.int32), max_q, used_d.to(torch.int32), table)
+        return FaMetadata(cu_d.to(torch.int32), max_q, used_d.to(torch.int32), table)
 
-    def _local_decode_in_place(self, md: _Metadata, rows: torch.Tensor, seqused: torch.Tensor) -> None:
+    def _local_decode_in_place(self, md: FaMetadata, rows: torch.Tensor, seqused: torch.Tensor) -> None:
         """DECODE's local batches on the device (one query per request): the same shapes on every replay."""
         start = (seqused.long() - 1).clamp(min=0) // self.chunk * self.chunk
         md.local.seqused_k.copy_(seqused - start)
@@ -319,7 +228,7 @@ class FlashAttentionBackend(AttentionBackend):
         if layer.kind == LayerKind.CHUNKED_LOCAL:  # the local virtual batches replace the request batch
             if md.local is None:
                 raise BatchMetadataError(Problem(f"layer {layer.layer_id}", "chunked-local layer, but no local metadata was built"))
-            md = md.local if md.seqused_k is not None else _Metadata(md.local.cu_seqlens_q, md.local.max_seqlen_q, None, None)
+            md = md.local if md.seqused_k is not None else FaMetadata(md.local.cu_seqlens_q, md.local.max_seqlen_q, None, None)
         gates = self._layer_gates[layer.kind]
         cached = gates.write_kv_cache  # the write side and the read side both read this
         cross = layer.kind == LayerKind.CROSS_ATTENTION
@@ -368,9 +277,9 @@ class FlashAttentionBackend(AttentionBackend):
         self._graph_mla_form(forward_mode)
         # not refilled at replay: each graph keeps its own (a graph of another mode at this bs has other offsets)
         cu = torch.arange(0, (bs + 1) * per_req, per_req, device=self.device, dtype=torch.int32)
-        self.md = self._graph_md[(forward_mode, bs)] = _Metadata(cu, per_req, g["seqused_k"][:bs], g["page_table"][:bs])
+        self.md = self._graph_md[(forward_mode, bs)] = FaMetadata(cu, per_req, g["seqused_k"][:bs], g["page_table"][:bs])
         if self.chunk is not None:  # one query per request: one local batch each, the request's current chunk
-            self.md.local = _Metadata(cu, 1, g["local_seqused_k"][:bs], g["local_page_table"][:bs])
+            self.md.local = FaMetadata(cu, 1, g["local_seqused_k"][:bs], g["local_page_table"][:bs])
         if encoder_lens is not None:
             if "encoder_seqused_k" not in g:
                 raise UsageError(Problem("encoder_lens", "a CUDA graph with encoder tokens needs a cross-attention layer among "
