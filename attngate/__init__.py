@@ -13,14 +13,21 @@ Nothing here imports torch or a kernel package.
 
 from __future__ import annotations
 
-from attngate.errors import AttngateError, ModelConfigError, PlatformError, RulesError, ServerArgsError, UsageError
+from attngate.engine.resolve import resolve
+from attngate.engine.result import PlanError, Resolution
+from attngate.errors import (
+    AttngateError,
+    ModelConfigError,
+    PlatformError,
+    RulesError,
+    ServerArgsError,
+    UsageError,
+)
 from attngate.facts.model import ModelFacts
 from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.facts.platform import Platform
 from attngate.facts.server_args import ServerArgs
-from attngate.gates.plan import Plan
-from attngate.gates.resolution import PlanError, Resolution
-from attngate.gates.resolve import resolve
+from attngate.plan.schema import Plan
 from attngate.rules.load import RuleSet, load_rules
 
 __all__ = [

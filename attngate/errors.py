@@ -69,6 +69,18 @@ class UsageError(AttngateError, TypeError, ValueError):
     title = "invalid call"
 
 
+class KVCacheExhausted(AttngateError):
+    """The KV pool (or the request table) has no room for an allocation."""
+
+    title = "KV cache exhausted"
+
+
+class BatchMetadataError(AttngateError):
+    """ForwardBatch metadata that would read or write outside the pool or the request table."""
+
+    title = "invalid forward batch metadata"
+
+
 def check_arguments(*checks: tuple[str, object, type | tuple[type, ...], str]) -> None:
     """UsageError listing every ``(parameter, value, accepted types, how to build one)`` whose value is of
     none of the types; a ``str`` given where a list of names goes is refused by passing ``(list, tuple, ...)``."""

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from attngate import ModelFacts, Platform, ServerArgs, resolve  # noqa: E402
-from attngate.rules.lint import lint_rules  # noqa: E402
+from attngate.analysis.lint import lint_rules  # noqa: E402
 from attngate.rules.load import parse_rules, shipped_rules_path  # noqa: E402
 
 

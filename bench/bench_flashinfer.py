@@ -20,9 +20,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
+from backend_cases import GPU, layer_of, make_case, plan_for  # noqa: E402
+
 from attngate import ForwardMode, LayerKind  # noqa: E402
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
-from backend_cases import GPU, layer_of, make_case, plan_for  # noqa: E402
 
 H, HKV, D = GPU.heads
 from common import paired_ms  # noqa: E402
@@ -46,7 +47,8 @@ def setup(requests, mode, plan, page_size: int = PS):
 def decode_plan_args(fi: FlashInferBackend, batch):
     """The page ranges of a decode batch and the positional plan() arguments the backend's wrapper 0 gets for it,
     prebuilt: what the benches call the raw ``plan()`` with."""
-    from attngate.backends.batch_metadata import BatchLengths, host, page_ids
+    from attngate.backends.page_ids import page_ids
+    from attngate.runtime.batch_metadata import BatchLengths, host
 
     rng = BatchLengths.from_batch(batch).kv_pages(fi.page_size)
     ids = page_ids(fi.req_to_token, batch.req_pool_indices, rng, fi.page_size)
@@ -55,7 +57,7 @@ def decode_plan_args(fi: FlashInferBackend, batch):
 
 def host_length_work(batch, page_size: int):
     """The backend's host-side work before a decode plan(): lengths, page ranges, the host tensors plan() gets."""
-    from attngate.backends.batch_metadata import BatchLengths, host
+    from attngate.runtime.batch_metadata import BatchLengths, host
 
     r = BatchLengths.from_batch(batch).kv_pages(page_size)
     return host(r.indptr), host(r.last_page_len)

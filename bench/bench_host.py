@@ -34,13 +34,16 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
-from attngate import ForwardMode  # noqa: E402
-from attngate.backends import batch_metadata  # noqa: E402
-from attngate.backends.batch_metadata import BatchLengths, host, page_ids  # noqa: E402
 from backend_cases import GPU, make_case, plan_for, with_gate  # noqa: E402
 from bench_flashattention import backend_and_raw as fa_backend_and_raw  # noqa: E402
-from bench_flashinfer import decode_plan_args, host_length_work, setup as flashinfer_setup  # noqa: E402
+from bench_flashinfer import decode_plan_args, host_length_work  # noqa: E402
+from bench_flashinfer import setup as flashinfer_setup
 from common import decode_graph_replay, host_us, paired_host_us, paired_ms  # noqa: E402
+
+from attngate import ForwardMode  # noqa: E402
+from attngate.backends import page_ids as page_id_ops  # noqa: E402
+from attngate.backends.page_ids import page_ids  # noqa: E402
+from attngate.runtime.batch_metadata import BatchLengths, host  # noqa: E402
 
 H, HKV, D = GPU.heads
 CACHED = 2047
@@ -108,7 +111,7 @@ def flashinfer_page1_row(bs: int, plan) -> dict:
     fi_by_plan, case_by_plan, _, _ = flashinfer_setup(DECODE * bs, ForwardMode.DECODE, by_plan, page_size=1)
     batch, batch_by_plan, spec, wrapper = case.setup.batch, case_by_plan.setup.batch, fi.specs[0], fi.decode_wrappers[0]
     rng, args = decode_plan_args(fi, batch)
-    packed = batch_metadata.device_ranges(rng, "cuda")
+    packed = page_id_ops.device_ranges(rng, "cuda")
     fast_args = (packed[: bs + 1], args[1], packed[2 * bs + 1:], *args[3:])
     kw = fi._plan_kwargs(spec, "decode")
     row = paired_host_us({
@@ -143,18 +146,18 @@ def page_id_row(bs: int) -> dict:
     lens = BatchLengths.from_batch(case.setup.batch)
     rng, rtt = lens.kv_pages(16), case.setup.req_to_token_pool.req_to_token
     triton_ids = page_ids(rtt, lens.rows, rng, 16)
-    launcher = batch_metadata._TRITON[:]
-    batch_metadata._TRITON[:] = [None]  # the torch ops that run off CUDA
+    launcher = page_id_ops._TRITON[:]
+    page_id_ops._TRITON[:] = [None]  # the torch ops that run off CUDA
     try:
         torch_ids = page_ids(rtt, lens.rows, rng, 16)
     finally:
-        batch_metadata._TRITON[:] = launcher
+        page_id_ops._TRITON[:] = launcher
     assert torch.equal(triton_ids, torch_ids)
 
     def torch_ops():
-        batch_metadata._TRITON[:] = [None]
+        page_id_ops._TRITON[:] = [None]
         page_ids(rtt, lens.rows, rng, 16)
-        batch_metadata._TRITON[:] = launcher
+        page_id_ops._TRITON[:] = launcher
 
     times = paired_host_us({"triton": lambda: page_ids(rtt, lens.rows, rng, 16), "torch_ops": torch_ops})
     return {k: round(v, 1) for k, v in times.items()} | {"triton_available": launcher[0] is not None}

@@ -16,8 +16,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
-from attngate.backends.kv_cache import MHATokenToKVPool  # noqa: E402
 from common import cuda_ms  # noqa: E402
+
+from attngate.runtime.kv_cache import MHATokenToKVPool  # noqa: E402
 
 HKV, D = 8, 128
 

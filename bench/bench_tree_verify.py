@@ -20,11 +20,20 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
-from attngate import ForwardMode, LayerKind  # noqa: E402
-from attngate.backends.batch_metadata import BatchLengths, host, page_ids  # noqa: E402
-from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
-from backend_cases import GPU, SPECULATIVE_TREE, layer_of, make_case, plan_for, random_tree  # noqa: E402
+from backend_cases import (  # noqa: E402
+    GPU,
+    SPECULATIVE_TREE,
+    layer_of,
+    make_case,
+    plan_for,
+    random_tree,
+)
 from common import cuda_ms, paired_host_us, paired_ms  # noqa: E402
+
+from attngate import ForwardMode, LayerKind  # noqa: E402
+from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
+from attngate.backends.page_ids import page_ids  # noqa: E402
+from attngate.runtime.batch_metadata import BatchLengths, host  # noqa: E402
 
 PS, DRAFT, PREFIX = 16, 8, 4088
 CHAIN = dict(speculative_algorithm="EAGLE", speculative_eagle_topk=1, speculative_num_steps=7, speculative_num_draft_tokens=DRAFT)

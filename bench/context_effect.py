@@ -30,11 +30,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
-from attngate import ForwardMode, LayerKind  # noqa: E402
-from attngate.backends.batch_metadata import BatchLengths, host  # noqa: E402
 from backend_cases import CPU, GPU, layer_of, make_case, plan_for  # noqa: E402
 from bench_flashinfer import decode_plan_args, host_length_work  # noqa: E402
 from common import paired_host_us  # noqa: E402
+
+from attngate import ForwardMode, LayerKind  # noqa: E402
+from attngate.runtime.batch_metadata import BatchLengths, host  # noqa: E402
 
 PS = 16
 

@@ -14,11 +14,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
+from backend_cases import GPU, layer_of, make_case, plan_for  # noqa: E402
+from common import decode_graph_replay  # noqa: E402
+
 from attngate import ForwardMode, LayerKind  # noqa: E402
 from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
-from backend_cases import GPU, layer_of, make_case, plan_for  # noqa: E402
-from common import decode_graph_replay  # noqa: E402
 
 
 def decode_case(bs: int, ps: int):
@@ -43,9 +44,10 @@ def profile(name: str, fn, iters: int = 300, top: int = 22) -> None:
 def parts(bs: int = 64) -> None:
     """Host µs of the pieces of one FlashInfer decode metadata step, and of the alternatives to its copies."""
     import torch
-
-    from attngate.backends import batch_metadata as bm
     from common import host_us
+
+    from attngate.backends import page_ids as pid
+    from attngate.runtime import batch_metadata as bm
 
     case = decode_case(bs, 16)
     batch, rtt = case.setup.batch, case.setup.req_to_token_pool.req_to_token
@@ -53,15 +55,15 @@ def parts(bs: int = 64) -> None:
     rng = lens.kv_pages(16)
     packed_dev = bm.host(rng.packed).cuda()
     out = torch.empty(rng.total_pages, dtype=torch.int32, device="cuda")
-    launch = bm._triton_page_ids()
+    launch = pid._triton_page_ids()
     rows = {
         "BatchLengths.from_batch": lambda: bm.BatchLengths.from_batch(batch),
         "kv_pages": lambda: lens.kv_pages(16),
         "h2d pageable": lambda: bm.host(rng.packed).to("cuda", non_blocking=True),
         "torch.empty cuda": lambda: torch.empty(rng.total_pages, dtype=torch.int32, device="cuda"),
         "triton launch": lambda: launch(rtt, lens.rows, packed_dev, None, out, 16),
-        "page_ids": lambda: bm.page_ids(rtt, lens.rows, rng, 16),
-        "page_table (FA layout)": lambda: bm.page_table(rtt, lens.rows, 128, 16),
+        "page_ids": lambda: pid.page_ids(rtt, lens.rows, rng, 16),
+        "page_table (FA layout)": lambda: pid.page_table(rtt, lens.rows, 128, 16),
         "torch add (one op)": lambda: packed_dev + 1,
     }
     print("===== parts, host us")
@@ -78,10 +80,11 @@ def launch_cost() -> None:
     import json
 
     import torch
-
-    from attngate.backends import batch_metadata as bm
-    from attngate.backends import page_ids_triton as pt
     from common import paired_host_us
+
+    from attngate.backends import page_ids as pid
+    from attngate.backends import page_ids_triton as pt
+    from attngate.runtime import batch_metadata as bm
 
     out = {}
     for bs in (1, 64, 256):
@@ -90,7 +93,7 @@ def launch_cost() -> None:
             batch, rtt = case.setup.batch, case.setup.req_to_token_pool.req_to_token
             rows = batch.req_pool_indices
             pages = -(-int(batch.seq_lens_cpu.max()) // ps)
-            table, ref = torch.empty(bs, pages, dtype=torch.int32, device="cuda"), bm.page_table(rtt, rows, pages, ps)
+            table, ref = torch.empty(bs, pages, dtype=torch.int32, device="cuda"), pid.page_table(rtt, rows, pages, ps)
             args = (rtt, rows, rows, rows, table, rtt.stride(0), rtt.shape[1], pages, ps)
             compiled = pt._page_ids_kernel[(bs,)](*args, CSR=False, HAS_FIRST=False, BLOCK=64)
             strided = rtt[:, : pages * ps: ps]
@@ -109,7 +112,7 @@ def launch_cost() -> None:
             row = paired_host_us({
                 "triton_jit_dispatch": lambda: pt.launch(rtt, rows, None, None, table, ps, pages),
                 "triton_compiled_launcher": compiled_launch,
-                "page_table_as_called": lambda: bm.page_table(rtt, rows, pages, ps),
+                "page_table_as_called": lambda: pid.page_table(rtt, rows, pages, ps),
                 "torch_ops": torch_ops,
                 "one_torch_add": lambda: batch.seq_lens + 1,
                 "host_length_work": lambda: bm.BatchLengths.from_batch(batch).max_seq,

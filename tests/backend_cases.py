@@ -6,19 +6,18 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from contextlib import contextmanager
-from unittest import mock
 from dataclasses import dataclass
+from unittest import mock
 
 import torch
-
-from attngate import ForwardMode, LayerKind, ModelFacts, Platform, ServerArgs, resolve
-from attngate.backends.batch_builder import BatchSetup, build_batch
-from attngate.backends.forward_batch import ForwardBatch
-from attngate.backends.kv_cache import MHATokenToKVPool
-from attngate.backends.layer import AttentionLayer
-from attngate.backends.reference import ReferenceBackend
 from helpers import MODELS
 
+from attngate import ForwardMode, LayerKind, ModelFacts, Platform, ServerArgs, resolve
+from attngate.backends.reference import ReferenceBackend
+from attngate.runtime.batch_builder import BatchSetup, build_batch
+from attngate.runtime.forward_batch import ForwardBatch
+from attngate.runtime.kv_cache import MHATokenToKVPool
+from attngate.runtime.layer import AttentionLayer
 
 
 @dataclass(frozen=True)
@@ -248,7 +247,7 @@ def mla_cpu_batch(requests, mode: ForwardMode, page_size: int, gen: torch.Genera
                   rope: int, seed: int = 1, num_slots: int = 2048):
     """A CPU batch (float32) whose prefixes' latent (``rank + rope`` per token) is cached in two identical MLA pools:
     ``(setup, pools, q [T, heads, nope + rope], latent [T, 1, rank + rope])``."""
-    from attngate.backends.kv_cache import MLATokenToKVPool
+    from attngate.runtime.kv_cache import MLATokenToKVPool
 
     s = build_batch(requests, mode, page_size=page_size, num_slots=num_slots, max_context_len=256, seed=seed)
     pools = [MLATokenToKVPool(num_slots, page_size, 1, rank, rope, dtype=torch.float32) for _ in range(2)]

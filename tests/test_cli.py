@@ -6,10 +6,10 @@ import json
 import re
 
 import pytest
+from helpers import MODELS
 from typer.testing import CliRunner
 
 from attngate.cli import app
-from helpers import MODELS
 
 runner = CliRunner(env={"COLUMNS": "240"})
 EMBED = ["--is-embedding", "--chunked-prefill-size", "-1", "--disable-radix-cache", "--attention-backend", "fa3", "--gpu", "sm90"]

@@ -7,18 +7,18 @@ import itertools
 import json
 
 import pytest
+from helpers import MODELS, SERVER_ARGS, model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attngate import ForwardMode, Platform, PlanError, ServerArgs, resolve
+from attngate import ForwardMode, PlanError, Platform, ServerArgs, resolve
+from attngate.analysis.lint import lint_rules
+from attngate.analysis.prove import prove_invariants
 from attngate.errors import RulesError, ServerArgsError
-from attngate.facts.schema import base_facts
-from attngate.gates.registry import GATES
+from attngate.facts.catalogue import base_facts
+from attngate.plan.registry import GATES
 from attngate.rules.condition import gate_key
-from attngate.rules.lint import lint_rules
 from attngate.rules.load import load_rules, parse_rules, shipped_rules_path
-from attngate.rules.prove import prove_invariants
-from helpers import MODELS, SERVER_ARGS, model
 
 SHIPPED = shipped_rules_path().read_text()
 
@@ -143,7 +143,7 @@ def _assert_invariants_hold(rules, r, label: str) -> int:
 # ---- attngate diff ------------------------------------------------------------------------------
 
 def test_diff_of_a_file_with_itself_is_empty():
-    from attngate.rules.diff import diff_rules
+    from attngate.analysis.diff import diff_rules
 
     rules = load_rules()
     assert diff_rules(rules, rules) == []
@@ -151,7 +151,7 @@ def test_diff_of_a_file_with_itself_is_empty():
 
 @pytest.mark.parametrize("name", sorted(REINJECTIONS))
 def test_diff_finds_a_witness_for_every_reinjected_seed_bug(name):
-    from attngate.rules.diff import diff_rules
+    from attngate.analysis.diff import diff_rules
 
     edit, _ = REINJECTIONS[name]
     differences = diff_rules(load_rules(), parse_rules(edit(SHIPPED), "new.yaml"))
@@ -165,7 +165,7 @@ def test_diff_reads_derived_facts_by_their_definition():
     """speculative_chain_draft_tokens is speculative_num_steps + 1, None exactly when the steps are: a rule that
     reads one instead of the other resolves every input alike (before the derived facts were linked, diff
     answered with a witness that has steps 0 and chain None)."""
-    from attngate.rules.diff import diff_rules
+    from attngate.analysis.diff import diff_rules
 
     edited = SHIPPED.replace("speculative_eagle_topk == 1 and speculative_num_steps is not None",
                              "speculative_eagle_topk == 1 and speculative_chain_draft_tokens is not None")
@@ -176,8 +176,8 @@ def test_diff_reads_derived_facts_by_their_definition():
 def test_a_witness_shows_what_explains_it_and_the_flags_that_reproduce_it():
     """The MLA conjunct dropped from the skip-KV rule (seed bug 1): the witness names the facts that rule and the
     gates it feeds read, and leaves every other server argument at its default."""
+    from attngate.analysis.diff import diff_rules
     from attngate.facts.server_args import ServerArgs as Args
-    from attngate.rules.diff import diff_rules
 
     edited = REINJECTIONS["skip-kv without 'not use_mla'"][0](SHIPPED)
     (d, *_) = [d for d in diff_rules(load_rules(), parse_rules(edited, "new.yaml")) if d.name == "fa.skip_kv_cache"]

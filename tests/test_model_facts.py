@@ -6,11 +6,10 @@ import json
 from collections import Counter
 
 import pytest
+from helpers import MODELS
 
 from attngate import ModelConfigError, ModelFacts
 from attngate.facts.modes import LayerKind as K
-
-from helpers import MODELS
 
 # name: (arch, q heads, kv heads, head_dim, v_head_dim, window, chunk, layer kind counts, sinks, softcap, enc-dec)
 EXPECTED = {

@@ -8,10 +8,10 @@ import subprocess
 import sys
 
 import pytest
+from helpers import ROOT, resolve_flags
 
 from attngate import Plan
-from attngate.gates.plan import PlanLoadError
-from helpers import ROOT, resolve_flags
+from attngate.plan.schema import PlanLoadError
 
 SCRIPT = """
 from attngate import ModelFacts, Platform, ServerArgs, resolve
@@ -52,5 +52,5 @@ def test_plan_is_frozen_and_fingerprint_tracks_content():
 
 
 def test_core_never_imports_torch():
-    code = "import sys, attngate, attngate.cli, attngate.rules.lint; import attngate.cli.render; assert 'torch' not in sys.modules"
+    code = "import sys, attngate, attngate.cli, attngate.analysis.lint; import attngate.cli.render; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import MODELS, SERVER_ARGS
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -16,9 +17,8 @@ from typer.testing import CliRunner
 from attngate import ModelFacts, ServerArgs
 from attngate.cli import app
 from attngate.errors import AttngateError, ModelConfigError, RulesError, ServerArgsError
-from attngate.gates.plan import Plan, PlanLoadError
+from attngate.plan.schema import Plan, PlanLoadError
 from attngate.rules.load import load_rules, parse_rules
-from helpers import MODELS, SERVER_ARGS
 
 LLAMA = MODELS / "Llama-3.1-8B.json"
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
@@ -293,9 +293,9 @@ def test_conditions_that_could_raise_later_are_refused_when_the_rules_load(expre
 def test_a_plan_changed_in_place_is_refused_by_every_backend():
     torch = pytest.importorskip("torch")
     from attngate import ModelFacts, Platform, resolve
-    from attngate.backends.kv_cache import MHATokenToKVPool
-    from attngate.backends.layer import layers_from_model
     from attngate.backends.reference import ReferenceBackend
+    from attngate.runtime.kv_cache import MHATokenToKVPool
+    from attngate.runtime.layer import layers_from_model
 
     facts = ModelFacts.from_hf_config(LLAMA)
     plan = resolve(ServerArgs(), facts, Platform.from_name("sm90")).plan
@@ -310,7 +310,7 @@ def test_a_plan_changed_in_place_is_refused_by_every_backend():
 def test_any_server_arguments_resolve_and_explain_or_fail_cleanly(args, model, gpu):
     """Any combination of SGLang's server arguments, on any example model and GPU: a plan whose every gate explains
     (the explanation evaluates each rule's conditions conjunct by conjunct), or an attngate error; nothing else."""
-    from attngate import Platform, PlanError, resolve
+    from attngate import PlanError, Platform, resolve
 
     try:
         server_args = ServerArgs(**args)

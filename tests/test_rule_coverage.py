@@ -96,12 +96,12 @@ def test_a_resolve_stopped_by_disagreeing_adjustments_still_counts_the_forbid_ru
     """fa4 prefill wants 128-token pages and flashmla decode 64: resolve stops in the adjust phase, reporting the
     matching forbid rule too, and coverage sees that rule fire."""
     import pytest
-
-    from attngate import ModelFacts, Platform, PlanError, ServerArgs, resolve
-    from attngate.gates.resolve import OBSERVERS
-    from attngate.rules.coverage import RuleCoverage
-    from attngate.rules.load import load_rules
     from helpers import MODELS
+
+    from attngate import ModelFacts, PlanError, Platform, ServerArgs, resolve
+    from attngate.engine.resolve import OBSERVERS
+    from attngate.rules.load import load_rules
+    from attngate.testing.coverage import RuleCoverage
 
     rules = load_rules()
     coverage = RuleCoverage(rules.filename)

@@ -7,14 +7,13 @@ import textwrap
 
 import pytest
 import yaml
+from helpers import ROOT, model, resolve_flags
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attngate import PlanError, RulesError, resolve
-from attngate.rules.lint import lint_rules
+from attngate import PlanError, Platform, RulesError, ServerArgs, resolve
+from attngate.analysis.lint import lint_rules
 from attngate.rules.load import RuleSet, parse_rules
-from helpers import ROOT, model, resolve_flags
-from attngate import Platform, ServerArgs
 
 HEAD = "version: 1\nrules:\n"
 
@@ -277,7 +276,7 @@ def test_an_adjust_value_from_a_fact_is_type_checked(value, expected):
 def test_an_adjust_value_from_a_fact_is_resolved_linted_and_diffed():
     """``{from: FACT}`` takes the fact's value when the rule fires; lint proves the rules settle, and diff compares
     the computed value with a literal one."""
-    from attngate.rules.diff import diff_rules
+    from attngate.analysis.diff import diff_rules
 
     computed = _mini("""\
       - {id: chain, kind: adjust, summary: s, why: w, source: s, message: m, when: speculative_num_steps is not None and speculative_num_draft_tokens != speculative_chain_draft_tokens, adjust: {speculative_num_draft_tokens: {from: speculative_chain_draft_tokens}}}
@@ -322,8 +321,8 @@ def test_the_provers_derived_fact_definitions_agree_with_derived_facts(tp, dp, c
     base_facts() computes for a real configuration satisfies those definitions."""
     import z3
 
-    from attngate.facts.schema import base_facts
-    from attngate.rules.encoding import Encoder
+    from attngate.analysis.encoding import Encoder
+    from attngate.facts.catalogue import base_facts
     from attngate.rules.load import load_rules
 
     args = ServerArgs(tp_size=tp, dp_size=dp, attn_cp_size=cp, enable_dp_attention=dp_attention, speculative_num_steps=steps,

@@ -11,14 +11,22 @@ import random
 
 import pytest
 import z3
-
-from attngate import ForwardMode, LayerKind, ModelFacts, Platform, PlanError, ServerArgs, resolve
-from attngate.facts.schema import FACTS, base_facts
-from attngate.gates.registry import GATES
-from attngate.rules.condition import gate_key
-from attngate.rules.encoding import Encoder
-from attngate.rules.lint import lint_rules
 from helpers import MODELS, fa3_gpu, model, resolve_flags
+
+from attngate import (
+    ForwardMode,
+    LayerKind,
+    ModelFacts,
+    PlanError,
+    Platform,
+    ServerArgs,
+    resolve,
+)
+from attngate.analysis.encoding import Encoder
+from attngate.analysis.lint import lint_rules
+from attngate.facts.catalogue import FACTS, base_facts
+from attngate.plan.registry import GATES
+from attngate.rules.condition import gate_key
 
 FA_GPU = {"fa3": "sm90", "fa4": "sm100", "flashinfer": "sm90"}
 
@@ -398,7 +406,7 @@ def test_rule_rejections(flags, name, gpu, rule):
 def _domain(name: str, literals: set) -> list:
     t = (GATES[name].type if name in GATES else FACTS[name].type) if name not in ("forward_mode", "layer_kind") else None
     if t is None:
-        from attngate.facts.schema import LAYER_FACT, MODE_FACT
+        from attngate.facts.catalogue import LAYER_FACT, MODE_FACT
 
         t = MODE_FACT.type if name == "forward_mode" else LAYER_FACT.type
     values: list = []

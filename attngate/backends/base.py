@@ -7,12 +7,11 @@ from collections.abc import Sequence
 
 import torch
 
-from attngate.backends.errors import BatchMetadataError
-from attngate.backends.forward_batch import ForwardBatch
-from attngate.backends.layer import AttentionLayer
-from attngate.errors import Problem, UsageError
+from attngate.errors import BatchMetadataError, Problem, UsageError
 from attngate.facts.modes import ForwardMode, LayerKind
-from attngate.gates.plan import Plan
+from attngate.plan.schema import Plan
+from attngate.runtime.forward_batch import ForwardBatch
+from attngate.runtime.layer import AttentionLayer
 
 
 class AttentionBackend(ABC):
@@ -200,12 +199,12 @@ def check_graph_batch(backend: AttentionBackend, bs: int, per_req: int, req_pool
 def check_capture_mode(plan: Plan, bs: int, mode: ForwardMode, max_bs: int | None) -> None:
     """UsageError unless a backend may capture a CUDA graph of ``bs`` requests in ``mode``: the plan's
     ``capture_cuda_graph`` table is the one source; an IDLE batch replays the DECODE graph, padded to its batch
-    size (:func:`attngate.backends.dp_padding.pad_decode_batch`, as SGLang does), so it has no graph of its own.
+    size (:func:`attngate.runtime.dp_padding.pad_decode_batch`, as SGLang does), so it has no graph of its own.
     ``max_bs``: what ``init_cuda_graph_state`` sized the static buffers for (None: it was not called); a larger
     batch would read slices of them shorter than itself."""
     if mode == ForwardMode.IDLE:
         raise UsageError(Problem("forward_mode", "IDLE batches replay the DECODE graph padded to its batch size "
-                                                 "(attngate.backends.dp_padding.pad_decode_batch); capture DECODE"))
+                                                 "(attngate.runtime.dp_padding.pad_decode_batch); capture DECODE"))
     if not plan.mode(mode).common.capture_cuda_graph:
         raise UsageError(Problem("forward_mode", f"the plan captures no CUDA graph for forward mode {mode.value}"))
     if max_bs is None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attngate.backends.layer import AttentionLayer
+from attngate.runtime.layer import AttentionLayer
 
 
 @dataclass

@@ -21,17 +21,32 @@ from __future__ import annotations
 
 import torch
 
-from attngate.backends.base import (AttentionBackend, captured_graph, check_batch, check_capture_mode, check_graph_batch,
-                                    check_pool_page_size, chain_verify_only, sixteen_bit_kv_only)
-from attngate.backends.batch_metadata import BatchLengths, check_page_aligned, host, page_ids, page_table
-from attngate.backends.errors import BatchMetadataError
+from attngate.backends.base import (
+    AttentionBackend,
+    captured_graph,
+    chain_verify_only,
+    check_batch,
+    check_capture_mode,
+    check_graph_batch,
+    check_pool_page_size,
+    sixteen_bit_kv_only,
+)
 from attngate.backends.fa_kernels import Fa3Kernel, Fa4Kernel, FaMetadata
-from attngate.backends.forward_batch import ForwardBatch
-from attngate.backends.layer import AttentionLayer
-from attngate.backends.mla import absorb_q, absorbed_for_batch, check_mla_weights, decompress, mla_reads_what_it_writes, project_out
-from attngate.errors import Problem, UsageError
+from attngate.backends.mla import (
+    absorb_q,
+    absorbed_for_batch,
+    check_mla_weights,
+    decompress,
+    mla_reads_what_it_writes,
+    project_out,
+)
+from attngate.backends.page_ids import page_ids, page_table
+from attngate.errors import BatchMetadataError, Problem, UsageError
 from attngate.facts.modes import ForwardMode, LayerKind
-from attngate.gates.plan import Plan
+from attngate.plan.schema import Plan
+from attngate.runtime.batch_metadata import BatchLengths, check_page_aligned, host
+from attngate.runtime.forward_batch import ForwardBatch
+from attngate.runtime.layer import AttentionLayer
 
 
 def fa_refusals(plan: Plan, layers: list[AttentionLayer], sm_major: int | None = None) -> list[Problem]:

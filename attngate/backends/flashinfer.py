@@ -38,17 +38,28 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from attngate.backends.base import (AttentionBackend, captured_graph, check_batch, check_capture_mode, check_graph_batch,
-                                    check_pool_page_size, is_fp8)
-from attngate.backends.batch_metadata import (BatchLengths, GraphPageIds, PageRange, check_page_aligned, device_ranges, host,
-                                             page_ids)
-from attngate.backends.errors import BatchMetadataError
-from attngate.backends.forward_batch import ForwardBatch
+from attngate.backends.base import (
+    AttentionBackend,
+    captured_graph,
+    check_batch,
+    check_capture_mode,
+    check_graph_batch,
+    check_pool_page_size,
+    is_fp8,
+)
 from attngate.backends.flashinfer_mla import FlashInferMLABackend, mla_refusals
-from attngate.backends.layer import AttentionLayer
-from attngate.errors import Problem, UsageError
+from attngate.backends.page_ids import GraphPageIds, device_ranges, page_ids
+from attngate.errors import BatchMetadataError, Problem, UsageError
 from attngate.facts.modes import ForwardMode, LayerKind
-from attngate.gates.plan import Plan
+from attngate.plan.schema import Plan
+from attngate.runtime.batch_metadata import (
+    BatchLengths,
+    PageRange,
+    check_page_aligned,
+    host,
+)
+from attngate.runtime.forward_batch import ForwardBatch
+from attngate.runtime.layer import AttentionLayer
 
 
 @dataclass

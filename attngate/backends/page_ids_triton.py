@@ -1,4 +1,4 @@
-"""The Triton kernel of :func:`attngate.backends.batch_metadata.fill_page_ids` and ``page_table``: one launch per
+"""The Triton kernel of :func:`attngate.backends.page_ids.fill_page_ids` and ``page_table``: one launch per
 batch, no host sync.
 
 Imported only on CUDA hosts with Triton installed (an ImportError here selects the torch ops instead).

@@ -14,14 +14,13 @@ from __future__ import annotations
 import torch
 
 from attngate.backends.base import AttentionBackend
-from attngate.backends.errors import BatchMetadataError
 from attngate.backends.flashattention import FlashAttentionBackend
 from attngate.backends.flashinfer import FlashInferBackend
-from attngate.backends.forward_batch import ForwardBatch
-from attngate.backends.layer import AttentionLayer
-from attngate.errors import Problem
+from attngate.errors import BatchMetadataError, Problem
 from attngate.facts.modes import ForwardMode
-from attngate.gates.plan import Plan
+from attngate.plan.schema import Plan
+from attngate.runtime.forward_batch import ForwardBatch
+from attngate.runtime.layer import AttentionLayer
 
 #: The backend names attngate runs on GPU kernels, and the class that runs each.
 KERNEL_BACKENDS: dict[str, type[AttentionBackend]] = {"fa3": FlashAttentionBackend, "fa4": FlashAttentionBackend,

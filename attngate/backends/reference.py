@@ -30,13 +30,18 @@ from dataclasses import dataclass
 import torch
 
 from attngate.backends.base import AttentionBackend, check_batch
-from attngate.backends.batch_metadata import BatchLengths
-from attngate.backends.errors import BatchMetadataError
-from attngate.backends.forward_batch import ForwardBatch
-from attngate.backends.layer import AttentionLayer
-from attngate.backends.mla import absorb_q, absorbed_for_batch, check_mla_weights, decompress, project_out
-from attngate.errors import Problem
+from attngate.backends.mla import (
+    absorb_q,
+    absorbed_for_batch,
+    check_mla_weights,
+    decompress,
+    project_out,
+)
+from attngate.errors import BatchMetadataError, Problem
 from attngate.facts.modes import LayerKind
+from attngate.runtime.batch_metadata import BatchLengths
+from attngate.runtime.forward_batch import ForwardBatch
+from attngate.runtime.layer import AttentionLayer
 
 
 @dataclass

@@ -52,13 +52,13 @@ def explain(
 ) -> None:
     """Resolve the attention plan for SGLang server flags (e.g. --attention-backend fa3 --page-size 16; every
     flag: attngate flags) and explain it: one screen by default, --gate NAME for one gate, --all for every table."""
+    from attngate.cli.report import error_report, resolution_report
+    from attngate.engine.resolve import resolve
+    from attngate.engine.result import PlanError
     from attngate.errors import AttngateError, load_all
     from attngate.facts.model import ModelFacts
     from attngate.facts.modes import ForwardMode
-    from attngate.gates.resolution import PlanError
-    from attngate.gates.resolve import resolve
     from attngate.rules.load import load_rules
-    from attngate.cli.report import error_report, resolution_report
 
     if mode is not None and mode not in {m.value for m in ForwardMode}:
         raise typer.BadParameter(f"{mode!r} is not a forward mode: {', '.join(m.value for m in ForwardMode)}", param_hint="--mode")
@@ -92,7 +92,7 @@ def explain(
 
         lines = summary_lines(resolution) if gate is None else gate_lines(resolution, gate)
         if lines is None:
-            from attngate._suggest import did_you_mean
+            from attngate.util.suggest import did_you_mean
 
             names = [*resolution.explanation.gates, *next(iter(resolution.explanation.modes.values())),
                      *next(iter(resolution.explanation.layers.values()))]
@@ -122,7 +122,7 @@ def lint(file: Optional[Path] = typer.Argument(None, help="rules file (default: 
         rule_set = load_rules(file)
     except RulesError as err:
         raise _fail(err) from None
-    from attngate.rules.lint import lint_rules
+    from attngate.analysis.lint import lint_rules
 
     findings = lint_rules(rule_set)
     for finding in findings:
@@ -141,8 +141,8 @@ def diff(
     """For every gate of every scope (and acceptance and adjustments): does some input make OLD and NEW resolve it
     differently? Each difference with a witness input and the rules responsible on each side.
     Exit 0 equivalent, 1 different, 2 bad input."""
+    from attngate.analysis.diff import diff_rules
     from attngate.errors import AttngateError, load_all
-    from attngate.rules.diff import diff_rules
     from attngate.rules.load import load_rules
 
     try:
@@ -171,8 +171,8 @@ def matrix(
     output: MatrixFormat = typer.Option(MatrixFormat.table, "--format", help="table or markdown (the README's table is generated with markdown)"),
 ) -> None:
     """Print the support matrix: which candidate backend each model can run on this GPU, and why not."""
-    from attngate.errors import AttngateError, load_all
     from attngate.cli.render import load_model_configs, matrix_markdown, render_matrix
+    from attngate.errors import AttngateError, load_all
     from attngate.rules.load import load_rules
 
     try:  # every bad input at once, not only the first

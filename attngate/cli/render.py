@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from attngate.gates.resolution import GateExplanation, PlanError, Resolution
+from attngate.engine.result import GateExplanation, PlanError, Resolution
 
 if TYPE_CHECKING:
     from attngate.facts.model import ModelFacts
@@ -115,7 +115,7 @@ def load_model_configs(paths: list[Path]) -> list[tuple[str, ModelFacts]]:
     list, or every bad config's error at once (attngate.errors.load_all)."""
     from attngate.errors import ModelConfigError, Problem, load_all
     from attngate.facts.model import ModelFacts
-    from attngate.inputs import is_directory
+    from attngate.util.inputs import is_directory
 
     files = [p for path in paths for p in (sorted(path.glob("*.json")) if is_directory(path) else [path])]
     if not files:
@@ -127,10 +127,10 @@ def load_model_configs(paths: list[Path]) -> list[tuple[str, ModelFacts]]:
 def matrix_cells(configs: list[tuple[str, ModelFacts]], platform, rule_set) -> tuple[list[str], list[tuple[str, list[tuple[str, str]]]], dict[str, str]]:
     """(backends, rows, reasons): per model config, per candidate backend, (status, text) with status ok | moved | no
     (text ``no: RULE, ...``); ``reasons`` maps each refusing rule id to its message."""
+    from attngate.engine.resolve import resolve
+    from attngate.engine.result import PlanError
     from attngate.facts.choices import CANDIDATE_BACKENDS
     from attngate.facts.server_args import ServerArgs
-    from attngate.gates.resolution import PlanError
-    from attngate.gates.resolve import resolve
 
     rows, reasons = [], {}
     for name, model in configs:

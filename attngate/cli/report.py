@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from attngate.gates.resolution import Adjustment, GateExplanation, PlanError, Resolution
+from attngate.engine.result import Adjustment, GateExplanation, PlanError, Resolution
 
 
 def _gate(e: GateExplanation) -> dict[str, Any]:

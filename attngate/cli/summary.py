@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from attngate.gates.resolution import GateExplanation, Resolution
+from attngate.engine.result import GateExplanation, Resolution
 
 # gate-name prefix -> the backends that read it ("common" gates: every backend)
 _READERS = {"fa": ("fa3", "fa4"), "flashinfer": ("flashinfer",)}

@@ -6,8 +6,8 @@ from typing import Any
 
 from pydantic.fields import FieldInfo
 
-from attngate._suggest import did_you_mean
 from attngate.errors import Problem
+from attngate.util.suggest import did_you_mean
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}

@@ -1,5 +1,5 @@
 """``ModelFacts``: the attention facts of a model, read from a Hugging Face ``config.json``
-(attngate.facts.config_reader reads the file).
+(attngate.facts.hf_config reads the file).
 
 Source of the layouts: transformers' config classes (Gemma2 alternation, Gemma3
 ``sliding_window_pattern``, EXAONE 4's letter pattern, ``layer_types`` (hybrid models' included),
@@ -16,10 +16,10 @@ from typing import Any, Literal, Optional
 from pydantic import ConfigDict, model_validator
 
 from attngate.errors import ModelConfigError, Problem, check_arguments
+from attngate.facts.hf_config import ConfigReader
 from attngate.facts.modes import LayerKind
-from attngate.inputs import is_directory, parse_json, read_text
-from attngate.validated import ValidatedModel
-
+from attngate.util.inputs import is_directory, parse_json, read_text
+from attngate.util.validated import ValidatedModel
 
 
 class ModelFacts(ValidatedModel):
@@ -163,10 +163,8 @@ class ModelFacts(ValidatedModel):
     @classmethod
     def from_hf_dict(cls, raw: dict[str, Any], *, source: str = "<config>") -> "ModelFacts":
         """Build facts from a config mapping; every problem is collected into one ModelConfigError."""
-        from attngate.facts.config_reader import ConfigReader  # it builds ModelFacts: imported where it is used
-
         reader = ConfigReader(raw, source)
-        facts = reader.read()
-        if reader.problems:
+        fields = reader.read()
+        if fields is None or reader.problems:  # keys read while building the fields add problems too
             raise ModelConfigError(reader.problems)
-        return facts
+        return cls(**fields)

@@ -13,9 +13,9 @@ from typing import get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from attngate._suggest import did_you_mean
 from attngate.errors import PlatformError, Problem, check_arguments
 from attngate.facts.choices import GPU_ARCHS, KERNEL_PROVIDERS, GpuArch
+from attngate.util.suggest import did_you_mean
 
 #: What ``pip install attngate[gpu]`` installs: FlashInfer and FA4's flash_attn.cute (no FA3 wheel on PyPI).
 DEFAULT_PROVIDERS: tuple[str, ...] = ("flashinfer", "flash_attn.cute")

@@ -14,7 +14,6 @@ from typing import Any, Optional
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
-from attngate._suggest import did_you_mean
 from attngate.errors import Problem, ServerArgsError, UsageError
 from attngate.facts.choices import (
     AttentionBackendName,
@@ -27,8 +26,9 @@ from attngate.facts.choices import (
     SpeculativeAlgorithm,
     SpeculativeAttentionMode,
 )
-from attngate.inputs import parse_json, read_text
-from attngate.validated import ValidatedModel
+from attngate.util.inputs import parse_json, read_text
+from attngate.util.suggest import did_you_mean
+from attngate.util.validated import ValidatedModel
 
 
 class ServerArgs(ValidatedModel):
@@ -138,7 +138,7 @@ class ServerArgs(ValidatedModel):
     @classmethod
     def from_file(cls, path: str | Path) -> "ServerArgs":
         """Load a YAML or JSON mapping of server arguments. Raises ServerArgsError."""
-        from attngate.rules.yaml_source import load_yaml
+        from attngate.util.yaml_source import load_yaml
 
         path = Path(path)
         text = read_text(path, ServerArgsError, "args file")

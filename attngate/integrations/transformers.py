@@ -40,20 +40,24 @@ from typing import Any
 import torch
 
 from attngate.backends.base import AttentionBackend, kv_storage_dtype
-from attngate.backends.errors import BatchMetadataError
-from attngate.backends.forward_batch import ForwardBatch
-from attngate.backends.kv_cache import MHATokenToKVPool, MLATokenToKVPool, PageAllocator, ReqToTokenPool
-from attngate.backends.layer import AttentionLayer, layers_from_model
 from attngate.backends.plan_backend import PlanBackend
 from attngate.backends.reference import ReferenceBackend
-from attngate.errors import Problem, UsageError
+from attngate.engine.resolve import resolve
+from attngate.errors import BatchMetadataError, Problem, UsageError
 from attngate.facts.model import ModelFacts
 from attngate.facts.modes import ForwardMode
 from attngate.facts.platform import Platform
 from attngate.facts.server_args import ServerArgs
-from attngate.gates.plan import Plan
-from attngate.gates.resolve import resolve
 from attngate.integrations.transformers_plain import configure, plain_attention  # noqa: F401 - configure is public here
+from attngate.plan.schema import Plan
+from attngate.runtime.forward_batch import ForwardBatch
+from attngate.runtime.kv_cache import (
+    MHATokenToKVPool,
+    MLATokenToKVPool,
+    PageAllocator,
+    ReqToTokenPool,
+)
+from attngate.runtime.layer import AttentionLayer, layers_from_model
 
 ATTN_IMPLEMENTATION = "attngate"
 _EXTEND_MODES = (ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2)

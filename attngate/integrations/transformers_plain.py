@@ -24,16 +24,15 @@ from typing import Any, Optional
 
 import torch
 
-from attngate.backends.errors import BatchMetadataError
-from attngate.backends.layer import AttentionLayer, layers_from_model
 from attngate.backends.reference import visible_keys
-from attngate.errors import ModelConfigError, Problem, UsageError
+from attngate.engine.resolve import resolve
+from attngate.engine.result import Resolution
+from attngate.errors import BatchMetadataError, ModelConfigError, Problem, UsageError
 from attngate.facts.model import ModelFacts
 from attngate.facts.modes import LayerKind
 from attngate.facts.platform import Platform
 from attngate.facts.server_args import ServerArgs
-from attngate.gates.resolution import Resolution
-from attngate.gates.resolve import resolve
+from attngate.runtime.layer import AttentionLayer, layers_from_model
 
 # per config object (kept off the config itself, which transformers serializes and copies)
 _PLANS: dict[int, tuple[Resolution, list[AttentionLayer]]] = {}

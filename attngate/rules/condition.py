@@ -11,13 +11,13 @@ read facts.
 from __future__ import annotations
 
 import ast
-import warnings
 import copy
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from attngate._suggest import did_you_mean
-from attngate.facts.schema import FactType
+from attngate.facts.catalogue import FactType
+from attngate.util.suggest import did_you_mean
 
 _NO_BUILTINS: dict[str, Any] = {"__builtins__": {}}
 _GATE_PREFIX = "__gate__"

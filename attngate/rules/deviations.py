@@ -14,16 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from attngate._suggest import did_you_mean
 from attngate.errors import Problem
+from attngate.facts.catalogue import FACTS, FactType, base_facts
 from attngate.facts.model import ModelFacts
 from attngate.facts.platform import Platform
-from attngate.facts.schema import FACTS, FactType, base_facts
 from attngate.facts.server_args import ServerArgs
 from attngate.rules.condition import Condition, ConditionErrors, compile_condition
 from attngate.rules.entries import validated_entries
 from attngate.rules.spec import DeviationSpec
-from attngate.rules.yaml_source import YamlDocument
+from attngate.util.suggest import did_you_mean
+from attngate.util.yaml_source import YamlDocument
 
 REFUSAL = "refusal"  # attngate refuses what SGLang accepts
 SGLANG_REFUSAL = "sglang_refusal"  # SGLang refuses what attngate accepts

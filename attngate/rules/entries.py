@@ -7,9 +7,9 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from attngate._suggest import did_you_mean
 from attngate.errors import Problem
-from attngate.rules.yaml_source import YamlDocument
+from attngate.util.suggest import did_you_mean
+from attngate.util.yaml_source import YamlDocument
 
 Spec = TypeVar("Spec", bound=BaseModel)
 

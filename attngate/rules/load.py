@@ -11,18 +11,18 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from attngate._suggest import did_you_mean
 from attngate.errors import Problem, RulesError, check_arguments
-from attngate.facts.schema import FACTS, LAYER_FACT, MODE_FACT, FactType
+from attngate.facts.catalogue import FACTS, LAYER_FACT, MODE_FACT, FactType
 from attngate.facts.server_args import ServerArgs
-from attngate.gates.registry import GATES, Scope
-from attngate.inputs import read_text
+from attngate.plan.registry import GATES, Scope
 from attngate.rules.condition import Condition, ConditionErrors, compile_condition
 from attngate.rules.deviations import Deviation, check_deviations
 from attngate.rules.entries import pydantic_problems
 from attngate.rules.invariants import Invariant, check_invariants
 from attngate.rules.spec import RuleFileSpec, RuleKind, RuleSpec
-from attngate.rules.yaml_source import YamlDocument, load_yaml
+from attngate.util.inputs import read_text
+from attngate.util.suggest import did_you_mean
+from attngate.util.yaml_source import YamlDocument, load_yaml
 
 _GLOBAL_FACT_TYPES = {name: spec.type for name, spec in FACTS.items()}
 _ADJUSTABLE = {name: FACTS[name].type for name in ServerArgs.model_fields}

@@ -1,4 +1,4 @@
-"""The shared per-batch metadata (attngate.backends.batch_metadata): host lengths from the batch's CPU
+"""The shared per-batch metadata (attngate.runtime.batch_metadata): host lengths from the batch's CPU
 copies, KV page ranges and page ids, against a per-request brute-force definition."""
 
 from __future__ import annotations
@@ -7,13 +7,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st
 
 from attngate import ForwardMode  # noqa: E402
-from attngate.backends.batch_builder import build_batch  # noqa: E402
-from attngate.backends.batch_metadata import BatchLengths, page_ids  # noqa: E402
-from attngate.backends.errors import BatchMetadataError  # noqa: E402
-from attngate.backends.batch_metadata import check_page_aligned  # noqa: E402
+from attngate.backends.page_ids import page_ids  # noqa: E402
+from attngate.errors import BatchMetadataError  # noqa: E402
+from attngate.runtime.batch_builder import build_batch  # noqa: E402
+from attngate.runtime.batch_metadata import (
+    BatchLengths,  # noqa: E402
+    check_page_aligned,  # noqa: E402
+)
 
 requests_st = st.lists(st.tuples(st.integers(0, 70), st.integers(1, 20)), min_size=1, max_size=5)
 
@@ -104,7 +108,7 @@ def test_checked_mode_names_a_host_copy_that_disagrees_with_its_device_tensor():
 
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_page_table_is_the_padded_layout_of_page_ids(page_size):
-    from attngate.backends.batch_metadata import page_table
+    from attngate.backends.page_ids import page_table
 
     s = _setup([(0, 5), (30, 1), (7, 12)], page_size)
     lens = BatchLengths.from_batch(s.batch)

@@ -14,11 +14,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from attngate import ForwardMode, ModelFacts, Platform, ServerArgs, resolve  # noqa: E402
-from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
-from backend_cases import assert_mla_matches_reference, assert_mla_replays_match_reference, mla_cpu_batch, mla_cpu_layer  # noqa: E402
+from backend_cases import (  # noqa: E402
+    assert_mla_matches_reference,
+    assert_mla_replays_match_reference,
+    mla_cpu_batch,
+    mla_cpu_layer,
+)
 from helpers import MODELS  # noqa: E402
 from standins import flash_attn_cute  # noqa: E402
+
+from attngate import ForwardMode, ModelFacts, Platform, ServerArgs, resolve  # noqa: E402
+from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
 
 H, RANK, ROPE, NOPE, VDIM = 8, 32, 8, 16, 12
 REQUESTS = [(0, 5), (17, 3), (40, 1), (3, 9)]

@@ -14,16 +14,21 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from attngate import ForwardMode, ModelFacts, Platform, ServerArgs, resolve  # noqa: E402
-from attngate.backends.errors import BatchMetadataError  # noqa: E402
-from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
-from attngate.backends.flashinfer_mla import FlashInferMLABackend  # noqa: E402
-from attngate.backends.kv_cache import MLATokenToKVPool  # noqa: E402
-from attngate.backends.layer import AttentionLayer  # noqa: E402
-from attngate.backends.reference import ReferenceBackend  # noqa: E402
+from backend_cases import (  # noqa: E402
+    assert_mla_replays_match_reference,
+    mla_cpu_batch,
+    mla_cpu_layer,
+)
 from helpers import MODELS  # noqa: E402
 from standins import flashinfer as standin  # noqa: E402
-from backend_cases import assert_mla_replays_match_reference, mla_cpu_batch, mla_cpu_layer  # noqa: E402
+
+from attngate import ForwardMode, ModelFacts, Platform, ServerArgs, resolve  # noqa: E402
+from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
+from attngate.backends.flashinfer_mla import FlashInferMLABackend  # noqa: E402
+from attngate.backends.reference import ReferenceBackend  # noqa: E402
+from attngate.errors import BatchMetadataError  # noqa: E402
+from attngate.runtime.kv_cache import MLATokenToKVPool  # noqa: E402
+from attngate.runtime.layer import AttentionLayer  # noqa: E402
 
 H, RANK, ROPE, NOPE, VDIM = 4, 512, 64, 128, 128  # DeepSeek geometry: the fa3 ragged kernel runs 192/128 only
 REQUESTS = {ForwardMode.EXTEND: [(0, 5), (17, 3), (70, 9), (3, 1)], ForwardMode.DECODE: [(0, 1), (17, 1), (70, 1), (63, 1)],

@@ -16,13 +16,14 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from attngate import ModelFacts, Platform, PlanError, ServerArgs, resolve  # noqa: E402
-from attngate.errors import ServerArgsError  # noqa: E402
+from helpers import MODELS, embedding_gemma, field_values  # noqa: E402
+
+from attngate import ModelFacts, PlanError, Platform, ServerArgs, resolve  # noqa: E402
 from attngate.backends.flashattention import fa_refusals  # noqa: E402
 from attngate.backends.flashinfer import flashinfer_refusals  # noqa: E402
-from attngate.backends.layer import layers_from_model  # noqa: E402
+from attngate.errors import ServerArgsError  # noqa: E402
 from attngate.facts.choices import CANDIDATE_BACKENDS  # noqa: E402
-from helpers import MODELS, field_values, embedding_gemma  # noqa: E402
+from attngate.runtime.layer import layers_from_model  # noqa: E402
 
 KERNELS = {"gpu-extra": ["flashinfer", "flash_attn.cute"], "with-fa3": ["flashinfer", "flash_attn.cute", "flash_attn_interface"]}
 # those the configs below can trip
@@ -135,9 +136,9 @@ def test_a_multi_item_scoring_plan_is_refused_by_the_flashinfer_backend_it_names
 def test_every_attngate_backend_refuses_a_plan_over_the_unified_memory_pool():
     """Under --enable-unified-memory SGLang reads page ids through its index translator; attngate's backends read
     their own pool's ids, so they refuse such a plan at construction (reference backend included)."""
-    from attngate.backends.errors import BatchMetadataError
-    from attngate.backends.kv_cache import MHATokenToKVPool
     from attngate.backends.reference import ReferenceBackend
+    from attngate.errors import BatchMetadataError
+    from attngate.runtime.kv_cache import MHATokenToKVPool
 
     facts = ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json")
     plan = resolve(ServerArgs(enable_unified_memory=True), facts, Platform.from_name("sm90")).plan

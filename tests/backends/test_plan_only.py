@@ -5,9 +5,9 @@ from __future__ import annotations
 import ast
 
 import pytest
+from helpers import MODELS, ROOT
 
 from attngate import ForwardMode, ModelFacts, Platform, ServerArgs, resolve
-from helpers import MODELS, ROOT
 
 BACKENDS = ROOT / "attngate" / "backends"
 
@@ -34,7 +34,7 @@ def _rule_reads() -> set[str]:
 def test_arguments_no_rule_reads_cannot_change_what_a_backend_sees():
     torch = pytest.importorskip("torch")
     from attngate.backends.reference import ReferenceBackend
-    from tests.backends.test_reference_scenarios import H, D, setup
+    from tests.backends.test_reference_scenarios import D, H, setup
 
     unread = set(ServerArgs.model_fields) - _rule_reads()
     assert {"context_length", "speculative_draft_model_path"} <= unread  # tp_size is read: it splits the heads
@@ -75,10 +75,10 @@ def test_heads_that_do_not_split_evenly_are_refused():
 
 def test_backends_take_each_ranks_heads_from_the_plan():
     torch = pytest.importorskip("torch")
-    from attngate.backends.errors import BatchMetadataError
-    from attngate.backends.kv_cache import MHATokenToKVPool
-    from attngate.backends.layer import layers_from_model
     from attngate.backends.reference import ReferenceBackend
+    from attngate.errors import BatchMetadataError
+    from attngate.runtime.kv_cache import MHATokenToKVPool
+    from attngate.runtime.layer import layers_from_model
 
     facts = ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json")
     plan = resolve(ServerArgs(attention_backend="fa3", tp_size=4), facts, Platform.from_name("sm90")).plan

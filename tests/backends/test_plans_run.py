@@ -21,21 +21,31 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hypothesis import HealthCheck, assume, given, settings, strategies as st  # noqa: E402
+from backend_cases import CPU, SPECULATIVE_TREE, Graph, random_tree  # noqa: E402
+from backend_cases import SPECULATIVE as SPECULATIVE_CHAIN
+from helpers import MODELS  # noqa: E402
+from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
+from hypothesis import strategies as st
+from standins import flash_attn_cute, flashinfer  # noqa: E402
 
-from attngate import ForwardMode, LayerKind, ModelFacts, Platform, PlanError, ServerArgs, resolve  # noqa: E402
+from attngate import (  # noqa: E402
+    ForwardMode,
+    LayerKind,
+    ModelFacts,
+    PlanError,
+    Platform,
+    ServerArgs,
+    resolve,
+)
 from attngate.backends.base import kv_storage_dtype  # noqa: E402
-from attngate.backends.batch_builder import build_batch  # noqa: E402
-from attngate.backends.errors import BatchMetadataError  # noqa: E402
 from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
-from attngate.backends.kv_cache import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
-from attngate.backends.layer import layers_from_model  # noqa: E402
 from attngate.backends.plan_backend import KERNEL_BACKENDS, PlanBackend  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
-from backend_cases import CPU, SPECULATIVE as SPECULATIVE_CHAIN, SPECULATIVE_TREE, Graph, random_tree  # noqa: E402
-from helpers import MODELS  # noqa: E402
-from standins import flash_attn_cute, flashinfer  # noqa: E402
+from attngate.errors import BatchMetadataError  # noqa: E402
+from attngate.runtime.batch_builder import build_batch  # noqa: E402
+from attngate.runtime.kv_cache import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
+from attngate.runtime.layer import layers_from_model  # noqa: E402
 
 M = ForwardMode
 CONFIGS = {path.stem: ModelFacts.from_hf_config(path) for path in sorted(MODELS.glob("*.json"))}

@@ -10,13 +10,19 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from attngate import ForwardMode, LayerKind, ModelFacts, Platform, ServerArgs, resolve  # noqa: E402
-from attngate.backends.batch_builder import build_batch  # noqa: E402
-from attngate.backends.errors import BatchMetadataError, KVCacheExhausted  # noqa: E402
-from attngate.backends.kv_cache import MHATokenToKVPool, MLATokenToKVPool, PageAllocator, ReqToTokenPool  # noqa: E402
-from attngate.backends.layer import AttentionLayer  # noqa: E402
-from attngate.backends.reference import ReferenceBackend  # noqa: E402
 from helpers import MODELS  # noqa: E402
+
+from attngate import ForwardMode, LayerKind, ModelFacts, Platform, ServerArgs, resolve  # noqa: E402
+from attngate.backends.reference import ReferenceBackend  # noqa: E402
+from attngate.errors import BatchMetadataError, KVCacheExhausted  # noqa: E402
+from attngate.runtime.batch_builder import build_batch  # noqa: E402
+from attngate.runtime.kv_cache import (  # noqa: E402
+    MHATokenToKVPool,
+    MLATokenToKVPool,
+    PageAllocator,
+    ReqToTokenPool,
+)
+from attngate.runtime.layer import AttentionLayer  # noqa: E402
 
 H, HKV, D = 8, 2, 16
 PLAN = resolve(ServerArgs(attention_backend="fa3"), ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json"), Platform.from_name("sm90")).plan

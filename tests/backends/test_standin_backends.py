@@ -9,15 +9,16 @@ import pytest
 
 pytest.importorskip("torch")
 
-from attngate import ForwardMode, LayerKind  # noqa: E402
-from attngate.backends.errors import BatchMetadataError  # noqa: E402
-from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
 from backend_cases import CPU, layer_of, make_case, plan_for  # noqa: E402
 from standins import flash_attn_cute, flashinfer  # noqa: E402
 from suites.dp_padding import *  # noqa: E402,F401,F403
 from suites.fa_backend import *  # noqa: E402,F401,F403
 from suites.flashinfer_backend import *  # noqa: E402,F401,F403
 from suites.plan_backend import *  # noqa: E402,F401,F403
+
+from attngate import ForwardMode, LayerKind  # noqa: E402
+from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
+from attngate.errors import BatchMetadataError  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

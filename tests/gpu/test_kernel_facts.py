@@ -13,8 +13,9 @@ import pytest
 torch = pytest.importorskip("torch")
 cute = pytest.importorskip("flash_attn.cute")
 
-from attngate import ModelFacts, Platform, PlanError, ServerArgs, resolve  # noqa: E402
 from helpers import MODELS  # noqa: E402
+
+from attngate import ModelFacts, PlanError, Platform, ServerArgs, resolve  # noqa: E402
 
 PAGE = 16
 HEADS, KV_HEADS, PAGES_PER_REQ, BS = 8, 2, 4, 3

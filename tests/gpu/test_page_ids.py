@@ -10,9 +10,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from attngate import ForwardMode  # noqa: E402
-from attngate.backends import batch_metadata  # noqa: E402
-from attngate.backends.batch_builder import build_batch  # noqa: E402
-from attngate.backends.batch_metadata import BatchLengths, page_ids, page_table  # noqa: E402
+from attngate.backends import page_ids as page_id_ops  # noqa: E402
+from attngate.backends.page_ids import page_ids, page_table  # noqa: E402
+from attngate.runtime.batch_builder import build_batch  # noqa: E402
+from attngate.runtime.batch_metadata import BatchLengths  # noqa: E402
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -25,7 +26,7 @@ def test_triton_page_ids_equal_the_torch_ops(page_size, ranges):
     lens = BatchLengths.from_batch(s.batch)
     rng = lens.kv_pages(page_size, **ranges)
     rtt = s.req_to_token_pool.req_to_token
-    assert batch_metadata._triton_page_ids() is not None
+    assert page_id_ops._triton_page_ids() is not None
     fast = page_ids(rtt, lens.rows, rng, page_size)
     slow = _without_triton(lambda: page_ids(rtt, lens.rows, rng, page_size))
     assert fast.dtype == slow.dtype == torch.int32 and fast.numel() == rng.total_pages > 0
@@ -49,9 +50,9 @@ def test_triton_page_table_equals_the_torch_ops(page_size, first):
 
 
 def _without_triton(fn):
-    saved = batch_metadata._TRITON[:]
-    batch_metadata._TRITON[:] = [None]
+    saved = page_id_ops._TRITON[:]
+    page_id_ops._TRITON[:] = [None]
     try:
         return fn()
     finally:
-        batch_metadata._TRITON[:] = saved
+        page_id_ops._TRITON[:] = saved

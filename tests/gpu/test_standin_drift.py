@@ -13,11 +13,21 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("flashinfer")
 pytest.importorskip("flash_attn.cute")
 
+from backend_cases import (  # noqa: E402
+    GPU,
+    MODE_OF,
+    layer_of,
+    make_case,
+    max_diff,
+    plan_for,
+    requests_around_page,
+    run,
+)
+from standins import flash_attn_cute, flashinfer  # noqa: E402
+
 from attngate import ForwardMode, LayerKind  # noqa: E402
 from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
-from backend_cases import GPU, MODE_OF, layer_of, make_case, max_diff, plan_for, requests_around_page, run  # noqa: E402
-from standins import flash_attn_cute, flashinfer  # noqa: E402
 
 NAMES = ("flashinfer", "flash_attn", "flash_attn.cute", "flash_attn.cute.interface")
 KINDS = {LayerKind.FULL: ("Llama-3.1-8B", {}), LayerKind.SLIDING_WINDOW: ("Mistral-7B-v0.1", {"sliding_window_size": 100})}

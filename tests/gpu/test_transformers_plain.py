@@ -13,10 +13,11 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("flash_attn.cute")
 
+from integrations.test_transformers_differential import _config  # noqa: E402
+
 import attngate.integrations.transformers  # noqa: E402,F401 - registers "attngate"
 from attngate import ServerArgs  # noqa: E402
 from attngate.integrations.transformers_plain import configure, plan_of  # noqa: E402
-from integrations.test_transformers_differential import _config  # noqa: E402
 
 GPU_SHAPE = {"hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2,
              "head_dim": 128, "vocab_size": 512, "num_hidden_layers": 2}

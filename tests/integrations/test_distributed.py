@@ -11,16 +11,25 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
-
-from attngate import ModelFacts, Platform, ServerArgs, resolve  # noqa: E402
-from attngate import ForwardMode  # noqa: E402
-from attngate.backends.batch_builder import build_batch  # noqa: E402
-from attngate.backends.dp_padding import pad_decode_batch  # noqa: E402
-from attngate.backends.kv_cache import MHATokenToKVPool  # noqa: E402
-from attngate.backends.layer import layers_from_model  # noqa: E402
-from attngate.backends.reference import ReferenceBackend  # noqa: E402
-from attngate.integrations.distributed import PlanMismatchError, check_plan_consistency, dp_max_batch_size  # noqa: E402
 from helpers import MODELS  # noqa: E402
+
+from attngate import (  # noqa: E402
+    ForwardMode,  # noqa: E402
+    ModelFacts,
+    Platform,
+    ServerArgs,
+    resolve,
+)
+from attngate.backends.reference import ReferenceBackend  # noqa: E402
+from attngate.integrations.distributed import (  # noqa: E402
+    PlanMismatchError,
+    check_plan_consistency,
+    dp_max_batch_size,
+)
+from attngate.runtime.batch_builder import build_batch  # noqa: E402
+from attngate.runtime.dp_padding import pad_decode_batch  # noqa: E402
+from attngate.runtime.kv_cache import MHATokenToKVPool  # noqa: E402
+from attngate.runtime.layer import layers_from_model  # noqa: E402
 
 
 def _rank(rank: int, init: str, page_sizes: tuple[int, int], results) -> None:

@@ -9,7 +9,11 @@ import pytest
 from attngate import ModelFacts, Platform, ServerArgs, load_rules
 from attngate.errors import RulesError, ServerArgsError
 from attngate.integrations.sglang.compare import Verdict, compare_case
-from attngate.integrations.sglang.fields import attngate_values, from_sglang, to_sglang_kwargs
+from attngate.integrations.sglang.fields import (
+    attngate_values,
+    from_sglang,
+    to_sglang_kwargs,
+)
 from attngate.rules.deviations import matching_deviations
 from attngate.rules.load import parse_rules, shipped_rules_path
 
@@ -138,7 +142,7 @@ def test_an_attngate_refusal_is_declared_only_where_deviations_name_all_its_rule
 
 
 def test_lint_finds_a_deviation_that_cannot_hold_and_two_that_overlap():
-    from attngate.rules.lint import lint_rules
+    from attngate.analysis.lint import lint_rules
 
     text = shipped_rules_path().read_text().replace("\ndeviations:\n", """
 deviations:

@@ -18,16 +18,17 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from helpers import MODELS  # noqa: E402
+
 from attngate import Platform, ServerArgs  # noqa: E402
 from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
 from attngate.backends.flashinfer_mla import FlashInferMLABackend  # noqa: E402
-from attngate.backends.kv_cache import MLATokenToKVPool  # noqa: E402
 from attngate.backends.plan_backend import PlanBackend  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
 from attngate.facts.modes import ForwardMode, LayerKind  # noqa: E402
 from attngate.integrations.transformers import AttngateRuntime, register  # noqa: E402
-from helpers import MODELS  # noqa: E402
+from attngate.runtime.kv_cache import MLATokenToKVPool  # noqa: E402
 
 ATOL = 2e-4
 SMALL = {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 8, "num_key_value_heads": 2,
@@ -191,8 +192,7 @@ def test_runtime_refuses_a_model_built_without_attngate_attention():
 
 
 def test_runtime_arguments_are_checked_together_and_the_pool_pages_as_the_plan():
-    from attngate.backends.errors import BatchMetadataError
-    from attngate.errors import UsageError
+    from attngate.errors import BatchMetadataError, UsageError
 
     ref, ours = _pair(_config("Llama-3.1-8B", {}))
     with pytest.raises(UsageError) as bad:  # every problem at once, nothing allocated
@@ -251,8 +251,7 @@ def test_encoder_only_embedding_model_matches_transformers():
 def test_a_failed_forward_leaves_every_request_as_it_was():
     """A token id past the vocabulary is refused before anything changes; a forward that fails inside the
     model rolls every request back, so the next decode still matches transformers."""
-    from attngate.backends.errors import BatchMetadataError
-    from attngate.errors import UsageError
+    from attngate.errors import BatchMetadataError, UsageError
 
     ref, ours = _pair(_config("Llama-3.1-8B", {}))
     rt = AttngateRuntime(ours, page_size=4, num_slots=256)
@@ -292,7 +291,7 @@ def test_embedding_gemma_runs_as_an_embedding_server_on_the_paged_path(page_size
     """A Gemma3TextModel with use_bidirectional_attention through AttngateRuntime: R33 makes it an embedding server
     without a KV pool (the plan on sm90), its hidden states match eager for uneven requests in one batch, and a
     decode or an extend over a cached prefix (which would read K/V nothing wrote) is refused, naming the request."""
-    from attngate.backends.errors import BatchMetadataError
+    from attngate.errors import BatchMetadataError
 
     overrides = {"num_hidden_layers": 4, "sliding_window": 6, "use_bidirectional_attention": True,
                  "layer_types": ["sliding_attention", "full_attention"] * 2, "num_key_value_heads": 1,

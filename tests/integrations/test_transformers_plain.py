@@ -15,7 +15,11 @@ transformers = pytest.importorskip("transformers")
 from attngate import Platform, ServerArgs  # noqa: E402
 from attngate.integrations.transformers import AttngateRuntime, configure  # noqa: E402
 from attngate.integrations.transformers_plain import plan_of  # noqa: E402
-from integrations.test_transformers_differential import MODELS_UNDER_TEST, _config, _pair  # noqa: E402
+from integrations.test_transformers_differential import (  # noqa: E402
+    MODELS_UNDER_TEST,
+    _config,
+    _pair,
+)
 
 ATOL = 1e-4
 FA_HOST = Platform.from_name("sm90", kernels=["flash_attn.cute"])  # the plan runs FA through flash_attn.cute
@@ -81,8 +85,9 @@ def test_the_flashinfer_path_unpads_plans_once_per_forward_and_matches_eager(nam
     rows of a left-padded batch, prefill and cached decode; one plan() per forward and layer spec."""
     import sys
 
-    from attngate.integrations import transformers_plain
     from standins import flashinfer as fi_standin
+
+    from attngate.integrations import transformers_plain
 
     module = fi_standin.module()
     monkeypatch.setitem(sys.modules, "flashinfer", module)
@@ -145,7 +150,7 @@ def test_the_fa_path_runs_chunked_local_layers_as_one_row_per_chunk(monkeypatch)
     per request and chunk, each over that chunk's keys, chunk starts taken from transformers' mask (after the left
     padding, and in decode over its cache of the last attention_chunk_size - 1 keys); a full layer in one row per
     request. A plan whose chunk is narrower than the model's is refused, naming the layer."""
-    from attngate.backends.errors import BatchMetadataError
+    from attngate.errors import BatchMetadataError
 
     ref, ours = _pair(_config(*MODELS_UNDER_TEST["llama4-chunked"][:2]))
     calls = _on_fa_standin(monkeypatch)
@@ -175,8 +180,9 @@ def _on_fa_standin(monkeypatch) -> list[tuple[list[int], list[int], bool]]:
     (transformers probes flash_attn's import spec there)."""
     import sys
 
-    from attngate.integrations import transformers_plain
     from standins import flash_attn_cute
+
+    from attngate.integrations import transformers_plain
 
     modules = flash_attn_cute.modules()
     for name, module in modules.items():

@@ -1,18 +1,18 @@
-"""DP-attention padding (attngate.backends.dp_padding) through the FA and FlashInfer backends against the reference:
+"""DP-attention padding (attngate.runtime.dp_padding) through the FA and FlashInfer backends against the reference:
 a padded decode batch keeps its own rows and writes only the padding slot; an IDLE rank's padded batch runs."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from backend_cases import layer_of, make_case, plan_for, reference_out
 
 from attngate import ForwardMode, LayerKind
-from attngate.backends.dp_padding import pad_decode_batch
-from attngate.backends.errors import BatchMetadataError
 from attngate.backends.flashattention import FlashAttentionBackend
 from attngate.backends.flashinfer import FlashInferBackend
-from attngate.backends.batch_builder import build_batch
-from backend_cases import layer_of, make_case, plan_for, reference_out
+from attngate.errors import BatchMetadataError
+from attngate.runtime.batch_builder import build_batch
+from attngate.runtime.dp_padding import pad_decode_batch
 
 BACKENDS = {"fa4": FlashAttentionBackend, "flashinfer": FlashInferBackend}
 PS = 16

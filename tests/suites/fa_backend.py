@@ -6,13 +6,31 @@ import functools
 
 import pytest
 import torch
+from backend_cases import (
+    ENCODER_PAGES,
+    MODE_OF,
+    SPECULATIVE,
+    SPECULATIVE_TREE,
+    Env,
+    assert_replays_match_reference,
+    layer_of,
+    make_case,
+    max_diff,
+    plan_for,
+    random_tree,
+    reference_out,
+    rel_err,
+    replay_rounds,
+    requests_around_page,
+    run,
+    target_in_batch,
+    with_cross_layer,
+)
+from helpers import MODELS
 
 from attngate import ForwardMode, LayerKind, ModelFacts, Platform, ServerArgs, resolve
-from attngate.backends.errors import BatchMetadataError
 from attngate.backends.flashattention import FlashAttentionBackend
-from helpers import MODELS
-from backend_cases import Env, MODE_OF, layer_of, make_case, plan_for, reference_out, replay_rounds, requests_around_page, run, target_in_batch, with_cross_layer
-from backend_cases import ENCODER_PAGES, SPECULATIVE, SPECULATIVE_TREE, assert_replays_match_reference, max_diff, random_tree, rel_err
+from attngate.errors import BatchMetadataError
 
 PAGE_SIZES = [1, 128]
 M = ForwardMode

@@ -7,15 +7,32 @@ import importlib
 
 import pytest
 import torch
+from backend_cases import (
+    ENCODER_PAGES,
+    MODE_OF,
+    SPECULATIVE,
+    SPECULATIVE_TREE,
+    Env,
+    assert_replays_match_reference,
+    layer_of,
+    make_case,
+    max_diff,
+    plan_for,
+    random_tree,
+    reference_out,
+    replay_rounds,
+    requests_around_page,
+    run,
+    target_in_batch,
+    with_cross_layer,
+    with_gate,
+)
 
 from attngate import ForwardMode, LayerKind
-from attngate.backends.errors import BatchMetadataError
-from attngate.errors import UsageError
 from attngate.backends.flashinfer import FlashInferBackend
-from attngate.backends.kv_cache import MHATokenToKVPool
-from attngate.backends.layer import AttentionLayer
-from backend_cases import Env, MODE_OF, layer_of, make_case, plan_for, reference_out, replay_rounds, requests_around_page, run, target_in_batch, with_cross_layer
-from backend_cases import ENCODER_PAGES, SPECULATIVE, SPECULATIVE_TREE, assert_replays_match_reference, max_diff, random_tree, with_gate
+from attngate.errors import BatchMetadataError, UsageError
+from attngate.runtime.kv_cache import MHATokenToKVPool
+from attngate.runtime.layer import AttentionLayer
 
 M = ForwardMode
 PAGE_SIZES = [1, 16]

@@ -7,15 +7,26 @@ from __future__ import annotations
 from unittest import mock
 
 import pytest
+from backend_cases import (
+    MODE_OF,
+    SPECULATIVE,
+    Env,
+    assert_replays_match_reference,
+    layer_of,
+    make_case,
+    max_diff,
+    plan_for,
+    reference_out,
+    requests_around_page,
+    run,
+)
 
 from attngate import ForwardMode
-from attngate.backends.errors import BatchMetadataError
 from attngate.backends.flashattention import FlashAttentionBackend
 from attngate.backends.flashinfer import FlashInferBackend
 from attngate.backends.plan_backend import PlanBackend
+from attngate.errors import BatchMetadataError
 from attngate.facts.modes import LayerKind
-from backend_cases import (MODE_OF, SPECULATIVE, Env, assert_replays_match_reference, layer_of, make_case, max_diff, plan_for,
-                           reference_out, requests_around_page, run)
 
 M = ForwardMode
 PAGE_SIZES = [1, 128]

@@ -13,13 +13,18 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from attngate.engine.resolve import resolve
+from attngate.engine.result import PlanError
 from attngate.errors import AttngateError
 from attngate.facts.model import ModelFacts
 from attngate.facts.platform import Platform
-from attngate.gates.resolution import PlanError
-from attngate.gates.resolve import resolve
 from attngate.integrations.sglang.fields import attngate_values
-from attngate.rules.deviations import REFUSAL, SGLANG_REFUSAL, matching_deviations, refusing_rules
+from attngate.rules.deviations import (
+    REFUSAL,
+    SGLANG_REFUSAL,
+    matching_deviations,
+    refusing_rules,
+)
 from attngate.rules.load import RuleSet
 
 #: None in these means "the attention backend's"; both sides are compared with that filled in.

@@ -91,7 +91,6 @@ def fake_gpu(arch: str, *, devices: int = DEVICE_COUNT) -> Iterator[GpuProfile]:
     Raises KeyError for an arch outside :data:`PROFILES`. Call :func:`preload` first (once per process).
     """
     import torch
-
     from sglang.srt.utils import common
 
     gpu = PROFILES[arch]

@@ -19,10 +19,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from attngate.engine.result import Resolution
 from attngate.errors import AttngateError, Problem, UsageError
 from attngate.facts.model import ModelFacts
 from attngate.facts.platform import Platform
-from attngate.gates.resolution import Resolution
 from attngate.integrations.sglang.cases import SGLANG_KERNELS
 from attngate.integrations.sglang.compare import CaseResult, compare_case
 from attngate.rules.load import RuleSet, load_rules

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from attngate.errors import Problem
-from attngate.inputs import nesting_depth
+from attngate.util.inputs import nesting_depth
 
 Path = tuple[Any, ...]
 

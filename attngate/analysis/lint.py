@@ -1,4 +1,4 @@
-"""Static analysis of a loaded rule set with the z3 SMT solver (encoding: attngate.rules.encoding).
+"""Static analysis of a loaded rule set with the z3 SMT solver (encoding: attngate.analysis.encoding).
 
 Findings (each names the rules and a witness configuration):
 
@@ -11,7 +11,7 @@ Findings (each names the rules and a witness configuration):
 - a deviation (``deviations:``) whose condition can never be true, or two that can hold together and
   declare the same field (for refusals: the same refusing rule);
 - an invariant (``invariants:``) that some accepted input violates, with the counterexample
-  (attngate.rules.prove).
+  (attngate.analysis.prove).
 
 Model facts are free, so a finding can be a combination no released model has: the witness shows it,
 with the facts that explain it and the server arguments it needs.
@@ -24,9 +24,14 @@ from typing import Any
 
 import z3
 
-from attngate.rules.encoding import Encoder, Finding, can_hold, find
+from attngate.analysis.encoding import Encoder, Finding, can_hold, find
+from attngate.analysis.prove import (
+    inputs_read,
+    prove_invariants,
+    simplest_witness,
+    witness_inputs,
+)
 from attngate.rules.load import Rule, RuleSet
-from attngate.rules.prove import inputs_read, prove_invariants, simplest_witness, witness_inputs
 
 
 def lint_rules(rules: RuleSet) -> list[Finding]:

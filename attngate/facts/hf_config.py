@@ -1,5 +1,5 @@
 """The reader of a Hugging Face ``config.json``: the keys the rules read, checked by value, every problem collected
-with its key path, and the per-layer kinds worked out from each family's layout keys (see attngate.facts.model)."""
+with its key path, and the per-layer kinds worked out from each family's layout keys into the fields of attngate.facts.model.ModelFacts."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import math
 from typing import Any
 
 from attngate.errors import Problem
-from attngate.facts.model import ModelFacts
 from attngate.facts.modes import LayerKind
 
 _LAYER_TYPE_NAMES: dict[str, LayerKind | None] = {
@@ -105,7 +104,7 @@ class ConfigReader:
             return None
         return float(value)
 
-    def read(self) -> ModelFacts | None:
+    def read(self) -> dict[str, Any] | None:
         raw = self.raw
         archs = raw.get("architectures") or []
         if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
@@ -142,7 +141,7 @@ class ConfigReader:
         dtype = self._dtype()
         if self.problems:
             return None
-        return ModelFacts(
+        return dict(
             source=self.source,
             architectures=tuple(archs),
             model_type=model_type,

@@ -13,14 +13,21 @@ import hashlib
 import json
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, computed_field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    computed_field,
+)
 
-from attngate._suggest import did_you_mean
 from attngate.errors import AttngateError, Problem, UsageError
 from attngate.facts.choices import AttentionBackendName
 from attngate.facts.modes import ForwardMode, LayerKind
-from attngate.inputs import parse_json
-from attngate.validated import ValidatedModel
+from attngate.util.inputs import parse_json
+from attngate.util.suggest import did_you_mean
+from attngate.util.validated import ValidatedModel
 
 
 def gate(default: Any, doc: str, *, from_fact: str | None = None) -> Any:

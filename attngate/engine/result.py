@@ -9,7 +9,7 @@ from attngate.errors import AttngateError, Problem
 from attngate.facts.model import ModelFacts
 from attngate.facts.platform import Platform
 from attngate.facts.server_args import ServerArgs
-from attngate.gates.plan import Plan
+from attngate.plan.schema import Plan
 
 
 @dataclass(frozen=True, slots=True)

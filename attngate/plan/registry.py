@@ -7,8 +7,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from attngate.facts.schema import FactType
-from attngate.gates.plan import CommonGates, FlashAttentionGates, FlashInferGates, LayerGates, ModeGates
+from attngate.facts.catalogue import FactType
+from attngate.plan.schema import (
+    CommonGates,
+    FlashAttentionGates,
+    FlashInferGates,
+    LayerGates,
+    ModeGates,
+)
 
 Scope = Literal["global", "mode", "layer"]
 

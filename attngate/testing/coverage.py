@@ -1,8 +1,8 @@
 """Rule coverage over a set of resolve() calls: which rules fired, which never did, and for each atom
 of each condition (a comparison, a fact or a predicate, the leaves under and/or/not) whether it was
 seen true and seen false. Also which of the file's deviations applied to no configuration. Fed by
-:data:`attngate.gates.resolve.OBSERVERS` and ``DEVIATION_OBSERVERS``; the pytest plugin
-(attngate.pytest_plugin, ``--rule-coverage``) reports it for a test session.
+:data:`attngate.engine.resolve.OBSERVERS` and ``DEVIATION_OBSERVERS``; the pytest plugin
+(attngate.testing.pytest_plugin, ``--rule-coverage``) reports it for a test session.
 """
 
 from __future__ import annotations

@@ -28,9 +28,9 @@ def pytest_configure(config: pytest.Config) -> None:
     opts = config.option
     if not (opts.rule_coverage or opts.rule_coverage_fail_under is not None or opts.rule_coverage_json):
         return
-    from attngate.gates.resolve import DEVIATION_OBSERVERS, OBSERVERS
-    from attngate.rules.coverage import RuleCoverage
+    from attngate.engine.resolve import DEVIATION_OBSERVERS, OBSERVERS
     from attngate.rules.load import shipped_rules_path
+    from attngate.testing.coverage import RuleCoverage
 
     coverage = RuleCoverage(str(shipped_rules_path()))
     OBSERVERS.append(coverage.observe)
@@ -41,7 +41,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     coverage = config.stash.get(_KEY, None)
     if coverage is not None:
-        from attngate.gates.resolve import DEVIATION_OBSERVERS, OBSERVERS
+        from attngate.engine.resolve import DEVIATION_OBSERVERS, OBSERVERS
 
         OBSERVERS.remove(coverage.observe)
         DEVIATION_OBSERVERS.remove(coverage.observe_deviations)
@@ -55,8 +55,8 @@ def known_failures(request: pytest.FixtureRequest):
     ``resolve(..., allow_known_failures=ids)``; once the failure is fixed the test XPASSes and fails the run."""
 
     def check(server_args, model, platform, rules=None) -> list[str]:
-        from attngate.gates.resolution import PlanError
-        from attngate.gates.resolve import resolve
+        from attngate.engine.resolve import resolve
+        from attngate.engine.result import PlanError
 
         try:
             resolve(server_args, model, platform, rules)

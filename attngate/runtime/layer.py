@@ -11,7 +11,7 @@ from attngate.facts.model import ModelFacts
 from attngate.facts.modes import LayerKind
 
 if TYPE_CHECKING:
-    from attngate.gates.plan import Plan
+    from attngate.plan.schema import Plan
 
 
 @dataclass

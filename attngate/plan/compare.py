@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from attngate.gates.plan import Plan
-from attngate.gates.registry import GROUP_PREFIX
+from attngate.plan.registry import GROUP_PREFIX
+from attngate.plan.schema import Plan
 
 
 def gate_values(plan: Plan) -> dict[str, Any]:

@@ -17,10 +17,10 @@ from typing import Any
 
 import z3
 
+from attngate.facts.catalogue import FACTS, LAYER_FACT, MODE_FACT, FactType
 from attngate.facts.choices import GPU_ARCHS
 from attngate.facts.modes import LayerKind
-from attngate.facts.schema import FACTS, LAYER_FACT, MODE_FACT, FactType
-from attngate.gates.registry import GATES
+from attngate.plan.registry import GATES
 from attngate.rules.load import FactValue, RuleSet
 
 
@@ -93,7 +93,7 @@ class Encoder:
             self.axioms.append(z3.Implies(kind == z3.StringVal(layer_kind.value), has))
 
     def _link_derived_facts(self) -> None:
-        """``links``: derived facts as attngate.facts.schema.derived_facts and ModelFacts compute them. They are kept
+        """``links``: derived facts as attngate.facts.catalogue.derived_facts and ModelFacts compute them. They are kept
         apart from ``axioms`` because their integer division makes queries slower: a query runs without them
         first (no model then means none with them either) and again with them only when it found one, so that
         a finding's witness is an input that exists (not speculative_chain_draft_tokens None beside

@@ -10,8 +10,7 @@ from collections import Counter
 
 import torch
 
-from attngate.backends.errors import BatchMetadataError, KVCacheExhausted
-from attngate.errors import Problem, UsageError
+from attngate.errors import BatchMetadataError, KVCacheExhausted, Problem, UsageError
 
 
 class PageAllocator:

@@ -1,6 +1,6 @@
 """``attngate diff OLD NEW``: does some input make two rule files resolve differently, and where?
 
-Both files are encoded as in the invariant proofs (attngate.rules.prove) over one shared set of facts
+Both files are encoded as in the invariant proofs (attngate.analysis.prove) over one shared set of facts
 and server arguments, each with its own gate variables. Three kinds of difference, each with a
 witness input and the rules responsible on each side:
 
@@ -19,10 +19,17 @@ from typing import Any
 
 import z3
 
-from attngate.gates.registry import GATES
-from attngate.rules.encoding import Encoder, find
+from attngate.analysis.encoding import Encoder, find
+from attngate.analysis.prove import (
+    ResolutionModel,
+    encode_resolution,
+    inputs_read,
+    model_value,
+    simplest_witness,
+    witness_inputs,
+)
+from attngate.plan.registry import GATES
 from attngate.rules.load import Rule, RuleSet
-from attngate.rules.prove import ResolutionModel, encode_resolution, inputs_read, model_value, simplest_witness, witness_inputs
 
 
 @dataclass

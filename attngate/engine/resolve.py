@@ -19,17 +19,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, Collection, Iterable
 
-from attngate._suggest import did_you_mean
-from attngate.errors import check_arguments
-from attngate.facts.choices import CANDIDATE_BACKENDS
-from attngate.facts.model import ModelFacts
-from attngate.facts.modes import ForwardMode, LayerKind
-from attngate.facts.platform import Platform
-from attngate.facts.schema import FACTS, base_facts, derived_facts
-from attngate.facts.server_args import ServerArgs
-from attngate.gates.plan import LayerGates, LayerTable, ModeGates, ModeTable, Plan
-from attngate.gates.registry import GATES, GateSpec
-from attngate.gates.resolution import (
+from attngate.engine.result import (
     Adjustment,
     BackendVerdict,
     Candidate,
@@ -39,9 +29,19 @@ from attngate.gates.resolution import (
     Resolution,
     Violation,
 )
+from attngate.errors import check_arguments
+from attngate.facts.catalogue import FACTS, base_facts, derived_facts
+from attngate.facts.choices import CANDIDATE_BACKENDS
+from attngate.facts.model import ModelFacts
+from attngate.facts.modes import ForwardMode, LayerKind
+from attngate.facts.platform import Platform
+from attngate.facts.server_args import ServerArgs
+from attngate.plan.registry import GATES, GateSpec
+from attngate.plan.schema import LayerGates, LayerTable, ModeGates, ModeTable, Plan
 from attngate.rules.condition import gate_key
 from attngate.rules.deviations import applicable_deviations, refusing_rules
 from attngate.rules.load import FactValue, Rule, RuleSet, adjust_value, load_rules
+from attngate.util.suggest import did_you_mean
 
 MAX_ADJUST_ROUNDS = 32
 #: Called as ``observer(rules, scope, facts)`` with every evaluation context of every resolve() (scope

@@ -1,6 +1,6 @@
 """Proofs of the rule file's invariants with z3: each must hold for every input the fact schema allows.
 
-The encoding mirrors resolve() (attngate/gates/resolve.py) over every input it accepts:
+The encoding mirrors resolve() (attngate/engine/resolve.py) over every input it accepts:
 
 - facts and server arguments are free within their types and choices (model facts included, so a
   counterexample may be a combination no shipped config has: it is printed in full);
@@ -22,9 +22,9 @@ from typing import Any
 
 import z3
 
+from attngate.analysis.encoding import Encoder, Finding, find, lit
 from attngate.facts.server_args import ServerArgs
-from attngate.gates.registry import GATES
-from attngate.rules.encoding import Encoder, Finding, find, lit
+from attngate.plan.registry import GATES
 from attngate.rules.load import FactValue, Invariant, Rule, RuleSet
 
 

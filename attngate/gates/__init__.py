@@ -1,1 +1,0 @@
-"""Outputs and the engine: the Plan, resolve(), the Explanation."""
