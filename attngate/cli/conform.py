@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from attngate.cli import EXIT_BAD_INPUT, EXIT_INVALID_CONFIG, OutputFormat, _fail, app
+from attngate.cli.app import EXIT_BAD_INPUT, EXIT_INVALID_CONFIG, OutputFormat, app, fail
 
 
 @app.command()
@@ -45,7 +45,7 @@ def conform(
                 raise UsageError(Problem("--generate", f"{generate} holds no *.json or */config.json"))
             chosen = generate_cases(models, [g.strip() for g in gpu.split(",") if g.strip()], rule_set)
     except AttngateError as err:
-        raise _fail(err, EXIT_BAD_INPUT) from None
+        raise fail(err, EXIT_BAD_INPUT) from None
     chosen = chosen[:limit] if limit else chosen
     start = time.monotonic()
     results = _run_with_progress(chosen, rule_set, jobs, run_cases, quiet=output == OutputFormat.json)

@@ -1,0 +1,191 @@
+"""``attngate explain``, ``lint``, ``diff``, ``matrix``, ``flags`` and ``schema``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from attngate.cli.app import EXIT_INVALID_CONFIG, MatrixFormat, OutputFormat, app, fail
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def explain(
+    ctx: typer.Context,
+    model: Path = typer.Option(..., "--model", help="config.json of the model, or its folder"),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU architecture: sm80, sm90, sm100, sm120 (default: detect via torch)"),
+    kernels: Optional[str] = typer.Option(None, "--kernels", help="installed kernel providers, comma-separated: flashinfer, flash_attn.cute, flash_attn_interface (default with --gpu: flashinfer,flash_attn.cute; without --gpu: detected)"),
+    args_file: Optional[Path] = typer.Option(None, "--args-file", help="YAML/JSON mapping of server arguments; flags override it"),
+    rules: Optional[Path] = typer.Option(None, "--rules", help="rules file (default: the shipped rules.yaml)"),
+    mode: Optional[str] = typer.Option(None, "--mode", help="with --all: show only this forward mode's table"),
+    gate: Optional[str] = typer.Option(None, "--gate", help="the full why of one gate, e.g. fa.precompute_scheduler_metadata"),
+    allow_known_failure: list[str] = typer.Option([], "--allow-known-failure", help="accept this known_failure entry (repeatable): a warning instead of an error"),
+    show_all: bool = typer.Option(False, "--all", help="every gate table (global, per forward mode, per layer kind)"),
+    output: OutputFormat = typer.Option(OutputFormat.table, "--format", help="table or json"),
+) -> None:
+    """Resolve the attention plan for SGLang server flags (e.g. --attention-backend fa3 --page-size 16; every
+    flag: attngate flags) and explain it: one screen by default, --gate NAME for one gate, --all for every table."""
+    from attngate.cli.report import error_report, resolution_report
+    from attngate.engine.resolve import resolve
+    from attngate.engine.result import PlanError
+    from attngate.errors import AttngateError, load_all
+    from attngate.facts.model import ModelFacts
+    from attngate.facts.modes import ForwardMode
+    from attngate.rules.load import load_rules
+
+    if mode is not None and mode not in {m.value for m in ForwardMode}:
+        raise typer.BadParameter(f"{mode!r} is not a forward mode: {', '.join(m.value for m in ForwardMode)}", param_hint="--mode")
+    try:  # every bad input at once, not only the first
+        args, facts, platform, rule_set = load_all(lambda: _server_args(ctx.args, args_file), lambda: ModelFacts.from_hf_config(model),
+                                                   lambda: _platform(gpu, kernels), lambda: load_rules(rules))
+    except AttngateError as err:
+        raise fail(err) from None
+    try:
+        resolution = resolve(args, facts, platform, rule_set, allow_known_failures=allow_known_failure)
+    except PlanError as err:
+        if output is OutputFormat.json:
+            typer.echo(json.dumps(error_report(err), indent=2, default=str))
+        else:
+            from attngate.cli.render import render_error
+
+            render_error(err)
+        raise typer.Exit(EXIT_INVALID_CONFIG) from None
+    report = resolution_report(resolution)
+    if output is OutputFormat.json:
+        if mode:
+            report["modes"] = {mode: report["modes"][mode]}
+        typer.echo(json.dumps(report, indent=2, default=str))
+    elif show_all or mode:
+        from attngate.cli.render import render_resolution
+
+        render_resolution(resolution, mode)
+    else:
+        from attngate.cli.render import print_lines
+        from attngate.cli.summary import gate_lines, summary_lines
+
+        lines = summary_lines(resolution) if gate is None else gate_lines(resolution, gate)
+        if lines is None:
+            from attngate.util.suggest import did_you_mean
+
+            names = [*resolution.explanation.gates, *next(iter(resolution.explanation.modes.values())),
+                     *next(iter(resolution.explanation.layers.values()))]
+            raise typer.BadParameter(f"no gate {gate!r}" + did_you_mean(gate, names), param_hint="--gate")
+        print_lines(lines)
+
+
+def _server_args(flags: list[str], args_file: Path | None):
+    from attngate.facts.flags import parse_flags
+    from attngate.facts.server_args import ServerArgs
+
+    base = ServerArgs.from_file(args_file).model_dump(exclude_unset=True) if args_file is not None else {}
+    warnings: list = []
+    values, problems = parse_flags(flags, ServerArgs.model_fields, warnings=warnings)
+    for warning in warnings:
+        typer.echo(f"warning: {warning}", err=True)
+    return ServerArgs._validate({**base, **values}, problems, lambda n: "--" + n.replace("_", "-"))
+
+
+@app.command()
+def lint(file: Optional[Path] = typer.Argument(None, help="rules file (default: the shipped rules.yaml)")) -> None:
+    """Report every load, schema and type error of a rules file, then its static findings (conflicts, dead rules)."""
+    from attngate.errors import RulesError
+    from attngate.rules.load import load_rules
+
+    try:
+        rule_set = load_rules(file)
+    except RulesError as err:
+        raise fail(err) from None
+    from attngate.analysis.lint import lint_rules
+
+    findings = lint_rules(rule_set)
+    for finding in findings:
+        typer.echo(str(finding))
+    typer.echo(f"{rule_set.filename}: {len(rule_set.rules)} rules, {len(rule_set.predicates)} predicates, {len(rule_set.invariants)} invariants, {len(findings)} finding(s)")
+    if findings:
+        raise typer.Exit(EXIT_INVALID_CONFIG)
+
+
+@app.command()
+def diff(
+    old: Path = typer.Argument(..., help="the rules file before the change"),
+    new: Path = typer.Argument(..., help="the rules file after it"),
+    output: OutputFormat = typer.Option(OutputFormat.table, "--format", help="table or json"),
+) -> None:
+    """For every gate of every scope (and acceptance and adjustments): does some input make OLD and NEW resolve it
+    differently? Each difference with a witness input and the rules responsible on each side.
+    Exit 0 equivalent, 1 different, 2 bad input."""
+    from attngate.analysis.diff import diff_rules
+    from attngate.errors import AttngateError, load_all
+    from attngate.rules.load import load_rules
+
+    try:
+        loaded = load_all(lambda: load_rules(old), lambda: load_rules(new))
+    except AttngateError as err:
+        raise fail(err) from None
+    differences = diff_rules(*loaded)
+    if output is OutputFormat.json:
+        import dataclasses
+
+        typer.echo(json.dumps([dataclasses.asdict(d) for d in differences], indent=2, default=str))
+    else:
+        for d in differences:
+            typer.echo(str(d))
+        typer.echo(f"{old} -> {new}: {len(differences)} difference(s)")
+    if differences:
+        raise typer.Exit(EXIT_INVALID_CONFIG)
+
+
+@app.command()
+def matrix(
+    models: list[Path] = typer.Argument(..., help="config.json files (or folders of them)"),
+    gpu: str = typer.Option(..., "--gpu", help="GPU architecture"),
+    kernels: Optional[str] = typer.Option(None, "--kernels", help="installed kernel providers, comma-separated: flashinfer, flash_attn.cute, flash_attn_interface (default with --gpu: flashinfer,flash_attn.cute; without --gpu: detected)"),
+    rules: Optional[Path] = typer.Option(None, "--rules", help="rules file"),
+    output: MatrixFormat = typer.Option(MatrixFormat.table, "--format", help="table or markdown (the README's table is generated with markdown)"),
+) -> None:
+    """Print the support matrix: which candidate backend each model can run on this GPU, and why not."""
+    from attngate.cli.render import load_model_configs, matrix_markdown, render_matrix
+    from attngate.errors import AttngateError, load_all
+    from attngate.rules.load import load_rules
+
+    try:  # every bad input at once, not only the first
+        configs, platform, rule_set = load_all(lambda: load_model_configs(models), lambda: _platform(gpu, kernels),
+                                               lambda: load_rules(rules))
+    except AttngateError as err:
+        raise fail(err) from None
+    if output is MatrixFormat.markdown:
+        typer.echo(matrix_markdown(configs, platform, rule_set))
+    else:
+        render_matrix(configs, platform, rule_set)
+
+
+def _platform(gpu: str | None, kernels: str | None):
+    """``--gpu`` and ``--kernels`` as a Platform; without ``--gpu`` both are detected (``--kernels`` still overrides)."""
+    from attngate.facts.platform import Platform
+
+    names = [k.strip() for k in kernels.split(",") if k.strip()] if kernels is not None else None
+    if gpu:
+        return Platform.from_name(gpu, kernels=names)
+    detected = Platform.detect()
+    return detected if names is None else Platform.from_name(detected.gpu_arch, kernels=names)
+
+
+@app.command()
+def flags() -> None:
+    """List the server flags that explain takes (SGLang's names, types and defaults)."""
+    from attngate.facts.server_args import ServerArgs
+
+    for name, field in ServerArgs.model_fields.items():
+        kind = getattr(field.annotation, "__name__", None) or str(field.annotation).replace("typing.", "")
+        doc = f"  {field.description}" if field.description else ""
+        typer.echo(f"--{name.replace('_', '-')}  ({kind}, default {field.default!r}){doc}")
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of rules.yaml (for editors)."""
+    from attngate.rules.spec import RuleFileSpec
+
+    typer.echo(json.dumps(RuleFileSpec.model_json_schema(), indent=2))
