@@ -12,6 +12,11 @@ import torch
 from attngate.runtime.layer import AttentionLayer
 
 
+def fa_window_size(window_left: int | None, causal: bool) -> tuple[int | None, int | None]:
+    """FlashAttention's ``window_size=(left, right)`` for a layer that sees ``window_left`` earlier keys (None: no
+    window): a causal layer sees no later key, a bidirectional one as many later keys as earlier ones."""
+    return (None, None) if window_left is None else (window_left, 0 if causal else window_left)
+
 @dataclass
 class FaMetadata:
     cu_seqlens_q: torch.Tensor  # [bs + 1] int32

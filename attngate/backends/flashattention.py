@@ -31,7 +31,12 @@ from attngate.backends.base import (
     check_pool_page_size,
     sixteen_bit_kv_only,
 )
-from attngate.backends.fa_kernels import Fa3Kernel, Fa4Kernel, FaMetadata
+from attngate.backends.fa_kernels import (
+    Fa3Kernel,
+    Fa4Kernel,
+    FaMetadata,
+    fa_window_size,
+)
 from attngate.backends.mla import (
     absorb_q,
     absorbed_for_batch,
@@ -252,8 +257,7 @@ class FlashAttentionBackend(AttentionBackend):
         if save_kv_cache and cached and k is not None:
             loc = batch.encoder_out_cache_loc if cross else batch.out_cache_loc
             self.kv_pool.set_kv_buffer(layer.layer_id, loc, k, v)
-        w = layer.sliding_window_size
-        window = (w, 0 if gates.causal else w) if gates.use_window else (None, None)
+        window = fa_window_size(layer.sliding_window_size if gates.use_window else None, gates.causal)
         common = dict(layer=layer, causal=gates.causal, window=window, num_splits=self.num_splits,
                       cu_seqlens_q=md.cu_seqlens_q, max_seqlen_q=md.max_seqlen_q)
         if not cached:  # the embedding fast path / encoder-only layers: attend on the raw K/V of this forward

@@ -10,7 +10,13 @@ from typing import Optional
 
 import typer
 
-from attngate.cli.app import EXIT_BAD_INPUT, EXIT_INVALID_CONFIG, OutputFormat, app, fail
+from attngate.cli.app import (
+    EXIT_BAD_INPUT,
+    EXIT_INVALID_CONFIG,
+    OutputFormat,
+    app,
+    fail,
+)
 
 
 @app.command()

@@ -87,12 +87,13 @@ def test_the_flashinfer_path_unpads_plans_once_per_forward_and_matches_eager(nam
 
     from standins import flashinfer as fi_standin
 
+    from attngate.backends import varlen
     from attngate.integrations import transformers_plain
 
     module = fi_standin.module()
     monkeypatch.setitem(sys.modules, "flashinfer", module)
     monkeypatch.setattr(transformers_plain, "_on_gpu", lambda t: True)
-    monkeypatch.setattr(transformers_plain, "_RAGGED", {})
+    monkeypatch.setattr(varlen, "_RAGGED", {})
     file, overrides, _ = MODELS_UNDER_TEST[name]
     ref, ours = _pair(_config(file, {**overrides, "head_dim": 64}))  # the smallest head dim FlashInfer runs
     resolution = configure(ours, ServerArgs(attention_backend="flashinfer"))
@@ -106,7 +107,7 @@ def test_the_flashinfer_path_unpads_plans_once_per_forward_and_matches_eager(nam
     with torch.no_grad():
         expected, got = ref(ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits
         assert (expected - got)[mask.bool()].abs().max().item() < ATOL
-        specs = len(transformers_plain._RAGGED)
+        specs = len(varlen._RAGGED)
         assert len(plans) == specs  # every layer of the forward reused its spec's plan
         assert torch.equal(ours.generate(ids, **greedy), ref.generate(ids, **greedy))
     assert specs == (2 if name == "gemma2-softcap-swa" else 1)  # gemma-2 alternates window and full layers
@@ -116,33 +117,33 @@ def test_the_flashinfer_path_unpads_plans_once_per_forward_and_matches_eager(nam
 def test_the_kernel_path_finds_a_masks_valid_positions_once_per_forward(name, per_forward, monkeypatch):
     """The varlen rows' positions (host syncs) are found once per forward and mask (one per layer type: gemma-2's
     window and full layers), not at every layer; an in-place edit of a mask is a new layout."""
-    from attngate.integrations import transformers_plain
+    from attngate.integrations import transformers_rows
 
     file, overrides, _ = MODELS_UNDER_TEST[name]
     ref, ours = _pair(_config(file, overrides))
     _on_fa_standin(monkeypatch)
     configure(ours, ServerArgs(), FA_HOST)
-    found, original = [], transformers_plain._ValidPositions
+    found, original = [], transformers_rows._ValidPositions
 
     def counted(*args):
         found.append(args)
         return original(*args)
 
-    monkeypatch.setattr(transformers_plain, "_ValidPositions", counted)
+    monkeypatch.setattr(transformers_rows, "_ValidPositions", counted)
     ids, mask = _batch()
     with torch.no_grad():
         expected, got = ref(ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits
     assert (expected - got)[mask.bool()].abs().max().item() < ATOL
     assert len(found) == per_forward
-    assert not [k for k in transformers_plain._VALID if k[0] is not None]  # dropped with the forward's masks
+    assert not [k for k in transformers_rows._VALID if k[0] is not None]  # dropped with the forward's masks
 
     visible = torch.ones(2, 1, 5, dtype=torch.bool)
     four_d = visible[:, None].clone()
-    first = transformers_plain._valid_positions(visible, four_d, True)
-    assert transformers_plain._valid_positions(visible, four_d, True) is first
+    first = transformers_rows._valid_positions(visible, four_d, True)
+    assert transformers_rows._valid_positions(visible, four_d, True) is first
     four_d[1, 0, 0, :2] = False
     edited = four_d[:, 0]
-    assert transformers_plain._valid_positions(edited, four_d, True).lens.tolist() == [[1, 1], [5, 3]]
+    assert transformers_rows._valid_positions(edited, four_d, True).lens.tolist() == [[1, 1], [5, 3]]
 
 
 def test_the_fa_path_runs_chunked_local_layers_as_one_row_per_chunk(monkeypatch):

@@ -1,0 +1,176 @@
+"""transformers' padded attention batch as varlen rows, for the plain path's kernel calls
+(:mod:`attngate.integrations.transformers_plain`): which queries and keys are valid, read from transformers' mask,
+and the rows each layer kind attends in (one per request; per chunk on a chunked-local layer; per run of queries that
+see the same keys on a cross-attention layer)."""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from attngate.errors import BatchMetadataError, Problem
+from attngate.facts.modes import LayerKind
+
+
+@dataclass(frozen=True)
+class LayerDecisions:
+    """What the plan decides for one attention module, as plain values (what a torch.compile graph reads)."""
+
+    layer_id: int
+    kind: LayerKind
+    causal: bool
+    window: int | None  # earlier keys a query sees; None: no window on this layer
+    scaling: float
+    logit_cap: float
+    attention_chunk_size: int  # 0: not chunked local
+    prefill_kernel: str | None  # on a GPU: "fa", "flashinfer", or None (float32 torch)
+    decode_kernel: str | None
+    prefill_kernel_family: str  # FlashInfer's ragged wrapper's
+    workspace_size_mb: int
+
+
+@dataclass
+class _Rows:
+    """A padded batch unpadded into varlen rows: each row's valid keys are contiguous and its valid queries
+    are its last positions (left padding, transformers' dynamic and static caches)."""
+
+    q: torch.Tensor  # [total_q, H, D]
+    k: torch.Tensor  # [total_k, H_kv, D]
+    v: torch.Tensor  # [total_k, H_kv, Dv]
+    q_at: tuple[torch.Tensor, torch.Tensor]  # [total_q] int64 each: the request and position of each valid query
+    lens: torch.Tensor  # [2, B] int32 on the host: valid queries, valid keys per row
+
+    @property
+    def cu_seqlens(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """cu_seqlens_q, cu_seqlens_k: ``[B + 1]`` int32 on the host."""
+        cu = torch.nn.functional.pad(torch.cumsum(self.lens, 1, dtype=torch.int32), (1, 0))
+        return cu[0], cu[1]
+
+    def pad_back(self, out: torch.Tensor, query: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """``[total_q, H, Dv]`` -> ``[B, S, H, Dv]``, zeros at padding queries (transformers ignores them)."""
+        padded = out.new_zeros(query.shape[0], query.shape[2], query.shape[1], value.shape[-1])
+        padded[self.q_at] = out
+        return padded
+
+
+def unpad(query, key, value, visible: torch.Tensor, layer: LayerDecisions, attention_mask: torch.Tensor | None = None) -> _Rows:
+    """Varlen rows from transformers' mask ``visible: [B, S, S_kv]``: one per request (its valid queries over its
+    valid keys), where each valid position is found once per ``attention_mask`` (see :func:`_valid_positions`); on a
+    chunked-local layer one per request and chunk; on a cross-attention layer one per run of a request's queries that
+    see the same keys (host syncs at every call)."""
+    if layer.attention_chunk_size:
+        return _chunk_rows(query, key, value, visible, visible.any(-1), layer)  # padding queries see nothing
+    if layer.kind == LayerKind.CROSS_ATTENTION:
+        return _key_set_rows(query, key, value, visible, visible.any(-1))
+    at = _valid_positions(visible, attention_mask, layer.causal)
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    return _Rows(q[at.q], k[at.k], v[at.k], at.q, at.lens)
+
+
+@dataclass(frozen=True)
+class _ValidPositions:
+    """Where a padded batch's valid queries and keys sit: (request, position) index pairs, ``[total]`` int64 each."""
+
+    q: tuple[torch.Tensor, torch.Tensor]
+    k: tuple[torch.Tensor, torch.Tensor]
+    lens: torch.Tensor  # [2, B] int32 on the host
+
+
+# the valid positions of the masks of the forwards in flight: transformers hands every layer of a forward the same mask
+# object (one per layer type), so its host syncs are paid once per forward, not at every layer
+_VALID: dict[tuple, _ValidPositions] = {}
+
+
+def _valid_positions(visible: torch.Tensor, attention_mask: torch.Tensor | None, causal: bool) -> _ValidPositions:
+    """The valid positions of ``visible: [B, S, S_kv]``, made from ``attention_mask`` (kept while the mask lives and is
+    not edited), or without one from the shape alone (causal, or every key). One host sync where not kept."""
+    # the mask's version counter too: an in-place edit (a caller's own 4D mask, reused) is another layout
+    mask_key = None if attention_mask is None else (id(attention_mask), attention_mask._version)
+    key = (mask_key, causal, *visible.shape, visible.device)
+    if key in _VALID:
+        return _VALID[key]
+    q_valid, kv_valid = visible.any(-1), visible.any(1)
+    lens = torch.stack([q_valid.sum(1), kv_valid.sum(1)]).to(torch.int32).cpu()
+    found = _ValidPositions(q_valid.nonzero(as_tuple=True), kv_valid.nonzero(as_tuple=True), lens)
+    if attention_mask is not None:
+        weakref.finalize(attention_mask, _VALID.pop, key, None)
+    elif sum(k[0] is None for k in _VALID) >= 64:  # shapes alone: a decode grows S_kv every step
+        for stale in [k for k in _VALID if k[0] is None]:
+            del _VALID[stale]
+    _VALID[key] = found
+    return found
+
+
+def _chunk_rows(query, key, value, visible: torch.Tensor, q_valid: torch.Tensor, layer: LayerDecisions) -> _Rows:
+    """Chunked local attention (SGLang's local virtual batches): the queries of a request that share a chunk (the
+    same first visible key) form one row over the keys from that chunk's first one to the row's last query, so
+    that causal bottom-right alignment within the row is the chunk's mask."""
+    row, first, last = chunk_extents(visible, q_valid, layer)
+    _, q_lens = torch.unique_consecutive(row * visible.shape[-1] + first, return_counts=True)
+    ends = q_lens.cumsum(0) - 1  # each chunk row's last query
+    k_lens = last[ends] - first[ends] + 1
+    k_rows = torch.repeat_interleave(row[ends], k_lens)
+    k_cols = torch.arange(int(k_lens.sum())) - torch.repeat_interleave(k_lens.cumsum(0) - k_lens - first[ends], k_lens)
+    return _gathered_rows(query, key, value, q_valid, q_lens, k_lens, k_rows, k_cols)
+
+
+def _key_set_rows(query, key, value, visible: torch.Tensor, q_valid: torch.Tensor) -> _Rows:
+    """Cross attention: each run of consecutive queries of a request that see the same keys (the text after one
+    image, say) forms one non-causal row over exactly those keys."""
+    rows = _request_of(q_valid)
+    seen = visible[q_valid]  # [total_q, S_kv], queries in order
+    starts = torch.ones(rows.shape[0], dtype=torch.bool, device=visible.device)
+    starts[1:] = (rows[1:] != rows[:-1]) | (seen[1:] != seen[:-1]).any(-1)
+    firsts = starts.nonzero()[:, 0]
+    group, k_cols = seen[firsts].nonzero(as_tuple=True)  # each run's keys, run by run
+    q_lens = torch.diff(firsts, append=firsts.new_tensor([rows.shape[0]]))
+    return _gathered_rows(query, key, value, q_valid, q_lens.cpu(), seen[firsts].sum(-1).cpu(), rows[firsts][group], k_cols)
+
+
+def _request_of(q_valid: torch.Tensor) -> torch.Tensor:
+    """``[total_q]`` int64: the request (batch row) of each valid query, in row-major order."""
+    b, s = q_valid.shape
+    return torch.arange(b, device=q_valid.device)[:, None].expand(b, s)[q_valid]
+
+
+def _gathered_rows(query, key, value, q_valid: torch.Tensor, q_lens: torch.Tensor, k_lens: torch.Tensor,
+                   k_rows: torch.Tensor, k_cols: torch.Tensor) -> _Rows:
+    """Rows of ``q_lens`` consecutive valid queries each over the keys ``key[k_rows, :, k_cols]``, row after row
+    (lengths on the host, indices on either side)."""
+    k_rows, k_cols = k_rows.to(key.device, non_blocking=True), k_cols.to(key.device, non_blocking=True)
+    k, v = key.transpose(1, 2)[k_rows, k_cols], value.transpose(1, 2)[k_rows, k_cols]
+    q_at = q_valid.nonzero(as_tuple=True)
+    return _Rows(query.transpose(1, 2)[q_at], k, v, q_at, torch.stack([q_lens, k_lens]).to(torch.int32))
+
+
+def chunk_extents(visible: torch.Tensor, q_valid: torch.Tensor, layer: LayerDecisions) -> torch.Tensor:
+    """``[3, total_q]`` int64 on the host (one sync), per valid query in row-major order: its row, first and last
+    visible key. Raises BatchMetadataError naming the layer where the mask shows a query keys that are not one
+    range, or more of them than the plan's attention_chunk_size."""
+    s_kv = visible.shape[-1]
+    j = torch.arange(s_kv, device=visible.device)
+    first, last = torch.where(visible, j, s_kv).amin(-1), torch.where(visible, j, -1).amax(-1)
+    row, first, last, count = torch.stack([_request_of(q_valid), first[q_valid], last[q_valid], visible.sum(-1)[q_valid]]).cpu()
+    span, where, problems = last - first + 1, f"layer {layer.layer_id}", []
+    if bool((span != count).any()):
+        problems.append(Problem(where, "transformers' mask shows a query keys that are not one range; a chunked-local "
+                                       "layer attends to the keys of one chunk up to the query"))
+    if span.numel() and int(span.max()) > layer.attention_chunk_size:
+        problems.append(Problem(where, f"transformers' mask shows a query {int(span.max())} keys, more than the plan's "
+                                       f"attention_chunk_size {layer.attention_chunk_size}: the model does not chunk this "
+                                       "layer as the plan says"))
+    if problems:
+        raise BatchMetadataError(problems)
+    return torch.stack([row, first, last])
+
+
+def visible_mask(attention_mask: torch.Tensor | None, b: int, s: int, s_kv: int, device, causal: bool) -> torch.Tensor:
+    if attention_mask is None and not causal:  # an unpadded encoder batch, or cross attention over every encoder token
+        return torch.ones(b, s, s_kv, dtype=torch.bool, device=device)
+    if attention_mask is None:  # transformers passes none for an unpadded causal batch: causal, bottom-right
+        return (torch.arange(s_kv, device=device)[None, :] <= torch.arange(s, device=device)[:, None] + (s_kv - s)).expand(b, s, s_kv)
+    mask = attention_mask[:, 0, :, :s_kv]
+    visible = mask if mask.dtype == torch.bool else mask == 0
+    return visible.expand(b, s, s_kv)
