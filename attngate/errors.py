@@ -75,6 +75,13 @@ class KVCacheExhausted(AttngateError):
     title = "KV cache exhausted"
 
 
+class BackendRefusal(AttngateError):
+    """A backend refusing a plan or a model's layers at construction (attngate.backends.capabilities says why),
+    before any kernel runs."""
+
+    title = "backend refuses the plan"
+
+
 class BatchMetadataError(AttngateError):
     """ForwardBatch metadata that would read or write outside the pool or the request table."""
 

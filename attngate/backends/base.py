@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from attngate.errors import BatchMetadataError, Problem, UsageError
+from attngate.errors import BackendRefusal, BatchMetadataError, Problem, UsageError
 from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.plan.schema import Plan
 from attngate.runtime.forward_batch import ForwardBatch
@@ -26,7 +26,7 @@ class AttentionBackend(ABC):
                  device: torch.device | str = "cpu"):
         plan.check_intact()  # a plan edited in place would steer this backend without its rules
         if plan.common.unified_kv_pool:
-            raise BatchMetadataError(Problem("common.unified_kv_pool", "attngate's backends read their own KV pool's page ids; "
+            raise BackendRefusal(Problem("common.unified_kv_pool", "attngate's backends read their own KV pool's page ids; "
                                              "SGLang's unified memory pool (--enable-unified-memory) needs its index translator"))
         check_heads_per_rank(plan, layers)
         check_served_layers(layers)
@@ -123,23 +123,6 @@ def tree_mask_of(plan: Plan, mode: ForwardMode, spec_tree_mask: torch.Tensor | N
     if problems:
         raise BatchMetadataError(problems)
     return mask
-
-
-def chain_verify_only(plan: Plan, backend: str) -> list[Problem]:
-    """A backend that verifies chains only refuses a plan whose TARGET_VERIFY is a speculative tree (empty: it may)."""
-    if not plan.mode(ForwardMode.TARGET_VERIFY).common.tree_mask:
-        return []
-    return [Problem("common.tree_mask", f"attngate's {backend} verifies speculative chains only, and the plan verifies a tree "
-                                        "(speculative_eagle_topk > 1); the flashinfer backend (MHA) verifies trees")]
-
-
-def sixteen_bit_kv_only(plan: Plan, backend: str) -> list[Problem]:
-    """A backend that reads 16-bit KV caches only refuses a plan for an FP8 one (empty: it may)."""
-    name = plan.common.kv_cache_dtype
-    if name == "auto" or KV_STORAGE_DTYPES.get(name) == torch.bfloat16:
-        return []
-    return [Problem("common.kv_cache_dtype", f"{name!r}: attngate's {backend} reads 16-bit KV caches only (no descale "
-                                             "tensors); the flashinfer backend (MHA) reads FP8 ones")]
 
 
 def check_batch(batch: ForwardBatch, req_to_token: torch.Tensor, num_slots: int) -> None:
@@ -257,13 +240,13 @@ KV_STORAGE_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp8_e4
 
 
 def kv_storage_dtype(plan: Plan, model_dtype: torch.dtype) -> torch.dtype:
-    """The dtype a KV pool for this plan holds: ``common.kv_cache_dtype``, the model's for "auto". BatchMetadataError
+    """The dtype a KV pool for this plan holds: ``common.kv_cache_dtype``, the model's for "auto". BackendRefusal
     for a dtype attngate does not store (nvfp4, fp4_e2m1, fp4_mx_block16, mxfp8)."""
     name = plan.common.kv_cache_dtype
     if name == "auto":
         return model_dtype
     if name not in KV_STORAGE_DTYPES:
-        raise BatchMetadataError(Problem("common.kv_cache_dtype", f"{name!r}: attngate's KV pools store "
+        raise BackendRefusal(Problem("common.kv_cache_dtype", f"{name!r}: attngate's KV pools store "
                                          f"{', '.join(sorted(KV_STORAGE_DTYPES))} or the model's dtype ('auto'); "
                                          "FP4 and MXFP8 caches need per-block scales they do not keep"))
     return KV_STORAGE_DTYPES[name]

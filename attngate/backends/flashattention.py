@@ -24,13 +24,12 @@ import torch
 from attngate.backends.base import (
     AttentionBackend,
     captured_graph,
-    chain_verify_only,
     check_batch,
     check_capture_mode,
     check_graph_batch,
     check_pool_page_size,
-    sixteen_bit_kv_only,
 )
+from attngate.backends.capabilities import fa_refusals
 from attngate.backends.fa_kernels import (
     Fa3Kernel,
     Fa4Kernel,
@@ -42,39 +41,15 @@ from attngate.backends.mla import (
     absorbed_for_batch,
     check_mla_weights,
     decompress,
-    mla_reads_what_it_writes,
     project_out,
 )
 from attngate.backends.page_ids import page_ids, page_table
-from attngate.errors import BatchMetadataError, Problem, UsageError
+from attngate.errors import BackendRefusal, BatchMetadataError, Problem, UsageError
 from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.plan.schema import Plan
 from attngate.runtime.batch_metadata import BatchLengths, check_page_aligned, host
 from attngate.runtime.forward_batch import ForwardBatch
 from attngate.runtime.layer import AttentionLayer
-
-
-def fa_refusals(plan: Plan, layers: list[AttentionLayer], sm_major: int | None = None) -> list[Problem]:
-    """Why the FA backend cannot serve these layers under this plan (empty: it can). ``sm_major`` None skips
-    the architecture checks (CPU stand-ins). Needs no kernel import."""
-    provider, page_size = plan.flashattention.provider, plan.common.page_size
-    problems = mla_reads_what_it_writes(plan, layers) + chain_verify_only(plan, "FA backend") + sixteen_bit_kv_only(plan, "FA backend")
-    if provider == "flash_attn.cute" and sm_major is not None and sm_major not in (9, 10):
-        problems.append(Problem("flashattention.provider", f"flash_attn.cute reads no paged KV cache on SM{sm_major}x "
-                                                           "(SM90 and SM100 only), and every FA path but the embedding fast path reads one"))
-    for layer in layers:
-        where = f"layer {layer.layer_id}"
-        if provider == "flash_attn.cute" and sm_major in (9, 10) and not _cute_runs_head_dims(layer, sm_major):
-            problems.append(Problem(where, f"flash_attn.cute runs no head dims {layer.head_dim}/{layer.v_head_dim} (q·k / v) on SM{sm_major}x"))
-        if (layer.has_sinks or layer.sinks is not None) and provider == "flash_attn_interface":
-            problems.append(Problem(where, "flash_attn_interface (FA3) has no learned attention sinks; the plan must pick flash_attn.cute"))
-        if layer.kind == LayerKind.CHUNKED_LOCAL and (layer.attention_chunk_size or 0) % page_size:
-            problems.append(Problem(where, f"attention_chunk_size {layer.attention_chunk_size} is not a multiple of page_size {page_size}"))
-        if layer.is_mla and sm_major is not None:
-            runs = (provider == "flash_attn_interface" and sm_major == 9) or (provider == "flash_attn.cute" and sm_major == 10)
-            if not runs:
-                problems.append(Problem(where, f"{provider} runs no absorbed MLA on SM{sm_major}x (FA3 on SM90, FA4 on SM100)"))
-    return problems
 
 
 class FlashAttentionBackend(AttentionBackend):
@@ -102,7 +77,7 @@ class FlashAttentionBackend(AttentionBackend):
         cuda = torch.device(device).type == "cuda"
         problems = fa_refusals(plan, layers, torch.cuda.get_device_capability(device)[0] if cuda else None)
         if problems:
-            raise BatchMetadataError(problems)
+            raise BackendRefusal(problems)
         self._max_pages = -(-req_to_token.shape[1] // self.page_size)  # a full row of req_to_token
         self._arange = torch.arange(req_to_token.shape[0] + 1, dtype=torch.int32, device=self.device)
         self.md: FaMetadata | None = None
@@ -325,17 +300,6 @@ class FlashAttentionBackend(AttentionBackend):
             check_graph_batch(self, bs, per_req, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode, encoder_lens_cpu)
         self._fill_kv_metadata(md, forward_mode, req_pool_indices, seq_lens, per_req, encoder_lens, in_place=True,
                                encoder_lens_cpu=encoder_lens_cpu)
-
-
-def _cute_runs_head_dims(layer: AttentionLayer, sm_major: int) -> bool:
-    """flash_attn.cute's head-dim bounds (its _validate_head_dims, flash-attn-4 4.0.0b36): from 8 and a multiple of 8 (the
-    16-bit alignment); up to 256 on SM90; on SM100 up to 128, or 192 with 128 (MLA's non-absorbed form), or 256 with 256."""
-    d, dv = layer.head_dim, layer.v_head_dim
-    if d < 8 or dv < 8 or d % 8 or dv % 8:
-        return False
-    if sm_major == 9:
-        return d <= 256 and dv <= 256
-    return (d <= 128 and dv <= 128) or (d, dv) in ((192, 128), (256, 256))
 
 
 def _same_shape(a: AttentionLayer, b: AttentionLayer | None) -> bool:

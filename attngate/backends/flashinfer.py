@@ -40,16 +40,16 @@ import torch
 
 from attngate.backends.base import (
     AttentionBackend,
-    captured_graph,
     check_batch,
-    check_capture_mode,
-    check_graph_batch,
     check_pool_page_size,
     is_fp8,
 )
-from attngate.backends.flashinfer_mla import FlashInferMLABackend, mla_refusals
-from attngate.backends.page_ids import GraphPageIds, device_ranges, page_ids
-from attngate.errors import BatchMetadataError, Problem, UsageError
+from attngate.backends.capabilities import flashinfer_refusals
+from attngate.backends.flashinfer_graphs import CapturedWrappers, FlashInferCudaGraphs
+from attngate.backends.flashinfer_masks import packed_tree_mask, prefix_window_mask
+from attngate.backends.flashinfer_mla import FlashInferMLABackend
+from attngate.backends.page_ids import device_ranges, page_ids
+from attngate.errors import BackendRefusal, BatchMetadataError, Problem, UsageError
 from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.plan.schema import Plan
 from attngate.runtime.batch_metadata import (
@@ -75,41 +75,7 @@ class _WrapperSpec:
     heads: tuple[int, int, int]  # num_q_heads, num_kv_heads, head_dim of its layers
 
 
-@dataclass
-class _Graph:
-    """One captured (forward mode, batch size): its wrappers and, per wrapper, the page ids the graph builds."""
-
-    wrappers: list
-    per_req: int  # new tokens per request
-    rows: torch.Tensor  # [bs] int64, req_pool_indices, copied in at each re-plan; shared by the wrappers' ids
-    ids: list[GraphPageIds]
-    planned: bool = False  # the capture's plan() ran: the wrappers hold a kernel module fast_decode_plan may reuse
-
-
-def flashinfer_refusals(plan: Plan, layers: list[AttentionLayer]) -> list[Problem]:
-    """Why the FlashInfer backend cannot serve these layers under this plan (empty: it can). Needs no kernel import."""
-    problems = []
-    if plan.flashinfer.multi_item_scoring:
-        problems.append(Problem("flashinfer.multi_item_scoring", "attngate's FlashInfer backend does not implement multi-item "
-                                "scoring (SGLang's MultiItemScoringParams); this plan is for SGLang's flashinfer backend"))
-    if any(layer.is_mla for layer in layers):
-        return problems + mla_refusals(plan, layers)
-    for layer in layers:
-        if layer.head_dim != layer.v_head_dim or layer.head_dim not in (64, 128, 256):
-            problems.append(Problem(f"layer {layer.layer_id}", f"FlashInfer runs head dims 64, 128 and 256 (q·k = v), not "
-                                                               f"{layer.head_dim}/{layer.v_head_dim}"))
-        if layer.has_sinks or layer.sinks is not None:
-            problems.append(Problem(f"layer {layer.layer_id}", "FlashInfer runs no learned attention sinks"))
-        if layer.kind == LayerKind.CHUNKED_LOCAL:
-            problems.append(Problem(f"layer {layer.layer_id}", "FlashInfer runs no chunked local attention (a window would let a query see the previous chunk)"))
-        gates = plan.layer(layer.kind).common
-        if gates.use_window and not gates.causal and layer.sliding_window_size >= 0:
-            problems.append(Problem(f"layer {layer.layer_id}", "FlashInfer's window_left bounds a window before the query only; "
-                                    "this bidirectional layer's window also bounds it after the query"))
-    return problems
-
-
-class FlashInferBackend(AttentionBackend):
+class FlashInferBackend(FlashInferCudaGraphs, AttentionBackend):
     """FlashInfer over the paged pool. ``checked=True`` validates every batch before a kernel launch
     (shared with the FA backend); off by default, no cost when off. ``q_dtype``: the dtype of the
     queries (the model's dtype; default the KV pool's, which differs under an FP8 KV cache). Each
@@ -129,7 +95,7 @@ class FlashInferBackend(AttentionBackend):
         super().__init__(plan, kv_pool, req_to_token, layers, device)
         problems = flashinfer_refusals(plan, layers)
         if problems:
-            raise BatchMetadataError(problems)
+            raise BackendRefusal(problems)
         self.fi = importlib.import_module("flashinfer")
         gates = plan.flashinfer
         self.prefill_fixed_split_size = gates.prefill_fixed_split_size
@@ -141,7 +107,7 @@ class FlashInferBackend(AttentionBackend):
                                                        ("eager_decode_replan", self.eager_decode_replan)) if how == "fast_decode_plan"]
         if fast and not hasattr(self.fi, "fast_decode_plan"):
             version = getattr(self.fi, "__version__", "version unknown")
-            raise BatchMetadataError([Problem(gate, f"is fast_decode_plan, which this FlashInfer ({version}) does not export; 0.7.2 does")
+            raise BackendRefusal([Problem(gate, f"is fast_decode_plan, which this FlashInfer ({version}) does not export; 0.7.2 does")
                                       for gate in fast])
         self.page_size = check_pool_page_size(plan, kv_pool)
         self.checked = checked
@@ -166,8 +132,8 @@ class FlashInferBackend(AttentionBackend):
         self.paged_wrappers = [self.fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=family) for _ in range(n)]
         self.ragged_wrappers = [self.fi.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend=family) for _ in range(n)]
         self._active_decode, self._active_paged = self.decode_wrappers, self.paged_wrappers  # graph replays swap these
-        self._graphs: dict[tuple[ForwardMode, int], _Graph] = {}
-        self._graph: _Graph | None = None  # the graph whose buffers the current forward reads (None: eager)
+        self._graphs: dict[tuple[ForwardMode, int], CapturedWrappers] = {}
+        self._graph: CapturedWrappers | None = None  # the graph whose buffers the current forward reads (None: eager)
         self._graph_max: tuple[int, int] | None = None  # (max_bs, max_num_tokens), set by init_cuda_graph_state
         has_encoder = any(lay.kind == LayerKind.CROSS_ATTENTION for lay in layers)
         self._shiftable = [s.window_left >= 0 or (has_encoder and not s.cross) for s in self.specs]
@@ -278,7 +244,7 @@ class FlashInferBackend(AttentionBackend):
     def _pages(self, spec: _WrapperSpec, lens: BatchLengths, *, prefix_only: bool) -> PageRange:
         return lens.kv_pages(self.page_size, window_left=spec.window_left, prefix_only=prefix_only, cross=spec.cross)
 
-    def _plan_decode(self, wrapper, spec: _WrapperSpec, lens: BatchLengths, graph: _Graph | None = None) -> None:
+    def _plan_decode(self, wrapper, spec: _WrapperSpec, lens: BatchLengths, graph: CapturedWrappers | None = None) -> None:
         rng = self._pages(spec, lens, prefix_only=False)
         kw = self._plan_kwargs(spec, "decode", cuda_graph=graph is not None)
         if self._replans_fast(spec, graph):
@@ -292,14 +258,14 @@ class FlashInferBackend(AttentionBackend):
         if graph is None:
             self._decode_planned[spec.index] = True
 
-    def _replans_fast(self, spec: _WrapperSpec, graph: _Graph | None) -> bool:
+    def _replans_fast(self, spec: _WrapperSpec, graph: CapturedWrappers | None) -> bool:
         """fast_decode_plan re-plans this decode wrapper: the plan says so for its kind (CUDA-graph or eager), and plan()
         has run on it before (fast_decode_plan reuses the kernel module plan() chose)."""
         if graph is not None:
             return graph.planned and self.graph_decode_replan == "fast_decode_plan"
         return self._decode_planned[spec.index] and self.eager_decode_replan == "fast_decode_plan"
 
-    def _fast_plan_arrays(self, spec: _WrapperSpec, lens: BatchLengths, rng: PageRange, graph: _Graph | None,
+    def _fast_plan_arrays(self, spec: _WrapperSpec, lens: BatchLengths, rng: PageRange, graph: CapturedWrappers | None,
                           indptr_host: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(kv_indptr, kv_indices, kv_last_page_len) for fast_decode_plan, which copies none of them. CUDA graph: the
         static buffers filled by one copy (:meth:`GraphPageIds.load`), indptr and last_page_len handed on the host (it
@@ -313,17 +279,17 @@ class FlashInferBackend(AttentionBackend):
         return packed[: bs + 1], page_ids(self.req_to_token, lens.rows, rng, self.page_size, packed), packed[2 * bs + 1:]
 
     def _plan_paged(self, wrapper, spec: _WrapperSpec, qo_indptr: torch.Tensor, lens: BatchLengths, *, prefix_only: bool,
-                    causal: bool, window_mask: bool = False, graph: _Graph | None = None, tree: torch.Tensor | None = None) -> None:
+                    causal: bool, window_mask: bool = False, graph: CapturedWrappers | None = None, tree: torch.Tensor | None = None) -> None:
         rng = self._pages(spec, lens, prefix_only=prefix_only)
         kw = self._plan_kwargs(spec, "paged", cuda_graph=graph is not None)
         if window_mask:  # paged half of a ragged+paged window layer: queries sit after the prefix
-            kw = kw | dict(custom_mask=self._prefix_window_mask(spec, rng, lens), window_left=-1)
+            kw = kw | dict(custom_mask=prefix_window_mask(spec.window_left, rng, lens, self.device), window_left=-1)
         elif tree is not None:  # a speculative tree's verify; a window layer keeps its window_left beside the mask
-            kw = kw | dict(custom_mask=self._tree_mask(rng, tree))
+            kw = kw | dict(custom_mask=packed_tree_mask(rng, tree))
         wrapper.plan(qo_indptr, host(rng.indptr), self._ids_for_plan(spec, lens, rng, graph), host(rng.last_page_len),
                      *spec.heads, self.page_size, causal=causal, **kw)
 
-    def _ids_for_plan(self, spec: _WrapperSpec, lens: BatchLengths, rng: PageRange, graph: _Graph | None) -> torch.Tensor:
+    def _ids_for_plan(self, spec: _WrapperSpec, lens: BatchLengths, rng: PageRange, graph: CapturedWrappers | None) -> torch.Tensor:
         """Eager: the page ids, built now. CUDA graph: a view of the wrapper's static kv_indices (plan()'s copy of
         it onto itself is skipped), which the graph fills (:meth:`GraphPageIds.on_layer`); only the ranges' first
         tokens are copied in now, for wrappers whose ranges can start past token 0."""
@@ -333,31 +299,6 @@ class FlashInferBackend(AttentionBackend):
         if ids.first_token is not None:
             ids.first_token.copy_(host(rng.first_token), non_blocking=True)
         return ids.kv_indices[: rng.total_pages]
-
-    def _prefix_window_mask(self, spec: _WrapperSpec, rng: PageRange, lens: BatchLengths) -> torch.Tensor:
-        """Flattened ``[sum(new_i * kv_len_i)]`` bool: key at ``start + j`` is visible to the query at ``prefix + i``
-        when ``start + j >= prefix + i - window``."""
-        parts = []
-        for b in range(lens.batch_size):
-            q_pos = lens.enc[b] + lens.prefix[b] + np.arange(lens.new[b])
-            k_pos = rng.first_token[b] + np.arange(rng.kv_len[b])
-            parts.append((k_pos[None, :] >= q_pos[:, None] - spec.window_left).reshape(-1))
-        return host(np.concatenate(parts)).to(self.device, non_blocking=True)
-
-    def _tree_mask(self, rng: PageRange, tree: torch.Tensor) -> torch.Tensor:
-        """Flattened ``[sum(D * kv_len_r)]`` bool (request, query, key order) over each request's planned KV range:
-        its cached keys visible, its last D keys (the draft tokens) where ``tree: [bs, D, D]`` says. A window is not
-        folded in: FlashInfer applies window_left beside a custom mask, at the positions the reference gives the
-        draft tokens. The scatter's indices come from the host lengths (bs x D x D of them, one copy): a fill and one
-        scatter on the device, no sync."""
-        d = tree.shape[1]
-        kv_len = rng.kv_len.astype(np.int64)
-        row0 = d * (np.cumsum(kv_len) - kv_len) + kv_len - d  # each request's first draft key in its first query's row
-        steps = np.arange(d)
-        where = row0[:, None, None] + steps[None, :, None] * kv_len[:, None, None] + steps[None, None, :]  # [bs, D, D], host
-        mask = torch.ones(int(d * kv_len.sum()), dtype=torch.bool, device=tree.device)
-        mask[host(where.reshape(-1)).to(tree.device, non_blocking=True)] = tree.flatten()
-        return mask
 
     # ---- forward --------------------------------------------------------------------------------
 
@@ -399,82 +340,3 @@ class FlashInferBackend(AttentionBackend):
         self._write(layer, batch, k, v, spec, save_kv_cache)  # after attention: the paged half reads the prefix only
         return out
 
-    # ---- CUDA graphs ----------------------------------------------------------------------------
-
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
-        self._graph_max = (max_bs, max_num_tokens)  # wrappers and their static buffers are made per captured batch size
-        self._graph_masks: dict[int, torch.Tensor] = {}  # per wrapper index: a tree verify's packed mask, shared by the graphs
-
-    def _graph_mask_buffers(self, index: int, bs: int) -> dict[str, torch.Tensor]:
-        """Wrapper ``index``'s custom-mask buffers for a tree-verify graph of ``bs`` requests. The packed mask (bits
-        for up to max_num_tokens queries over a whole req_to_token row each, plus a padding byte per request: FlashInfer's
-        segment_packbits pads each request to whole bytes) is shared by every captured batch size, as SGLang shares one:
-        a graph replays right after its own plan() rewrote it. Its byte offsets (mask_indptr) are per batch size."""
-        mask = self._graph_masks.get(index)
-        if mask is None:
-            max_bs, max_tokens = self._graph_max
-            size = -(-max_tokens * self.req_to_token.shape[1] // 8) + max_bs
-            mask = self._graph_masks[index] = torch.zeros(size, dtype=torch.uint8, device=self.device)
-        return dict(custom_mask_buf=mask, mask_indptr_buf=torch.zeros(bs + 1, dtype=torch.int32, device=self.device))
-
-    def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode):
-        check_capture_mode(self.plan, bs, forward_mode, self._graph_max[0] if self._graph_max else None)  # the plan's table decides
-        max_pages = self.req_to_token.shape[1] // self.page_size + 1
-        per_req = num_tokens // bs
-        rows = torch.zeros(bs, dtype=torch.int64, device=self.device)
-        g = _Graph([], per_req, rows, [GraphPageIds.packed_buffers(rows, bs * max_pages, first, shifted=shiftable)
-                                       for shiftable, first in zip(self._shiftable, self._first_layer)])
-        tree = self.plan.mode(forward_mode).common.tree_mask
-        for spec, ids in zip(self.specs, g.ids):
-            if forward_mode == ForwardMode.DECODE:
-                g.wrappers.append(self.fi.BatchDecodeWithPagedKVCacheWrapper(
-                    self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=self.decode_use_tensor_cores, backend=self.decode_kernel_family,
-                    paged_kv_indptr_buffer=ids.kv_indptr, paged_kv_indices_buffer=ids.kv_indices,
-                    paged_kv_last_page_len_buffer=ids.last_page_len))
-            else:
-                qo = torch.arange(0, (bs + 1) * per_req, per_req, dtype=torch.int32, device=self.device)
-                mask = self._graph_mask_buffers(spec.index, bs) if tree and not spec.cross else {}
-                g.wrappers.append(self.fi.BatchPrefillWithPagedKVCacheWrapper(
-                    self.workspace, "NHD", use_cuda_graph=True, qo_indptr_buf=qo, paged_kv_indptr_buf=ids.kv_indptr,
-                    paged_kv_indices_buf=ids.kv_indices, paged_kv_last_page_len_buf=ids.last_page_len,
-                    backend=self.prefill_kernel_family, **mask))
-        self._graphs[(forward_mode, bs)] = g
-        chain = torch.ones(bs, per_req, per_req, dtype=torch.bool, device=self.device).tril() if tree else None  # captured as a chain
-        self._replan_graph(g, req_pool_indices, seq_lens.cpu(), encoder_lens, forward_mode, spec_tree_mask=chain)
-        g.planned = True
-
-    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode,
-                                                encoder_lens_cpu=None, spec_tree_mask=None):
-        g = captured_graph(self._graphs, forward_mode, bs)
-        if self.checked:
-            check_graph_batch(self, bs, g.per_req, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode, encoder_lens_cpu)
-        self._replan_graph(g, req_pool_indices, seq_lens_cpu, encoder_lens, forward_mode, encoder_lens_cpu, spec_tree_mask)
-
-    def _replan_graph(self, g: _Graph, rows, seq_lens_cpu, encoder_lens, mode, encoder_lens_cpu=None, spec_tree_mask=None) -> None:
-        """Plan the captured wrappers for new lengths: plan() refills their static buffers in place (a tree verify's
-        mask too), the rows are copied into the graph's, and the graph itself rebuilds the page ids."""
-        lens = BatchLengths.for_graph(mode, rows, seq_lens_cpu, g.per_req, encoder_lens, encoder_lens_cpu)
-        tree = self.spec_tree(mode, spec_tree_mask, lens.new)
-        if lens.has_encoder:
-            check_page_aligned(lens.enc, self.page_size, "encoder_lens", "FlashInfer")
-            # a wrapper captured without first tokens fills its page ids from token 0; self-attention ranges here start later
-            if any(ids.first_token is None and not spec.cross for spec, ids in zip(self.specs, g.ids)):
-                raise BatchMetadataError(Problem("encoder_lens", "this CUDA graph's layers have no cross attention and read "
-                                                                 "from token 0, but the batch has encoder tokens"))
-        g.rows.copy_(rows, non_blocking=True)
-        for ids in g.ids:
-            ids.filled = False
-        decode = mode == ForwardMode.DECODE
-        qo_indptr = None if decode else host(lens.qo_indptr)
-        for spec, wrapper in zip(self.specs, g.wrappers):
-            if decode:
-                self._plan_decode(wrapper, spec, lens, g)
-            else:
-                self._plan_paged(wrapper, spec, qo_indptr, lens, prefix_only=False, causal=spec.causal and not spec.cross, graph=g,
-                                 tree=None if spec.cross else tree)
-        if decode:
-            self._active_decode = g.wrappers
-        else:
-            self._active_paged = g.wrappers
-        self._batch_path = "decode" if decode else "paged"
-        self._graph = g

@@ -30,24 +30,22 @@ import torch
 from attngate.backends.base import (
     AttentionBackend,
     captured_graph,
-    chain_verify_only,
     check_batch,
     check_capture_mode,
     check_graph_batch,
     check_pool_page_size,
-    sixteen_bit_kv_only,
 )
+from attngate.backends.capabilities import flashinfer_mla_refusals
 from attngate.backends.mla import (
     absorb_q,
     absorbed_for_batch,
     check_mla_weights,
     decompress,
-    mla_reads_what_it_writes,
     project_out,
 )
 from attngate.backends.page_ids import GraphPageIds, page_ids
-from attngate.errors import BatchMetadataError, Problem, UsageError
-from attngate.facts.modes import ForwardMode, LayerKind
+from attngate.errors import BackendRefusal, Problem, UsageError
+from attngate.facts.modes import ForwardMode
 from attngate.plan.schema import Plan
 from attngate.runtime.batch_metadata import BatchLengths, host
 from attngate.runtime.forward_batch import ForwardBatch
@@ -63,34 +61,15 @@ class _MLAGraph:
     ids: GraphPageIds
 
 
-def mla_refusals(plan: Plan, layers: list[AttentionLayer]) -> list[Problem]:
-    """Why FlashInfer MLA cannot serve these layers under this plan (empty: it can). Needs no kernel import."""
-    problems = (mla_reads_what_it_writes(plan, layers) + chain_verify_only(plan, "FlashInfer MLA backend")
-                + sixteen_bit_kv_only(plan, "FlashInfer MLA backend"))
-    for layer in layers:
-        where = f"layer {layer.layer_id}"
-        if not layer.is_mla:
-            problems.append(Problem(where, "FlashInfer MLA serves MLA layers only; a model mixes none"))
-        elif (layer.kv_lora_rank, layer.qk_rope_head_dim) != (512, 64):
-            problems.append(Problem(where, f"FlashInfer MLA runs kv_lora_rank 512 / qk_rope_head_dim 64, not "
-                                           f"{layer.kv_lora_rank} / {layer.qk_rope_head_dim}"))
-        if layer.kind != LayerKind.FULL or layer.logit_cap or layer.has_sinks or layer.sinks is not None:
-            problems.append(Problem(where, "FlashInfer MLA runs full causal attention only (no window, chunk, soft-cap or sinks)"))
-    shapes = {(lay.num_q_heads, lay.head_dim, lay.v_head_dim, lay.scaling) for lay in layers}
-    if len(shapes) > 1:  # one plan per batch serves every layer
-        problems.append(Problem("layers", f"FlashInfer MLA plans once per batch for all layers; these differ in heads, dims or scaling: {sorted(shapes)}"))
-    return problems
-
-
 class FlashInferMLABackend(AttentionBackend):
     """FlashInfer over the latent cache; built by ``FlashInferBackend(...)`` when the layers are MLA layers."""
 
     def __init__(self, plan: Plan, kv_pool, req_to_token: torch.Tensor, layers: list[AttentionLayer],
                  device: torch.device | str = "cuda", *, checked: bool = False, q_dtype: torch.dtype | None = None):
         super().__init__(plan, kv_pool, req_to_token, layers, device)
-        problems = mla_refusals(plan, layers)
+        problems = flashinfer_mla_refusals(plan, layers)
         if problems:
-            raise BatchMetadataError(problems)
+            raise BackendRefusal(problems)
         self.fi = importlib.import_module("flashinfer")
         self.page_size = check_pool_page_size(plan, kv_pool)
         self.checked = checked

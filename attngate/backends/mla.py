@@ -28,14 +28,6 @@ def check_mla_weights(layer: AttentionLayer) -> None:
         raise BatchMetadataError(Problem(f"layer {layer.layer_id}", "an MLA layer needs w_kc and w_vc (kv_b_proj) bound"))
 
 
-def mla_reads_what_it_writes(plan, layers: list[AttentionLayer]) -> list[Problem]:
-    """MLA reads the latent cache in every form but the no-prefix one, so a layer kind whose plan writes
-    no cache (``common.write_kv_cache``) cannot be an MLA layer: the write and the read side must agree."""
-    return [Problem(f"layer {layer.layer_id}", f"an MLA layer reads the latent cache, but the plan writes none for "
-                                               f"{layer.kind.value} layers (common.write_kv_cache)")
-            for layer in layers if layer.is_mla and not plan.layer(layer.kind).common.write_kv_cache]
-
-
 def absorbed_for_batch(form: str, has_prefix: bool) -> bool:
     """Whether a batch runs the absorbed form under the mode's ``common.mla_form``."""
     return form == "absorbed" or (form == "non_absorbed_without_prefix" and has_prefix)

@@ -14,9 +14,10 @@ from __future__ import annotations
 import torch
 
 from attngate.backends.base import AttentionBackend
+from attngate.backends.capabilities import kernel_backend_refusals
 from attngate.backends.flashattention import FlashAttentionBackend
 from attngate.backends.flashinfer import FlashInferBackend
-from attngate.errors import BatchMetadataError, Problem
+from attngate.errors import BackendRefusal
 from attngate.facts.modes import ForwardMode
 from attngate.plan.schema import Plan
 from attngate.runtime.forward_batch import ForwardBatch
@@ -27,19 +28,11 @@ KERNEL_BACKENDS: dict[str, type[AttentionBackend]] = {"fa3": FlashAttentionBacke
                                                       "flashinfer": FlashInferBackend}
 
 
-def kernel_backend_refusals(plan: Plan) -> list[Problem]:
-    """The plan's backends that attngate has no kernel backend for (empty: it runs both). Needs no kernel import."""
-    return [Problem(side, f"{name!r}: attngate runs {', '.join(sorted(KERNEL_BACKENDS))} on GPU kernels (and the reference "
-                          "backend on any device); resolve with --attention-backend set to one of them")
-            for side, name in (("prefill_backend", plan.prefill_backend), ("decode_backend", plan.decode_backend))
-            if name not in KERNEL_BACKENDS]
-
-
 class PlanBackend(AttentionBackend):
     """The plan's prefill and decode backends behind one interface; every call goes to the backend of the batch's
     forward mode (``plan.backend_for(mode)``). ``checked`` and ``q_dtype`` go to the backends that take them.
 
-    Raises BatchMetadataError naming each side of the plan attngate has no kernel backend for (e.g. triton), and
+    Raises BackendRefusal naming each side of the plan attngate has no kernel backend for (e.g. triton), and
     whatever the chosen backends raise for the model's layers, before any kernel runs.
     """
 
@@ -48,7 +41,7 @@ class PlanBackend(AttentionBackend):
         super().__init__(plan, kv_pool, req_to_token, layers, device)
         problems = kernel_backend_refusals(plan)
         if problems:
-            raise BatchMetadataError(problems)
+            raise BackendRefusal(problems)
         built: dict[type[AttentionBackend], AttentionBackend] = {}
         for name in dict.fromkeys((plan.prefill_backend, plan.decode_backend)):
             cls = KERNEL_BACKENDS[name]

@@ -48,6 +48,11 @@ from attngate.facts.model import ModelFacts
 from attngate.facts.modes import ForwardMode
 from attngate.facts.platform import Platform
 from attngate.facts.server_args import ServerArgs
+from attngate.integrations.transformers_checks import (
+    ATTN_IMPLEMENTATION,
+    check_pool_fits_plan,
+    check_runtime_arguments,
+)
 from attngate.integrations.transformers_plain import configure, plain_attention  # noqa: F401 - configure is public here
 from attngate.plan.schema import Plan
 from attngate.runtime.forward_batch import ForwardBatch
@@ -59,7 +64,6 @@ from attngate.runtime.kv_cache import (
 )
 from attngate.runtime.layer import AttentionLayer, layers_from_model
 
-ATTN_IMPLEMENTATION = "attngate"
 _EXTEND_MODES = (ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2)
 _ACTIVE: contextvars.ContextVar["AttngateRuntime | None"] = contextvars.ContextVar("attngate_runtime", default=None)
 
@@ -101,45 +105,6 @@ class _Request:
     pages: list[int] = field(default_factory=list)
 
 
-def _check_runtime_arguments(model: torch.nn.Module, server_args: ServerArgs | None, page_size: int | None, num_slots: int,
-                             max_requests: int, max_context_len: int) -> int:
-    """The page_size asked for (the argument, else server_args'; None for the plan's); UsageError naming every
-    argument of AttngateRuntime that cannot work."""
-    problems = []
-    built_with = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if built_with != ATTN_IMPLEMENTATION:
-        problems.append(Problem("model", f"{type(model).__name__} was built with attn_implementation={built_with!r}; AttngateRuntime "
-                                         f"needs attn_implementation={ATTN_IMPLEMENTATION!r}, or its attention bypasses attngate's cache"))
-    if server_args is not None and not isinstance(server_args, ServerArgs):
-        problems.append(Problem("server_args", f"takes ServerArgs, not {type(server_args).__name__}"))
-        server_args = None
-    planned = server_args.page_size if server_args is not None else None
-    if page_size is not None and planned is not None and page_size != planned:
-        problems.append(Problem("page_size", f"{page_size} differs from server_args.page_size {planned}; the pool must page as the plan does"))
-    for name, value in (("page_size", page_size), ("num_slots", num_slots), ("max_requests", max_requests),
-                        ("max_context_len", max_context_len)):
-        if (name != "page_size" or value is not None) and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            problems.append(Problem(name, f"must be a positive integer, not {value!r}"))
-    if problems:
-        raise UsageError(problems)
-    return page_size if page_size is not None else planned
-
-
-def _check_pool_fits_plan(plan: Plan, asked: int | None, num_slots: int) -> int:
-    """The plan's page_size (rules may move it, as SGLang's FA4 on SM100 pages by 128); UsageError when the
-    caller asked for another or num_slots is not a whole number of pages."""
-    page_size = plan.common.page_size
-    problems = []
-    if asked is not None and asked != page_size:
-        problems.append(Problem("page_size", f"{asked} asked, but the plan pages by {page_size}; the pool must page as "
-                                             f"the plan does (see the resolution's adjustments)"))
-    if num_slots % page_size:
-        problems.append(Problem("num_slots", f"{num_slots} is not a multiple of the plan's page_size {page_size}"))
-    if problems:
-        raise UsageError(problems)
-    return page_size
-
-
 class AttngateRuntime:
     """Binds a transformers model to an attngate backend, KV pool and request table.
 
@@ -164,7 +129,7 @@ class AttngateRuntime:
                  backend_cls: type[AttentionBackend] | None = None):
         register()
         self.model = model
-        page_size = _check_runtime_arguments(model, server_args, page_size, num_slots, max_requests, max_context_len)
+        page_size = check_runtime_arguments(model, server_args, page_size, num_slots, max_requests, max_context_len)
         config = model.config
         self.facts = ModelFacts.from_hf_dict(config.to_dict(), source=type(model).__name__)
         if self.facts.has_recurrent_layers:
@@ -177,7 +142,7 @@ class AttngateRuntime:
         args = server_args or ServerArgs(page_size=page_size)
         self.resolution = resolve(args, self.facts, platform)
         self.plan: Plan = self.resolution.plan
-        page_size = _check_pool_fits_plan(self.plan, page_size, num_slots)
+        page_size = check_pool_fits_plan(self.plan, page_size, num_slots)
         device = next(model.parameters()).device
         dtype = next(model.parameters()).dtype
         self.layers: list[AttentionLayer] = layers_from_model(self.facts)

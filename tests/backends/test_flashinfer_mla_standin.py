@@ -26,7 +26,7 @@ from attngate import ForwardMode, ModelFacts, Platform, ServerArgs, resolve  # n
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
 from attngate.backends.flashinfer_mla import FlashInferMLABackend  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
-from attngate.errors import BatchMetadataError  # noqa: E402
+from attngate.errors import BackendRefusal, BatchMetadataError  # noqa: E402
 from attngate.runtime.kv_cache import MLATokenToKVPool  # noqa: E402
 from attngate.runtime.layer import AttentionLayer  # noqa: E402
 
@@ -91,7 +91,7 @@ def test_flashinfer_mla_extend_without_prefix_reads_only_this_forwards_latent():
 def test_flashinfer_mla_refuses_other_geometry_at_construction():
     layer = AttentionLayer(0, H, 1, 24, 12, 0.2, is_mla=True, kv_lora_rank=256, qk_rope_head_dim=64)
     pool = MLATokenToKVPool(64, 1, 1, 256, 64, dtype=torch.float32)
-    with pytest.raises(BatchMetadataError, match="kv_lora_rank 512"):
+    with pytest.raises(BackendRefusal, match="kv_lora_rank 512"):
         FlashInferBackend(_plan(1), pool, torch.zeros(1, 64, dtype=torch.int32), [layer], "cpu")
 
 

@@ -19,8 +19,8 @@ torch = pytest.importorskip("torch")
 from helpers import MODELS, embedding_gemma, field_values  # noqa: E402
 
 from attngate import ModelFacts, PlanError, Platform, ServerArgs, resolve  # noqa: E402
-from attngate.backends.flashattention import fa_refusals  # noqa: E402
-from attngate.backends.flashinfer import flashinfer_refusals  # noqa: E402
+from attngate.backends.capabilities import REFUSALS, fa_refusals, flashinfer_refusals  # noqa: E402
+from attngate.backends.capabilities import refusals as backend_refusals  # noqa: E402
 from attngate.errors import ServerArgsError  # noqa: E402
 from attngate.facts.choices import CANDIDATE_BACKENDS  # noqa: E402
 from attngate.runtime.layer import layers_from_model  # noqa: E402
@@ -35,11 +35,9 @@ CONFIGS = [(path.stem, lambda path=path: ModelFacts.from_hf_config(path)) for pa
 
 
 def refusals(backend: str, plan, layers, sm_major: int):
-    if backend in ("fa3", "fa4"):
-        return fa_refusals(plan, layers, sm_major)
-    if backend == "flashinfer":
-        return flashinfer_refusals(plan, layers)
-    return []  # triton, torch_native: SGLang's, not attngate's
+    if backend not in REFUSALS:
+        return []  # triton, torch_native: SGLang's, not attngate's
+    return backend_refusals(backend, plan, layers, sm_major)
 
 
 def test_every_resolved_plan_names_backends_that_accept_every_layer():
@@ -137,14 +135,14 @@ def test_every_attngate_backend_refuses_a_plan_over_the_unified_memory_pool():
     """Under --enable-unified-memory SGLang reads page ids through its index translator; attngate's backends read
     their own pool's ids, so they refuse such a plan at construction (reference backend included)."""
     from attngate.backends.reference import ReferenceBackend
-    from attngate.errors import BatchMetadataError
+    from attngate.errors import BackendRefusal
     from attngate.runtime.kv_cache import MHATokenToKVPool
 
     facts = ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json")
     plan = resolve(ServerArgs(enable_unified_memory=True), facts, Platform.from_name("sm90")).plan
     assert plan.common.unified_kv_pool
     pool = MHATokenToKVPool(64, 1, 1, 8, 128)
-    with pytest.raises(BatchMetadataError, match="common.unified_kv_pool"):
+    with pytest.raises(BackendRefusal, match="common.unified_kv_pool"):
         ReferenceBackend(plan, pool, torch.zeros(2, 64, dtype=torch.int32), layers_from_model(facts, plan)[:1])
 
 

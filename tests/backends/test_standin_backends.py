@@ -18,7 +18,7 @@ from suites.plan_backend import *  # noqa: E402,F401,F403
 
 from attngate import ForwardMode, LayerKind  # noqa: E402
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
-from attngate.errors import BatchMetadataError  # noqa: E402
+from attngate.errors import BackendRefusal  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +40,7 @@ def test_fi_refuses_a_fast_replan_plan_on_a_flashinfer_without_fast_decode_plan(
     monkeypatch.delattr(sys.modules["flashinfer"], "fast_decode_plan")
     plan = plan_for(env, "flashinfer", 1)
     case = make_case(env, [(5, 1)], ForwardMode.DECODE, 1)
-    with pytest.raises(BatchMetadataError) as err:
+    with pytest.raises(BackendRefusal) as err:
         FlashInferBackend(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer_of(env, LayerKind.FULL)], env.device)
     assert [p.where for p in err.value.problems] == ["flashinfer.graph_decode_replan", "flashinfer.eager_decode_replan"]
     assert "does not export" in str(err.value)

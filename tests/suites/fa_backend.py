@@ -30,7 +30,7 @@ from helpers import MODELS
 
 from attngate import ForwardMode, LayerKind, ModelFacts, Platform, ServerArgs, resolve
 from attngate.backends.flashattention import FlashAttentionBackend
-from attngate.errors import BatchMetadataError
+from attngate.errors import BackendRefusal, BatchMetadataError
 
 PAGE_SIZES = [1, 128]
 M = ForwardMode
@@ -298,7 +298,7 @@ def test_fa_verifies_chains_only_and_says_so(env):
                         allow_known_failures=["known.fa-eagle-tree-verify-drift"]).plan
     layer = layer_of(env, LayerKind.FULL)
     case = make_case(env, [(5, 8), (40, 8)], M.TARGET_VERIFY, 1)
-    with pytest.raises(BatchMetadataError, match="common.tree_mask: attngate's FA backend verifies speculative chains only"):
+    with pytest.raises(BackendRefusal, match="common.tree_mask: attngate's FA backend verifies speculative chains only"):
         fa_backend(env, tree_plan, case, layer)
     case.setup.batch.spec_tree_mask = random_tree(2, 8, seed=0, device=env.device)
     with pytest.raises(BatchMetadataError, match="spec_tree_mask: given"):
@@ -312,5 +312,5 @@ def test_fa_reads_16_bit_kv_caches_only_and_says_so(env):
     plan = resolve(ServerArgs(attention_backend="fa4", kv_cache_dtype="fp8_e4m3"), ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json"),
                    Platform.from_name("sm100")).plan
     case = make_case(env, [(5, 1), (40, 1)], M.DECODE, plan.common.page_size, kv_dtype=torch.float8_e4m3fn)
-    with pytest.raises(BatchMetadataError, match="common.kv_cache_dtype: 'fp8_e4m3': attngate's FA backend reads 16-bit KV caches only"):
+    with pytest.raises(BackendRefusal, match="common.kv_cache_dtype: 'fp8_e4m3': attngate's FA backend reads 16-bit KV caches only"):
         fa_backend(env, plan, case, layer_of(env, LayerKind.FULL))

@@ -25,7 +25,7 @@ from attngate import ForwardMode
 from attngate.backends.flashattention import FlashAttentionBackend
 from attngate.backends.flashinfer import FlashInferBackend
 from attngate.backends.plan_backend import PlanBackend
-from attngate.errors import BatchMetadataError
+from attngate.errors import BackendRefusal
 from attngate.facts.modes import LayerKind
 
 M = ForwardMode
@@ -81,5 +81,5 @@ def test_one_backend_serves_both_sides_where_the_plan_names_one(env):
 def test_a_side_attngate_has_no_backend_for_is_refused_by_name(env):
     plan = plan_for(env, None, 1, prefill_attention_backend="triton", decode_attention_backend="flashinfer")
     case = make_case(env, REQUESTS["decode"], M.DECODE, 1)
-    with pytest.raises(BatchMetadataError, match=r"prefill_backend: 'triton': attngate runs fa3, fa4, flashinfer on GPU kernels"):
+    with pytest.raises(BackendRefusal, match=r"prefill_backend: 'triton': attngate runs fa3, fa4, flashinfer on GPU kernels"):
         plan_backend(env, plan, case, layer_of(env, LayerKind.FULL))
