@@ -31,7 +31,21 @@ from attngate.plan.schema import Plan
 from attngate.rules.load import RuleSet, load_rules
 
 __all__ = [
-    "AttngateError", "ForwardMode", "LayerKind", "ModelConfigError", "ModelFacts", "Plan", "PlanError",
-    "Platform", "PlatformError", "Resolution", "RuleSet", "RulesError", "ServerArgs", "ServerArgsError",
-    "UsageError", "load_rules", "resolve",
+    "AttngateError",
+    "ForwardMode",
+    "LayerKind",
+    "ModelConfigError",
+    "ModelFacts",
+    "Plan",
+    "PlanError",
+    "Platform",
+    "PlatformError",
+    "Resolution",
+    "RuleSet",
+    "RulesError",
+    "ServerArgs",
+    "ServerArgsError",
+    "UsageError",
+    "load_rules",
+    "resolve",
 ]

@@ -95,7 +95,9 @@ def check_arguments(*checks: tuple[str, object, type | tuple[type, ...], str]) -
     for name, value, types, hint in checks:
         if not isinstance(value, types):
             accepted = " or ".join(_type_name(t) for t in (types if isinstance(types, tuple) else (types,)))
-            problems.append(Problem(name, f"takes {accepted}, not {_type_name(type(value))}" + (f"; {hint}" if hint else "")))
+            problems.append(
+                Problem(name, f"takes {accepted}, not {_type_name(type(value))}" + (f"; {hint}" if hint else ""))
+            )
     if problems:
         raise UsageError(problems)
 

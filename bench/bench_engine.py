@@ -26,15 +26,21 @@ def with_extra_rules(text: str, n: int, *, distinct: bool = False) -> str:
     to two alternating values, or (``distinct``) each to its own. Lint must rule out every pair of value classes
     without checking every pair."""
     head, rest = text.split("\ndeviations:\n")
-    extra = "".join(f"""
+    extra = "".join(
+        f"""
   - id: extra.r{i}
     summary: s
     when: page_size is not None and page_size == {1000 + i} and not use_mla and not enable_deterministic_inference
-    set: {{{f"flashinfer.prefill_fixed_split_size: {1000 + i}" if distinct else
-           f"flashinfer.mla_kernel_family: {'fa2' if i % 2 else 'fa3'}"}}}
+    set: {{{
+            f"flashinfer.prefill_fixed_split_size: {1000 + i}"
+            if distinct
+            else f"flashinfer.mla_kernel_family: {'fa2' if i % 2 else 'fa3'}"
+        }}}
     why: w
     source: s
-""" for i in range(n))
+"""
+        for i in range(n)
+    )
     return head + extra + "\ndeviations:\n" + rest
 
 
@@ -54,7 +60,10 @@ def per_call_us(fn, repeat: int) -> dict[str, float]:
         t0 = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - t0) * 1e6)
-    return {"median_us": round(statistics.median(samples), 1), "p90_us": round(sorted(samples)[int(0.9 * len(samples))], 1)}
+    return {
+        "median_us": round(statistics.median(samples), 1),
+        "p90_us": round(sorted(samples)[int(0.9 * len(samples))], 1),
+    }
 
 
 def wall_s(cmd: list[str], repeat: int = 7) -> float:
@@ -70,15 +79,34 @@ def main() -> None:
     text = shipped_rules_path().read_text()
     rules = parse_rules(text, "rules.yaml")
     model = ModelFacts.from_hf_config(ROOT / "examples/models/Qwen3-Embedding-8B.json")
-    args = ServerArgs.from_flags("--is-embedding --chunked-prefill-size -1 --disable-radix-cache --attention-backend fa3".split())
+    args = ServerArgs.from_flags(
+        "--is-embedding --chunked-prefill-size -1 --disable-radix-cache --attention-backend fa3".split()
+    )
     gpu = Platform.from_name("sm90")
     default_args = ServerArgs()
-    explain = [sys.executable, "-m", "attngate", "explain", "--model", "examples/models/Qwen3-Embedding-8B.json", "--gpu", "sm90",
-               "--is-embedding", "--chunked-prefill-size", "-1", "--disable-radix-cache", "--attention-backend", "fa3", "--format", "json"]
+    explain = [
+        sys.executable,
+        "-m",
+        "attngate",
+        "explain",
+        "--model",
+        "examples/models/Qwen3-Embedding-8B.json",
+        "--gpu",
+        "sm90",
+        "--is-embedding",
+        "--chunked-prefill-size",
+        "-1",
+        "--disable-radix-cache",
+        "--attention-backend",
+        "fa3",
+        "--format",
+        "json",
+    ]
     explain_s, pass_s = wall_s(explain), wall_s([sys.executable, "-c", "pass"])
     out = {
         "machine": f"{platform.processor() or platform.machine()}, {platform.python_implementation()} {platform.python_version()}",
-        "rules": len(rules.rules), "predicates": len(rules.predicates),
+        "rules": len(rules.rules),
+        "predicates": len(rules.predicates),
         "load_and_typecheck_rules": per_call_us(lambda: parse_rules(text, "rules.yaml"), 30),
         "resolve_explicit_backend": per_call_us(lambda: resolve(args, model, gpu, rules), 300),
         "resolve_default_backend": per_call_us(lambda: resolve(default_args, model, gpu, rules), 300),

@@ -32,8 +32,14 @@ PS = 128
 
 def backend_and_raw(requests, mode, plan):
     layer = layer_of(GPU, LayerKind.FULL)
-    case = make_case(GPU, requests, mode, PS, num_slots=len(requests) * (max(p + n for p, n in requests) + PS) // PS * PS + PS,
-                     max_context_len=max(p + n for p, n in requests) + PS)
+    case = make_case(
+        GPU,
+        requests,
+        mode,
+        PS,
+        num_slots=len(requests) * (max(p + n for p, n in requests) + PS) // PS * PS + PS,
+        max_context_len=max(p + n for p, n in requests) + PS,
+    )
     fa = FlashAttentionBackend(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], "cuda")
     batch = case.setup.batch
 
@@ -46,13 +52,23 @@ def backend_and_raw(requests, mode, plan):
 
     def layer_forward():  # what each layer pays: metadata is prepared once per batch for all layers
         return fa.forward(case.q, case.k, case.v, layer, batch)
+
     k_cache, v_cache = case.pools[0].get_kv_buffer(0)
     kc, vc = k_cache.view(-1, PS, HKV, D), v_cache.view(-1, PS, HKV, D)
 
     def raw():
-        return flash_attn_varlen_func(case.q, kc, vc, cu_seqlens_q=md.cu_seqlens_q, max_seqlen_q=md.max_seqlen_q,
-                                      seqused_k=md.seqused_k, page_table=md.page_table, softmax_scale=D ** -0.5,
-                                      causal=True, num_splits=plan.flashattention.num_splits)
+        return flash_attn_varlen_func(
+            case.q,
+            kc,
+            vc,
+            cu_seqlens_q=md.cu_seqlens_q,
+            max_seqlen_q=md.max_seqlen_q,
+            seqused_k=md.seqused_k,
+            page_table=md.page_table,
+            softmax_scale=D**-0.5,
+            causal=True,
+            num_splits=plan.flashattention.num_splits,
+        )
 
     return fa, case, layer, step, raw, layer_forward
 
@@ -67,17 +83,28 @@ def main() -> None:
     (t_b, t_r), t_s = paired_ms(layer_forward, raw), cuda_ms(step)
     batch, pool = case.setup.batch, case.pools[0]
     t_b2, t_w = paired_ms(layer_forward, lambda: (pool.set_kv_buffer(0, batch.out_cache_loc, case.k, case.v), raw()))
-    out["decode_64x4096"] = {"backend_layer_ms": round(t_b, 4), "raw_ms": round(t_r, 4), "backend_TBps": round(kv_bytes / t_b / 1e9, 3),
-                             "raw_TBps": round(kv_bytes / t_r / 1e9, 3), "backend_over_raw": round(t_b / t_r, 3),
-                             "raw_kv_write_plus_call_ms": round(t_w, 4), "backend_over_raw_kv_write_plus_call": round(t_b2 / t_w, 3),
-                             "metadata_plus_one_layer_ms": round(t_s, 4),
-                             "metadata_host_us": round(host_us(lambda: fa.init_forward_metadata(case.setup.batch)), 1)}
+    out["decode_64x4096"] = {
+        "backend_layer_ms": round(t_b, 4),
+        "raw_ms": round(t_r, 4),
+        "backend_TBps": round(kv_bytes / t_b / 1e9, 3),
+        "raw_TBps": round(kv_bytes / t_r / 1e9, 3),
+        "backend_over_raw": round(t_b / t_r, 3),
+        "raw_kv_write_plus_call_ms": round(t_w, 4),
+        "backend_over_raw_kv_write_plus_call": round(t_b2 / t_w, 3),
+        "metadata_plus_one_layer_ms": round(t_s, 4),
+        "metadata_host_us": round(host_us(lambda: fa.init_forward_metadata(case.setup.batch)), 1),
+    }
 
     fa, case, _, step, raw, layer_forward = backend_and_raw([(0, 4096)] * 8, ForwardMode.EXTEND, plan)
     flops = 8 * 4 * H * D * 4096 * 4096 / 2
     t_b, t_r = paired_ms(layer_forward, raw, iters=10)
-    out["prefill_8x4096_causal"] = {"backend_layer_ms": round(t_b, 3), "raw_ms": round(t_r, 3), "backend_TFLOPs": round(flops / t_b / 1e9, 1),
-                                    "raw_TFLOPs": round(flops / t_r / 1e9, 1), "backend_over_raw": round(t_b / t_r, 3)}
+    out["prefill_8x4096_causal"] = {
+        "backend_layer_ms": round(t_b, 3),
+        "raw_ms": round(t_r, 3),
+        "backend_TFLOPs": round(flops / t_b / 1e9, 1),
+        "raw_TFLOPs": round(flops / t_r / 1e9, 1),
+        "backend_over_raw": round(t_b / t_r, 3),
+    }
 
     fast = plan_for(GPU, page_size=PS, is_embedding=True, chunked_prefill_size=-1, disable_radix_cache=True)
     for name, requests in (("embedding_64x512", [(0, 512)] * 64), ("embedding_8x4096", [(0, 4096)] * 8)):

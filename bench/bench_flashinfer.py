@@ -35,7 +35,9 @@ def setup(requests, mode, plan, page_size: int = PS):
     layer = layer_of(GPU, LayerKind.FULL)
     longest = max(p + n for p, n in requests)
     ps = page_size
-    case = make_case(GPU, requests, mode, ps, num_slots=len(requests) * (longest + ps) // ps * ps + ps, max_context_len=longest + ps)
+    case = make_case(
+        GPU, requests, mode, ps, num_slots=len(requests) * (longest + ps) // ps * ps + ps, max_context_len=longest + ps
+    )
     fi = FlashInferBackend(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], "cuda")
     batch = case.setup.batch
     fi.init_forward_metadata(batch)
@@ -75,10 +77,15 @@ def main() -> None:
         raw_step = lambda: (pool.set_kv_buffer(0, batch.out_cache_loc, case.k, case.v), raw())  # noqa: E731  write the new token, attend
         t_b, t_r = paired_ms(forward, raw)
         t_b2, t_s = paired_ms(forward, raw_step)
-        out[f"decode_64x4096_{name}"] = {"backend_ms": round(t_b, 4), "raw_run_ms": round(t_r, 4),
-                                         "backend_TBps": round(kv_bytes / t_b / 1e9, 3), "raw_TBps": round(kv_bytes / t_r / 1e9, 3),
-                                         "backend_over_raw": round(t_b / t_r, 3), "raw_kv_write_plus_run_ms": round(t_s, 4),
-                                         "backend_over_raw_kv_write_plus_run": round(t_b2 / t_s, 3)}
+        out[f"decode_64x4096_{name}"] = {
+            "backend_ms": round(t_b, 4),
+            "raw_run_ms": round(t_r, 4),
+            "backend_TBps": round(kv_bytes / t_b / 1e9, 3),
+            "raw_TBps": round(kv_bytes / t_r / 1e9, 3),
+            "backend_over_raw": round(t_b / t_r, 3),
+            "raw_kv_write_plus_run_ms": round(t_s, 4),
+            "backend_over_raw_kv_write_plus_run": round(t_b2 / t_s, 3),
+        }
         fi, case, layer, forward = setup([(0, 4096)] * 8, ForwardMode.EXTEND, plan)
         batch, pool = case.setup.batch, case.pools[0]
         write = lambda: pool.set_kv_buffer(0, batch.out_cache_loc, case.k, case.v)  # noqa: E731
@@ -92,16 +99,27 @@ def main() -> None:
             raw = lambda: (write(), run())  # noqa: E731
             attention_only = None
         t_b, t_r = paired_ms(forward, raw, iters=10)
-        row = {"path": fi._batch_path, "backend_ms": round(t_b, 3), "raw_run_plus_kv_write_ms": round(t_r, 3),
-               "backend_TFLOPs": round(flops / t_b / 1e9, 1), "backend_over_raw": round(t_b / t_r, 3)}
+        row = {
+            "path": fi._batch_path,
+            "backend_ms": round(t_b, 3),
+            "raw_run_plus_kv_write_ms": round(t_r, 3),
+            "backend_TFLOPs": round(flops / t_b / 1e9, 1),
+            "backend_over_raw": round(t_b / t_r, 3),
+        }
         if attention_only is not None:
             t_a, t_run = paired_ms(attention_only, run, iters=10)
-            row |= {"backend_attention_only_ms": round(t_a, 3), "raw_run_ms": round(t_run, 3),
-                    "backend_attention_TFLOPs": round(flops / t_a / 1e9, 1), "raw_run_TFLOPs": round(flops / t_run / 1e9, 1),
-                    "attention_backend_over_raw": round(t_a / t_run, 3)}
+            row |= {
+                "backend_attention_only_ms": round(t_a, 3),
+                "raw_run_ms": round(t_run, 3),
+                "backend_attention_TFLOPs": round(flops / t_a / 1e9, 1),
+                "raw_run_TFLOPs": round(flops / t_run / 1e9, 1),
+                "attention_backend_over_raw": round(t_a / t_run, 3),
+            }
         out[f"prefill_8x4096_causal_{name}"] = row
     for kind in ("decode_64x4096", "prefill_8x4096_causal"):
-        out[f"{kind}_deterministic_over_default"] = round(out[f"{kind}_deterministic"]["backend_ms"] / out[f"{kind}_default"]["backend_ms"], 3)
+        out[f"{kind}_deterministic_over_default"] = round(
+            out[f"{kind}_deterministic"]["backend_ms"] / out[f"{kind}_default"]["backend_ms"], 3
+        )
 
     print(json.dumps(out, indent=2))
 

@@ -62,7 +62,11 @@ def flashinfer_row(bs: int, plan) -> dict:
     # what the backend hands the captured wrapper: a view of its static page ids, which the graph itself fills
     graph_args = (args[0], graph.ids[0].kv_indices[: rng.total_pages], *args[2:])
     packed, static_packed = host(rng.packed), graph.ids[0].packed
-    fast_args = (args[0], graph.ids[0].kv_indices, *args[2:])  # the backend's fast_decode_plan gets the whole static buffer
+    fast_args = (
+        args[0],
+        graph.ids[0].kv_indices,
+        *args[2:],
+    )  # the backend's fast_decode_plan gets the whole static buffer
     graph_kw = fi._plan_kwargs(spec, "decode", cuda_graph=True)
     # the same backend and graph, its plan saying plan() (flashinfer.graph_decode_replan before its rule)
     by_plan = with_gate(plan, "flashinfer.graph_decode_replan", "plan")
@@ -78,26 +82,45 @@ def flashinfer_row(bs: int, plan) -> dict:
 
     fi.init_forward_metadata(batch)  # the eager wrappers again, for forward()
     caches = fi.paged_kv(layer.layer_id)
-    row = paired_host_us({
-        "eager_metadata": lambda: fi.init_forward_metadata(batch),
-        "raw_plan": lambda: wrapper.plan(*args, **fi._plan_kwargs(spec, "decode")),
-        # the same call on fresh host arrays, as every step's plan() gets: is the prebuilt-argument baseline favoured?
-        "raw_plan_fresh_arrays": lambda: wrapper.plan(host(rng.indptr.copy()), args[1], host(rng.last_page_len.copy()), *args[3:],
-                                                      **fi._plan_kwargs(spec, "decode")),
-        "raw_plan_arrays_copied_into_fixed_ones": lambda: (np.copyto(fixed[0], rng.indptr), np.copyto(fixed[1], rng.last_page_len),
-                                                           wrapper.plan(fixed_t[0], args[1], fixed_t[1], *args[3:], **fi._plan_kwargs(spec, "decode"))),
-        "lengths_then_raw_plan": lambda: (lengths(), wrapper.plan(*args, **fi._plan_kwargs(spec, "decode"))),
-        "lengths": lengths,
-        "replay_replan": lambda: fi.init_forward_metadata_replay_cuda_graph(bs, batch.req_pool_indices, batch.seq_lens,
-                                                                            batch.seq_lens_cpu, None, ForwardMode.DECODE),
-        "raw_graph_plan": lambda: graph_wrapper.plan(*graph_args, **graph_kw),
-        "raw_graph_fast_plan": lambda: (static_packed.copy_(packed, non_blocking=True),
-                                        fi.fi.fast_decode_plan(graph_wrapper, *fast_args, global_override_indptr_cpu=args[0], **graph_kw)),
-        "replay_replan_by_plan": lambda: fi_by_plan.init_forward_metadata_replay_cuda_graph(
-            bs, batch_by_plan.req_pool_indices, batch_by_plan.seq_lens, batch_by_plan.seq_lens_cpu, None, ForwardMode.DECODE),
-        "raw_plan_auto_family": lambda: auto.plan(*args, **fi._plan_kwargs(spec, "decode")),
-        "replay_step": replay,
-    })
+    row = paired_host_us(
+        {
+            "eager_metadata": lambda: fi.init_forward_metadata(batch),
+            "raw_plan": lambda: wrapper.plan(*args, **fi._plan_kwargs(spec, "decode")),
+            # the same call on fresh host arrays, as every step's plan() gets: is the prebuilt-argument baseline favoured?
+            "raw_plan_fresh_arrays": lambda: wrapper.plan(
+                host(rng.indptr.copy()),
+                args[1],
+                host(rng.last_page_len.copy()),
+                *args[3:],
+                **fi._plan_kwargs(spec, "decode"),
+            ),
+            "raw_plan_arrays_copied_into_fixed_ones": lambda: (
+                np.copyto(fixed[0], rng.indptr),
+                np.copyto(fixed[1], rng.last_page_len),
+                wrapper.plan(fixed_t[0], args[1], fixed_t[1], *args[3:], **fi._plan_kwargs(spec, "decode")),
+            ),
+            "lengths_then_raw_plan": lambda: (lengths(), wrapper.plan(*args, **fi._plan_kwargs(spec, "decode"))),
+            "lengths": lengths,
+            "replay_replan": lambda: fi.init_forward_metadata_replay_cuda_graph(
+                bs, batch.req_pool_indices, batch.seq_lens, batch.seq_lens_cpu, None, ForwardMode.DECODE
+            ),
+            "raw_graph_plan": lambda: graph_wrapper.plan(*graph_args, **graph_kw),
+            "raw_graph_fast_plan": lambda: (
+                static_packed.copy_(packed, non_blocking=True),
+                fi.fi.fast_decode_plan(graph_wrapper, *fast_args, global_override_indptr_cpu=args[0], **graph_kw),
+            ),
+            "replay_replan_by_plan": lambda: fi_by_plan.init_forward_metadata_replay_cuda_graph(
+                bs,
+                batch_by_plan.req_pool_indices,
+                batch_by_plan.seq_lens,
+                batch_by_plan.seq_lens_cpu,
+                None,
+                ForwardMode.DECODE,
+            ),
+            "raw_plan_auto_family": lambda: auto.plan(*args, **fi._plan_kwargs(spec, "decode")),
+            "replay_step": replay,
+        }
+    )
     fi.init_forward_metadata(batch)
     row |= paired_host_us({"forward_only": forward, "raw_run": lambda: wrapper.run(case.q, caches)})
     t_b, t_r = paired_ms(forward, lambda: wrapper.run(case.q, caches))
@@ -112,14 +135,18 @@ def flashinfer_page1_row(bs: int, plan) -> dict:
     batch, batch_by_plan, spec, wrapper = case.setup.batch, case_by_plan.setup.batch, fi.specs[0], fi.decode_wrappers[0]
     rng, args = decode_plan_args(fi, batch)
     packed = page_id_ops.device_ranges(rng, "cuda")
-    fast_args = (packed[: bs + 1], args[1], packed[2 * bs + 1:], *args[3:])
+    fast_args = (packed[: bs + 1], args[1], packed[2 * bs + 1 :], *args[3:])
     kw = fi._plan_kwargs(spec, "decode")
-    row = paired_host_us({
-        "eager_metadata": lambda: fi.init_forward_metadata(batch),
-        "eager_metadata_by_plan": lambda: fi_by_plan.init_forward_metadata(batch_by_plan),
-        "raw_plan": lambda: wrapper.plan(*args, **kw),
-        "raw_fast_plan": lambda: fi.fi.fast_decode_plan(wrapper, *fast_args, global_override_indptr_cpu=args[0], **kw),
-    })
+    row = paired_host_us(
+        {
+            "eager_metadata": lambda: fi.init_forward_metadata(batch),
+            "eager_metadata_by_plan": lambda: fi_by_plan.init_forward_metadata(batch_by_plan),
+            "raw_plan": lambda: wrapper.plan(*args, **kw),
+            "raw_fast_plan": lambda: fi.fi.fast_decode_plan(
+                wrapper, *fast_args, global_override_indptr_cpu=args[0], **kw
+            ),
+        }
+    )
     return {k: round(v, 1) for k, v in row.items()}
 
 
@@ -128,12 +155,19 @@ def fa_row(bs: int, plan) -> dict:
     batch, pool = case.setup.batch, case.pools[0]
     k_words, v_words = pool._k_words[0], pool._v_words[0]  # the raw write: two index_copy_ on the pool's word views
     k_src, v_src, loc = case.k.view(torch.int64), case.v.view(torch.int64), batch.out_cache_loc
-    row = paired_host_us({
-        "eager_step": eager, "raw_call": raw,
-        "raw_write_and_call": lambda: (k_words.index_copy_(0, loc, k_src), v_words.index_copy_(0, loc, v_src), raw()),
-        "eager_metadata": lambda: fa.init_forward_metadata(batch),
-        "kv_write": lambda: pool.set_kv_buffer(0, loc, case.k, case.v),
-    })
+    row = paired_host_us(
+        {
+            "eager_step": eager,
+            "raw_call": raw,
+            "raw_write_and_call": lambda: (
+                k_words.index_copy_(0, loc, k_src),
+                v_words.index_copy_(0, loc, v_src),
+                raw(),
+            ),
+            "eager_metadata": lambda: fa.init_forward_metadata(batch),
+            "kv_write": lambda: pool.set_kv_buffer(0, loc, case.k, case.v),
+        }
+    )
     fa.init_forward_metadata(batch)
     row |= paired_host_us({"forward_only": forward, "raw_call_again": raw})
     t_b, t_r = paired_ms(forward, raw)
@@ -142,7 +176,14 @@ def fa_row(bs: int, plan) -> dict:
 
 
 def page_id_row(bs: int) -> dict:
-    case = make_case(GPU, DECODE * bs, ForwardMode.DECODE, 16, num_slots=bs * (CACHED + 17) // 16 * 16 + 16, max_context_len=CACHED + 17)
+    case = make_case(
+        GPU,
+        DECODE * bs,
+        ForwardMode.DECODE,
+        16,
+        num_slots=bs * (CACHED + 17) // 16 * 16 + 16,
+        max_context_len=CACHED + 17,
+    )
     lens = BatchLengths.from_batch(case.setup.batch)
     rng, rtt = lens.kv_pages(16), case.setup.req_to_token_pool.req_to_token
     triton_ids = page_ids(rtt, lens.rows, rng, 16)

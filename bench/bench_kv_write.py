@@ -32,22 +32,35 @@ def variants(k_buf: torch.Tensor, v_buf: torch.Tensor, loc: torch.Tensor, k: tor
         k_buf.index_copy_(0, loc, k)
         v_buf.index_copy_(0, loc, v)
 
-    wide_kb, wide_vb = k_buf.view(k_buf.shape[0], -1).view(torch.int64), v_buf.view(v_buf.shape[0], -1).view(torch.int64)
+    wide_kb, wide_vb = (
+        k_buf.view(k_buf.shape[0], -1).view(torch.int64),
+        v_buf.view(v_buf.shape[0], -1).view(torch.int64),
+    )
     wide_k, wide_v = k.reshape(k.shape[0], -1).view(torch.int64), v.reshape(v.shape[0], -1).view(torch.int64)
 
     def index_copy_int64_rows():
         wide_kb.index_copy_(0, loc, wide_k)
         wide_vb.index_copy_(0, loc, wide_v)
 
-    wide2_kb, wide2_vb = k_buf.view(k_buf.shape[0], -1).view(torch.complex128), v_buf.view(v_buf.shape[0], -1).view(torch.complex128)
-    wide2_k, wide2_v = k.reshape(k.shape[0], -1).view(torch.complex128), v.reshape(v.shape[0], -1).view(torch.complex128)
+    wide2_kb, wide2_vb = (
+        k_buf.view(k_buf.shape[0], -1).view(torch.complex128),
+        v_buf.view(v_buf.shape[0], -1).view(torch.complex128),
+    )
+    wide2_k, wide2_v = (
+        k.reshape(k.shape[0], -1).view(torch.complex128),
+        v.reshape(v.shape[0], -1).view(torch.complex128),
+    )
 
     def index_copy_16byte_rows():
         wide2_kb.index_copy_(0, loc, wide2_k)
         wide2_vb.index_copy_(0, loc, wide2_v)
 
-    return {"index_put": index_put, "index_copy": index_copy, "index_copy_int64_rows": index_copy_int64_rows,
-            "index_copy_16byte_rows": index_copy_16byte_rows}
+    return {
+        "index_put": index_put,
+        "index_copy": index_copy,
+        "index_copy_int64_rows": index_copy_int64_rows,
+        "index_copy_16byte_rows": index_copy_16byte_rows,
+    }
 
 
 def main() -> None:
@@ -57,10 +70,16 @@ def main() -> None:
     k_buf, v_buf = pool.get_kv_buffer(0)
     for n in (64, 32768):
         loc = torch.randperm(num_slots, device="cuda")[:n]
-        k, v = torch.randn(n, HKV, D, device="cuda", dtype=torch.bfloat16), torch.randn(n, HKV, D, device="cuda", dtype=torch.bfloat16)
+        k, v = (
+            torch.randn(n, HKV, D, device="cuda", dtype=torch.bfloat16),
+            torch.randn(n, HKV, D, device="cuda", dtype=torch.bfloat16),
+        )
         moved = 2 * 2 * n * HKV * D * 2  # K and V, read and written, bf16
         row = {}
-        for name, fn in {**variants(k_buf, v_buf, loc, k, v), "pool.set_kv_buffer": lambda: pool.set_kv_buffer(0, loc, k, v)}.items():
+        for name, fn in {
+            **variants(k_buf, v_buf, loc, k, v),
+            "pool.set_kv_buffer": lambda: pool.set_kv_buffer(0, loc, k, v),
+        }.items():
             ms = cuda_ms(fn, iters=50)
             row[name] = {"ms": round(ms, 4), "GBps": round(moved / ms / 1e6, 1)}
         pool.set_kv_buffer(0, loc, k, v)

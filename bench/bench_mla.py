@@ -47,9 +47,15 @@ def decode(heads: int, bs: int = 64, ctx: int = 4096) -> dict:
     q_abs = absorb_q(q, layer)
     kernel_ms = cuda_ms(lambda: wrapper.run(query=q_abs, kv_cache=paged))
     latent_bytes = bs * ctx * (RANK + ROPE) * 2
-    return {"heads": heads, "backend_ms": round(backend_ms, 4), "raw_steps_ms": round(raw_ms, 4),
-            "backend_over_raw": round(backend_ms / raw_ms, 3), "kernel_only_ms": round(kernel_ms, 4),
-            "kernel_TB_per_s": round(latent_bytes / kernel_ms / 1e9, 2), "family": plan.flashinfer.mla_kernel_family}
+    return {
+        "heads": heads,
+        "backend_ms": round(backend_ms, 4),
+        "raw_steps_ms": round(raw_ms, 4),
+        "backend_over_raw": round(backend_ms / raw_ms, 3),
+        "kernel_only_ms": round(kernel_ms, 4),
+        "kernel_TB_per_s": round(latent_bytes / kernel_ms / 1e9, 2),
+        "family": plan.flashinfer.mla_kernel_family,
+    }
 
 
 def prefill(heads: int = 16, bs: int = 4, n: int = 4096) -> dict:
@@ -68,11 +74,25 @@ def prefill(heads: int = 16, bs: int = 4, n: int = 4096) -> dict:
     k, v = decompress(latent, layer)
     kernel_ms = cuda_ms(lambda: ragged.run(q, k, v), iters=10)
     flops = bs * heads * (n * n / 2) * 2 * (192 + 128)  # causal: half the scores; QK^T and PV
-    return {"heads": heads, "backend_ms": round(backend_ms, 3), "raw_steps_ms": round(raw_ms, 3),
-            "backend_over_raw": round(backend_ms / raw_ms, 3), "kernel_only_ms": round(kernel_ms, 3),
-            "kernel_TFLOP_per_s": round(flops / kernel_ms / 1e9, 1), "family": plan.flashinfer.prefill_kernel_family}
+    return {
+        "heads": heads,
+        "backend_ms": round(backend_ms, 3),
+        "raw_steps_ms": round(raw_ms, 3),
+        "backend_over_raw": round(backend_ms / raw_ms, 3),
+        "kernel_only_ms": round(kernel_ms, 3),
+        "kernel_TFLOP_per_s": round(flops / kernel_ms / 1e9, 1),
+        "family": plan.flashinfer.prefill_kernel_family,
+    }
 
 
 if __name__ == "__main__":
-    print(json.dumps({"gpu": torch.cuda.get_device_name(), "decode_64x4096": [decode(16), decode(128)],
-                      "prefill_4x4096": prefill()}, indent=2))
+    print(
+        json.dumps(
+            {
+                "gpu": torch.cuda.get_device_name(),
+                "decode_64x4096": [decode(16), decode(128)],
+                "prefill_4x4096": prefill(),
+            },
+            indent=2,
+        )
+    )

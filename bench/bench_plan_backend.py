@@ -31,8 +31,10 @@ def main() -> None:
     env = GPU
     plan = plan_for(env, None, PS, prefill_attention_backend="fa3", decode_attention_backend="flashinfer")
     out: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
-    for name, mode, requests in (("decode 64 x 2048", ForwardMode.DECODE, [(2047, 1)] * 64),
-                                 ("extend 8 x (1792 + 256)", ForwardMode.EXTEND, [(1792, 256)] * 8)):
+    for name, mode, requests in (
+        ("decode 64 x 2048", ForwardMode.DECODE, [(2047, 1)] * 64),
+        ("extend 8 x (1792 + 256)", ForwardMode.EXTEND, [(1792, 256)] * 8),
+    ):
         layer = layer_of(env, LayerKind.FULL)
         case = make_case(env, requests, mode, PS, num_slots=len(requests) * 2304, max_context_len=2304)
         batch = case.setup.batch
@@ -44,11 +46,19 @@ def main() -> None:
             return backend.forward(case.q, case.k, case.v, layer, batch)
 
         # the backend alone twice, first and last of each round: how far two timings of the same calls lie apart
-        row = paired_host_us({"its_backend": lambda: step(inner), "plan_backend": lambda: step(dispatch),
-                              "its_backend_again": lambda: step(inner)})
+        row = paired_host_us(
+            {
+                "its_backend": lambda: step(inner),
+                "plan_backend": lambda: step(dispatch),
+                "its_backend_again": lambda: step(inner),
+            }
+        )
         row = {k: round(v, 1) for k, v in row.items()}
-        out[name] = row | {"backend": type(inner).__name__, "dispatch_us": round(row["plan_backend"] - row["its_backend"], 1),
-                           "same_calls_apart_us": round(row["its_backend_again"] - row["its_backend"], 1)}
+        out[name] = row | {
+            "backend": type(inner).__name__,
+            "dispatch_us": round(row["plan_backend"] - row["its_backend"], 1),
+            "same_calls_apart_us": round(row["its_backend_again"] - row["its_backend"], 1),
+        }
     print(json.dumps(out, indent=1))
 
 

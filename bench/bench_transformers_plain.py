@@ -24,20 +24,35 @@ sys.path[:0] = [str(ROOT)]
 import attngate.integrations.transformers  # noqa: E402,F401 - registers "attngate"
 from attngate.integrations.transformers_plain import configure, plan_of  # noqa: E402
 
-SHAPE = dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=16,
-             num_key_value_heads=4, head_dim=128, max_position_embeddings=4096, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+SHAPE = dict(
+    vocab_size=32000,
+    hidden_size=2048,
+    intermediate_size=5632,
+    num_hidden_layers=8,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    head_dim=128,
+    max_position_embeddings=4096,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 BATCH, PROMPT, STEPS, MAX_LEN = 8, 512, 32, 1024
 
 
 def _model(impl: str, cfg, state=None):
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation=impl, dtype=torch.bfloat16)
+    model = transformers.LlamaForCausalLM._from_config(
+        copy.deepcopy(cfg), attn_implementation=impl, dtype=torch.bfloat16
+    )
     if state is not None:
         model.load_state_dict(state)
     return model.cuda().eval()
 
 
-def _decode_ms(model, ids: torch.Tensor, mask: torch.Tensor, forced: torch.Tensor | None = None) -> tuple[float, torch.Tensor, torch.Tensor]:
+def _decode_ms(
+    model, ids: torch.Tensor, mask: torch.Tensor, forced: torch.Tensor | None = None
+) -> tuple[float, torch.Tensor, torch.Tensor]:
     """Median ms per decode step over STEPS steps after a prefill (the first two steps, which compile, left out),
     greedy or fed ``forced: [B, STEPS]``; also the tokens fed and the last step's logits."""
     cache = transformers.StaticCache(config=model.config, max_cache_len=MAX_LEN)
@@ -46,7 +61,7 @@ def _decode_ms(model, ids: torch.Tensor, mask: torch.Tensor, forced: torch.Tenso
         logits = model(ids, attention_mask=mask, past_key_values=cache, use_cache=True).logits[:, -1]
         m = mask
         for t in range(STEPS):
-            tok = logits.argmax(-1, keepdim=True) if forced is None else forced[:, t:t + 1]
+            tok = logits.argmax(-1, keepdim=True) if forced is None else forced[:, t : t + 1]
             tokens.append(tok)
             m = torch.cat([m, torch.ones_like(m[:, :1])], dim=1)
             torch.cuda.synchronize()
@@ -80,15 +95,27 @@ def main() -> None:
         model.forward = eager_forward
     base = last["sdpa eager"]
     diff = {k: float((v - base).abs().max() / base.abs().max()) for k, v in last.items()}
-    print(json.dumps({
-        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
-        "plan": {"prefill": plan_of(ours)[0].plan.prefill_backend, "decode": plan_of(ours)[0].plan.decode_backend,
-                 "provider": plan_of(ours)[0].plan.flashattention.provider},
-        "shape": {**SHAPE, "batch": BATCH, "prompt": PROMPT, "steps": STEPS},
-        "decode_step_ms_median": {k: round(v, 3) for k, v in results.items()},
-        "compiled_over_eager": {n: round(results[f"{n} compiled"] / results[f"{n} eager"], 3) for n in ("sdpa", "attngate")},
-        "last_logits_max_diff_over_sdpa_eager_max": {k: round(v, 4) for k, v in diff.items()},
-    }, indent=1))
+    print(
+        json.dumps(
+            {
+                "gpu": torch.cuda.get_device_name(),
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "plan": {
+                    "prefill": plan_of(ours)[0].plan.prefill_backend,
+                    "decode": plan_of(ours)[0].plan.decode_backend,
+                    "provider": plan_of(ours)[0].plan.flashattention.provider,
+                },
+                "shape": {**SHAPE, "batch": BATCH, "prompt": PROMPT, "steps": STEPS},
+                "decode_step_ms_median": {k: round(v, 3) for k, v in results.items()},
+                "compiled_over_eager": {
+                    n: round(results[f"{n} compiled"] / results[f"{n} eager"], 3) for n in ("sdpa", "attngate")
+                },
+                "last_logits_max_diff_over_sdpa_eager_max": {k: round(v, 4) for k, v in diff.items()},
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

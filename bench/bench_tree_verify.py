@@ -36,15 +36,27 @@ from attngate.backends.page_ids import page_ids  # noqa: E402
 from attngate.runtime.batch_metadata import BatchLengths, host  # noqa: E402
 
 PS, DRAFT, PREFIX = 16, 8, 4088
-CHAIN = dict(speculative_algorithm="EAGLE", speculative_eagle_topk=1, speculative_num_steps=7, speculative_num_draft_tokens=DRAFT)
+CHAIN = dict(
+    speculative_algorithm="EAGLE", speculative_eagle_topk=1, speculative_num_steps=7, speculative_num_draft_tokens=DRAFT
+)
 
 
 def main() -> None:
     out: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
-    tree_plan, chain_plan = plan_for(GPU, "flashinfer", PS, **SPECULATIVE_TREE), plan_for(GPU, "flashinfer", PS, **CHAIN)
+    tree_plan, chain_plan = (
+        plan_for(GPU, "flashinfer", PS, **SPECULATIVE_TREE),
+        plan_for(GPU, "flashinfer", PS, **CHAIN),
+    )
     layer = layer_of(GPU, LayerKind.FULL)
     for bs in (8, 64):
-        case = make_case(GPU, [(PREFIX, DRAFT)] * bs, ForwardMode.TARGET_VERIFY, PS, num_slots=bs * (PREFIX + DRAFT + PS), max_context_len=PREFIX + 2 * PS)
+        case = make_case(
+            GPU,
+            [(PREFIX, DRAFT)] * bs,
+            ForwardMode.TARGET_VERIFY,
+            PS,
+            num_slots=bs * (PREFIX + DRAFT + PS),
+            max_context_len=PREFIX + 2 * PS,
+        )
         batch, pool, rtt = case.setup.batch, case.pools[0], case.setup.req_to_token_pool.req_to_token
         batch.spec_tree_mask = random_tree(bs, DRAFT, seed=bs, device="cuda")
         fi = FlashInferBackend(tree_plan, pool, rtt, [layer], "cuda")
@@ -52,27 +64,43 @@ def main() -> None:
         fi.init_forward_metadata(batch)
         forward = lambda: fi.forward(case.q, case.k, case.v, layer, batch)  # noqa: E731
         caches = fi.paged_kv(layer.layer_id)
-        raw_step = lambda: (pool.set_kv_buffer(0, batch.out_cache_loc, case.k, case.v), fi.paged_wrappers[0].run(case.q, caches))  # noqa: E731
+
+        def raw_step(caches=caches):
+            pool.set_kv_buffer(0, batch.out_cache_loc, case.k, case.v)
+            return fi.paged_wrappers[0].run(case.q, caches)
+
         t_b, t_r = paired_ms(forward, raw_step)
         lens = BatchLengths.from_batch(batch)
         spec = fi.specs[0]
         rng = lens.kv_pages(PS)
         mask_ms = cuda_ms(lambda: fi._tree_mask(rng, batch.spec_tree_mask))
         mask = fi._tree_mask(rng, batch.spec_tree_mask)
-        args = (host(lens.qo_indptr), host(rng.indptr), page_ids(rtt, batch.req_pool_indices, rng, PS), host(rng.last_page_len),
-                *spec.heads, PS)
+        args = (
+            host(lens.qo_indptr),
+            host(rng.indptr),
+            page_ids(rtt, batch.req_pool_indices, rng, PS),
+            host(rng.last_page_len),
+            *spec.heads,
+            PS,
+        )
         kw = fi._plan_kwargs(spec, "paged") | dict(custom_mask=mask)
         chain_batch = replace(batch, spec_tree_mask=None)
-        host_us = paired_host_us({
-            "tree_metadata": lambda: fi.init_forward_metadata(batch),
-            "chain_metadata": lambda: chain.init_forward_metadata(chain_batch),
-            "raw_plan_with_mask": lambda: fi.paged_wrappers[0].plan(*args, causal=False, **kw),
-        })
+        host_us = paired_host_us(
+            {
+                "tree_metadata": lambda: fi.init_forward_metadata(batch),
+                "chain_metadata": lambda: chain.init_forward_metadata(chain_batch),
+                "raw_plan_with_mask": lambda: fi.paged_wrappers[0].plan(*args, causal=False, **kw),
+            }
+        )
         fi.init_forward_metadata(batch)  # the timed raw plan() replaced the backend's
         out[f"verify_{bs}x{PREFIX + DRAFT}"] = {
-            "backend_ms": round(t_b, 4), "raw_kv_write_plus_run_ms": round(t_r, 4), "backend_over_raw": round(t_b / t_r, 3),
-            "tree_mask_build_gpu_ms": round(mask_ms, 4), "mask_entries": int(mask.numel()),
-            **{f"{k}_host_us": round(v, 1) for k, v in host_us.items()}}
+            "backend_ms": round(t_b, 4),
+            "raw_kv_write_plus_run_ms": round(t_r, 4),
+            "backend_over_raw": round(t_b / t_r, 3),
+            "tree_mask_build_gpu_ms": round(mask_ms, 4),
+            "mask_entries": int(mask.numel()),
+            **{f"{k}_host_us": round(v, 1) for k, v in host_us.items()},
+        }
     print(json.dumps(out, indent=2))
 
 

@@ -30,7 +30,9 @@ def cuda_ms(fn: Callable[[], object], iters: int = 30, warmup: int = 5) -> float
     return start.elapsed_time(end) / iters
 
 
-def paired_ms(a: Callable[[], object], b: Callable[[], object], iters: int = 30, rounds: int = 5) -> tuple[float, float]:
+def paired_ms(
+    a: Callable[[], object], b: Callable[[], object], iters: int = 30, rounds: int = 5
+) -> tuple[float, float]:
     """GPU ms per call of ``a`` and of ``b``, timed alternately for ``rounds`` rounds; the best round of
     each, so that clock and thermal drift during the run does not favour whichever ran first."""
     times = [(cuda_ms(a, iters), cuda_ms(b, iters)) for _ in range(rounds)]
@@ -75,7 +77,9 @@ def decode_graph_replay(backend, case, layer, bs: int):
     """Capture one DECODE forward of ``case`` as a CUDA graph; returns a replay step (metadata update + replay)."""
     batch = case.setup.batch
     backend.init_cuda_graph_state(bs, bs)
-    backend.init_forward_metadata_capture_cuda_graph(bs, bs, batch.req_pool_indices, batch.seq_lens, None, ForwardMode.DECODE)
+    backend.init_forward_metadata_capture_cuda_graph(
+        bs, bs, batch.req_pool_indices, batch.seq_lens, None, ForwardMode.DECODE
+    )
     backend.forward(case.q, case.k, case.v, layer, batch)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -83,7 +87,9 @@ def decode_graph_replay(backend, case, layer, bs: int):
         backend.forward(case.q, case.k, case.v, layer, batch)
 
     def replay():
-        backend.init_forward_metadata_replay_cuda_graph(bs, batch.req_pool_indices, batch.seq_lens, batch.seq_lens_cpu, None, ForwardMode.DECODE)
+        backend.init_forward_metadata_replay_cuda_graph(
+            bs, batch.req_pool_indices, batch.seq_lens, batch.seq_lens_cpu, None, ForwardMode.DECODE
+        )
         graph.replay()
 
     return replay

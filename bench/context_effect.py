@@ -61,10 +61,21 @@ def _backend(bs: int, real: bool):
 
     env = GPU if real else CPU
     cached = 2047 if real else 511
-    case = make_case(env, [(cached, 1)] * bs, ForwardMode.DECODE, PS, num_slots=bs * (cached + 17) // PS * PS + PS,
-                     max_context_len=cached + 17)
-    fi = FlashInferBackend(plan_for(env, "flashinfer", PS), case.pools[0], case.setup.req_to_token_pool.req_to_token,
-                           [layer_of(env, LayerKind.FULL)], env.device)
+    case = make_case(
+        env,
+        [(cached, 1)] * bs,
+        ForwardMode.DECODE,
+        PS,
+        num_slots=bs * (cached + 17) // PS * PS + PS,
+        max_context_len=cached + 17,
+    )
+    fi = FlashInferBackend(
+        plan_for(env, "flashinfer", PS),
+        case.pools[0],
+        case.setup.req_to_token_pool.req_to_token,
+        [layer_of(env, LayerKind.FULL)],
+        env.device,
+    )
     batch = case.setup.batch
     fi.init_forward_metadata(batch)
     _, args = decode_plan_args(fi, batch)
@@ -95,7 +106,11 @@ def _calls(bs: int, real: bool, calibrate: bool = True) -> tuple[dict, object, o
         for _ in range(4):  # scale the work of no use to the length of the backend's
             reps[0] = max(1, round(reps[0] * goal / paired_host_us({"w": work}, rounds=5)["w"]))
     works = {"lengths": lengths, "numpy_work": numpy_work, "python_work": python_work}
-    fns = {"plan": plan, **works, **{f"{name}_then_plan": (lambda w: lambda: (w(), plan()))(w) for name, w in works.items()}}
+    fns = {
+        "plan": plan,
+        **works,
+        **{f"{name}_then_plan": (lambda w: lambda: (w(), plan()))(w) for name, w in works.items()},
+    }
     return fns, fi, batch
 
 
@@ -103,7 +118,10 @@ def row(bs: int, real: bool) -> dict:
     fns, fi, batch = _calls(bs, real)
     t = paired_host_us(fns)
     out = {k: round(v, 1) for k, v in t.items()}
-    out |= {f"{name}_excess": round(t[f"{name}_then_plan"] - t[name] - t["plan"], 1) for name in ("lengths", "numpy_work", "python_work")}
+    out |= {
+        f"{name}_excess": round(t[f"{name}_then_plan"] - t[name] - t["plan"], 1)
+        for name in ("lengths", "numpy_work", "python_work")
+    }
     out |= {"backend_eager_metadata": round(paired_host_us({"m": lambda: fi.init_forward_metadata(batch)})["m"], 1)}
     return out
 
@@ -114,6 +132,7 @@ def parts_row(bs: int, real: bool) -> dict:
     lens = BatchLengths.from_batch(batch)
     rng = lens.kv_pages(PS)
     seq_cpu = batch.seq_lens_cpu
+
     def python_lengths():  # the same decode ranges in pure Python (what a small-batch path could do instead)
         indptr, last = [0], []
         for n in seq_cpu.tolist():
@@ -145,8 +164,11 @@ def parts_row(bs: int, real: bool) -> dict:
     }
     fns = {"plan": plan, **parts, **{f"{n}_then_plan": (lambda w: lambda: (w(), plan()))(w) for n, w in parts.items()}}
     t = paired_host_us(fns)
-    return {n: round(t[n], 1) for n in parts} | {f"{n}_excess": round(t[f"{n}_then_plan"] - t[n] - t["plan"], 1) for n in parts} \
+    return (
+        {n: round(t[n], 1) for n in parts}
+        | {f"{n}_excess": round(t[f"{n}_then_plan"] - t[n] - t["plan"], 1) for n in parts}
         | {"plan": round(t["plan"], 1)}
+    )
 
 
 def loop(name: str, calls: int, bs: int = 64) -> None:
@@ -160,9 +182,12 @@ def loop(name: str, calls: int, bs: int = 64) -> None:
 
 def main() -> None:
     real = _real_kernels()
-    out: dict = {"kernels": "flashinfer" if real else "CPU stand-in (tests/standins)",
-                 "machine": torch.cuda.get_device_name() if real else platform.processor() or platform.machine(),
-                 "python": platform.python_version(), "torch": torch.__version__}
+    out: dict = {
+        "kernels": "flashinfer" if real else "CPU stand-in (tests/standins)",
+        "machine": torch.cuda.get_device_name() if real else platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
     out["rows_us"] = {bs: row(bs, real) for bs in (1, 64)}
     print(json.dumps(out, indent=2))
 

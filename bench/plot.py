@@ -42,16 +42,24 @@ def main(src: str, dst: str) -> None:
         sizes = sorted(rows, key=int)
         if key in rows[sizes[0]]:  # older JSON files lack the newer series
             host.plot([int(b) for b in sizes], [rows[b][key] for b in sizes], style, label=label)
-    host.set(xscale="log", xlabel="batch size (decode requests)", ylabel="host µs per step (one layer)",
-             title="Host time per decode step")
+    host.set(
+        xscale="log",
+        xlabel="batch size (decode requests)",
+        ylabel="host µs per step (one layer)",
+        title="Host time per decode step",
+    )
     host.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
     for table, num, den, label, style in RATIO_SERIES:
         rows = data[table]
         sizes = sorted(rows, key=int)
         ratio.plot([int(b) for b in sizes], [rows[b][num] / rows[b][den] for b in sizes], style, label=label)
     ratio.axhline(1.03, color="grey", linestyle="--", linewidth=0.8, label="1.03 (target)")
-    ratio.set(xscale="log", xlabel="batch size (decode requests)", ylabel="GPU time, backend / raw",
-              title="Backend / raw, GPU time (KV write incl.; launch-bound below 64)")
+    ratio.set(
+        xscale="log",
+        xlabel="batch size (decode requests)",
+        ylabel="GPU time, backend / raw",
+        title="Backend / raw, GPU time (KV write incl.; launch-bound below 64)",
+    )
     ratio.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14))
     fig.suptitle(f"{data['gpu']}, torch {data['torch']}, {data['cached_tokens']} cached tokens per request")
     fig.tight_layout()

@@ -24,8 +24,14 @@ from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
 
 def decode_case(bs: int, ps: int):
     """``bs`` decode requests of 2048 tokens (2047 cached) on ``ps``-token pages, the shape every row here times."""
-    return make_case(GPU, [(2047, 1)] * bs, ForwardMode.DECODE, ps, num_slots=bs * (2048 + ps) // ps * ps + ps,
-                     max_context_len=2048 + ps)
+    return make_case(
+        GPU,
+        [(2047, 1)] * bs,
+        ForwardMode.DECODE,
+        ps,
+        num_slots=bs * (2048 + ps) // ps * ps + ps,
+        max_context_len=2048 + ps,
+    )
 
 
 def profile(name: str, fn, iters: int = 300, top: int = 22) -> None:
@@ -96,7 +102,7 @@ def launch_cost() -> None:
             table, ref = torch.empty(bs, pages, dtype=torch.int32, device="cuda"), pid.page_table(rtt, rows, pages, ps)
             args = (rtt, rows, rows, rows, table, rtt.stride(0), rtt.shape[1], pages, ps)
             compiled = pt._page_ids_kernel[(bs,)](*args, CSR=False, HAS_FIRST=False, BLOCK=64)
-            strided = rtt[:, : pages * ps: ps]
+            strided = rtt[:, : pages * ps : ps]
 
             def torch_ops():
                 torch.index_select(strided, 0, rows, out=table)
@@ -109,14 +115,16 @@ def launch_cost() -> None:
                 table.zero_()
                 fn()
                 assert torch.equal(table, ref)
-            row = paired_host_us({
-                "triton_jit_dispatch": lambda: pt.launch(rtt, rows, None, None, table, ps, pages),
-                "triton_compiled_launcher": compiled_launch,
-                "page_table_as_called": lambda: pid.page_table(rtt, rows, pages, ps),
-                "torch_ops": torch_ops,
-                "one_torch_add": lambda: batch.seq_lens + 1,
-                "host_length_work": lambda: bm.BatchLengths.from_batch(batch).max_seq,
-            })
+            row = paired_host_us(
+                {
+                    "triton_jit_dispatch": lambda: pt.launch(rtt, rows, None, None, table, ps, pages),
+                    "triton_compiled_launcher": compiled_launch,
+                    "page_table_as_called": lambda: pid.page_table(rtt, rows, pages, ps),
+                    "torch_ops": torch_ops,
+                    "one_torch_add": lambda: batch.seq_lens + 1,
+                    "host_length_work": lambda: bm.BatchLengths.from_batch(batch).max_seq,
+                }
+            )
             out[f"bs {bs}, page {ps}"] = {k: round(v, 1) for k, v in row.items()}
     print("===== page-table launch cost, host us\n" + json.dumps(out, indent=1))
 
@@ -139,8 +147,11 @@ def gc_effect(bs: int = 64) -> None:
         host_length_work(batch, 16)
         wrapper.plan(*args, **kw)
 
-    fns = {"eager_metadata": lambda: fi.init_forward_metadata(batch), "raw_plan": lambda: wrapper.plan(*args, **kw),
-           "lengths_then_raw_plan": lengths_then_plan}
+    fns = {
+        "eager_metadata": lambda: fi.init_forward_metadata(batch),
+        "raw_plan": lambda: wrapper.plan(*args, **kw),
+        "lengths_then_raw_plan": lengths_then_plan,
+    }
     rows = {}
     for state in ("gc_on", "gc_off"):
         gc.enable() if state == "gc_on" else gc.disable()
@@ -157,7 +168,9 @@ def fa_step() -> None:
     from common import paired_host_us
 
     for bs in (1, 64):
-        fa, case, layer, step, raw, layer_forward = backend_and_raw([(2047, 1)] * bs, ForwardMode.DECODE, plan_for(GPU, "fa4", 128))
+        fa, case, layer, step, raw, layer_forward = backend_and_raw(
+            [(2047, 1)] * bs, ForwardMode.DECODE, plan_for(GPU, "fa4", 128)
+        )
         batch, pool = case.setup.batch, case.pools[0]
 
         def raw_write_call():
@@ -168,16 +181,26 @@ def fa_step() -> None:
             fa.init_forward_metadata(batch)
             return raw_write_call()
 
-        rows = paired_host_us({"raw_call": raw, "raw_write_call": raw_write_call, "forward": layer_forward,
-                               "metadata": lambda: fa.init_forward_metadata(batch), "metadata_then_raw_write_call": metadata_then_raw,
-                               "step": step})
+        rows = paired_host_us(
+            {
+                "raw_call": raw,
+                "raw_write_call": raw_write_call,
+                "forward": layer_forward,
+                "metadata": lambda: fa.init_forward_metadata(batch),
+                "metadata_then_raw_write_call": metadata_then_raw,
+                "step": step,
+            }
+        )
         print("===== fa step, host us, batch", bs, {k: round(v, 1) for k, v in rows.items()})
 
 
 def main(bs: int = 64) -> None:
     parts(bs)
     layer = layer_of(GPU, LayerKind.FULL)
-    for name, cls, backend, ps in (("flashinfer", FlashInferBackend, "flashinfer", 16), ("fa", FlashAttentionBackend, "fa4", 128)):
+    for name, cls, backend, ps in (
+        ("flashinfer", FlashInferBackend, "flashinfer", 16),
+        ("fa", FlashAttentionBackend, "fa4", 128),
+    ):
         case = decode_case(bs, ps)
         be = cls(plan_for(GPU, backend, ps), case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], "cuda")
         batch = case.setup.batch

@@ -26,13 +26,20 @@ def resolve_flags(flags: str, model_name: str, gpu: str = "sm90"):
     return resolve(ServerArgs.from_flags(flags.split()), model(model_name), fa3_gpu(gpu))
 
 
-
 #: The attention keys of an EmbeddingGemma config (google/embeddinggemma-300m's shape: a Gemma3TextModel whose 24 layers
 #: attend both ways, five sliding-window layers to one global).
 EMBEDDING_GEMMA = {
-    "architectures": ["Gemma3TextModel"], "model_type": "gemma3_text", "use_bidirectional_attention": True,
-    "hidden_size": 768, "num_hidden_layers": 24, "num_attention_heads": 3, "num_key_value_heads": 1, "head_dim": 256,
-    "sliding_window": 512, "query_pre_attn_scalar": 256, "max_position_embeddings": 2048,
+    "architectures": ["Gemma3TextModel"],
+    "model_type": "gemma3_text",
+    "use_bidirectional_attention": True,
+    "hidden_size": 768,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 3,
+    "num_key_value_heads": 1,
+    "head_dim": 256,
+    "sliding_window": 512,
+    "query_pre_attn_scalar": 256,
+    "max_position_embeddings": 2048,
     "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 4,
 }
 

@@ -12,7 +12,16 @@ from typer.testing import CliRunner
 from attngate.cli import app
 
 runner = CliRunner(env={"COLUMNS": "240"})
-EMBED = ["--is-embedding", "--chunked-prefill-size", "-1", "--disable-radix-cache", "--attention-backend", "fa3", "--gpu", "sm90"]
+EMBED = [
+    "--is-embedding",
+    "--chunked-prefill-size",
+    "-1",
+    "--disable-radix-cache",
+    "--attention-backend",
+    "fa3",
+    "--gpu",
+    "sm90",
+]
 
 
 def explain(*args: str):
@@ -25,21 +34,41 @@ def test_qwen3_embedding_json_skip_kv_cache_true():
     out = json.loads(res.stdout)
     gate = out["gates"]["fa.skip_kv_cache"]
     assert gate["value"] is True and gate["origin"] == "fa.skip-kv-cache-for-embedding"
-    assert gate["facts"] == {"prefill_backend": "fa3", "decode_backend": "fa3", "is_embedding": True,
-                             "chunked_prefill_size": -1, "disable_radix_cache": True, "use_mla": False,
-                             "has_cross_attention": False}
+    assert gate["facts"] == {
+        "prefill_backend": "fa3",
+        "decode_backend": "fa3",
+        "is_embedding": True,
+        "chunked_prefill_size": -1,
+        "disable_radix_cache": True,
+        "use_mla": False,
+        "has_cross_attention": False,
+    }
     assert set(out) >= {"plan", "server_args", "gates", "modes", "adjustments", "warnings", "errors"}
     assert out["plan"]["prefill_backend"] == "fa3" and len(out["plan"]["fingerprint"]) == 64
     assert out["modes"]["extend"]["fa.kv_extent"]["value"] == "none"
-    for name in ["fa.precompute_scheduler_metadata", "fa.num_splits", "flashinfer.prefill_fixed_split_size",
-                 "flashinfer.decode_fixed_split_size", "flashinfer.cuda_graph_disable_split_kv",
-                 "flashinfer.decode_use_tensor_cores", "flashinfer.use_ragged_prefill", "flashinfer.wrapper_dispatch"]:
+    for name in [
+        "fa.precompute_scheduler_metadata",
+        "fa.num_splits",
+        "flashinfer.prefill_fixed_split_size",
+        "flashinfer.decode_fixed_split_size",
+        "flashinfer.cuda_graph_disable_split_kv",
+        "flashinfer.decode_use_tensor_cores",
+        "flashinfer.use_ragged_prefill",
+        "flashinfer.wrapper_dispatch",
+    ]:
         assert name in out["gates"]
 
 
 def test_deepseek_json_skip_kv_cache_false_names_use_mla():
-    res = explain("--model", str(MODELS / "DeepSeek-V2-Lite.json"), *EMBED, "--format", "json",
-                  "--kernels", "flashinfer,flash_attn.cute,flash_attn_interface")
+    res = explain(
+        "--model",
+        str(MODELS / "DeepSeek-V2-Lite.json"),
+        *EMBED,
+        "--format",
+        "json",
+        "--kernels",
+        "flashinfer,flash_attn.cute,flash_attn_interface",
+    )
     assert res.exit_code == 0, res.output
     gate = json.loads(res.stdout)["gates"]["fa.skip_kv_cache"]
     assert gate["value"] is False and gate["origin"] == "default" and gate["facts"]["use_mla"] is True
@@ -55,7 +84,9 @@ def test_fa3_mla_without_flash_attn_interface_is_refused_with_what_would_work():
 
 
 def test_kernels_flag_names_unknown_providers():
-    res = explain("--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm90", "--kernels", "flashinfer,flash_atn.cute")
+    res = explain(
+        "--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm90", "--kernels", "flashinfer,flash_atn.cute"
+    )
     assert res.exit_code == 2 and "flash_atn.cute" in res.output and "flash_attn.cute" in res.output
 
 
@@ -67,26 +98,54 @@ def test_table_output_and_mode_filter():
 
 
 def test_invalid_configuration_exit_1_json_still_printed():
-    res = explain("--model", str(MODELS / "gpt-oss-20b.json"), "--attention-backend", "flashinfer", "--gpu", "sm90", "--format", "json")
+    res = explain(
+        "--model",
+        str(MODELS / "gpt-oss-20b.json"),
+        "--attention-backend",
+        "flashinfer",
+        "--gpu",
+        "sm90",
+        "--format",
+        "json",
+    )
     assert res.exit_code == 1
     out = json.loads(res.stdout)
-    assert out["plan"] is None and {"flashinfer.no-attention-sinks", "gpt-oss.backends"} <= {e["rule"] for e in out["errors"]}
+    assert out["plan"] is None and {"flashinfer.no-attention-sinks", "gpt-oss.backends"} <= {
+        e["rule"] for e in out["errors"]
+    }
     table = explain("--model", str(MODELS / "gpt-oss-20b.json"), "--attention-backend", "flashinfer", "--gpu", "sm90")
     assert table.exit_code == 1 and "flashinfer.no-attention-sinks" in table.stdout
 
 
 def test_warnings_still_exit_0():
-    res = explain("--model", str(MODELS / "Llama-3.1-8B.json"), "--attention-backend", "fa3", "--kv-cache-dtype", "fp8_e5m2", "--gpu", "sm90", "--format", "json")
+    res = explain(
+        "--model",
+        str(MODELS / "Llama-3.1-8B.json"),
+        "--attention-backend",
+        "fa3",
+        "--kv-cache-dtype",
+        "fp8_e5m2",
+        "--gpu",
+        "sm90",
+        "--format",
+        "json",
+    )
     assert res.exit_code == 0
     assert any("fa3.fp8-e5m2-kv-falls-back-to-triton" in w for w in json.loads(res.stdout)["warnings"])
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--model", "nope.json", "--gpu", "sm90"], "cannot read"),
-    (["--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm95"], "unknown GPU architecture"),
-    (["--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm90", "--attention-backnd", "fa3"], "did you mean '--attention-backend'"),
-    (["--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm90", "--mode", "prefill"], "not a forward mode"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--model", "nope.json", "--gpu", "sm90"], "cannot read"),
+        (["--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm95"], "unknown GPU architecture"),
+        (
+            ["--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm90", "--attention-backnd", "fa3"],
+            "did you mean '--attention-backend'",
+        ),
+        (["--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm90", "--mode", "prefill"], "not a forward mode"),
+    ],
+)
 def test_bad_input_exit_2(args, needle):
     res = explain(*args)
     assert res.exit_code == 2
@@ -95,7 +154,9 @@ def test_bad_input_exit_2(args, needle):
 
 def test_bad_rules_file_exit_2(tmp_path):
     bad = tmp_path / "rules.yaml"
-    bad.write_text("version: 1\nrules:\n  - {id: a, summary: s, why: w, source: s, when: is_embeding, set: {fa.skip_kv_cache: true}}\n")
+    bad.write_text(
+        "version: 1\nrules:\n  - {id: a, summary: s, why: w, source: s, when: is_embeding, set: {fa.skip_kv_cache: true}}\n"
+    )
     res = explain("--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm90", "--rules", str(bad))
     assert res.exit_code == 2 and "did you mean 'is_embedding'" in res.output
     lint = runner.invoke(app, ["lint", str(bad)])
@@ -113,7 +174,9 @@ def test_every_bad_input_reported_at_once(tmp_path):
 def test_matrix_reports_every_bad_config(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{")
-    res = runner.invoke(app, ["matrix", str(tmp_path / "nope.json"), str(bad), str(MODELS / "Qwen3-8B.json"), "--gpu", "sm91"])
+    res = runner.invoke(
+        app, ["matrix", str(tmp_path / "nope.json"), str(bad), str(MODELS / "Qwen3-8B.json"), "--gpu", "sm91"]
+    )
     assert res.exit_code == 2
     for needle in ("nope.json: cannot read", f"{bad}:1:2: not JSON", "unknown GPU architecture 'sm91'"):
         assert needle in res.output, needle
@@ -130,7 +193,18 @@ def test_diff_reports_both_bad_files(tmp_path):
 def test_args_file_with_flag_override(tmp_path):
     args = tmp_path / "args.yaml"
     args.write_text("attention_backend: flashinfer\nenable_deterministic_inference: true\n")
-    res = explain("--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm90", "--args-file", str(args), "--attention-backend", "fa3", "--format", "json")
+    res = explain(
+        "--model",
+        str(MODELS / "Llama-3.1-8B.json"),
+        "--gpu",
+        "sm90",
+        "--args-file",
+        str(args),
+        "--attention-backend",
+        "fa3",
+        "--format",
+        "json",
+    )
     out = json.loads(res.stdout)
     assert out["plan"]["prefill_backend"] == "fa3" and out["gates"]["fa.num_splits"]["value"] == 1
 
@@ -143,14 +217,23 @@ def test_lint_shipped_rules_clean():
 def _lint(tmp_path, *rules: tuple[str, str, str]):
     """``attngate lint`` over a file of set rules, each ``(id, when, set)``."""
     f = tmp_path / "r.yaml"
-    f.write_text("version: 1\nrules:\n" + "".join(f"  - {{id: {i}, summary: s, why: w, source: s, when: {when}, set: {{{sets}}}}}\n"
-                                                   for i, when, sets in rules))
+    f.write_text(
+        "version: 1\nrules:\n"
+        + "".join(
+            f"  - {{id: {i}, summary: s, why: w, source: s, when: {when}, set: {{{sets}}}}}\n"
+            for i, when, sets in rules
+        )
+    )
     return runner.invoke(app, ["lint", str(f)])
 
 
 def test_lint_finds_conflict_exit_1(tmp_path):
-    res = _lint(tmp_path, ("a", "use_mla", "fa.num_splits: 1"), ("b", "is_embedding", "fa.num_splits: 2"),
-                ("c", "use_mla and not use_mla", "fa.num_splits: 1"))
+    res = _lint(
+        tmp_path,
+        ("a", "use_mla", "fa.num_splits: 1"),
+        ("b", "is_embedding", "fa.num_splits: 2"),
+        ("c", "use_mla and not use_mla", "fa.num_splits: 1"),
+    )
     assert res.exit_code == 1
     assert "'a' and 'b' can both match" in res.output and "'c' can never match" in res.output
 
@@ -158,17 +241,26 @@ def test_lint_finds_conflict_exit_1(tmp_path):
 def test_lint_reads_derived_facts_by_their_definition(tmp_path):
     """A chain drafts speculative_num_steps + 1 tokens, and tp 4 over dp 2 divides: rules that contradict the
     definitions can never match; one that agrees with them can."""
-    res = _lint(tmp_path, ("d", "speculative_num_steps == 3 and speculative_chain_draft_tokens == 7", "fa.num_splits: 1"),
-                ("e", "tp_size == 4 and dp_size == 2 and not dp_divides_tp", "fa.num_splits: 1"),
-                ("f", "speculative_num_steps == 3 and speculative_chain_draft_tokens == 4", "fa.num_splits: 1"))
+    res = _lint(
+        tmp_path,
+        ("d", "speculative_num_steps == 3 and speculative_chain_draft_tokens == 7", "fa.num_splits: 1"),
+        ("e", "tp_size == 4 and dp_size == 2 and not dp_divides_tp", "fa.num_splits: 1"),
+        ("f", "speculative_num_steps == 3 and speculative_chain_draft_tokens == 4", "fa.num_splits: 1"),
+    )
     assert res.exit_code == 1
-    assert "'d' can never match" in res.output and "'e' can never match" in res.output and "'f' can never" not in res.output
+    assert (
+        "'d' can never match" in res.output
+        and "'e' can never match" in res.output
+        and "'f' can never" not in res.output
+    )
 
 
 def test_schema_and_matrix():
     schema = json.loads(runner.invoke(app, ["schema"]).stdout)
     assert "rules" in schema["properties"] and "RuleSpec" in schema["$defs"]
-    res = runner.invoke(app, ["matrix", str(MODELS / "gpt-oss-20b.json"), str(MODELS / "DeepSeek-V2-Lite.json"), "--gpu", "sm90"])
+    res = runner.invoke(
+        app, ["matrix", str(MODELS / "gpt-oss-20b.json"), str(MODELS / "DeepSeek-V2-Lite.json"), "--gpu", "sm90"]
+    )
     assert res.exit_code == 0 and "flashinfer.no-attention-sinks" in res.stdout
     narrow = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["matrix", str(MODELS), "--gpu", "sm90"])
     assert narrow.exit_code == 0 and "…" not in narrow.output  # cells wrap at 80 columns, never cut short
@@ -176,16 +268,21 @@ def test_schema_and_matrix():
     assert any("Llama-4-Scout-17B-16E-Instruct" in line for line in lines)  # model names whole, one row per model
     gpt_oss = next(line for line in lines if "gpt-oss-20b" in line)
     notes = {m[2]: m[1] for m in (re.match(r"(\d+) ([\w.-]+): ", line) for line in lines) if m}
-    assert f"no {notes['flashinfer.no-attention-sinks']},{notes['gpt-oss.backends']}" in gpt_oss  # a refusal names its notes
+    assert (
+        f"no {notes['flashinfer.no-attention-sinks']},{notes['gpt-oss.backends']}" in gpt_oss
+    )  # a refusal names its notes
     assert len(lines) < 60
 
 
 # ---- the explain view for people ---------------------------------------------------------------
 
+
 @pytest.mark.parametrize("backend", [[], ["--attention-backend", "flashinfer"]], ids=["default", "flashinfer"])
 @pytest.mark.parametrize("config", sorted(p.name for p in MODELS.glob("*.json")))
 def test_explain_fits_one_screen_in_plain_text(config, backend):
-    res = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["explain", "--model", str(MODELS / config), "--gpu", "sm90", *backend])
+    res = CliRunner(env={"COLUMNS": "80"}).invoke(
+        app, ["explain", "--model", str(MODELS / config), "--gpu", "sm90", *backend]
+    )
     if res.exit_code == 1:  # a configuration this backend refuses: the reasons, still one screen
         assert "invalid configuration" in res.output
     else:
@@ -219,7 +316,10 @@ def test_explain_gate_gives_the_full_why_of_one_gate():
     res = explain(*args, "--gate", "flashinfer.prefill_kernel_family")
     assert res.exit_code == 0
     assert "flashinfer.prefill_kernel_family [global] = 'fa2', from default" in res.output
-    assert "candidate flashinfer.prefill-fa3-on-hopper did not match, false: not flashinfer_prefill_custom_mask" in res.output
+    assert (
+        "candidate flashinfer.prefill-fa3-on-hopper did not match, false: not flashinfer_prefill_custom_mask"
+        in res.output
+    )
     layer = explain(*args, "--gate", "common.use_window")
     assert "[layer kind sliding_window] = True" in layer.output and "[layer kind cross_attention]" not in layer.output
     typo = explain(*args, "--gate", "flashinfer.prefill_kernel_famly")
@@ -230,14 +330,26 @@ def test_explain_all_keeps_every_table_and_flags_lists_the_server_flags():
     res = explain("--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm90", "--all")
     assert res.exit_code == 0 and "layer kind encoder_only" in res.output and "forward mode decode" in res.output
     # in a pipe at 80 columns: plain lines, wrapped and never cut, every gate name whole with its full why
-    narrow = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["explain", "--model", str(MODELS / "DeepSeek-V2-Lite.json"),
-                                                          "--gpu", "sm100", "--attention-backend", "fa4", "--all"])
+    narrow = CliRunner(env={"COLUMNS": "80"}).invoke(
+        app,
+        [
+            "explain",
+            "--model",
+            str(MODELS / "DeepSeek-V2-Lite.json"),
+            "--gpu",
+            "sm100",
+            "--attention-backend",
+            "fa4",
+            "--all",
+        ],
+    )
     assert narrow.exit_code == 0 and "…" not in narrow.output and "\x1b[" not in narrow.output
     assert all(len(line) <= 80 for line in narrow.output.splitlines())
     assert "  fa.precompute_scheduler_metadata = False, from fa.fa4-no-scheduler-precompute" in narrow.output
     assert "candidate fa.fa4-sm90-single-split did not match, false: sm_major == 9" in " ".join(narrow.output.split())
-    only_decode = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["explain", "--model", str(MODELS / "Llama-3.1-8B.json"),
-                                                               "--gpu", "sm90", "--mode", "decode"])
+    only_decode = CliRunner(env={"COLUMNS": "80"}).invoke(
+        app, ["explain", "--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm90", "--mode", "decode"]
+    )
     assert "forward mode decode:" in only_decode.output and "forward mode extend:" not in only_decode.output
     flags = runner.invoke(app, ["flags"])
     assert "--page-size  (" in flags.output and "--enable-deterministic-inference" in flags.output
@@ -249,20 +361,37 @@ def test_explain_shows_where_sglang_differs_on_purpose():
     res = explain("--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm90", "--speculative-algorithm", "EAGLE")
     assert res.exit_code == 0, res.output
     assert "differs from SGLang 0.5.23 on purpose" in res.stdout
-    assert "sglang.default-backend-before-speculative-params (attention_backend, page_size, sglang_refusal)" in res.stdout
-    out = json.loads(explain("--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm100", "--attention-backend", "fa3",
-                             "--format", "json").stdout)
+    assert (
+        "sglang.default-backend-before-speculative-params (attention_backend, page_size, sglang_refusal)" in res.stdout
+    )
+    out = json.loads(
+        explain(
+            "--model",
+            str(MODELS / "Llama-3.1-8B.json"),
+            "--gpu",
+            "sm100",
+            "--attention-backend",
+            "fa3",
+            "--format",
+            "json",
+        ).stdout
+    )
     assert out["plan"] is None
     assert [d["id"] for d in out["deviations"]] == ["sglang.registry-refusals-at-start-up"]
     assert out["deviations"][0]["fields"] == ["refusal"] and out["deviations"][0]["source"].startswith("sglang 0.5.23")
-    plain = json.loads(explain("--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm90", "--format", "json").stdout)
+    plain = json.loads(
+        explain("--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm90", "--format", "json").stdout
+    )
     assert plain["deviations"] == []
 
 
 def test_conform_without_sglang_names_the_extra_and_the_install_command():
     try:  # the main CI venv has no SGLang (tests/sglang_conformance runs where it is)
         import sglang  # noqa: F401
-        pytest.skip("SGLang is installed in this environment, so its absence cannot be shown (the main CI venv has none)")
+
+        pytest.skip(
+            "SGLang is installed in this environment, so its absence cannot be shown (the main CI venv has none)"
+        )
     except ImportError:
         pass
     res = runner.invoke(app, ["conform", "--generate", str(MODELS), "--gpu", "sm90"])

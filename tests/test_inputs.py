@@ -10,8 +10,16 @@ from attngate import Platform, PlatformError, ServerArgs, ServerArgsError
 
 
 def test_flags_in_sglang_spelling():
-    args = ServerArgs.from_flags("--attention-backend fa3 --chunked-prefill-size -1 --enable-dp-attention --dp-size 2 --page-size=16".split())
-    assert (args.attention_backend, args.chunked_prefill_size, args.enable_dp_attention, args.dp_size, args.page_size) == ("fa3", -1, True, 2, 16)
+    args = ServerArgs.from_flags(
+        "--attention-backend fa3 --chunked-prefill-size -1 --enable-dp-attention --dp-size 2 --page-size=16".split()
+    )
+    assert (
+        args.attention_backend,
+        args.chunked_prefill_size,
+        args.enable_dp_attention,
+        args.dp_size,
+        args.page_size,
+    ) == ("fa3", -1, True, 2, 16)
     assert ServerArgs.from_flags(["--disable-radix-cache=false"]).disable_radix_cache is False
 
 
@@ -27,7 +35,12 @@ def test_every_flag_problem_is_reported_at_once():
     text = str(err.value)
     assert "--attention-backnd" in text and "did you mean '--attention-backend'" in text
     assert "--page-size" in text and "expects a value" in text
-    assert {p.where for p in err.value.problems} == {"--attention-backnd", "--kv-cache-dtype", "--page-size", "--tp-size"}
+    assert {p.where for p in err.value.problems} == {
+        "--attention-backnd",
+        "--kv-cache-dtype",
+        "--page-size",
+        "--tp-size",
+    }
 
 
 def test_value_errors_are_all_reported():
@@ -53,8 +66,14 @@ def test_from_object_ignores_extra_attributes():
     assert (args.attention_backend, args.page_size) == ("fa4", 128)
 
 
-@pytest.mark.parametrize("obj, needle", [({"page_size": 16}, r"ServerArgs\(\*\*mapping\)"), (None, "NoneType has none"),
-                                         (SimpleNamespace(model_path="/x"), "none of the server arguments")])
+@pytest.mark.parametrize(
+    "obj, needle",
+    [
+        ({"page_size": 16}, r"ServerArgs\(\*\*mapping\)"),
+        (None, "NoneType has none"),
+        (SimpleNamespace(model_path="/x"), "none of the server arguments"),
+    ],
+)
 def test_from_object_refuses_what_would_silently_give_the_defaults(obj, needle):
     from attngate.errors import UsageError
 

@@ -27,6 +27,9 @@ def test_no_import_cycle_among_attngate_modules(graph: grimp.ImportGraph) -> Non
 
 
 def test_no_module_passes_the_line_limit() -> None:
-    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    long = {
+        str(p.relative_to(PACKAGE)): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
     assert not long, long

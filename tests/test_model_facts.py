@@ -32,9 +32,45 @@ EXPECTED = {
     "gemma-3-27b-it": ("mha", 32, 16, 128, 128, 1024, None, {K.SLIDING_WINDOW: 52, K.FULL: 10}, False, None, False),
     "gpt-oss-20b": ("mha", 64, 8, 64, 64, 128, None, {K.SLIDING_WINDOW: 12, K.FULL: 12}, True, None, False),
     "gpt-oss-120b": ("mha", 64, 8, 64, 64, 128, None, {K.SLIDING_WINDOW: 18, K.FULL: 18}, True, None, False),
-    "Llama-3.2-11B-Vision-Instruct": ("mha", 32, 8, 128, 128, None, None, {K.FULL: 32, K.CROSS_ATTENTION: 8}, False, None, False),
-    "whisper-large-v3-turbo": ("mha", 20, 20, 64, 64, None, None, {K.ENCODER_ONLY: 32, K.FULL: 4, K.CROSS_ATTENTION: 4}, False, None, True),
-    "Llama-4-Scout-17B-16E-Instruct": ("mha", 40, 8, 128, 128, None, 8192, {K.CHUNKED_LOCAL: 36, K.FULL: 12}, False, None, False),
+    "Llama-3.2-11B-Vision-Instruct": (
+        "mha",
+        32,
+        8,
+        128,
+        128,
+        None,
+        None,
+        {K.FULL: 32, K.CROSS_ATTENTION: 8},
+        False,
+        None,
+        False,
+    ),
+    "whisper-large-v3-turbo": (
+        "mha",
+        20,
+        20,
+        64,
+        64,
+        None,
+        None,
+        {K.ENCODER_ONLY: 32, K.FULL: 4, K.CROSS_ATTENTION: 4},
+        False,
+        None,
+        True,
+    ),
+    "Llama-4-Scout-17B-16E-Instruct": (
+        "mha",
+        40,
+        8,
+        128,
+        128,
+        None,
+        8192,
+        {K.CHUNKED_LOCAL: 36, K.FULL: 12},
+        False,
+        None,
+        False,
+    ),
 }
 
 
@@ -46,7 +82,13 @@ def test_every_real_config_is_covered():
 def test_facts_of_real_config(name):
     arch, heads, kv, hd, vhd, window, chunk, kinds, sinks, softcap, enc_dec = EXPECTED[name]
     m = ModelFacts.from_hf_config(MODELS / f"{name}.json")
-    assert (m.attention_arch, m.num_attention_heads, m.num_key_value_heads, m.head_dim, m.v_head_dim) == (arch, heads, kv, hd, vhd)
+    assert (m.attention_arch, m.num_attention_heads, m.num_key_value_heads, m.head_dim, m.v_head_dim) == (
+        arch,
+        heads,
+        kv,
+        hd,
+        vhd,
+    )
     assert (m.sliding_window, m.attention_chunk_size) == (window, chunk)
     assert Counter(m.layer_kinds) == kinds
     assert (m.has_attention_sinks, m.attn_logit_softcapping, m.is_encoder_decoder) == (sinks, softcap, enc_dec)
@@ -80,8 +122,11 @@ def test_hybrid_models_list_only_their_attention_layers():
     """Qwen3-Next / Qwen3.5 (linear attention), LFM2 (short convolution), GraniteMoeHybrid (Mamba) and NemotronH
     (``hybrid_override_pattern``) as their Hub configs state them: the layers without softmax attention hold no
     KV cache and are left out, the rest keep their order."""
-    qwen3_next = _llama(architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next",
-                        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 8)
+    qwen3_next = _llama(
+        architectures=["Qwen3NextForCausalLM"],
+        model_type="qwen3_next",
+        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 8,
+    )
     lfm2 = _llama(model_type="lfm2", layer_types=["conv", "conv", "full_attention", "conv"] * 8)
     granite = _llama(model_type="granitemoehybrid", layer_types=["mamba"] * 5 + ["attention"] + ["mamba"] * 26)
     nemotron_h = _llama(model_type="nemotron_h", hybrid_override_pattern="M-M-M*-E" * 4)
@@ -100,12 +145,18 @@ def test_hybrid_models_list_only_their_attention_layers():
         llama.model_copy(update={"attention_layer_ids": (3, 1)})
 
 
-@pytest.mark.parametrize("changes, key", [
-    ({"layer_types": ["linear_attention"] * 32}, "layer_types: names no attention layer"),
-    ({"hybrid_override_pattern": "M-" * 16}, "hybrid_override_pattern: names no attention layer"),
-    ({"hybrid_override_pattern": "M*"}, "hybrid_override_pattern: must be a string of num_hidden_layers=32"),
-    ({"sliding_window": 4096, "sliding_window_pattern": "LLXG"}, "sliding_window_pattern: must be an integer or a string of 'L'"),
-])
+@pytest.mark.parametrize(
+    "changes, key",
+    [
+        ({"layer_types": ["linear_attention"] * 32}, "layer_types: names no attention layer"),
+        ({"hybrid_override_pattern": "M-" * 16}, "hybrid_override_pattern: names no attention layer"),
+        ({"hybrid_override_pattern": "M*"}, "hybrid_override_pattern: must be a string of num_hidden_layers=32"),
+        (
+            {"sliding_window": 4096, "sliding_window_pattern": "LLXG"},
+            "sliding_window_pattern: must be an integer or a string of 'L'",
+        ),
+    ],
+)
 def test_hybrid_and_letter_patterns_that_cannot_be_read_name_their_key(changes, key):
     with pytest.raises(ModelConfigError, match=key):
         ModelFacts.from_hf_dict(_llama(**changes))
@@ -162,11 +213,18 @@ def test_not_json_and_missing(tmp_path):
         ModelFacts.from_hf_dict({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64})
 
 
-@pytest.mark.parametrize("model, edit, needle", [  # values read as transformers and SGLang read them, not by truthiness
-    ("DeepSeek-V3", {"index_topk": False}, "index_topk: must be a positive integer, got False"),
-    ("Qwen2.5-7B-Instruct", {"use_sliding_window": "false"}, "use_sliding_window: must be true or false, got 'false'"),
-    ("Qwen2.5-7B-Instruct", {"is_causal": "false"}, "is_causal: must be true or false, got 'false'"),
-])
+@pytest.mark.parametrize(
+    "model, edit, needle",
+    [  # values read as transformers and SGLang read them, not by truthiness
+        ("DeepSeek-V3", {"index_topk": False}, "index_topk: must be a positive integer, got False"),
+        (
+            "Qwen2.5-7B-Instruct",
+            {"use_sliding_window": "false"},
+            "use_sliding_window: must be true or false, got 'false'",
+        ),
+        ("Qwen2.5-7B-Instruct", {"is_causal": "false"}, "is_causal: must be true or false, got 'false'"),
+    ],
+)
 def test_a_feature_key_of_the_wrong_type_is_an_error_naming_it(model, edit, needle):
     raw = json.loads((MODELS / f"{model}.json").read_text())
     with pytest.raises(ModelConfigError) as err:
@@ -174,7 +232,9 @@ def test_a_feature_key_of_the_wrong_type_is_an_error_naming_it(model, edit, need
     assert needle in str(err.value) and len(err.value.problems) == 1
 
 
-@pytest.mark.parametrize("edit", [{"vision_config": None}, {"audio_config": None}, {"dual_chunk_attention_config": False}])
+@pytest.mark.parametrize(
+    "edit", [{"vision_config": None}, {"audio_config": None}, {"dual_chunk_attention_config": False}]
+)
 def test_a_null_or_false_feature_config_means_no_such_feature(edit):
     facts = ModelFacts.from_hf_dict({**json.loads((MODELS / "Qwen2.5-7B-Instruct.json").read_text()), **edit})
     assert not facts.is_multimodal and not facts.has_dual_chunk_attention

@@ -25,9 +25,13 @@ def test_fingerprint_identical_across_processes():
     prints = set()
     for seed in ("0", "1", "12345"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        out = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+        )
         prints.add(out.stdout.strip())
-    in_process = resolve_flags("--attention-backend flashinfer --enable-deterministic-inference", "gemma-2-9b").plan.fingerprint
+    in_process = resolve_flags(
+        "--attention-backend flashinfer --enable-deterministic-inference", "gemma-2-9b"
+    ).plan.fingerprint
     assert prints == {in_process}
 
 

@@ -21,7 +21,9 @@ def test_readme_support_matrices_are_generated_and_current(monkeypatch):
     for block in blocks:
         res = CliRunner().invoke(app, shlex.split(block["cmd"]))
         assert res.exit_code == 0, res.output
-        assert res.stdout.rstrip("\n") == block["body"], f"README matrix is stale; regenerate it with: attngate {block['cmd']}"
+        assert res.stdout.rstrip("\n") == block["body"], (
+            f"README matrix is stale; regenerate it with: attngate {block['cmd']}"
+        )
 
 
 def test_readme_library_snippet_runs_as_written(monkeypatch):
@@ -33,10 +35,18 @@ def test_readme_library_snippet_runs_as_written(monkeypatch):
     code = re.search(r"## The library call at server start-up\n\n```python\n(.*?)```", text, re.S).group(1)
     import attngate.integrations.distributed as distributed
 
-    monkeypatch.setattr(distributed, "check_plan_consistency", lambda resolution, group=None: None)  # one process, no group
+    monkeypatch.setattr(
+        distributed, "check_plan_consistency", lambda resolution, group=None: None
+    )  # one process, no group
     from attngate import Platform
 
     monkeypatch.setattr(Platform, "detect", classmethod(lambda cls: Platform.from_name("sm90")))
     server_args = types.SimpleNamespace(attention_backend="fa3", page_size=16, unrelated_flag=True)
-    exec(compile(code, "README.md", "exec"), {"server_args": server_args, "model_path": str(ROOT / "examples/models/Llama-3.1-8B.json"),
-                                              "log": logging.getLogger("readme")})
+    exec(
+        compile(code, "README.md", "exec"),
+        {
+            "server_args": server_args,
+            "model_path": str(ROOT / "examples/models/Llama-3.1-8B.json"),
+            "log": logging.getLogger("readme"),
+        },
+    )

@@ -22,7 +22,8 @@ from attngate.rules.load import load_rules, parse_rules
 
 LLAMA = MODELS / "Llama-3.1-8B.json"
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefg", "bcdefgh"))
+    f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefg", "bcdefgh")
+)
 
 
 def _cli(*args: str):
@@ -33,13 +34,16 @@ def _cli(*args: str):
     return result
 
 
-@pytest.mark.parametrize("name, text, expected", [
-    ("bomb.yaml", BOMB, "after alias expansion"),
-    ("selfref.yaml", "x: &a [*a]\n", "nested more than"),
-    ("deep.yaml", "x: " + "[" * 5000 + "]" * 5000 + "\n", "nested more than"),
-    ("timestamp.yaml", "rules:\n  - id: t\n    summary: !!timestamp nope\n", "bad scalar 'nope'"),
-    ("latin1.yaml", "rules: caf\xe9\n", "not UTF-8"),
-])
+@pytest.mark.parametrize(
+    "name, text, expected",
+    [
+        ("bomb.yaml", BOMB, "after alias expansion"),
+        ("selfref.yaml", "x: &a [*a]\n", "nested more than"),
+        ("deep.yaml", "x: " + "[" * 5000 + "]" * 5000 + "\n", "nested more than"),
+        ("timestamp.yaml", "rules:\n  - id: t\n    summary: !!timestamp nope\n", "bad scalar 'nope'"),
+        ("latin1.yaml", "rules: caf\xe9\n", "not UTF-8"),
+    ],
+)
 def test_bad_rules_files_are_clean_errors(tmp_path, name, text, expected):
     path = tmp_path / name
     path.write_bytes(text.encode("latin-1"))
@@ -61,8 +65,14 @@ def test_a_device_is_refused_before_it_is_read():
     assert result.exit_code == 2 and "/dev/zero: is not a regular file" in result.output
 
 
-@pytest.mark.parametrize("command", [["explain", "--model", "{fifo}", "--gpu", "sm90"], ["lint", "{fifo}"],
-                                     ["explain", "--model", "{model}", "--gpu", "sm90", "--args-file", "{fifo}"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["explain", "--model", "{fifo}", "--gpu", "sm90"],
+        ["lint", "{fifo}"],
+        ["explain", "--model", "{model}", "--gpu", "sm90", "--args-file", "{fifo}"],
+    ],
+)
 def test_a_fifo_is_refused_at_once_instead_of_blocking_until_a_writer_comes(tmp_path, command):
     import os
 
@@ -81,15 +91,24 @@ def test_a_path_component_over_the_name_limit_is_a_clean_error():
     assert result.exit_code == 2 and "cannot read the config.json" in result.output, result.output
 
 
-@pytest.mark.parametrize("edit, expected", [
-    ({"num_hidden_layers": 10 ** 9}, "num_hidden_layers: 1000000000 is beyond any real model"),
-    ({"num_attention_heads": 1e30}, "num_attention_heads: must be a positive integer"),
-    ({"torch_dtype": 5}, "torch_dtype: must be a dtype name"),
-    ({"layer_types": [["x"]] * 32}, "layer_types[0]: unsupported layer type"),
-    ({"hybrid_override_pattern": ["*"] * 32}, "hybrid_override_pattern: must be a string of num_hidden_layers=32"),
-    ({"sliding_window": 4096, "sliding_window_pattern": ""}, "sliding_window_pattern: must be an integer or a string"),
-    ({"rope_theta": float("nan"), "attn_logit_softcapping": float("inf")}, "attn_logit_softcapping: must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        ({"num_hidden_layers": 10**9}, "num_hidden_layers: 1000000000 is beyond any real model"),
+        ({"num_attention_heads": 1e30}, "num_attention_heads: must be a positive integer"),
+        ({"torch_dtype": 5}, "torch_dtype: must be a dtype name"),
+        ({"layer_types": [["x"]] * 32}, "layer_types[0]: unsupported layer type"),
+        ({"hybrid_override_pattern": ["*"] * 32}, "hybrid_override_pattern: must be a string of num_hidden_layers=32"),
+        (
+            {"sliding_window": 4096, "sliding_window_pattern": ""},
+            "sliding_window_pattern: must be an integer or a string",
+        ),
+        (
+            {"rope_theta": float("nan"), "attn_logit_softcapping": float("inf")},
+            "attn_logit_softcapping: must be a finite number",
+        ),
+    ],
+)
 def test_config_values_are_checked_before_use(tmp_path, edit, expected):
     raw = {**json.loads(LLAMA.read_text()), **edit}
     path = tmp_path / "config.json"
@@ -109,13 +128,18 @@ def test_every_problem_of_a_config_at_once(tmp_path):
     with pytest.raises(ModelConfigError) as err:
         ModelFacts.from_hf_config(path)
     text = str(err.value)
-    for expected in ("architectures: must be a list of strings", "qk_rope_head_dim: missing (required with kv_lora_rank)",
-                     "num_key_value_heads: 5 does not divide num_attention_heads=16"):
+    for expected in (
+        "architectures: must be a list of strings",
+        "qk_rope_head_dim: missing (required with kv_lora_rank)",
+        "num_key_value_heads: 5 does not divide num_attention_heads=16",
+    ):
         assert expected in text, text
     llama = json.loads(LLAMA.read_text())
-    for edit, expected in (({"head_dim": None, "hidden_size": 4095}, "hidden_size: 4095 is not divisible by num_attention_heads=32"),
-                           ({"cross_attention_layers": [3, 99]}, "cross_attention_layers: must list layer indices below 32"),
-                           ({"attention_chunk_size": 8192, "no_rope_layers": [1, 0]}, "no_rope_layers: must be a list of 32 flags")):
+    for edit, expected in (
+        ({"head_dim": None, "hidden_size": 4095}, "hidden_size: 4095 is not divisible by num_attention_heads=32"),
+        ({"cross_attention_layers": [3, 99]}, "cross_attention_layers: must list layer indices below 32"),
+        ({"attention_chunk_size": 8192, "no_rope_layers": [1, 0]}, "no_rope_layers: must be a list of 32 flags"),
+    ):
         path.write_text(json.dumps({**llama, **edit}))
         with pytest.raises(ModelConfigError, match=re.escape(expected)):
             ModelFacts.from_hf_config(path)
@@ -126,7 +150,11 @@ def test_every_problem_of_a_config_at_once(tmp_path):
 
 def test_qwen2_window_starts_at_max_window_layers():
     """Qwen2 with use_sliding_window: layers below max_window_layers are full, the rest slide (transformers' layer_types)."""
-    raw = {**json.loads((MODELS / "Qwen2.5-7B-Instruct.json").read_text()), "use_sliding_window": True, "max_window_layers": 21}
+    raw = {
+        **json.loads((MODELS / "Qwen2.5-7B-Instruct.json").read_text()),
+        "use_sliding_window": True,
+        "max_window_layers": 21,
+    }
     raw.pop("layer_types", None)
     facts = ModelFacts.from_hf_dict(raw)
     assert [k.value for k in facts.layer_kinds] == ["full"] * 21 + ["sliding_window"] * (raw["num_hidden_layers"] - 21)
@@ -142,13 +170,16 @@ def test_explicit_null_means_the_default_and_a_deep_config_is_refused(tmp_path):
         ModelFacts.from_hf_config(tmp_path)
 
 
-@pytest.mark.parametrize("name, text, expected", [
-    ("dup.yaml", "page_size: 16\npage_size: 8\n", "dup.yaml:2:1: duplicate key 'page_size'"),
-    ("spelled.yaml", "page_size: 16\npage-size: 8\n", "dup"),
-    ("dup.json", '{"page_size": 16, "page_size": 8}', "duplicate key 'page_size'"),
-    ("bomb.yaml", BOMB, "after alias expansion"),
-    ("big.yaml", "page_size: 100000000000000000000\n", "page_size"),
-])
+@pytest.mark.parametrize(
+    "name, text, expected",
+    [
+        ("dup.yaml", "page_size: 16\npage_size: 8\n", "dup.yaml:2:1: duplicate key 'page_size'"),
+        ("spelled.yaml", "page_size: 16\npage-size: 8\n", "dup"),
+        ("dup.json", '{"page_size": 16, "page_size": 8}', "duplicate key 'page_size'"),
+        ("bomb.yaml", BOMB, "after alias expansion"),
+        ("big.yaml", "page_size: 100000000000000000000\n", "page_size"),
+    ],
+)
 def test_bad_args_files_are_clean_errors(tmp_path, name, text, expected):
     path = tmp_path / name
     path.write_text(text)
@@ -159,7 +190,9 @@ def test_bad_args_files_are_clean_errors(tmp_path, name, text, expected):
 
 
 def test_a_flag_given_twice_warns_naming_both_values():
-    result = _cli("explain", "--model", str(LLAMA), "--gpu", "sm90", "--page-size", "16", "--page-size", "32", "--format", "json")
+    result = _cli(
+        "explain", "--model", str(LLAMA), "--gpu", "sm90", "--page-size", "16", "--page-size", "32", "--format", "json"
+    )
     assert result.exit_code == 0 and "--page-size: given twice, '16' then '32'; the last wins" in result.output
     assert _cli("explain", "--model", str(LLAMA), "--gpu", "sm90", "--page-size", "1" + "0" * 20).exit_code == 2
 
@@ -167,24 +200,58 @@ def test_a_flag_given_twice_warns_naming_both_values():
 def test_an_adjusted_value_out_of_its_arguments_bounds_is_refused_naming_the_rule():
     """A value an adjust rule reads from a fact ({from: FACT}) is checked against the argument's type before it is
     applied: NGRAM's steps (draft tokens // breadth) can exceed speculative_num_steps' bound."""
-    result = _cli("explain", "--model", str(LLAMA), "--gpu", "sm90", "--speculative-algorithm", "NGRAM",
-                  "--speculative-num-draft-tokens", "4096", "--speculative-ngram-max-bfs-breadth", "1")
+    result = _cli(
+        "explain",
+        "--model",
+        str(LLAMA),
+        "--gpu",
+        "sm90",
+        "--speculative-algorithm",
+        "NGRAM",
+        "--speculative-num-draft-tokens",
+        "4096",
+        "--speculative-ngram-max-bfs-breadth",
+        "1",
+    )
     assert result.exit_code == 1, result.output  # a refused configuration, as a forbid rule's
     text = " ".join(result.output.split())
-    assert "spec.ngram-steps-from-draft-tokens: sets speculative_num_steps to 4096 (from speculative_ngram_num_steps)" in text
+    assert (
+        "spec.ngram-steps-from-draft-tokens: sets speculative_num_steps to 4096 (from speculative_ngram_num_steps)"
+        in text
+    )
     assert "speculative_num_steps is int in [0, 1024] or None" in text
 
 
 def test_rule_text_is_never_read_as_markup(tmp_path):
     text = load_rules().filename and (MODELS.parents[1] / "rules.yaml").read_text()
-    text = text.replace("summary: FlashInfer prefill (ragged and paged wrappers) runs its SM90 (fa3) kernels",
-                        "summary: \"[/] [bold]failed backends: [flashinfer]\" # ")
-    text = text.replace("message: FlashInfer MLA only supports topk=1 for speculative decoding.",
-                        "message: \"[/] failed backends: [flashinfer]\"")
+    text = text.replace(
+        "summary: FlashInfer prefill (ragged and paged wrappers) runs its SM90 (fa3) kernels",
+        'summary: "[/] [bold]failed backends: [flashinfer]" # ',
+    )
+    text = text.replace(
+        "message: FlashInfer MLA only supports topk=1 for speculative decoding.",
+        'message: "[/] failed backends: [flashinfer]"',
+    )
     (tmp_path / "rules.yaml").write_text(text)
-    args = ("explain", "--model", str(MODELS / "DeepSeek-V2-Lite.json"), "--gpu", "sm90", "--rules", str(tmp_path / "rules.yaml"),
-            "--attention-backend", "flashinfer", "--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "2",
-            "--speculative-num-steps", "2", "--speculative-num-draft-tokens", "4")
+    args = (
+        "explain",
+        "--model",
+        str(MODELS / "DeepSeek-V2-Lite.json"),
+        "--gpu",
+        "sm90",
+        "--rules",
+        str(tmp_path / "rules.yaml"),
+        "--attention-backend",
+        "flashinfer",
+        "--speculative-algorithm",
+        "EAGLE",
+        "--speculative-eagle-topk",
+        "2",
+        "--speculative-num-steps",
+        "2",
+        "--speculative-num-draft-tokens",
+        "4",
+    )
     result = _cli(*args)
     assert result.exit_code == 1 and "[/] failed backends: [flashinfer]" in result.output
 
@@ -211,7 +278,9 @@ def test_library_calls_with_wrong_arguments_name_every_parameter():
     from attngate.errors import UsageError
 
     with pytest.raises(UsageError) as err:
-        resolve({"page_size": 16}, None, Platform.from_name("sm90"), "rules.yaml", allow_known_failures="fa3.eagle-tree")
+        resolve(
+            {"page_size": 16}, None, Platform.from_name("sm90"), "rules.yaml", allow_known_failures="fa3.eagle-tree"
+        )
     assert [p.where for p in err.value.problems] == ["server_args", "model", "rules", "allow_known_failures"]
     assert isinstance(err.value, TypeError) and isinstance(err.value, AttngateError)
     with pytest.raises(UsageError, match="kernels: takes list or tuple or None, not str"):
@@ -228,14 +297,28 @@ def test_library_calls_with_wrong_arguments_name_every_parameter():
 
 
 @settings(max_examples=60, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-                    max_leaves=30))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+        max_leaves=30,
+    )
+)
 def test_fuzz_config_reader(value):
     """Any JSON value under any config key: a config or a ModelConfigError, nothing else."""
     raw = json.loads(LLAMA.read_text())
-    for key in ("num_key_value_heads", "layer_types", "model_type", "sliding_window", "text_config", "torch_dtype",
-                "hybrid_override_pattern", "sliding_window_pattern", "index_topk", "use_bidirectional_attention"):
+    for key in (
+        "num_key_value_heads",
+        "layer_types",
+        "model_type",
+        "sliding_window",
+        "text_config",
+        "torch_dtype",
+        "hybrid_override_pattern",
+        "sliding_window_pattern",
+        "index_topk",
+        "use_bidirectional_attention",
+    ):
         try:
             ModelFacts.from_hf_dict({**raw, key: value})
         except ModelConfigError:
@@ -255,8 +338,27 @@ def test_fuzz_rules_loader_and_args_files(text):
 
 
 @settings(max_examples=60, deadline=2000)
-@given(st.lists(st.sampled_from(["--page-size", "--page-size=0", "16", "x", "--attention-backend", "fa3", "--enable-dp-attention",
-                                 "--enable-dp-attention=maybe", "--dp-size", "-1", "--nope", "None"]), max_size=8))
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                "--page-size",
+                "--page-size=0",
+                "16",
+                "x",
+                "--attention-backend",
+                "fa3",
+                "--enable-dp-attention",
+                "--enable-dp-attention=maybe",
+                "--dp-size",
+                "-1",
+                "--nope",
+                "None",
+            ]
+        ),
+        max_size=8,
+    )
+)
 def test_fuzz_flags(argv):
     try:
         ServerArgs.from_flags(argv)
@@ -265,26 +367,40 @@ def test_fuzz_flags(argv):
 
 
 @settings(max_examples=40, deadline=2000)
-@given(st.lists(st.sampled_from(list("ab_.()=<>!01 \"") + [" and ", " or ", " not ", " in ", "use_mla", "page_size",
-                                                              "context_length", "fa.num_splits", "not " * 40]), max_size=30).map("".join))
+@given(
+    st.lists(
+        st.sampled_from(
+            list('ab_.()=<>!01 "')
+            + [" and ", " or ", " not ", " in ", "use_mla", "page_size", "context_length", "fa.num_splits", "not " * 40]
+        ),
+        max_size=30,
+    ).map("".join)
+)
 def test_fuzz_condition_compiler(expression):
     """A rule's ``when`` of any text: loaded, or a RulesError naming where."""
-    text = (f"version: 1\nrules:\n  - id: fuzz\n    summary: s\n    when: {json.dumps(expression)}\n"
-            "    set: {fa.num_splits: 1}\n    why: w\n    source: s\n")
+    text = (
+        f"version: 1\nrules:\n  - id: fuzz\n    summary: s\n    when: {json.dumps(expression)}\n"
+        "    set: {fa.num_splits: 1}\n    why: w\n    source: s\n"
+    )
     try:
         parse_rules(text, "fuzz.yaml")
     except AttngateError as err:
         assert all(p.where for p in err.problems)
 
 
-@pytest.mark.parametrize("expression, expected", [
-    ("not " * 1000 + "use_mla", "nested more than"),
-    ("not " * 5000 + "use_mla", "longer than 4096 characters"),
-    ("context_length > 4", "context_length may be None"),
-])
+@pytest.mark.parametrize(
+    "expression, expected",
+    [
+        ("not " * 1000 + "use_mla", "nested more than"),
+        ("not " * 5000 + "use_mla", "longer than 4096 characters"),
+        ("context_length > 4", "context_length may be None"),
+    ],
+)
 def test_conditions_that_could_raise_later_are_refused_when_the_rules_load(expression, expected):
-    text = (f"version: 1\nrules:\n  - id: deep\n    summary: s\n    when: {json.dumps(expression)}\n"
-            "    set: {fa.num_splits: 1}\n    why: w\n    source: s\n")
+    text = (
+        f"version: 1\nrules:\n  - id: deep\n    summary: s\n    when: {json.dumps(expression)}\n"
+        "    set: {fa.num_splits: 1}\n    why: w\n    source: s\n"
+    )
     with pytest.raises(RulesError, match=expected) as err:
         parse_rules(text, "deep.yaml")
     assert "deep.yaml:5:" in str(err.value)
@@ -301,12 +417,17 @@ def test_a_plan_changed_in_place_is_refused_by_every_backend():
     plan = resolve(ServerArgs(), facts, Platform.from_name("sm90")).plan
     object.__setattr__(plan.common, "page_size", 64)  # frozen refuses plan.common.page_size = 64, not this
     with pytest.raises(PlanLoadError, match="changed after it was validated"):
-        ReferenceBackend(plan, MHATokenToKVPool(64, 1, 1, 8, 128), torch.zeros(1, 64, dtype=torch.int32), layers_from_model(facts))
+        ReferenceBackend(
+            plan, MHATokenToKVPool(64, 1, 1, 8, 128), torch.zeros(1, 64, dtype=torch.int32), layers_from_model(facts)
+        )
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(args=SERVER_ARGS, model=st.sampled_from(sorted(p.stem for p in MODELS.glob("*.json"))),
-       gpu=st.sampled_from(["sm80", "sm90", "sm100", "sm120"]))
+@given(
+    args=SERVER_ARGS,
+    model=st.sampled_from(sorted(p.stem for p in MODELS.glob("*.json"))),
+    gpu=st.sampled_from(["sm80", "sm90", "sm100", "sm120"]),
+)
 def test_any_server_arguments_resolve_and_explain_or_fail_cleanly(args, model, gpu):
     """Any combination of SGLang's server arguments, on any example model and GPU: a plan whose every gate explains
     (the explanation evaluates each rule's conditions conjunct by conjunct), or an attngate error; nothing else."""
@@ -327,9 +448,15 @@ def test_any_server_arguments_resolve_and_explain_or_fail_cleanly(args, model, g
     assert set(why.gates) and set(why.modes) and set(why.layers)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(args=SERVER_ARGS, model=st.sampled_from(sorted(p.stem for p in MODELS.glob("*.json"))),
-       gpu=st.sampled_from(["sm80", "sm90", "sm100"]), view=st.sampled_from([(), ("--all",), ("--format", "json")]))
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(
+    args=SERVER_ARGS,
+    model=st.sampled_from(sorted(p.stem for p in MODELS.glob("*.json"))),
+    gpu=st.sampled_from(["sm80", "sm90", "sm100"]),
+    view=st.sampled_from([(), ("--all",), ("--format", "json")]),
+)
 def test_explain_prints_any_server_arguments_or_says_why_not(tmp_path_factory, args, model, gpu, view):
     """The CLI over any mix of server arguments (as an args file): exit 0 or 1 with the explained plan or every
     reason, 2 for arguments ServerArgs refuses; never a traceback, in every view."""
@@ -337,18 +464,23 @@ def test_explain_prints_any_server_arguments_or_says_why_not(tmp_path_factory, a
 
     path = tmp_path_factory.mktemp("args") / "args.yaml"
     path.write_text(yaml.safe_dump(args))
-    result = CliRunner().invoke(app, ["explain", "--model", str(MODELS / f"{model}.json"), "--gpu", gpu, "--args-file", str(path), *view])
+    result = CliRunner().invoke(
+        app, ["explain", "--model", str(MODELS / f"{model}.json"), "--gpu", gpu, "--args-file", str(path), *view]
+    )
     event(f"exit {result.exit_code}")
     assert result.exit_code in (0, 1, 2), result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     assert "Traceback" not in result.output
 
 
-@pytest.mark.parametrize("argv, needle", [
-    ("--tp-size 2", "not a str; split it"),
-    (["--tp-size", 2], "argv[1]: 2 is a int, not a string"),
-    (None, "not a NoneType"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        ("--tp-size 2", "not a str; split it"),
+        (["--tp-size", 2], "argv[1]: 2 is a int, not a string"),
+        (None, "not a NoneType"),
+    ],
+)
 def test_from_flags_names_a_bad_argv_instead_of_a_raw_type_error(argv, needle):
     from attngate import ServerArgs
     from attngate.errors import UsageError
@@ -374,11 +506,14 @@ def test_from_object_names_the_attribute_whose_access_raised():
     assert "Broken.page_size: reading it raised RuntimeError: not resolved yet" in str(err.value)
 
 
-@pytest.mark.parametrize("build, needle", [
-    (lambda: ServerArgs.from_flags(["--tp-size", "2.0"]), "--tp-size: takes an integer (got '2.0')"),
-    (lambda: ServerArgs(tp_size=True), "ServerArgs.tp_size: takes an integer (got True)"),
-    (lambda: ServerArgs(page_size=16.0), "ServerArgs.page_size: takes an integer (got 16.0)"),
-])
+@pytest.mark.parametrize(
+    "build, needle",
+    [
+        (lambda: ServerArgs.from_flags(["--tp-size", "2.0"]), "--tp-size: takes an integer (got '2.0')"),
+        (lambda: ServerArgs(tp_size=True), "ServerArgs.tp_size: takes an integer (got True)"),
+        (lambda: ServerArgs(page_size=16.0), "ServerArgs.page_size: takes an integer (got 16.0)"),
+    ],
+)
 def test_an_integer_argument_takes_no_bool_float_or_decimal_point(build, needle):
     with pytest.raises(ServerArgsError) as err:
         build()

@@ -6,13 +6,13 @@ import json
 
 pytest_plugins = ["pytester"]
 
-INNER = '''
+INNER = """
 from attngate import ModelFacts, Platform, ServerArgs, resolve
 from helpers_path import LLAMA
 
 def test_one_resolve():
     resolve(ServerArgs(attention_backend="fa3"), ModelFacts.from_hf_config(LLAMA), Platform.from_name("sm90"))
-'''
+"""
 
 
 def _inner(pytester, *args):
@@ -25,7 +25,9 @@ def _inner(pytester, *args):
 def test_coverage_reports_fired_and_never_fired_rules_and_atoms(pytester):
     result = _inner(pytester, "--rule-coverage", "--rule-coverage-json=cov.json")
     assert result.ret == 0
-    result.stdout.fnmatch_lines(["rule coverage of *rules.yaml: *% (*/* rules fired, */* atom outcomes seen)", "  never fired: *"])
+    result.stdout.fnmatch_lines(
+        ["rule coverage of *rules.yaml: *% (*/* rules fired, */* atom outcomes seen)", "  never fired: *"]
+    )
     report = json.loads((pytester.path / "cov.json").read_text())
     never = {r["rule"] for r in report["never_fired"]}
     assert "default-backend.whisper" in never and "fa.fa4-sm90-single-split" not in never  # fa3 on sm90 fired it
@@ -36,7 +38,8 @@ def test_coverage_reports_fired_and_never_fired_rules_and_atoms(pytester):
 
 
 def test_coverage_counts_a_deviation_a_refused_configuration_exercises(pytester):
-    pytester.makepyfile(test_refused='''
+    pytester.makepyfile(
+        test_refused="""
 import pytest
 from attngate import ModelFacts, Platform, PlanError, ServerArgs, resolve
 from helpers_path import LLAMA
@@ -44,7 +47,8 @@ from helpers_path import LLAMA
 def test_fa3_on_blackwell():
     with pytest.raises(PlanError):
         resolve(ServerArgs(attention_backend="fa3"), ModelFacts.from_hf_config(LLAMA), Platform.from_name("sm100"))
-''')
+"""
+    )
     result = _inner(pytester, "--rule-coverage-json=cov.json")
     assert result.ret == 0
     never = {d["deviation"] for d in json.loads((pytester.path / "cov.json").read_text())["deviations_never_applied"]}
@@ -57,7 +61,7 @@ def test_coverage_below_the_threshold_fails_the_session(pytester):
     result.stdout.fnmatch_lines(["*FAIL: rule coverage *% is below --rule-coverage-fail-under=99.0"])
 
 
-KNOWN = '''
+KNOWN = """
 import pytest
 from attngate import ModelFacts, Platform, ServerArgs, resolve
 from helpers_path import LLAMA
@@ -80,7 +84,7 @@ def test_fixed_meanwhile(known_failures):
 
 def test_a_config_without_known_failures(known_failures):
     assert known_failures(ServerArgs(), ModelFacts.from_hf_config(LLAMA), Platform.from_name("sm90")) == []
-'''
+"""
 
 
 def test_known_failures_fixture_makes_strict_xfails(pytester):
@@ -108,8 +112,14 @@ def test_a_resolve_stopped_by_disagreeing_adjustments_still_counts_the_forbid_ru
     OBSERVERS.append(coverage.observe)
     try:
         with pytest.raises(PlanError) as err:
-            resolve(ServerArgs.from_flags("--prefill-attention-backend fa4 --decode-attention-backend flashmla --attention-backend fa4".split()),
-                    ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json"), Platform.from_name("sm100"), rules)
+            resolve(
+                ServerArgs.from_flags(
+                    "--prefill-attention-backend fa4 --decode-attention-backend flashmla --attention-backend fa4".split()
+                ),
+                ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json"),
+                Platform.from_name("sm100"),
+                rules,
+            )
     finally:
         OBSERVERS.remove(coverage.observe)
     assert "page-size.incompatible-backends" in {v.rule for v in err.value.violations}

@@ -30,34 +30,56 @@ def problems(text: str) -> list[str]:
     return [str(p) for p in err.value.problems]
 
 
-@pytest.mark.parametrize("when, expected", [
-    ("is_embeding", "rules.yaml:7:11: rule 'r': unknown fact 'is_embeding' (did you mean 'is_embedding'?)"),
-    ("page_size == 'x'", "rules.yaml:7:24: rule 'r': page_size is int in [1, 65536] or None, compared with 'x'"),
-    ("attention_backend == 'fa33'", "rules.yaml:7:32: rule 'r': 'fa33' is not a value of attention_backend (24 choices) (did you mean 'fa3'?)"),
-    ("page_size", "rules.yaml:7:11: rule 'r': page_size is int in [1, 65536] or None, not a bool; compare it explicitly"),
-    ("__import__('os').system('x')", "rules.yaml:7:11: rule 'r': a call is not allowed in a condition"),
-    ("page_size + 1 > 2", "rules.yaml:7:11: rule 'r': arithmetic is not allowed in a comparison"),
-    ("is_embedding and (", "syntax error"),
-    ("forward_mode == 'decode'", "readable only by rules that set per-mode gates"),
-    ("fa.skip_kv_cache", "readable only by per-mode and per-layer rules"),
-    ("page_size is 3", "'is' is only for None"),
-    ("use_mla is None", "use_mla is never None"),
-    ("kv_cache_dtype < 'x'", "needs a number"),
-    ("dp_size == 0", "rules.yaml:7:22: rule 'r': dp_size is int in [1, 65536], compared with 0"),  # ServerArgs' bounds
-])
+@pytest.mark.parametrize(
+    "when, expected",
+    [
+        ("is_embeding", "rules.yaml:7:11: rule 'r': unknown fact 'is_embeding' (did you mean 'is_embedding'?)"),
+        ("page_size == 'x'", "rules.yaml:7:24: rule 'r': page_size is int in [1, 65536] or None, compared with 'x'"),
+        (
+            "attention_backend == 'fa33'",
+            "rules.yaml:7:32: rule 'r': 'fa33' is not a value of attention_backend (24 choices) (did you mean 'fa3'?)",
+        ),
+        (
+            "page_size",
+            "rules.yaml:7:11: rule 'r': page_size is int in [1, 65536] or None, not a bool; compare it explicitly",
+        ),
+        ("__import__('os').system('x')", "rules.yaml:7:11: rule 'r': a call is not allowed in a condition"),
+        ("page_size + 1 > 2", "rules.yaml:7:11: rule 'r': arithmetic is not allowed in a comparison"),
+        ("is_embedding and (", "syntax error"),
+        ("forward_mode == 'decode'", "readable only by rules that set per-mode gates"),
+        ("fa.skip_kv_cache", "readable only by per-mode and per-layer rules"),
+        ("page_size is 3", "'is' is only for None"),
+        ("use_mla is None", "use_mla is never None"),
+        ("kv_cache_dtype < 'x'", "needs a number"),
+        (
+            "dp_size == 0",
+            "rules.yaml:7:22: rule 'r': dp_size is int in [1, 65536], compared with 0",
+        ),  # ServerArgs' bounds
+    ],
+)
 def test_condition_errors_have_locations(when, expected):
     found = problems(HEAD + rule(when=when, set={"fa.skip_kv_cache": True}))
     assert any(expected in p for p in found), found
 
 
 def test_every_error_of_a_file_in_one_run():
-    text = HEAD + rule(id="a", when="is_embeding", set={"fa.skip_kv_cache": 3, "fa.bogus": True}) \
-        + rule(id="a", kind="adjust", when="True", adjust={"attention_backend": "trion"}, message="m") \
-        + rule(id="c", kind="forbid", when="True") \
+    text = (
+        HEAD
+        + rule(id="a", when="is_embeding", set={"fa.skip_kv_cache": 3, "fa.bogus": True})
+        + rule(id="a", kind="adjust", when="True", adjust={"attention_backend": "trion"}, message="m")
+        + rule(id="c", kind="forbid", when="True")
         + "  - {id: d, summary: s, why: w, source: s, when: 'True', set: {fa.num_splits: 1}, colour: red}\n"
+    )
     found = "\n".join(problems(text))
-    for expected in ["unknown fact 'is_embeding'", "fa.skip_kv_cache is bool, got 3", "unknown gate 'fa.bogus'",
-                     "duplicate rule id 'a'", "did you mean 'triton'", "kind forbid needs 'message'", "unknown key 'colour'"]:
+    for expected in [
+        "unknown fact 'is_embeding'",
+        "fa.skip_kv_cache is bool, got 3",
+        "unknown gate 'fa.bogus'",
+        "duplicate rule id 'a'",
+        "did you mean 'triton'",
+        "kind forbid needs 'message'",
+        "unknown key 'colour'",
+    ]:
         assert expected in found, expected
     assert found.count("rules.yaml:") >= 7
 
@@ -112,8 +134,13 @@ def test_yaml_errors_duplicate_keys_and_tags():
 
 
 def test_scope_and_kind_errors():
-    found = "\n".join(problems(HEAD + rule(when="True", set={"fa.skip_kv_cache": True, "fa.kv_extent": "none"})
-                                + rule(id="b", kind="adjust", when="True", adjust={"prefill_backend": "fa3"}, message="m")))
+    found = "\n".join(
+        problems(
+            HEAD
+            + rule(when="True", set={"fa.skip_kv_cache": True, "fa.kv_extent": "none"})
+            + rule(id="b", kind="adjust", when="True", adjust={"prefill_backend": "fa3"}, message="m")
+        )
+    )
     assert "different scopes" in found and "unknown server argument 'prefill_backend'" in found
 
 
@@ -131,12 +158,28 @@ def test_random_text_never_escapes(text):
 
 
 _yaml_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=30)
-    | st.sampled_from(["__import__('os').system('touch /tmp/attngate-pwned')", "is_embedding and not use_mla",
-                       "fa.skip_kv_cache", "(lambda: 1)()", "page_size > 1"]),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(
-        st.sampled_from(["id", "kind", "when", "set", "adjust", "summary", "why", "source", "message", "x"]) | st.text(max_size=8),
-        children, max_size=6),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.text(max_size=30)
+    | st.sampled_from(
+        [
+            "__import__('os').system('touch /tmp/attngate-pwned')",
+            "is_embedding and not use_mla",
+            "fa.skip_kv_cache",
+            "(lambda: 1)()",
+            "page_size > 1",
+        ]
+    ),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(["id", "kind", "when", "set", "adjust", "summary", "why", "source", "message", "x"])
+            | st.text(max_size=8),
+            children,
+            max_size=6,
+        )
+    ),
     max_leaves=20,
 )
 
@@ -158,13 +201,19 @@ def test_shuffling_rules_never_changes_the_plan(rules):
     text = (ROOT / "rules.yaml").read_text()
     data = yaml.safe_load(text)
     configs = [
-        ("--attention-backend fa3 --is-embedding --chunked-prefill-size -1 --disable-radix-cache", "Qwen3-Embedding-8B", "sm90"),
+        (
+            "--attention-backend fa3 --is-embedding --chunked-prefill-size -1 --disable-radix-cache",
+            "Qwen3-Embedding-8B",
+            "sm90",
+        ),
         ("--enable-deterministic-inference", "gemma-2-9b", "sm100"),
         ("--speculative-algorithm NEXTN", "DeepSeek-V3", "sm90"),
         ("", "gpt-oss-20b", "sm90"),
         ("--enable-hierarchical-cache --attention-backend fa3", "Llama-3.1-8B", "sm90"),
     ]
-    baseline = [resolve(ServerArgs.from_flags(f.split()), model(m), Platform.from_name(g), rules) for f, m, g in configs]
+    baseline = [
+        resolve(ServerArgs.from_flags(f.split()), model(m), Platform.from_name(g), rules) for f, m, g in configs
+    ]
     rng = random.Random(0)
     for _ in range(5):
         rng.shuffle(data["rules"])
@@ -215,7 +264,11 @@ def test_adjust_rules_disagreeing_in_one_round_are_a_conflict():
 
 def test_all_forbid_violations_are_collected():
     with pytest.raises(PlanError) as err:
-        resolve_flags("--attention-backend flashinfer --enable-deterministic-inference --kv-cache-dtype mxfp8", "gpt-oss-20b", "sm90")
+        resolve_flags(
+            "--attention-backend flashinfer --enable-deterministic-inference --kv-cache-dtype mxfp8",
+            "gpt-oss-20b",
+            "sm90",
+        )
     rules = {v.rule for v in err.value.violations}
     assert {"flashinfer.no-attention-sinks", "kv-dtype.mxfp8-blackwell", "gpt-oss.backends"} <= rules
 
@@ -224,11 +277,17 @@ def test_unguarded_order_comparison_is_rejected_before_anything_runs():
     """A rule that loads never makes resolve() raise a TypeError: an order comparison on an optional
     fact needs its None guard (Python's short-circuit: ``x is not None and``, ``x is None or``)."""
     found = problems(HEAD + rule(when="page_size > 1", set={"fa.skip_kv_cache": True}))
-    assert any("rules.yaml:7:11: rule 'r': page_size may be None, and > on None raises; guard it" in p for p in found), found
+    assert any(
+        "rules.yaml:7:11: rule 'r': page_size may be None, and > on None raises; guard it" in p for p in found
+    ), found
     found = problems(HEAD + rule(when="page_size is not None or page_size > 1", set={"fa.skip_kv_cache": True}))
     assert any("page_size may be None" in p for p in found), found
-    for guarded in ("page_size is not None and page_size > 1", "page_size is None or page_size > 1",
-                    "not (page_size is None or page_size <= 1)", "is_embedding and page_size is not None and page_size >= 2"):
+    for guarded in (
+        "page_size is not None and page_size > 1",
+        "page_size is None or page_size > 1",
+        "not (page_size is None or page_size <= 1)",
+        "is_embedding and page_size is not None and page_size >= 2",
+    ):
         parse_rules(HEAD + rule(when=guarded, set={"fa.skip_kv_cache": True}), "rules.yaml")
 
 
@@ -241,10 +300,16 @@ def test_a_guarded_comparison_is_explained_without_raising(scope):
         when = 'forward_mode == "target_verify" and ' + when
     gate = "fa.skip_kv_cache" if scope == "global" else "common.tree_mask"
     rules = parse_rules(HEAD + rule(when=when, set={gate: True}), "rules.yaml")
-    res = resolve(ServerArgs(attention_backend="fa3", page_size=1), model("Llama-3.1-8B"), Platform.from_name("sm90"), rules=rules)
+    res = resolve(
+        ServerArgs(attention_backend="fa3", page_size=1), model("Llama-3.1-8B"), Platform.from_name("sm90"), rules=rules
+    )
     why = res.explanation
     explained = why.gates[gate] if scope == "global" else why.modes["target_verify"][gate]
-    assert explained.candidates[0].failed == ["is_embedding", "speculative_eagle_topk is not None", "speculative_eagle_topk > 1"]
+    assert explained.candidates[0].failed == [
+        "is_embedding",
+        "speculative_eagle_topk is not None",
+        "speculative_eagle_topk > 1",
+    ]
 
 
 def test_lint_reasons_about_two_facts_compared_with_each_other():
@@ -259,17 +324,25 @@ def test_lint_reasons_about_two_facts_compared_with_each_other():
     found = [str(f) for f in lint_rules(rs)]
     assert not any("'same' and 'split'" in f for f in found), found
     assert any("'same' and 'more-tp' can both match" in f for f in found), found
-    assert any("'more-tp' and 'split' can both match" in f or "'split' and 'more-tp' can both match" in f for f in found), found
+    assert any(
+        "'more-tp' and 'split' can both match" in f or "'split' and 'more-tp' can both match" in f for f in found
+    ), found
 
 
-@pytest.mark.parametrize("value, expected", [
-    ("{from: nope}", "speculative_num_draft_tokens: unknown fact 'nope'"),
-    ("{from: use_mla}", "speculative_num_draft_tokens is int in [1, 65536] or None; fact use_mla is bool"),
-    ("{from: speculative_chain_draft_tokens, and: 1}", "a computed value is written {from: FACT}"),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("{from: nope}", "speculative_num_draft_tokens: unknown fact 'nope'"),
+        ("{from: use_mla}", "speculative_num_draft_tokens is int in [1, 65536] or None; fact use_mla is bool"),
+        ("{from: speculative_chain_draft_tokens, and: 1}", "a computed value is written {from: FACT}"),
+    ],
+)
 def test_an_adjust_value_from_a_fact_is_type_checked(value, expected):
-    found = problems(HEAD + "  - {id: r, kind: adjust, summary: s, why: w, source: s, message: m, when: speculative_num_steps is not None, "
-                            f"adjust: {{speculative_num_draft_tokens: {value}}}}}\n")
+    found = problems(
+        HEAD
+        + "  - {id: r, kind: adjust, summary: s, why: w, source: s, message: m, when: speculative_num_steps is not None, "
+        f"adjust: {{speculative_num_draft_tokens: {value}}}}}\n"
+    )
     assert any(expected in p for p in found), found
 
 
@@ -286,8 +359,12 @@ def test_an_adjust_value_from_a_fact_is_resolved_linted_and_diffed():
       - {id: chain, kind: adjust, summary: s, why: w, source: s, message: m, when: speculative_num_steps is not None and speculative_num_draft_tokens != 4, adjust: {speculative_num_draft_tokens: 4}}
       - {id: fill, kind: adjust, summary: s, why: w, source: s, when: attention_backend is None, adjust: {attention_backend: fa3, page_size: 1}, message: m}
     """)
-    r = resolve(ServerArgs(speculative_algorithm="EAGLE", speculative_num_steps=6, speculative_eagle_topk=1), model("Llama-3.1-8B"),
-                Platform.from_name("sm90"), computed)
+    r = resolve(
+        ServerArgs(speculative_algorithm="EAGLE", speculative_num_steps=6, speculative_eagle_topk=1),
+        model("Llama-3.1-8B"),
+        Platform.from_name("sm90"),
+        computed,
+    )
     assert r.server_args.speculative_num_draft_tokens == 7
     assert lint_rules(computed) == []
     differences = [d for d in diff_rules(literal, computed) if d.name == "speculative_num_draft_tokens"]
@@ -299,24 +376,40 @@ def test_numbers_outside_a_facts_bounds_are_refused_where_they_could_never_hold(
     """ServerArgs' ge/le bounds (and counts >= 1) are part of a fact's type: an adjust value or an equality outside
     them is an error at load; an order comparison outside them is only always true or false, so it stays legal."""
     assert problems(HEAD + rule(kind="adjust", adjust={"page_size": 0}, message="m")) == [
-        "rules.yaml:10:18: page_size is int in [1, 65536] or None, got 0"]
+        "rules.yaml:10:18: page_size is int in [1, 65536] or None, got 0"
+    ]
     parse_rules(HEAD + rule(kind="forbid", when="dp_size >= 0", message="m"), "rules.yaml")
 
 
 def test_lint_proves_over_the_inputs_the_schema_allows_only():
     """Without the bounds z3 would find dp_size = 0 or num_attention_heads = 0, which no ServerArgs or config holds."""
-    text = HEAD + rule(kind="forbid", when="False", message="m") + (
-        "invariants:\n  - id: counts-are-positive\n    summary: s\n"
-        "    assert: dp_size >= 1 and attn_cp_size >= 1 and num_attention_heads >= 1 and attn_tp_size >= 1\n    source: s\n")
+    text = (
+        HEAD
+        + rule(kind="forbid", when="False", message="m")
+        + (
+            "invariants:\n  - id: counts-are-positive\n    summary: s\n"
+            "    assert: dp_size >= 1 and attn_cp_size >= 1 and num_attention_heads >= 1 and attn_tp_size >= 1\n    source: s\n"
+        )
+    )
     assert not [f for f in lint_rules(parse_rules(text, "rules.yaml")) if "invariant" in f.message]
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(tp=st.sampled_from([1, 2, 3, 4, 8, 16]), dp=st.sampled_from([1, 2, 4, 8]), cp=st.sampled_from([1, 2, 4]),
-       dp_attention=st.booleans(), steps=st.none() | st.integers(0, 8), topk=st.none() | st.integers(0, 8),
-       draft=st.none() | st.integers(1, 32), name=st.sampled_from(["Llama-3.1-8B", "DeepSeek-V2-Lite", "gpt-oss-20b",
-                                                                   "Qwen3-30B-A3B", "whisper-large-v3-turbo"]))
-def test_the_provers_derived_fact_definitions_agree_with_derived_facts(tp, dp, cp, dp_attention, steps, topk, draft, name):
+@given(
+    tp=st.sampled_from([1, 2, 3, 4, 8, 16]),
+    dp=st.sampled_from([1, 2, 4, 8]),
+    cp=st.sampled_from([1, 2, 4]),
+    dp_attention=st.booleans(),
+    steps=st.none() | st.integers(0, 8),
+    topk=st.none() | st.integers(0, 8),
+    draft=st.none() | st.integers(1, 32),
+    name=st.sampled_from(
+        ["Llama-3.1-8B", "DeepSeek-V2-Lite", "gpt-oss-20b", "Qwen3-30B-A3B", "whisper-large-v3-turbo"]
+    ),
+)
+def test_the_provers_derived_fact_definitions_agree_with_derived_facts(
+    tp, dp, cp, dp_attention, steps, topk, draft, name
+):
     """lint, the invariant proofs and diff define the derived facts in z3 (Encoder.links); every fact value
     base_facts() computes for a real configuration satisfies those definitions."""
     import z3
@@ -325,8 +418,15 @@ def test_the_provers_derived_fact_definitions_agree_with_derived_facts(tp, dp, c
     from attngate.facts.catalogue import base_facts
     from attngate.rules.load import load_rules
 
-    args = ServerArgs(tp_size=tp, dp_size=dp, attn_cp_size=cp, enable_dp_attention=dp_attention, speculative_num_steps=steps,
-                      speculative_eagle_topk=topk, speculative_num_draft_tokens=draft)
+    args = ServerArgs(
+        tp_size=tp,
+        dp_size=dp,
+        attn_cp_size=cp,
+        enable_dp_attention=dp_attention,
+        speculative_num_steps=steps,
+        speculative_eagle_topk=topk,
+        speculative_num_draft_tokens=draft,
+    )
     facts = base_facts(args, model(name), Platform.from_name("sm90"))
     enc = Encoder(load_rules())
     solver = z3.Solver()

@@ -43,7 +43,9 @@ class Difference:
     witness: dict[str, Any] = field(default_factory=dict)
 
     def __str__(self) -> str:
-        what = {"acceptance": "accepted", "gate": f"gate {self.name}", "adjustment": f"adjusted {self.name}"}.get(self.kind, self.name)
+        what = {"acceptance": "accepted", "gate": f"gate {self.name}", "adjustment": f"adjusted {self.name}"}.get(
+            self.kind, self.name
+        )
         sides = f"old {self.old!r} ({', '.join(self.old_rules) or 'default'}), new {self.new!r} ({', '.join(self.new_rules) or 'default'})"
         inputs = ", ".join(f"{k}={v!r}" for k, v in self.witness.items())
         return f"{what}: {sides}; e.g. {inputs}"
@@ -59,8 +61,13 @@ class _Side:
         return [r for r in self.rules.rules if r.id in ids]
 
     def fired(self, model: z3.ModelRef, kinds: tuple[str, ...], gate: str | None = None) -> list[str]:
-        return [r.id for r in self.rules.rules if r.kind in kinds and (gate is None or gate in r.sets or gate in r.adjusts)
-                and z3.is_true(model.eval(self.model.cond[r.id], model_completion=True))]
+        return [
+            r.id
+            for r in self.rules.rules
+            if r.kind in kinds
+            and (gate is None or gate in r.sets or gate in r.adjusts)
+            and z3.is_true(model.eval(self.model.cond[r.id], model_completion=True))
+        ]
 
 
 def diff_rules(old: RuleSet, new: RuleSet, *, timeout_ms: int = 10_000) -> list[Difference]:
@@ -73,20 +80,43 @@ def diff_rules(old: RuleSet, new: RuleSet, *, timeout_ms: int = 10_000) -> list[
     claim = a.model.accepted != b.model.accepted
     verdict, m = find(solver, claim, a.enc.links)
     if m is not None:
-        refusals = [*a.rules_by_id(a.fired(m, ("forbid", "known_failure"))), *b.rules_by_id(b.fired(m, ("forbid", "known_failure")))]
+        refusals = [
+            *a.rules_by_id(a.fired(m, ("forbid", "known_failure"))),
+            *b.rules_by_id(b.fired(m, ("forbid", "known_failure"))),
+        ]
         m, inputs = _witness(solver, [claim], m, a, b, refusals)
         ok_a = z3.is_true(m.eval(a.model.accepted, model_completion=True))
-        out.append(Difference("acceptance", "", ok_a, not ok_a, a.fired(m, ("forbid", "known_failure")),
-                              b.fired(m, ("forbid", "known_failure")), inputs))
+        out.append(
+            Difference(
+                "acceptance",
+                "",
+                ok_a,
+                not ok_a,
+                a.fired(m, ("forbid", "known_failure")),
+                b.fired(m, ("forbid", "known_failure")),
+                inputs,
+            )
+        )
     solver.add(a.model.accepted, b.model.accepted)
     for name in GATES:
         (va, na), (vb, nb) = a.enc.var(name), b.enc.var(name)
         differs = z3.Or(na != nb, z3.And(z3.Not(na), va != vb))
         verdict, m = find(solver, differs, a.enc.links)
         if m is not None:
-            m, inputs = _witness(solver, [differs], m, a, b, [r for side in (a, b) for r in side.rules.rules if name in r.sets])
-            out.append(Difference("gate", name, model_value(m, va, na), model_value(m, vb, nb), a.fired(m, ("set",), name),
-                                  b.fired(m, ("set",), name), inputs))
+            m, inputs = _witness(
+                solver, [differs], m, a, b, [r for side in (a, b) for r in side.rules.rules if name in r.sets]
+            )
+            out.append(
+                Difference(
+                    "gate",
+                    name,
+                    model_value(m, va, na),
+                    model_value(m, vb, nb),
+                    a.fired(m, ("set",), name),
+                    b.fired(m, ("set",), name),
+                    inputs,
+                )
+            )
         elif verdict == z3.unknown:
             out.append(Difference("undecided", name, None, None, [], [], {}))
     out += _adjust_differences(a, b, timeout_ms)
@@ -113,14 +143,26 @@ def _adjust_differences(a: _Side, b: _Side, timeout_ms: int) -> list[Difference]
         differs = z3.Or(na != nb, z3.And(z3.Not(na), va != vb))
         _, m = find(solver, differs, a.enc.links)
         if m is not None:
-            m, inputs = _witness(solver, [differs], m, a, b, [r for side in (a, b) for r in side.rules.rules if name in r.adjusts])
-            out.append(Difference("adjustment", name, model_value(m, va, na), model_value(m, vb, nb), a.fired(m, ("adjust",), name),
-                                  b.fired(m, ("adjust",), name), inputs))
+            m, inputs = _witness(
+                solver, [differs], m, a, b, [r for side in (a, b) for r in side.rules.rules if name in r.adjusts]
+            )
+            out.append(
+                Difference(
+                    "adjustment",
+                    name,
+                    model_value(m, va, na),
+                    model_value(m, vb, nb),
+                    a.fired(m, ("adjust",), name),
+                    b.fired(m, ("adjust",), name),
+                    inputs,
+                )
+            )
     return out
 
 
-def _witness(solver: z3.Solver, terms: list[Any], model: z3.ModelRef, a: _Side, b: _Side,
-             rules: list[Rule]) -> tuple[z3.ModelRef, dict[str, Any]]:
+def _witness(
+    solver: z3.Solver, terms: list[Any], model: z3.ModelRef, a: _Side, b: _Side, rules: list[Rule]
+) -> tuple[z3.ModelRef, dict[str, Any]]:
     """The witness to show (server arguments not read by ``rules`` left at their defaults where they can be) and
     its inputs that explain the difference (:func:`inputs_read`)."""
     keep = inputs_read([a.rules, b.rules], rules)

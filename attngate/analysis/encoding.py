@@ -33,8 +33,11 @@ class Finding:
         return f"{self.where}: {self.message}"
 
 
-_LAYER_KIND_FACTS = {LayerKind.SLIDING_WINDOW: "has_sliding_window", LayerKind.CHUNKED_LOCAL: "is_local_attention_model",
-                     LayerKind.CROSS_ATTENTION: "has_cross_attention"}
+_LAYER_KIND_FACTS = {
+    LayerKind.SLIDING_WINDOW: "has_sliding_window",
+    LayerKind.CHUNKED_LOCAL: "is_local_attention_model",
+    LayerKind.CROSS_ATTENTION: "has_cross_attention",
+}
 
 
 class Encoder:
@@ -73,7 +76,10 @@ class Encoder:
         return self.vars[name]
 
     def _derive_backends(self) -> None:
-        for derived, phase in (("prefill_backend", "prefill_attention_backend"), ("decode_backend", "decode_attention_backend")):
+        for derived, phase in (
+            ("prefill_backend", "prefill_attention_backend"),
+            ("decode_backend", "decode_attention_backend"),
+        ):
             d, d_none = self.var(derived)
             p, p_none = self.var(phase)
             a, a_none = self.var("attention_backend")
@@ -113,17 +119,19 @@ class Encoder:
             "attn_tp_size": attn_tp_def,
             "num_q_heads_per_rank": attn_tp_def + [v("num_q_heads_per_rank") == at_least_one(q / attn_tp)],
             "num_kv_heads_per_rank": attn_tp_def + [v("num_kv_heads_per_rank") == at_least_one(kv / attn_tp)],
-            "attn_heads_split_evenly": attn_tp_def + [
-                v("attn_heads_split_evenly") == z3.And(q % attn_tp == 0, z3.Or(kv % attn_tp == 0, attn_tp % kv == 0))],
+            "attn_heads_split_evenly": attn_tp_def
+            + [v("attn_heads_split_evenly") == z3.And(q % attn_tp == 0, z3.Or(kv % attn_tp == 0, attn_tp % kv == 0))],
             "dp_divides_tp": [v("dp_divides_tp") == (tp % dp == 0)],
             "attn_dp_group_size": [v("attn_dp_group_size") == per_dp_group],
             "attn_cp_divides_tp": [v("attn_cp_divides_tp") == (per_dp_group % cp == 0)],
             "speculative_chain_draft_tokens": [
                 none("speculative_chain_draft_tokens") == none("speculative_num_steps"),
-                z3.Or(none("speculative_num_steps"), v("speculative_chain_draft_tokens") == steps + 1)],
+                z3.Or(none("speculative_num_steps"), v("speculative_chain_draft_tokens") == steps + 1),
+            ],
             "speculative_ngram_num_steps": [
                 none("speculative_ngram_num_steps") == ngram_none,
-                z3.Or(ngram_none, v("speculative_ngram_num_steps") == draft / topk)],
+                z3.Or(ngram_none, v("speculative_ngram_num_steps") == draft / topk),
+            ],
             "gqa_group_size": [q % v("num_key_value_heads") == 0, v("gqa_group_size") == q / v("num_key_value_heads")],
         }
         # what ModelFacts guarantees of the model facts it derives (cheap: no arithmetic)
@@ -194,7 +202,11 @@ class Encoder:
         if isinstance(op, (ast.Is, ast.IsNot)):
             return none if isinstance(op, ast.Is) else z3.Not(none)
         if isinstance(op, (ast.In, ast.NotIn)):
-            member = z3.Or(*[none if item is None else z3.And(z3.Not(none), value == _lit(item)) for item in literal]) if literal else z3.BoolVal(False)
+            member = (
+                z3.Or(*[none if item is None else z3.And(z3.Not(none), value == _lit(item)) for item in literal])
+                if literal
+                else z3.BoolVal(False)
+            )
             return member if isinstance(op, ast.In) else z3.Not(member)
         if isinstance(op, (ast.Eq, ast.NotEq)):
             eq = z3.And(z3.Not(none), value == _lit(literal))

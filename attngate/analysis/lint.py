@@ -45,11 +45,16 @@ def lint_rules(rules: RuleSet) -> list[Finding]:
     solver = z3.Solver()
     solver.add(*enc.axioms)
     accepted = z3.Solver()  # configurations resolve() does not reject outright
-    accepted.add(*enc.axioms, *[z3.Not(cond[r.id]) for r in rules.rules if r.kind in ("forbid", "known_failure") and not r.adjusts])
+    accepted.add(
+        *enc.axioms,
+        *[z3.Not(cond[r.id]) for r in rules.rules if r.kind in ("forbid", "known_failure") and not r.adjusts],
+    )
 
     findings: list[Finding] = []
     for p in rules.predicates:
-        if not can_hold(solver, enc, enc.encode(p.condition.tree.body), inputs_read([rules], [], (p.name,), through_gates=False)):
+        if not can_hold(
+            solver, enc, enc.encode(p.condition.tree.body), inputs_read([rules], [], (p.name,), through_gates=False)
+        ):
             findings.append(Finding(p.where, f"predicate {p.name!r} can never be true"))
     for rule in rules.rules:
         if not can_hold(solver, enc, cond[rule.id], inputs_read([rules], [rule], through_gates=False)):
@@ -61,8 +66,13 @@ def lint_rules(rules: RuleSet) -> list[Finding]:
             keep = inputs_read([rules], [a, b])
             witness = simplest_witness(accepted, enc, [cond[a.id], cond[b.id]], model, keep)
             shown = ", ".join(f"{n}={v!r}" for n, v in witness_inputs(enc, witness, keep).items())
-            findings.append(Finding(b.where, f"{kind} rules {a.id!r} and {b.id!r} can both match and disagree on "
-                                             f"{what} {', '.join(names)}; e.g. {shown}"))
+            findings.append(
+                Finding(
+                    b.where,
+                    f"{kind} rules {a.id!r} and {b.id!r} can both match and disagree on "
+                    f"{what} {', '.join(names)}; e.g. {shown}",
+                )
+            )
 
     return findings + _lint_deviations(rules, enc, solver) + prove_invariants(rules, encoded=(enc, cond))
 
@@ -81,10 +91,19 @@ def _lint_deviations(rules: RuleSet, enc: Encoder, solver: z3.Solver) -> list[Fi
     for (a, cond_a), (b, cond_b) in combinations(held, 2):
         # two deviations declare one attngate refusal only through a rule both name
         shared = [f for f in a.fields if f in b.fields and (f != "refusal" or set(a.rules) & set(b.rules))]
-        if shared and can_hold(solver, enc, z3.And(cond_a, cond_b),
-                               inputs_read([rules], [], (*a.condition.reads, *b.condition.reads), through_gates=False)):
-            findings.append(Finding(b.where, f"deviations {a.id!r} and {b.id!r} both declare {', '.join(shared)} "
-                                             "for some configuration; one deviation per difference"))
+        if shared and can_hold(
+            solver,
+            enc,
+            z3.And(cond_a, cond_b),
+            inputs_read([rules], [], (*a.condition.reads, *b.condition.reads), through_gates=False),
+        ):
+            findings.append(
+                Finding(
+                    b.where,
+                    f"deviations {a.id!r} and {b.id!r} both declare {', '.join(shared)} "
+                    "for some configuration; one deviation per difference",
+                )
+            )
     return findings
 
 
@@ -113,8 +132,11 @@ def _conflicts(rules: RuleSet, kind: str, values, cond: dict[str, Any], solver: 
             if model is None:
                 break
             live = [r for r in setters if z3.is_true(model.eval(cond[r.id], model_completion=True))]
-            pairs = [(a, b) for a, b in combinations(sorted(live, key=lambda r: position[r.id]), 2)
-                     if values(a)[name] != values(b)[name]]
+            pairs = [
+                (a, b)
+                for a, b in combinations(sorted(live, key=lambda r: position[r.id]), 2)
+                if values(a)[name] != values(b)[name]
+            ]
             for a, b in pairs:
                 if (a.id, b.id) not in seen:
                     seen.add((a.id, b.id))

@@ -28,7 +28,9 @@ from attngate.plan.registry import GATES
 from attngate.rules.load import FactValue, Invariant, Rule, RuleSet
 
 
-def prove_invariants(rules: RuleSet, *, timeout_ms: int = 10_000, encoded: tuple[Encoder, dict[str, Any]] | None = None) -> list[Finding]:
+def prove_invariants(
+    rules: RuleSet, *, timeout_ms: int = 10_000, encoded: tuple[Encoder, dict[str, Any]] | None = None
+) -> list[Finding]:
     """One finding per invariant that some accepted input violates (or that z3 cannot decide in time).
     ``encoded``: an encoder over all gates and its rule conditions by id, where the caller (lint) has them."""
     if not rules.invariants:
@@ -67,9 +69,15 @@ class ResolutionModel:
 
 def encode_resolution(enc: Encoder, rules: RuleSet, cond: dict[str, Any] | None = None) -> ResolutionModel:
     cond = cond or {r.id: enc.encode(r.condition.tree.body) for r in rules.rules}
-    settled = [z3.Implies(cond[r.id], z3.And(*[enc.equals(a, v) for a, v in r.adjusts.items()])) for r in rules.rules if r.adjusts]
+    settled = [
+        z3.Implies(cond[r.id], z3.And(*[enc.equals(a, v) for a, v in r.adjusts.items()]))
+        for r in rules.rules
+        if r.adjusts
+    ]
     settled += [z3.Not(enc.var(side)[1]) for side in ("prefill_backend", "decode_backend")]
-    accepted = z3.And(*[z3.Not(cond[r.id]) for r in rules.rules if r.kind in ("forbid", "known_failure") and not r.adjusts])
+    accepted = z3.And(
+        *[z3.Not(cond[r.id]) for r in rules.rules if r.kind in ("forbid", "known_failure") and not r.adjusts]
+    )
     setters: dict[str, list] = {}
     for rule in rules.of_kind("set"):
         for gate in rule.sets:
@@ -84,7 +92,9 @@ def _define_gate(enc: Encoder, name: str, rules: list, cond: dict[str, Any]) -> 
     if spec.from_fact:
         default_value, default_none = enc.var(spec.from_fact)
     else:
-        default_value, default_none = (value, z3.BoolVal(True)) if spec.default is None else (lit(spec.default), z3.BoolVal(False))
+        default_value, default_none = (
+            (value, z3.BoolVal(True)) if spec.default is None else (lit(spec.default), z3.BoolVal(False))
+        )
     v_expr, n_expr = default_value, default_none
     for rule in reversed(rules):
         new = rule.sets[name]
@@ -101,7 +111,9 @@ def _define_gate(enc: Encoder, name: str, rules: list, cond: dict[str, Any]) -> 
     return out
 
 
-def inputs_read(rule_sets: list[RuleSet], rules: list[Rule], names: tuple[str, ...] = (), *, through_gates: bool = True) -> set[str]:
+def inputs_read(
+    rule_sets: list[RuleSet], rules: list[Rule], names: tuple[str, ...] = (), *, through_gates: bool = True
+) -> set[str]:
     """The facts and server arguments that ``rules`` and ``names`` read, through the predicates and (``through_gates``)
     the gates they read and those gates' set rules (in any of ``rule_sets``), and the arguments the rules adjust: what
     a witness must show to explain a finding. Gates and predicates themselves are left out."""
@@ -118,7 +130,11 @@ def inputs_read(rule_sets: list[RuleSet], rules: list[Rule], names: tuple[str, .
             rule = todo.pop()
             if id(rule) not in done:
                 done.add(id(rule))
-                stack += [*rule.condition.reads, *rule.adjusts, *(v.fact for v in rule.adjusts.values() if isinstance(v, FactValue))]
+                stack += [
+                    *rule.condition.reads,
+                    *rule.adjusts,
+                    *(v.fact for v in rule.adjusts.values() if isinstance(v, FactValue)),
+                ]
             continue
         name = stack.pop()
         if name not in seen:
@@ -144,8 +160,9 @@ def model_value(model: z3.ModelRef, value: Any, none: Any) -> Any:
     return str(v)
 
 
-def simplest_witness(solver: z3.Solver, enc: Encoder, terms: list[Any], model: z3.ModelRef, keep: set[str],
-                     timeout_ms: int = 5_000) -> z3.ModelRef:
+def simplest_witness(
+    solver: z3.Solver, enc: Encoder, terms: list[Any], model: z3.ModelRef, keep: set[str], timeout_ms: int = 5_000
+) -> z3.ModelRef:
     """A model of the solver's assertions, ``terms`` and the derived-fact links in which as many server arguments
     outside ``keep`` as can keep their defaults (z3's Optimize, soft constraints), so that a witness shows only
     the flags it needs; ``model`` where none is found in time."""
@@ -169,15 +186,21 @@ def witness_inputs(enc: Encoder, model: z3.ModelRef, names: set[str]) -> dict[st
     return dict(sorted(values.items()))
 
 
-def _counterexample(inv: Invariant, enc: Encoder, model: z3.ModelRef, setters: dict[str, list], cond: dict[str, Any],
-                    reads: set[str]) -> str:
+def _counterexample(
+    inv: Invariant, enc: Encoder, model: z3.ModelRef, setters: dict[str, list], cond: dict[str, Any], reads: set[str]
+) -> str:
     def show(name: str) -> str:
         return repr(model_value(model, *enc.var(name)))
 
     gates = [n for n in inv.condition.reads if n in GATES]
     facts = witness_inputs(enc, model, reads - {"prefill_backend", "decode_backend"})
-    fired = {g: [r.id for r in setters.get(g, []) if z3.is_true(model.eval(cond[r.id], model_completion=True))] for g in gates}
+    fired = {
+        g: [r.id for r in setters.get(g, []) if z3.is_true(model.eval(cond[r.id], model_completion=True))]
+        for g in gates
+    }
     gate_text = "; ".join(f"{g} = {show(g)} ({', '.join(fired[g]) or 'default'})" for g in gates)
     input_text = ", ".join(f"{n}={v!r}" for n, v in facts.items())
-    return (f"invariant {inv.id!r} does not hold ({inv.summary}). Counterexample: {gate_text}; "
-            f"backends {show('prefill_backend')}/{show('decode_backend')}; input: {input_text}")
+    return (
+        f"invariant {inv.id!r} does not hold ({inv.summary}). Counterexample: {gate_text}; "
+        f"backends {show('prefill_backend')}/{show('decode_backend')}; input: {input_text}"
+    )

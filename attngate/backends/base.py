@@ -22,12 +22,23 @@ class AttentionBackend(ABC):
     returns ``[num_tokens, num_q_heads, v_head_dim]`` in q's dtype.
     """
 
-    def __init__(self, plan: Plan, kv_pool, req_to_token: torch.Tensor, layers: list[AttentionLayer],
-                 device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        plan: Plan,
+        kv_pool,
+        req_to_token: torch.Tensor,
+        layers: list[AttentionLayer],
+        device: torch.device | str = "cpu",
+    ):
         plan.check_intact()  # a plan edited in place would steer this backend without its rules
         if plan.common.unified_kv_pool:
-            raise BackendRefusal(Problem("common.unified_kv_pool", "attngate's backends read their own KV pool's page ids; "
-                                             "SGLang's unified memory pool (--enable-unified-memory) needs its index translator"))
+            raise BackendRefusal(
+                Problem(
+                    "common.unified_kv_pool",
+                    "attngate's backends read their own KV pool's page ids; "
+                    "SGLang's unified memory pool (--enable-unified-memory) needs its index translator",
+                )
+            )
         check_heads_per_rank(plan, layers)
         check_served_layers(layers)
         check_pool_dtype(plan, kv_pool)
@@ -45,11 +56,14 @@ class AttentionBackend(ABC):
         views = self._paged_views.get(layer_id)
         if views is None:
             ps = self.plan.common.page_size
-            views = self._paged_views[layer_id] = tuple(b.view(b.shape[0] // ps, ps, *b.shape[1:])
-                                                        for b in self.kv_pool.get_kv_buffer(layer_id))
+            views = self._paged_views[layer_id] = tuple(
+                b.view(b.shape[0] // ps, ps, *b.shape[1:]) for b in self.kv_pool.get_kv_buffer(layer_id)
+            )
         return views
 
-    def spec_tree(self, mode: ForwardMode, spec_tree_mask: torch.Tensor | None, new: Sequence[int]) -> torch.Tensor | None:
+    def spec_tree(
+        self, mode: ForwardMode, spec_tree_mask: torch.Tensor | None, new: Sequence[int]
+    ) -> torch.Tensor | None:
         """:func:`tree_mask_of` under this backend's plan, with no work where neither the plan's mode nor the batch has
         a tree (every step of a server without speculative trees)."""
         if spec_tree_mask is None and mode not in self._tree_modes:
@@ -60,8 +74,15 @@ class AttentionBackend(ABC):
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         """Prepare per-batch metadata once; every layer's forward of this batch reuses it."""
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer: AttentionLayer,
-                batch: ForwardBatch, save_kv_cache: bool = True) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        layer: AttentionLayer,
+        batch: ForwardBatch,
+        save_kv_cache: bool = True,
+    ) -> torch.Tensor:
         if batch.forward_mode == ForwardMode.IDLE:
             return q.new_empty((0, layer.num_q_heads, layer.v_head_dim))
         if batch.forward_mode == ForwardMode.DECODE:
@@ -69,10 +90,14 @@ class AttentionBackend(ABC):
         return self.forward_extend(q, k, v, layer, batch, save_kv_cache)
 
     @abstractmethod
-    def forward_extend(self, q, k, v, layer: AttentionLayer, batch: ForwardBatch, save_kv_cache: bool) -> torch.Tensor: ...
+    def forward_extend(
+        self, q, k, v, layer: AttentionLayer, batch: ForwardBatch, save_kv_cache: bool
+    ) -> torch.Tensor: ...
 
     @abstractmethod
-    def forward_decode(self, q, k, v, layer: AttentionLayer, batch: ForwardBatch, save_kv_cache: bool) -> torch.Tensor: ...
+    def forward_decode(
+        self, q, k, v, layer: AttentionLayer, batch: ForwardBatch, save_kv_cache: bool
+    ) -> torch.Tensor: ...
 
     # ---- CUDA graphs: declared here, implemented by GPU backends ----------------------------------
 
@@ -80,15 +105,28 @@ class AttentionBackend(ABC):
         """Allocate the static metadata buffers that captured graphs read."""
         raise NotImplementedError(f"{type(self).__name__} does not capture CUDA graphs")
 
-    def init_forward_metadata_capture_cuda_graph(self, bs: int, num_tokens: int, req_pool_indices: torch.Tensor,
-                                                 seq_lens: torch.Tensor, encoder_lens: torch.Tensor | None,
-                                                 forward_mode: ForwardMode) -> None:
+    def init_forward_metadata_capture_cuda_graph(
+        self,
+        bs: int,
+        num_tokens: int,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        encoder_lens: torch.Tensor | None,
+        forward_mode: ForwardMode,
+    ) -> None:
         raise NotImplementedError(f"{type(self).__name__} does not capture CUDA graphs")
 
-    def init_forward_metadata_replay_cuda_graph(self, bs: int, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
-                                                seq_lens_cpu: torch.Tensor, encoder_lens: torch.Tensor | None,
-                                                forward_mode: ForwardMode, encoder_lens_cpu: torch.Tensor | None = None,
-                                                spec_tree_mask: torch.Tensor | None = None) -> None:
+    def init_forward_metadata_replay_cuda_graph(
+        self,
+        bs: int,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        seq_lens_cpu: torch.Tensor,
+        encoder_lens: torch.Tensor | None,
+        forward_mode: ForwardMode,
+        encoder_lens_cpu: torch.Tensor | None = None,
+        spec_tree_mask: torch.Tensor | None = None,
+    ) -> None:
         """Update the static buffers in place before a replay. ``encoder_lens_cpu``: ``encoder_lens`` on the host, as
         ``seq_lens_cpu`` is ``seq_lens`` (without it, a batch with encoder tokens costs a device-to-host copy, a sync).
         ``spec_tree_mask``: a tree verify's ``[bs, D, D]`` bool, as ForwardBatch.spec_tree_mask (required where the
@@ -99,7 +137,9 @@ class AttentionBackend(ABC):
         return 1
 
 
-def tree_mask_of(plan: Plan, mode: ForwardMode, spec_tree_mask: torch.Tensor | None, new: Sequence[int]) -> torch.Tensor | None:
+def tree_mask_of(
+    plan: Plan, mode: ForwardMode, spec_tree_mask: torch.Tensor | None, new: Sequence[int]
+) -> torch.Tensor | None:
     """``spec_tree_mask`` (a ForwardBatch's, or a CUDA-graph replay's) where the plan's ``mode`` verifies a speculative
     tree (``common.tree_mask``), None where its draft tokens attend causally. ``new``: each request's new tokens, on
     the host. BatchMetadataError listing every problem when the batch and the plan disagree (a tree under a chain
@@ -108,18 +148,32 @@ def tree_mask_of(plan: Plan, mode: ForwardMode, spec_tree_mask: torch.Tensor | N
     mask = spec_tree_mask
     if not plan.mode(mode).common.tree_mask:
         if mask is not None:
-            raise BatchMetadataError(Problem("spec_tree_mask", f"given, but the plan's {mode.value} attends causally "
-                                                               "(common.tree_mask false: no speculative tree, speculative_eagle_topk <= 1)"))
+            raise BatchMetadataError(
+                Problem(
+                    "spec_tree_mask",
+                    f"given, but the plan's {mode.value} attends causally "
+                    "(common.tree_mask false: no speculative tree, speculative_eagle_topk <= 1)",
+                )
+            )
         return None
     if mask is None:
-        raise BatchMetadataError(Problem("spec_tree_mask", f"missing: the plan's {mode.value} verifies a speculative tree "
-                                                           "(common.tree_mask), and a causal mask would mix its sibling branches"))
+        raise BatchMetadataError(
+            Problem(
+                "spec_tree_mask",
+                f"missing: the plan's {mode.value} verifies a speculative tree "
+                "(common.tree_mask), and a causal mask would mix its sibling branches",
+            )
+        )
     d = new[0] if len(new) else 0
     problems = []
     if any(n != d for n in new):
-        problems.append(Problem("extend_seq_lens", f"a tree verify has the same draft tokens in every request, got {list(new)[:8]}"))
+        problems.append(
+            Problem("extend_seq_lens", f"a tree verify has the same draft tokens in every request, got {list(new)[:8]}")
+        )
     if mask.dtype != torch.bool or tuple(mask.shape) != (len(new), d, d):
-        problems.append(Problem("spec_tree_mask", f"must be [{len(new)}, {d}, {d}] bool, got {mask.dtype} {tuple(mask.shape)}"))
+        problems.append(
+            Problem("spec_tree_mask", f"must be [{len(new)}, {d}, {d}] bool, got {mask.dtype} {tuple(mask.shape)}")
+        )
     if problems:
         raise BatchMetadataError(problems)
     return mask
@@ -145,13 +199,24 @@ def check_batch(batch: ForwardBatch, req_to_token: torch.Tensor, num_slots: int)
     rows = batch.req_pool_indices.cpu()
     if b and (int(rows.min()) < 0 or int(rows.max()) >= req_to_token.shape[0]):
         problems.append(Problem("req_pool_indices", f"rows outside req_to_token's {req_to_token.shape[0]} rows"))
-    host_copies = (("seq_lens_cpu", batch.seq_lens_cpu, seq_lens), ("encoder_lens_cpu", batch.encoder_lens_cpu, enc),
-                   ("extend_seq_lens_cpu", None if batch.extend_seq_lens_cpu is None else torch.tensor(batch.extend_seq_lens_cpu), ext))
+    host_copies = (
+        ("seq_lens_cpu", batch.seq_lens_cpu, seq_lens),
+        ("encoder_lens_cpu", batch.encoder_lens_cpu, enc),
+        (
+            "extend_seq_lens_cpu",
+            None if batch.extend_seq_lens_cpu is None else torch.tensor(batch.extend_seq_lens_cpu),
+            ext,
+        ),
+    )
     for name, copy, device_value in host_copies:  # backends size kernels from the host copies
         if copy is not None and copy.tolist() != device_value.tolist():
-            problems.append(Problem(name, f"{copy.tolist()[:8]} differs from the device tensor {device_value.tolist()[:8]}"))
+            problems.append(
+                Problem(name, f"{copy.tolist()[:8]} differs from the device tensor {device_value.tolist()[:8]}")
+            )
     if not torch.equal(enc + prefix + ext, seq_lens):
-        problems.append(Problem("seq_lens", "must equal encoder_lens + extend_prefix_lens + extend_seq_lens (post-write lengths)"))
+        problems.append(
+            Problem("seq_lens", "must equal encoder_lens + extend_prefix_lens + extend_seq_lens (post-write lengths)")
+        )
     if int(ext.sum()) != batch.num_tokens:
         problems.append(Problem("out_cache_loc", f"has {batch.num_tokens} slots for {int(ext.sum())} new tokens"))
     for name, loc in (("out_cache_loc", batch.out_cache_loc), ("encoder_out_cache_loc", batch.encoder_out_cache_loc)):
@@ -161,21 +226,41 @@ def check_batch(batch: ForwardBatch, req_to_token: torch.Tensor, num_slots: int)
     if not problems and b:
         used = torch.cat([req_to_token[int(r), : int(s)].cpu() for r, s in zip(rows, seq_lens)])
         if used.numel() and (int(used.min()) < 0 or int(used.max()) >= num_slots):
-            problems.append(Problem("req_to_token", f"rows of this batch hold slots outside the pool of {num_slots} slots"))
+            problems.append(
+                Problem("req_to_token", f"rows of this batch hold slots outside the pool of {num_slots} slots")
+            )
     if problems:
         raise BatchMetadataError(problems)
 
 
-def check_graph_batch(backend: AttentionBackend, bs: int, per_req: int, req_pool_indices: torch.Tensor,
-                      seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, encoder_lens: torch.Tensor | None,
-                      forward_mode: ForwardMode, encoder_lens_cpu: torch.Tensor | None = None) -> None:
+def check_graph_batch(
+    backend: AttentionBackend,
+    bs: int,
+    per_req: int,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq_lens_cpu: torch.Tensor,
+    encoder_lens: torch.Tensor | None,
+    forward_mode: ForwardMode,
+    encoder_lens_cpu: torch.Tensor | None = None,
+) -> None:
     """``check_batch`` for a CUDA-graph replay: ``per_req`` new tokens per request (their slots are in the
     graph's static buffers, so only lengths, rows and ``req_to_token`` are checked)."""
     new = torch.full_like(seq_lens, per_req)
     prefix = seq_lens - new - (encoder_lens if encoder_lens is not None else 0)
     no_slots = torch.zeros(bs * per_req, dtype=torch.int64, device=seq_lens.device)
-    batch = ForwardBatch(forward_mode, bs, req_pool_indices, seq_lens, seq_lens_cpu, prefix, new, no_slots, encoder_lens,
-                         encoder_lens_cpu=encoder_lens_cpu)
+    batch = ForwardBatch(
+        forward_mode,
+        bs,
+        req_pool_indices,
+        seq_lens,
+        seq_lens_cpu,
+        prefix,
+        new,
+        no_slots,
+        encoder_lens,
+        encoder_lens_cpu=encoder_lens_cpu,
+    )
     check_batch(batch, backend.req_to_token, backend.kv_pool.num_slots)
 
 
@@ -186,14 +271,21 @@ def check_capture_mode(plan: Plan, bs: int, mode: ForwardMode, max_bs: int | Non
     ``max_bs``: what ``init_cuda_graph_state`` sized the static buffers for (None: it was not called); a larger
     batch would read slices of them shorter than itself."""
     if mode == ForwardMode.IDLE:
-        raise UsageError(Problem("forward_mode", "IDLE batches replay the DECODE graph padded to its batch size "
-                                                 "(attngate.runtime.dp_padding.pad_decode_batch); capture DECODE"))
+        raise UsageError(
+            Problem(
+                "forward_mode",
+                "IDLE batches replay the DECODE graph padded to its batch size "
+                "(attngate.runtime.dp_padding.pad_decode_batch); capture DECODE",
+            )
+        )
     if not plan.mode(mode).common.capture_cuda_graph:
         raise UsageError(Problem("forward_mode", f"the plan captures no CUDA graph for forward mode {mode.value}"))
     if max_bs is None:
         raise UsageError(Problem("init_cuda_graph_state", "not called: it sizes the static buffers a capture reads"))
     if not 1 <= bs <= max_bs:
-        raise UsageError(Problem("bs", f"a CUDA graph serves 1 to {max_bs} requests (init_cuda_graph_state's max_bs), not {bs}"))
+        raise UsageError(
+            Problem("bs", f"a CUDA graph serves 1 to {max_bs} requests (init_cuda_graph_state's max_bs), not {bs}")
+        )
 
 
 def captured_graph(graphs: dict, mode: ForwardMode, bs: int):
@@ -201,8 +293,14 @@ def captured_graph(graphs: dict, mode: ForwardMode, bs: int):
     (a replay of a batch size or mode never captured would otherwise read another graph's buffers)."""
     graph = graphs.get((mode, bs))
     if graph is None:
-        have = ", ".join(f"{m.value} x {n}" for m, n in sorted(graphs, key=lambda key: (key[0].value, key[1]))) or "none"
-        raise UsageError(Problem("bs", f"no CUDA graph was captured for forward mode {mode.value} at batch size {bs} (captured: {have})"))
+        have = (
+            ", ".join(f"{m.value} x {n}" for m, n in sorted(graphs, key=lambda key: (key[0].value, key[1]))) or "none"
+        )
+        raise UsageError(
+            Problem(
+                "bs", f"no CUDA graph was captured for forward mode {mode.value} at batch size {bs} (captured: {have})"
+            )
+        )
     return graph
 
 
@@ -213,9 +311,15 @@ def check_heads_per_rank(plan: Plan, layers: list[AttentionLayer]) -> None:
     if common.attn_tp_size == 1:
         return
     want = (common.num_q_heads_per_rank, common.num_kv_heads_per_rank)
-    problems = [Problem(f"layer {lay.layer_id}", f"has {lay.num_q_heads}/{lay.num_kv_heads} query/KV heads; attention TP "
-                                                 f"{common.attn_tp_size} gives each rank {want[0]}/{want[1]}")
-                for lay in layers if (lay.num_q_heads, lay.num_kv_heads) != want]
+    problems = [
+        Problem(
+            f"layer {lay.layer_id}",
+            f"has {lay.num_q_heads}/{lay.num_kv_heads} query/KV heads; attention TP "
+            f"{common.attn_tp_size} gives each rank {want[0]}/{want[1]}",
+        )
+        for lay in layers
+        if (lay.num_q_heads, lay.num_kv_heads) != want
+    ]
     if problems:
         raise BatchMetadataError(problems)
 
@@ -228,15 +332,25 @@ def check_served_layers(layers: list[AttentionLayer]) -> None:
         return
     encoder = [lay.layer_id for lay in layers if lay.kind == LayerKind.ENCODER_ONLY]
     if encoder:
-        raise BatchMetadataError(Problem(f"layers {', '.join(map(str, encoder))}", (
-            "an encoder-decoder model's encoder layers: they attend over the encoder input, outside the paged backend (SGLang's "
-            "Whisper runs them with SDPA); build the backend's layers with layers_from_model(..., include_encoder=False)")))
+        raise BatchMetadataError(
+            Problem(
+                f"layers {', '.join(map(str, encoder))}",
+                (
+                    "an encoder-decoder model's encoder layers: they attend over the encoder input, outside the paged backend (SGLang's "
+                    "Whisper runs them with SDPA); build the backend's layers with layers_from_model(..., include_encoder=False)"
+                ),
+            )
+        )
 
 
 #: The KV cache dtypes attngate's pools store, by ``kv_cache_dtype`` ("auto": the model's dtype). SGLang's FP4 and MXFP8
 #: caches also carry per-block scale tensors, which no attngate pool or backend keeps.
-KV_STORAGE_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn,
-                     "fp8_e5m2": torch.float8_e5m2}
+KV_STORAGE_DTYPES = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
 
 
 def kv_storage_dtype(plan: Plan, model_dtype: torch.dtype) -> torch.dtype:
@@ -246,9 +360,14 @@ def kv_storage_dtype(plan: Plan, model_dtype: torch.dtype) -> torch.dtype:
     if name == "auto":
         return model_dtype
     if name not in KV_STORAGE_DTYPES:
-        raise BackendRefusal(Problem("common.kv_cache_dtype", f"{name!r}: attngate's KV pools store "
-                                         f"{', '.join(sorted(KV_STORAGE_DTYPES))} or the model's dtype ('auto'); "
-                                         "FP4 and MXFP8 caches need per-block scales they do not keep"))
+        raise BackendRefusal(
+            Problem(
+                "common.kv_cache_dtype",
+                f"{name!r}: attngate's KV pools store "
+                f"{', '.join(sorted(KV_STORAGE_DTYPES))} or the model's dtype ('auto'); "
+                "FP4 and MXFP8 caches need per-block scales they do not keep",
+            )
+        )
     return KV_STORAGE_DTYPES[name]
 
 
@@ -260,8 +379,13 @@ def check_pool_dtype(plan: Plan, kv_pool) -> None:
         return
     want = kv_storage_dtype(plan, dtype)
     if dtype != want:
-        raise BatchMetadataError(Problem("kv_pool", f"holds {dtype}, the plan's kv_cache_dtype {plan.common.kv_cache_dtype!r} "
-                                                    f"is {want}: build the pool with kv_storage_dtype(plan, model_dtype)"))
+        raise BatchMetadataError(
+            Problem(
+                "kv_pool",
+                f"holds {dtype}, the plan's kv_cache_dtype {plan.common.kv_cache_dtype!r} "
+                f"is {want}: build the pool with kv_storage_dtype(plan, model_dtype)",
+            )
+        )
 
 
 def is_fp8(dtype: torch.dtype) -> bool:

@@ -26,8 +26,13 @@ def chain_verify_only(plan: Plan, backend: str) -> list[Problem]:
     """A backend that verifies chains only refuses a plan whose TARGET_VERIFY is a speculative tree (empty: it may)."""
     if not plan.mode(ForwardMode.TARGET_VERIFY).common.tree_mask:
         return []
-    return [Problem("common.tree_mask", f"attngate's {backend} verifies speculative chains only, and the plan verifies a tree "
-                                        "(speculative_eagle_topk > 1); the flashinfer backend (MHA) verifies trees")]
+    return [
+        Problem(
+            "common.tree_mask",
+            f"attngate's {backend} verifies speculative chains only, and the plan verifies a tree "
+            "(speculative_eagle_topk > 1); the flashinfer backend (MHA) verifies trees",
+        )
+    ]
 
 
 def sixteen_bit_kv_only(plan: Plan, backend: str) -> list[Problem]:
@@ -35,38 +40,77 @@ def sixteen_bit_kv_only(plan: Plan, backend: str) -> list[Problem]:
     name = plan.common.kv_cache_dtype
     if name in SIXTEEN_BIT_KV:
         return []
-    return [Problem("common.kv_cache_dtype", f"{name!r}: attngate's {backend} reads 16-bit KV caches only (no descale "
-                                             "tensors); the flashinfer backend (MHA) reads FP8 ones")]
+    return [
+        Problem(
+            "common.kv_cache_dtype",
+            f"{name!r}: attngate's {backend} reads 16-bit KV caches only (no descale "
+            "tensors); the flashinfer backend (MHA) reads FP8 ones",
+        )
+    ]
 
 
 def mla_reads_what_it_writes(plan: Plan, layers: list[AttentionLayer]) -> list[Problem]:
     """MLA reads the latent cache in every form but the no-prefix one, so a layer kind whose plan writes
     no cache (``common.write_kv_cache``) cannot be an MLA layer: the write and the read side must agree."""
-    return [Problem(f"layer {layer.layer_id}", f"an MLA layer reads the latent cache, but the plan writes none for "
-                                               f"{layer.kind.value} layers (common.write_kv_cache)")
-            for layer in layers if layer.is_mla and not plan.layer(layer.kind).common.write_kv_cache]
+    return [
+        Problem(
+            f"layer {layer.layer_id}",
+            f"an MLA layer reads the latent cache, but the plan writes none for "
+            f"{layer.kind.value} layers (common.write_kv_cache)",
+        )
+        for layer in layers
+        if layer.is_mla and not plan.layer(layer.kind).common.write_kv_cache
+    ]
 
 
 def fa_refusals(plan: Plan, layers: list[AttentionLayer], sm_major: int | None = None) -> list[Problem]:
     """Why the FA backend cannot serve these layers under this plan (empty: it can). ``sm_major`` None skips
     the architecture checks (CPU stand-ins). Needs no kernel import."""
     provider, page_size = plan.flashattention.provider, plan.common.page_size
-    problems = mla_reads_what_it_writes(plan, layers) + chain_verify_only(plan, "FA backend") + sixteen_bit_kv_only(plan, "FA backend")
+    problems = (
+        mla_reads_what_it_writes(plan, layers)
+        + chain_verify_only(plan, "FA backend")
+        + sixteen_bit_kv_only(plan, "FA backend")
+    )
     if provider == "flash_attn.cute" and sm_major is not None and sm_major not in (9, 10):
-        problems.append(Problem("flashattention.provider", f"flash_attn.cute reads no paged KV cache on SM{sm_major}x "
-                                                           "(SM90 and SM100 only), and every FA path but the embedding fast path reads one"))
+        problems.append(
+            Problem(
+                "flashattention.provider",
+                f"flash_attn.cute reads no paged KV cache on SM{sm_major}x "
+                "(SM90 and SM100 only), and every FA path but the embedding fast path reads one",
+            )
+        )
     for layer in layers:
         where = f"layer {layer.layer_id}"
         if provider == "flash_attn.cute" and sm_major in (9, 10) and not _cute_runs_head_dims(layer, sm_major):
-            problems.append(Problem(where, f"flash_attn.cute runs no head dims {layer.head_dim}/{layer.v_head_dim} (q·k / v) on SM{sm_major}x"))
+            problems.append(
+                Problem(
+                    where,
+                    f"flash_attn.cute runs no head dims {layer.head_dim}/{layer.v_head_dim} (q·k / v) on SM{sm_major}x",
+                )
+            )
         if (layer.has_sinks or layer.sinks is not None) and provider == "flash_attn_interface":
-            problems.append(Problem(where, "flash_attn_interface (FA3) has no learned attention sinks; the plan must pick flash_attn.cute"))
+            problems.append(
+                Problem(
+                    where,
+                    "flash_attn_interface (FA3) has no learned attention sinks; the plan must pick flash_attn.cute",
+                )
+            )
         if layer.kind == LayerKind.CHUNKED_LOCAL and (layer.attention_chunk_size or 0) % page_size:
-            problems.append(Problem(where, f"attention_chunk_size {layer.attention_chunk_size} is not a multiple of page_size {page_size}"))
+            problems.append(
+                Problem(
+                    where,
+                    f"attention_chunk_size {layer.attention_chunk_size} is not a multiple of page_size {page_size}",
+                )
+            )
         if layer.is_mla and sm_major is not None:
-            runs = (provider == "flash_attn_interface" and sm_major == 9) or (provider == "flash_attn.cute" and sm_major == 10)
+            runs = (provider == "flash_attn_interface" and sm_major == 9) or (
+                provider == "flash_attn.cute" and sm_major == 10
+            )
             if not runs:
-                problems.append(Problem(where, f"{provider} runs no absorbed MLA on SM{sm_major}x (FA3 on SM90, FA4 on SM100)"))
+                problems.append(
+                    Problem(where, f"{provider} runs no absorbed MLA on SM{sm_major}x (FA3 on SM90, FA4 on SM100)")
+                )
     return problems
 
 
@@ -85,41 +129,75 @@ def flashinfer_refusals(plan: Plan, layers: list[AttentionLayer], sm_major: int 
     """Why the FlashInfer backend cannot serve these layers under this plan (empty: it can). Needs no kernel import."""
     problems = []
     if plan.flashinfer.multi_item_scoring:
-        problems.append(Problem("flashinfer.multi_item_scoring", "attngate's FlashInfer backend does not implement multi-item "
-                                "scoring (SGLang's MultiItemScoringParams); this plan is for SGLang's flashinfer backend"))
+        problems.append(
+            Problem(
+                "flashinfer.multi_item_scoring",
+                "attngate's FlashInfer backend does not implement multi-item "
+                "scoring (SGLang's MultiItemScoringParams); this plan is for SGLang's flashinfer backend",
+            )
+        )
     if any(layer.is_mla for layer in layers):
         return problems + flashinfer_mla_refusals(plan, layers, sm_major)
     for layer in layers:
         if layer.head_dim != layer.v_head_dim or layer.head_dim not in (64, 128, 256):
-            problems.append(Problem(f"layer {layer.layer_id}", f"FlashInfer runs head dims 64, 128 and 256 (q·k = v), not "
-                                                               f"{layer.head_dim}/{layer.v_head_dim}"))
+            problems.append(
+                Problem(
+                    f"layer {layer.layer_id}",
+                    f"FlashInfer runs head dims 64, 128 and 256 (q·k = v), not {layer.head_dim}/{layer.v_head_dim}",
+                )
+            )
         if layer.has_sinks or layer.sinks is not None:
             problems.append(Problem(f"layer {layer.layer_id}", "FlashInfer runs no learned attention sinks"))
         if layer.kind == LayerKind.CHUNKED_LOCAL:
-            problems.append(Problem(f"layer {layer.layer_id}", "FlashInfer runs no chunked local attention (a window would let a query see the previous chunk)"))
+            problems.append(
+                Problem(
+                    f"layer {layer.layer_id}",
+                    "FlashInfer runs no chunked local attention (a window would let a query see the previous chunk)",
+                )
+            )
         gates = plan.layer(layer.kind).common
         if gates.use_window and not gates.causal and layer.sliding_window_size >= 0:
-            problems.append(Problem(f"layer {layer.layer_id}", "FlashInfer's window_left bounds a window before the query only; "
-                                    "this bidirectional layer's window also bounds it after the query"))
+            problems.append(
+                Problem(
+                    f"layer {layer.layer_id}",
+                    "FlashInfer's window_left bounds a window before the query only; "
+                    "this bidirectional layer's window also bounds it after the query",
+                )
+            )
     return problems
 
 
 def flashinfer_mla_refusals(plan: Plan, layers: list[AttentionLayer], sm_major: int | None = None) -> list[Problem]:
     """Why FlashInfer MLA cannot serve these layers under this plan (empty: it can). Needs no kernel import."""
-    problems = (mla_reads_what_it_writes(plan, layers) + chain_verify_only(plan, "FlashInfer MLA backend")
-                + sixteen_bit_kv_only(plan, "FlashInfer MLA backend"))
+    problems = (
+        mla_reads_what_it_writes(plan, layers)
+        + chain_verify_only(plan, "FlashInfer MLA backend")
+        + sixteen_bit_kv_only(plan, "FlashInfer MLA backend")
+    )
     for layer in layers:
         where = f"layer {layer.layer_id}"
         if not layer.is_mla:
             problems.append(Problem(where, "FlashInfer MLA serves MLA layers only; a model mixes none"))
         elif (layer.kv_lora_rank, layer.qk_rope_head_dim) != (512, 64):
-            problems.append(Problem(where, f"FlashInfer MLA runs kv_lora_rank 512 / qk_rope_head_dim 64, not "
-                                           f"{layer.kv_lora_rank} / {layer.qk_rope_head_dim}"))
+            problems.append(
+                Problem(
+                    where,
+                    f"FlashInfer MLA runs kv_lora_rank 512 / qk_rope_head_dim 64, not "
+                    f"{layer.kv_lora_rank} / {layer.qk_rope_head_dim}",
+                )
+            )
         if layer.kind != LayerKind.FULL or layer.logit_cap or layer.has_sinks or layer.sinks is not None:
-            problems.append(Problem(where, "FlashInfer MLA runs full causal attention only (no window, chunk, soft-cap or sinks)"))
+            problems.append(
+                Problem(where, "FlashInfer MLA runs full causal attention only (no window, chunk, soft-cap or sinks)")
+            )
     shapes = {(lay.num_q_heads, lay.head_dim, lay.v_head_dim, lay.scaling) for lay in layers}
     if len(shapes) > 1:  # one plan per batch serves every layer
-        problems.append(Problem("layers", f"FlashInfer MLA plans once per batch for all layers; these differ in heads, dims or scaling: {sorted(shapes)}"))
+        problems.append(
+            Problem(
+                "layers",
+                f"FlashInfer MLA plans once per batch for all layers; these differ in heads, dims or scaling: {sorted(shapes)}",
+            )
+        )
     return problems
 
 
@@ -129,13 +207,19 @@ Refusals = Callable[[Plan, "list[AttentionLayer]", "int | None"], "list[Problem]
 REFUSALS: dict[str, Refusals] = {"fa3": fa_refusals, "fa4": fa_refusals, "flashinfer": flashinfer_refusals}
 
 
-def kernel_backend_refusals(plan: Plan, layers: list[AttentionLayer] | None = None,
-                            sm_major: int | None = None) -> list[Problem]:
+def kernel_backend_refusals(
+    plan: Plan, layers: list[AttentionLayer] | None = None, sm_major: int | None = None
+) -> list[Problem]:
     """The plan's backends that attngate has no kernel backend for (empty: it runs both). Needs no kernel import."""
-    return [Problem(side, f"{name!r}: attngate runs {', '.join(sorted(REFUSALS))} on GPU kernels (and the reference "
-                          "backend on any device); resolve with --attention-backend set to one of them")
-            for side, name in (("prefill_backend", plan.prefill_backend), ("decode_backend", plan.decode_backend))
-            if name not in REFUSALS]
+    return [
+        Problem(
+            side,
+            f"{name!r}: attngate runs {', '.join(sorted(REFUSALS))} on GPU kernels (and the reference "
+            "backend on any device); resolve with --attention-backend set to one of them",
+        )
+        for side, name in (("prefill_backend", plan.prefill_backend), ("decode_backend", plan.decode_backend))
+        if name not in REFUSALS
+    ]
 
 
 def refusals(backend: str, plan: Plan, layers: list[AttentionLayer], sm_major: int | None = None) -> list[Problem]:

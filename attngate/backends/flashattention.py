@@ -57,8 +57,16 @@ class FlashAttentionBackend(AttentionBackend):
     (indices inside the pool, lengths inside req_to_token) and raises BatchMetadataError instead of
     an illegal memory access; off by default, no cost when off."""
 
-    def __init__(self, plan: Plan, kv_pool, req_to_token: torch.Tensor, layers: list[AttentionLayer],
-                 device: torch.device | str = "cuda", *, checked: bool = False):
+    def __init__(
+        self,
+        plan: Plan,
+        kv_pool,
+        req_to_token: torch.Tensor,
+        layers: list[AttentionLayer],
+        device: torch.device | str = "cuda",
+        *,
+        checked: bool = False,
+    ):
         super().__init__(plan, kv_pool, req_to_token, layers, device)
         fa = plan.flashattention
         self.num_splits = fa.num_splits
@@ -70,7 +78,9 @@ class FlashAttentionBackend(AttentionBackend):
         self._kv_extent = {mode: plan.mode(mode).flashattention.kv_extent for mode in ForwardMode}
         # the scheduler metadata is planned for full-attention layers; window and cross layers never take it
         self._scheduled = next((lay for lay in layers if lay.kind == LayerKind.FULL and not lay.is_mla), None)
-        self._scheduled_ids = {lay.layer_id for lay in layers if lay.kind == LayerKind.FULL and _same_shape(lay, self._scheduled)}
+        self._scheduled_ids = {
+            lay.layer_id for lay in layers if lay.kind == LayerKind.FULL and _same_shape(lay, self._scheduled)
+        }
         self._mla = next((lay for lay in layers if lay.is_mla), None)
         self._mla_absorbed, self._mla_kv = True, None
         self.chunk = next((lay.attention_chunk_size for lay in layers if lay.kind == LayerKind.CHUNKED_LOCAL), None)
@@ -105,19 +115,46 @@ class FlashAttentionBackend(AttentionBackend):
             cu, max_q = host(lens.qo_indptr).to(self.device, non_blocking=True), lens.max_new
         self.md = FaMetadata(cu, max_q, None, None)
         max_k = lens.max_seq
-        self._fill_kv_metadata(self.md, batch.forward_mode, batch.req_pool_indices, batch.seq_lens,
-                               batch.extend_seq_lens, batch.encoder_lens, pages=-(-max_k // self.page_size))
+        self._fill_kv_metadata(
+            self.md,
+            batch.forward_mode,
+            batch.req_pool_indices,
+            batch.seq_lens,
+            batch.extend_seq_lens,
+            batch.encoder_lens,
+            pages=-(-max_k // self.page_size),
+        )
         if self._mla is not None:
             self._mla_metadata(lens)
         if self.chunk is not None:
             self.md.local = self._local_batches(batch.req_pool_indices, lens.seq.tolist(), lens.new.tolist())
-        if batch.forward_mode == ForwardMode.DECODE and self.precompute_scheduler_metadata and self._scheduled is not None:
+        if (
+            batch.forward_mode == ForwardMode.DECODE
+            and self.precompute_scheduler_metadata
+            and self._scheduled is not None
+        ):
             self.md.scheduler_metadata = self.kernel.scheduler_metadata(
-                self.md, self._scheduled, max_k, num_splits=self.num_splits, page_size=self.page_size, dtype=self.kv_pool.dtype)
+                self.md,
+                self._scheduled,
+                max_k,
+                num_splits=self.num_splits,
+                page_size=self.page_size,
+                dtype=self.kv_pool.dtype,
+            )
 
-    def _fill_kv_metadata(self, md: FaMetadata, mode: ForwardMode, rows: torch.Tensor, seq_lens: torch.Tensor,
-                          extend_seq_lens: torch.Tensor | int, encoder_lens: torch.Tensor | None, *, in_place: bool = False,
-                          pages: int | None = None, encoder_lens_cpu: torch.Tensor | None = None) -> None:
+    def _fill_kv_metadata(
+        self,
+        md: FaMetadata,
+        mode: ForwardMode,
+        rows: torch.Tensor,
+        seq_lens: torch.Tensor,
+        extend_seq_lens: torch.Tensor | int,
+        encoder_lens: torch.Tensor | None,
+        *,
+        in_place: bool = False,
+        pages: int | None = None,
+        encoder_lens_cpu: torch.Tensor | None = None,
+    ) -> None:
         """seqused_k and page_table (and the encoder's) on the device; ``in_place`` refills a graph's static buffers
         (``extend_seq_lens`` then the graph's new tokens per request; ``encoder_lens_cpu`` spares a sync)."""
         extent = self._kv_extent[mode]
@@ -131,9 +168,17 @@ class FlashAttentionBackend(AttentionBackend):
             seqused = seqused - extend_seq_lens
         if in_place:
             if (encoder_lens is None) != (md.encoder_seqused_k is None):  # the cross layers read the captured buffers
-                raise BatchMetadataError(Problem("encoder_lens", "this CUDA graph was captured " + (
-                    "without encoder tokens; capture it with encoder_lens" if encoder_lens is not None else "with encoder tokens, "
-                    "which this replay does not give")))
+                raise BatchMetadataError(
+                    Problem(
+                        "encoder_lens",
+                        "this CUDA graph was captured "
+                        + (
+                            "without encoder tokens; capture it with encoder_lens"
+                            if encoder_lens is not None
+                            else "with encoder tokens, which this replay does not give"
+                        ),
+                    )
+                )
             md.seqused_k.copy_(seqused)
             self._page_table(rows, encoder_lens, None, out=md.page_table)
             if md.local is not None:
@@ -156,7 +201,9 @@ class FlashAttentionBackend(AttentionBackend):
             slots = page_ids(self.req_to_token, lens.rows, tokens, 1).long()
             self._mla_kv = (slots, host(tokens.indptr).to(self.device), lens.max_seq)
 
-    def _forward_mla(self, q, k, layer: AttentionLayer, batch: ForwardBatch, md: FaMetadata, write: bool) -> torch.Tensor:
+    def _forward_mla(
+        self, q, k, layer: AttentionLayer, batch: ForwardBatch, md: FaMetadata, write: bool
+    ) -> torch.Tensor:
         """``q: [T, H, qk_nope + qk_rope]``, ``k``: the latent ``[T, 1, kv_lora_rank + qk_rope]`` -> ``[T, H, v_head_dim]``."""
         check_mla_weights(layer)
         if write and k is not None:
@@ -166,8 +213,15 @@ class FlashAttentionBackend(AttentionBackend):
             paged = cache.view(-1, self.page_size, 1, cache.shape[-1])
             q_abs = absorb_q(q, layer)
             r = layer.kv_lora_rank
-            out = self.kernel.mla_absorbed(q_abs[..., r:], paged[..., r:], paged[..., :r], q_abs[..., :r], md=md, layer=layer,
-                                           num_splits=self.num_splits)
+            out = self.kernel.mla_absorbed(
+                q_abs[..., r:],
+                paged[..., r:],
+                paged[..., :r],
+                q_abs[..., :r],
+                md=md,
+                layer=layer,
+                num_splits=self.num_splits,
+            )
             return project_out(out, layer)
         if self._mla_kv is None:  # no prefix: this forward's latent is all there is
             k_full, v_full = decompress(k, layer)
@@ -175,8 +229,19 @@ class FlashAttentionBackend(AttentionBackend):
         else:
             slots, cu_k, max_k = self._mla_kv
             k_full, v_full = decompress(cache[slots], layer)
-        return self.kernel(q, k_full, v_full, cu_seqlens_q=md.cu_seqlens_q, max_seqlen_q=md.max_seqlen_q, cu_seqlens_k=cu_k,
-                           max_seqlen_k=max_k, layer=layer, causal=True, window=(None, None), num_splits=self.num_splits)
+        return self.kernel(
+            q,
+            k_full,
+            v_full,
+            cu_seqlens_q=md.cu_seqlens_q,
+            max_seqlen_q=md.max_seqlen_q,
+            cu_seqlens_k=cu_k,
+            max_seqlen_k=max_k,
+            layer=layer,
+            causal=True,
+            window=(None, None),
+            num_splits=self.num_splits,
+        )
 
     def _local_batches(self, rows: torch.Tensor, seq: list[int], new: list[int]) -> FaMetadata:
         """Local virtual batches: request r's queries at positions [seq - new, seq) cut at multiples of the chunk;
@@ -195,9 +260,16 @@ class FlashAttentionBackend(AttentionBackend):
         host = torch.tensor([*cu, *used, *req, *start_tok], dtype=torch.int64)
         dev = host.to(self.device, non_blocking=True)
         v = len(used)
-        cu_d, used_d, req_d, start_d = dev[: v + 1], dev[v + 1: 2 * v + 1], dev[2 * v + 1: 3 * v + 1], dev[3 * v + 1:]
+        cu_d, used_d, req_d, start_d = (
+            dev[: v + 1],
+            dev[v + 1 : 2 * v + 1],
+            dev[2 * v + 1 : 3 * v + 1],
+            dev[3 * v + 1 :],
+        )
         pages = -(-max(used, default=1) // self.page_size)
-        table = page_table(self.req_to_token, rows[req_d], pages, self.page_size, start_d)  # starts are chunk-, hence page-aligned
+        table = page_table(
+            self.req_to_token, rows[req_d], pages, self.page_size, start_d
+        )  # starts are chunk-, hence page-aligned
         max_q = max((b - a for a, b in zip(cu, cu[1:])), default=1)
         return FaMetadata(cu_d.to(torch.int32), max_q, used_d.to(torch.int32), table)
 
@@ -205,13 +277,18 @@ class FlashAttentionBackend(AttentionBackend):
         """DECODE's local batches on the device (one query per request): the same shapes on every replay."""
         start = (seqused.long() - 1).clamp(min=0) // self.chunk * self.chunk
         md.local.seqused_k.copy_(seqused - start)
-        page_table(self.req_to_token, rows, md.local.page_table.shape[1], self.page_size, start, out=md.local.page_table)
+        page_table(
+            self.req_to_token, rows, md.local.page_table.shape[1], self.page_size, start, out=md.local.page_table
+        )
 
-    def _page_table(self, rows: torch.Tensor, offset: torch.Tensor | None, pages: int | None,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+    def _page_table(
+        self, rows: torch.Tensor, offset: torch.Tensor | None, pages: int | None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``[bs, pages]`` int32 (default: as many as a row of req_to_token holds), starting ``offset`` tokens into the
         row; ``out``: a graph's static table to fill instead."""
-        return page_table(self.req_to_token, rows, self._max_pages if pages is None else pages, self.page_size, offset, out)
+        return page_table(
+            self.req_to_token, rows, self._max_pages if pages is None else pages, self.page_size, offset, out
+        )
 
     # ---- forward -----------------------------------------------------------------------------------
 
@@ -222,8 +299,14 @@ class FlashAttentionBackend(AttentionBackend):
         md = self.md
         if layer.kind == LayerKind.CHUNKED_LOCAL:  # the local virtual batches replace the request batch
             if md.local is None:
-                raise BatchMetadataError(Problem(f"layer {layer.layer_id}", "chunked-local layer, but no local metadata was built"))
-            md = md.local if md.seqused_k is not None else FaMetadata(md.local.cu_seqlens_q, md.local.max_seqlen_q, None, None)
+                raise BatchMetadataError(
+                    Problem(f"layer {layer.layer_id}", "chunked-local layer, but no local metadata was built")
+                )
+            md = (
+                md.local
+                if md.seqused_k is not None
+                else FaMetadata(md.local.cu_seqlens_q, md.local.max_seqlen_q, None, None)
+            )
         gates = self._layer_gates[layer.kind]
         cached = gates.write_kv_cache  # the write side and the read side both read this
         cross = layer.kind == LayerKind.CROSS_ATTENTION
@@ -233,18 +316,35 @@ class FlashAttentionBackend(AttentionBackend):
             loc = batch.encoder_out_cache_loc if cross else batch.out_cache_loc
             self.kv_pool.set_kv_buffer(layer.layer_id, loc, k, v)
         window = fa_window_size(layer.sliding_window_size if gates.use_window else None, gates.causal)
-        common = dict(layer=layer, causal=gates.causal, window=window, num_splits=self.num_splits,
-                      cu_seqlens_q=md.cu_seqlens_q, max_seqlen_q=md.max_seqlen_q)
+        common = dict(
+            layer=layer,
+            causal=gates.causal,
+            window=window,
+            num_splits=self.num_splits,
+            cu_seqlens_q=md.cu_seqlens_q,
+            max_seqlen_q=md.max_seqlen_q,
+        )
         if not cached:  # the embedding fast path / encoder-only layers: attend on the raw K/V of this forward
             return self.kernel(q, k, v, cu_seqlens_k=md.cu_seqlens_q, max_seqlen_k=md.max_seqlen_q, **common)
         if md.seqused_k is None:
-            raise BatchMetadataError(Problem(f"forward mode {batch.forward_mode.value}", "the plan reads no KV cache in this mode"))
+            raise BatchMetadataError(
+                Problem(f"forward mode {batch.forward_mode.value}", "the plan reads no KV cache in this mode")
+            )
         k_cache, v_cache = self.paged_kv(layer.layer_id)
         if cross:
-            return self.kernel(q, k_cache, v_cache, seqused_k=md.encoder_seqused_k, page_table=md.encoder_page_table, **common)
+            return self.kernel(
+                q, k_cache, v_cache, seqused_k=md.encoder_seqused_k, page_table=md.encoder_page_table, **common
+            )
         scheduled = md.scheduler_metadata if layer.layer_id in self._scheduled_ids else None
-        return self.kernel(q, k_cache, v_cache, seqused_k=md.seqused_k, page_table=md.page_table,
-                           scheduler_metadata=scheduled, **common)
+        return self.kernel(
+            q,
+            k_cache,
+            v_cache,
+            seqused_k=md.seqused_k,
+            page_table=md.page_table,
+            scheduler_metadata=scheduled,
+            **common,
+        )
 
     # ---- CUDA graphs -------------------------------------------------------------------------------
 
@@ -259,26 +359,46 @@ class FlashAttentionBackend(AttentionBackend):
             self._graph["encoder_page_table"] = torch.zeros(max_bs, max_pages, dtype=torch.int32, device=self.device)
         if self.chunk is not None:
             self._graph["local_seqused_k"] = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
-            self._graph["local_page_table"] = torch.zeros(max_bs, -(-self.chunk // self.page_size), dtype=torch.int32, device=self.device)
+            self._graph["local_page_table"] = torch.zeros(
+                max_bs, -(-self.chunk // self.page_size), dtype=torch.int32, device=self.device
+            )
 
-    def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode):
+    def init_forward_metadata_capture_cuda_graph(
+        self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode
+    ):
         g = self._graph
-        check_capture_mode(self.plan, bs, forward_mode, None if g is None else g["seqused_k"].shape[0])  # the plan's table decides
+        check_capture_mode(
+            self.plan, bs, forward_mode, None if g is None else g["seqused_k"].shape[0]
+        )  # the plan's table decides
         per_req = num_tokens // bs
         if self.chunk is not None and forward_mode != ForwardMode.DECODE:
-            raise UsageError(Problem("forward_mode", f"chunked-local layers replay DECODE graphs only, not {forward_mode.value}: "
-                                                     "their local batches vary in number"))
+            raise UsageError(
+                Problem(
+                    "forward_mode",
+                    f"chunked-local layers replay DECODE graphs only, not {forward_mode.value}: "
+                    "their local batches vary in number",
+                )
+            )
         self._graph_mla_form(forward_mode)
         # not refilled at replay: each graph keeps its own (a graph of another mode at this bs has other offsets)
         cu = torch.arange(0, (bs + 1) * per_req, per_req, device=self.device, dtype=torch.int32)
-        self.md = self._graph_md[(forward_mode, bs)] = FaMetadata(cu, per_req, g["seqused_k"][:bs], g["page_table"][:bs])
+        self.md = self._graph_md[(forward_mode, bs)] = FaMetadata(
+            cu, per_req, g["seqused_k"][:bs], g["page_table"][:bs]
+        )
         if self.chunk is not None:  # one query per request: one local batch each, the request's current chunk
             self.md.local = FaMetadata(cu, 1, g["local_seqused_k"][:bs], g["local_page_table"][:bs])
         if encoder_lens is not None:
             if "encoder_seqused_k" not in g:
-                raise UsageError(Problem("encoder_lens", "a CUDA graph with encoder tokens needs a cross-attention layer among "
-                                                         "the backend's layers"))
-            self.md.encoder_seqused_k, self.md.encoder_page_table = g["encoder_seqused_k"][:bs], g["encoder_page_table"][:bs]
+                raise UsageError(
+                    Problem(
+                        "encoder_lens",
+                        "a CUDA graph with encoder tokens needs a cross-attention layer among the backend's layers",
+                    )
+                )
+            self.md.encoder_seqused_k, self.md.encoder_page_table = (
+                g["encoder_seqused_k"][:bs],
+                g["encoder_page_table"][:bs],
+            )
         self._fill_kv_metadata(self.md, forward_mode, req_pool_indices, seq_lens, per_req, encoder_lens, in_place=True)
 
     def _graph_mla_form(self, mode: ForwardMode) -> None:
@@ -286,21 +406,57 @@ class FlashAttentionBackend(AttentionBackend):
         if self._mla is None:
             return
         if not absorbed_for_batch(self.plan.mode(mode).common.mla_form, True):
-            raise UsageError(Problem("forward_mode", f"the plan runs MLA non-absorbed in {mode.value}; only absorbed modes replay "
-                                                     "as CUDA graphs"))
+            raise UsageError(
+                Problem(
+                    "forward_mode",
+                    f"the plan runs MLA non-absorbed in {mode.value}; only absorbed modes replay as CUDA graphs",
+                )
+            )
         self._mla_absorbed, self._mla_kv = True, None
 
-    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode,
-                                                encoder_lens_cpu=None, spec_tree_mask=None):
+    def init_forward_metadata_replay_cuda_graph(
+        self,
+        bs,
+        req_pool_indices,
+        seq_lens,
+        seq_lens_cpu,
+        encoder_lens,
+        forward_mode,
+        encoder_lens_cpu=None,
+        spec_tree_mask=None,
+    ):
         md = self.md = captured_graph(self._graph_md, forward_mode, bs)  # eager batches in between replaced self.md
         self._graph_mla_form(forward_mode)
         per_req = md.max_seqlen_q
         self.spec_tree(forward_mode, spec_tree_mask, [per_req] * bs)  # chains only
         if self.checked:
-            check_graph_batch(self, bs, per_req, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode, encoder_lens_cpu)
-        self._fill_kv_metadata(md, forward_mode, req_pool_indices, seq_lens, per_req, encoder_lens, in_place=True,
-                               encoder_lens_cpu=encoder_lens_cpu)
+            check_graph_batch(
+                self,
+                bs,
+                per_req,
+                req_pool_indices,
+                seq_lens,
+                seq_lens_cpu,
+                encoder_lens,
+                forward_mode,
+                encoder_lens_cpu,
+            )
+        self._fill_kv_metadata(
+            md,
+            forward_mode,
+            req_pool_indices,
+            seq_lens,
+            per_req,
+            encoder_lens,
+            in_place=True,
+            encoder_lens_cpu=encoder_lens_cpu,
+        )
 
 
 def _same_shape(a: AttentionLayer, b: AttentionLayer | None) -> bool:
-    return b is not None and (a.num_q_heads, a.num_kv_heads, a.head_dim, a.v_head_dim) == (b.num_q_heads, b.num_kv_heads, b.head_dim, b.v_head_dim)
+    return b is not None and (a.num_q_heads, a.num_kv_heads, a.head_dim, a.v_head_dim) == (
+        b.num_q_heads,
+        b.num_kv_heads,
+        b.head_dim,
+        b.v_head_dim,
+    )

@@ -90,8 +90,17 @@ class FlashInferBackend(FlashInferCudaGraphs, AttentionBackend):
             return FlashInferMLABackend(plan, kv_pool, req_to_token, layers, *args, **kwargs)
         return super().__new__(cls)
 
-    def __init__(self, plan: Plan, kv_pool, req_to_token: torch.Tensor, layers: list[AttentionLayer],
-                 device: torch.device | str = "cuda", *, checked: bool = False, q_dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        plan: Plan,
+        kv_pool,
+        req_to_token: torch.Tensor,
+        layers: list[AttentionLayer],
+        device: torch.device | str = "cuda",
+        *,
+        checked: bool = False,
+        q_dtype: torch.dtype | None = None,
+    ):
         super().__init__(plan, kv_pool, req_to_token, layers, device)
         problems = flashinfer_refusals(plan, layers)
         if problems:
@@ -103,48 +112,90 @@ class FlashInferBackend(FlashInferCudaGraphs, AttentionBackend):
         self.cuda_graph_disable_split_kv = gates.cuda_graph_disable_split_kv
         self.decode_use_tensor_cores = gates.decode_use_tensor_cores
         self.graph_decode_replan, self.eager_decode_replan = gates.graph_decode_replan, gates.eager_decode_replan
-        fast = [f"flashinfer.{name}" for name, how in (("graph_decode_replan", self.graph_decode_replan),
-                                                       ("eager_decode_replan", self.eager_decode_replan)) if how == "fast_decode_plan"]
+        fast = [
+            f"flashinfer.{name}"
+            for name, how in (
+                ("graph_decode_replan", self.graph_decode_replan),
+                ("eager_decode_replan", self.eager_decode_replan),
+            )
+            if how == "fast_decode_plan"
+        ]
         if fast and not hasattr(self.fi, "fast_decode_plan"):
             version = getattr(self.fi, "__version__", "version unknown")
-            raise BackendRefusal([Problem(gate, f"is fast_decode_plan, which this FlashInfer ({version}) does not export; 0.7.2 does")
-                                      for gate in fast])
+            raise BackendRefusal(
+                [
+                    Problem(gate, f"is fast_decode_plan, which this FlashInfer ({version}) does not export; 0.7.2 does")
+                    for gate in fast
+                ]
+            )
         self.page_size = check_pool_page_size(plan, kv_pool)
         self.checked = checked
         self.layer_gates = {kind: plan.layer(kind) for kind in LayerKind}
         self.specs = self._wrapper_specs(gates.wrapper_dispatch)
         self._kwargs_cache: dict[tuple[int, str, bool], dict] = {}
-        unwritten = [lay.layer_id for lay in layers
-                     if lay.kind != LayerKind.CROSS_ATTENTION and not self.layer_gates[lay.kind].common.write_kv_cache]
+        unwritten = [
+            lay.layer_id
+            for lay in layers
+            if lay.kind != LayerKind.CROSS_ATTENTION and not self.layer_gates[lay.kind].common.write_kv_cache
+        ]
         # only where FlashInfer runs EXTEND: under FA prefill (the embedding fast path) FlashInfer only decodes
         extend = ForwardMode.EXTEND
-        if unwritten and plan.backend_for(extend) == "flashinfer" and plan.mode(extend).flashinfer.paged_kv_extent != "prefix":
-            raise UsageError(Problem(f"layers {unwritten}", "write no KV cache (common.write_kv_cache) but EXTEND runs through the "
-                                     "paged wrapper (flashinfer.paged_kv_extent prefix_plus_new), which would read their stale slots"))
+        if (
+            unwritten
+            and plan.backend_for(extend) == "flashinfer"
+            and plan.mode(extend).flashinfer.paged_kv_extent != "prefix"
+        ):
+            raise UsageError(
+                Problem(
+                    f"layers {unwritten}",
+                    "write no KV cache (common.write_kv_cache) but EXTEND runs through the "
+                    "paged wrapper (flashinfer.paged_kv_extent prefix_plus_new), which would read their stale slots",
+                )
+            )
         self.workspace = torch.empty(gates.workspace_size_mb << 20, dtype=torch.uint8, device=self.device)
         n = len(self.specs)
         # an explicit decode family: 'auto' re-probes for cuDNN on every plan() (about 100 µs per step, bench/RESULTS.md)
         self.decode_kernel_family = gates.decode_kernel_family
-        self.decode_wrappers = [self.fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=self.decode_use_tensor_cores,
-                                                                           backend=self.decode_kernel_family) for _ in range(n)]
-        self._decode_planned = [False] * n  # eager decode wrapper i has run plan(): fast_decode_plan may reuse its kernel module
+        self.decode_wrappers = [
+            self.fi.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace, "NHD", use_tensor_cores=self.decode_use_tensor_cores, backend=self.decode_kernel_family
+            )
+            for _ in range(n)
+        ]
+        self._decode_planned = [
+            False
+        ] * n  # eager decode wrapper i has run plan(): fast_decode_plan may reuse its kernel module
         family = self.prefill_kernel_family = gates.prefill_kernel_family  # every prefill wrapper, graph ones included
-        self.paged_wrappers = [self.fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=family) for _ in range(n)]
-        self.ragged_wrappers = [self.fi.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend=family) for _ in range(n)]
+        self.paged_wrappers = [
+            self.fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=family) for _ in range(n)
+        ]
+        self.ragged_wrappers = [
+            self.fi.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend=family) for _ in range(n)
+        ]
         self._active_decode, self._active_paged = self.decode_wrappers, self.paged_wrappers  # graph replays swap these
         self._graphs: dict[tuple[ForwardMode, int], CapturedWrappers] = {}
         self._graph: CapturedWrappers | None = None  # the graph whose buffers the current forward reads (None: eager)
         self._graph_max: tuple[int, int] | None = None  # (max_bs, max_num_tokens), set by init_cuda_graph_state
         has_encoder = any(lay.kind == LayerKind.CROSS_ATTENTION for lay in layers)
         self._shiftable = [s.window_left >= 0 or (has_encoder and not s.cross) for s in self.specs]
-        self._first_layer = [min((lay.layer_id for lay in layers if self.layer_gates[lay.kind].flashinfer.wrapper_index == s.index), default=-1)
-                             for s in self.specs]
+        self._first_layer = [
+            min(
+                (lay.layer_id for lay in layers if self.layer_gates[lay.kind].flashinfer.wrapper_index == s.index),
+                default=-1,
+            )
+            for s in self.specs
+        ]
         self._batch_path: str = "none"
         self._merge_rows: torch.Tensor | None = None
         self._dtype = kv_pool.dtype
         if q_dtype is None and is_fp8(kv_pool.dtype):
-            raise UsageError(Problem("q_dtype", f"needed with a {kv_pool.dtype} KV pool: the model's dtype, which the queries "
-                                                "and the raw K/V of a ragged extend keep"))
+            raise UsageError(
+                Problem(
+                    "q_dtype",
+                    f"needed with a {kv_pool.dtype} KV pool: the model's dtype, which the queries "
+                    "and the raw K/V of a ragged extend keep",
+                )
+            )
         self.q_dtype = q_dtype or kv_pool.dtype
 
     # ---- static layout --------------------------------------------------------------------------
@@ -156,18 +207,36 @@ class FlashInferBackend(FlashInferCudaGraphs, AttentionBackend):
             gates = self.layer_gates[layer.kind]
             i = gates.flashinfer.wrapper_index
             if i >= count:
-                raise UsageError(Problem(f"layer {layer.layer_id}", f"({layer.kind.value}) maps to wrapper {i} of {count}"))
-            spec = _WrapperSpec(i, gates.common.causal, layer.sliding_window_size if gates.common.use_window else -1,
-                                layer.logit_cap, layer.scaling, layer.kind == LayerKind.CROSS_ATTENTION,
-                                (layer.num_q_heads, layer.num_kv_heads, layer.head_dim))
+                raise UsageError(
+                    Problem(f"layer {layer.layer_id}", f"({layer.kind.value}) maps to wrapper {i} of {count}")
+                )
+            spec = _WrapperSpec(
+                i,
+                gates.common.causal,
+                layer.sliding_window_size if gates.common.use_window else -1,
+                layer.logit_cap,
+                layer.scaling,
+                layer.kind == LayerKind.CROSS_ATTENTION,
+                (layer.num_q_heads, layer.num_kv_heads, layer.head_dim),
+            )
             if specs[i] is None:
                 specs[i] = spec
             elif specs[i] != spec:
-                raise UsageError(Problem(f"layer {layer.layer_id}", f"disagrees with the other layers of wrapper {i} ({specs[i]} vs "
-                                                                    f"{spec}); one wrapper serves one kind of layer"))
+                raise UsageError(
+                    Problem(
+                        f"layer {layer.layer_id}",
+                        f"disagrees with the other layers of wrapper {i} ({specs[i]} vs "
+                        f"{spec}); one wrapper serves one kind of layer",
+                    )
+                )
         head = self.layers[0]  # a wrapper no layer uses is planned like the first layer, never run
-        return [s or _WrapperSpec(i, True, -1, head.logit_cap, head.scaling, False, (head.num_q_heads, head.num_kv_heads, head.head_dim))
-                for i, s in enumerate(specs)]
+        return [
+            s
+            or _WrapperSpec(
+                i, True, -1, head.logit_cap, head.scaling, False, (head.num_q_heads, head.num_kv_heads, head.head_dim)
+            )
+            for i, s in enumerate(specs)
+        ]
 
     def _plan_kwargs(self, spec: _WrapperSpec, kind: str, *, cuda_graph: bool = False) -> dict:
         """The plan() keywords every wrapper kind shares; the only place split settings are applied. Built once per
@@ -179,9 +248,16 @@ class FlashInferBackend(FlashInferCudaGraphs, AttentionBackend):
         return kw
 
     def _build_plan_kwargs(self, spec: _WrapperSpec, kind: str, cuda_graph: bool) -> dict:
-        kv = self.q_dtype if kind == "ragged" else self._dtype  # the ragged wrapper reads the raw K/V, in the model's dtype
-        kw = dict(q_data_type=self.q_dtype, kv_data_type=kv, sm_scale=spec.sm_scale,
-                  logits_soft_cap=spec.logits_soft_cap or None, window_left=spec.window_left)
+        kv = (
+            self.q_dtype if kind == "ragged" else self._dtype
+        )  # the ragged wrapper reads the raw K/V, in the model's dtype
+        kw = dict(
+            q_data_type=self.q_dtype,
+            kv_data_type=kv,
+            sm_scale=spec.sm_scale,
+            logits_soft_cap=spec.logits_soft_cap or None,
+            window_left=spec.window_left,
+        )
         if kind == "decode":
             if cuda_graph:
                 kw.update(disable_split_kv=self.cuda_graph_disable_split_kv)
@@ -222,14 +298,21 @@ class FlashInferBackend(FlashInferCudaGraphs, AttentionBackend):
         qo_indptr = host(lens.qo_indptr)
         for spec, paged, rag in zip(self.specs, self.paged_wrappers, self.ragged_wrappers):
             if spec.cross or not ragged:
-                self._plan_paged(paged, spec, qo_indptr, lens, prefix_only=False, causal=spec.causal and not spec.cross,
-                                 tree=None if spec.cross else tree)
+                self._plan_paged(
+                    paged,
+                    spec,
+                    qo_indptr,
+                    lens,
+                    prefix_only=False,
+                    causal=spec.causal and not spec.cross,
+                    tree=None if spec.cross else tree,
+                )
                 continue
-            rag.plan(qo_indptr, qo_indptr, *spec.heads, causal=spec.causal,
-                     **self._plan_kwargs(spec, "ragged"))
+            rag.plan(qo_indptr, qo_indptr, *spec.heads, causal=spec.causal, **self._plan_kwargs(spec, "ragged"))
             if has_prefix:
-                self._plan_paged(paged, spec, qo_indptr, lens, prefix_only=True, causal=False,
-                                 window_mask=spec.window_left >= 0)
+                self._plan_paged(
+                    paged, spec, qo_indptr, lens, prefix_only=True, causal=False, window_mask=spec.window_left >= 0
+                )
 
     def _rows_with_prefix(self, lens: BatchLengths) -> torch.Tensor | None:
         """``[num_tokens]`` bool: the new tokens whose request has a cached prefix (None: all of them). The paged
@@ -244,17 +327,33 @@ class FlashInferBackend(FlashInferCudaGraphs, AttentionBackend):
     def _pages(self, spec: _WrapperSpec, lens: BatchLengths, *, prefix_only: bool) -> PageRange:
         return lens.kv_pages(self.page_size, window_left=spec.window_left, prefix_only=prefix_only, cross=spec.cross)
 
-    def _plan_decode(self, wrapper, spec: _WrapperSpec, lens: BatchLengths, graph: CapturedWrappers | None = None) -> None:
+    def _plan_decode(
+        self, wrapper, spec: _WrapperSpec, lens: BatchLengths, graph: CapturedWrappers | None = None
+    ) -> None:
         rng = self._pages(spec, lens, prefix_only=False)
         kw = self._plan_kwargs(spec, "decode", cuda_graph=graph is not None)
         if self._replans_fast(spec, graph):
             indptr_host = host(rng.indptr)
             indptr, ids, last_page_len = self._fast_plan_arrays(spec, lens, rng, graph, indptr_host)
-            self.fi.fast_decode_plan(wrapper, indptr, ids, last_page_len, *spec.heads, self.page_size,
-                                     global_override_indptr_cpu=indptr_host, **kw)
+            self.fi.fast_decode_plan(
+                wrapper,
+                indptr,
+                ids,
+                last_page_len,
+                *spec.heads,
+                self.page_size,
+                global_override_indptr_cpu=indptr_host,
+                **kw,
+            )
             return
-        wrapper.plan(host(rng.indptr), self._ids_for_plan(spec, lens, rng, graph), host(rng.last_page_len), *spec.heads,
-                     self.page_size, **kw)
+        wrapper.plan(
+            host(rng.indptr),
+            self._ids_for_plan(spec, lens, rng, graph),
+            host(rng.last_page_len),
+            *spec.heads,
+            self.page_size,
+            **kw,
+        )
         if graph is None:
             self._decode_planned[spec.index] = True
 
@@ -265,8 +364,14 @@ class FlashInferBackend(FlashInferCudaGraphs, AttentionBackend):
             return graph.planned and self.graph_decode_replan == "fast_decode_plan"
         return self._decode_planned[spec.index] and self.eager_decode_replan == "fast_decode_plan"
 
-    def _fast_plan_arrays(self, spec: _WrapperSpec, lens: BatchLengths, rng: PageRange, graph: CapturedWrappers | None,
-                          indptr_host: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _fast_plan_arrays(
+        self,
+        spec: _WrapperSpec,
+        lens: BatchLengths,
+        rng: PageRange,
+        graph: CapturedWrappers | None,
+        indptr_host: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(kv_indptr, kv_indices, kv_last_page_len) for fast_decode_plan, which copies none of them. CUDA graph: the
         static buffers filled by one copy (:meth:`GraphPageIds.load`), indptr and last_page_len handed on the host (it
         reads them there; the kernels read the static ones) and the whole kv_indices buffer (it reads its length only).
@@ -276,20 +381,45 @@ class FlashInferBackend(FlashInferCudaGraphs, AttentionBackend):
             ids.load(rng)
             return indptr_host, ids.kv_indices, host(rng.last_page_len)
         packed, bs = device_ranges(rng, self.device), lens.batch_size
-        return packed[: bs + 1], page_ids(self.req_to_token, lens.rows, rng, self.page_size, packed), packed[2 * bs + 1:]
+        return (
+            packed[: bs + 1],
+            page_ids(self.req_to_token, lens.rows, rng, self.page_size, packed),
+            packed[2 * bs + 1 :],
+        )
 
-    def _plan_paged(self, wrapper, spec: _WrapperSpec, qo_indptr: torch.Tensor, lens: BatchLengths, *, prefix_only: bool,
-                    causal: bool, window_mask: bool = False, graph: CapturedWrappers | None = None, tree: torch.Tensor | None = None) -> None:
+    def _plan_paged(
+        self,
+        wrapper,
+        spec: _WrapperSpec,
+        qo_indptr: torch.Tensor,
+        lens: BatchLengths,
+        *,
+        prefix_only: bool,
+        causal: bool,
+        window_mask: bool = False,
+        graph: CapturedWrappers | None = None,
+        tree: torch.Tensor | None = None,
+    ) -> None:
         rng = self._pages(spec, lens, prefix_only=prefix_only)
         kw = self._plan_kwargs(spec, "paged", cuda_graph=graph is not None)
         if window_mask:  # paged half of a ragged+paged window layer: queries sit after the prefix
             kw = kw | dict(custom_mask=prefix_window_mask(spec.window_left, rng, lens, self.device), window_left=-1)
         elif tree is not None:  # a speculative tree's verify; a window layer keeps its window_left beside the mask
             kw = kw | dict(custom_mask=packed_tree_mask(rng, tree))
-        wrapper.plan(qo_indptr, host(rng.indptr), self._ids_for_plan(spec, lens, rng, graph), host(rng.last_page_len),
-                     *spec.heads, self.page_size, causal=causal, **kw)
+        wrapper.plan(
+            qo_indptr,
+            host(rng.indptr),
+            self._ids_for_plan(spec, lens, rng, graph),
+            host(rng.last_page_len),
+            *spec.heads,
+            self.page_size,
+            causal=causal,
+            **kw,
+        )
 
-    def _ids_for_plan(self, spec: _WrapperSpec, lens: BatchLengths, rng: PageRange, graph: CapturedWrappers | None) -> torch.Tensor:
+    def _ids_for_plan(
+        self, spec: _WrapperSpec, lens: BatchLengths, rng: PageRange, graph: CapturedWrappers | None
+    ) -> torch.Tensor:
         """Eager: the page ids, built now. CUDA graph: a view of the wrapper's static kv_indices (plan()'s copy of
         it onto itself is skipped), which the graph fills (:meth:`GraphPageIds.on_layer`); only the ranges' first
         tokens are copied in now, for wrappers whose ranges can start past token 0."""
@@ -327,8 +457,12 @@ class FlashInferBackend(FlashInferCudaGraphs, AttentionBackend):
         if path == "ragged":
             out = self.ragged_wrappers[i].run(q, k, v)
         elif not self.layer_gates[layer.kind].common.write_kv_cache:
-            raise BatchMetadataError(Problem(f"layer {layer.layer_id} ({layer.kind.value})",
-                                             "writes no KV cache, so it cannot attend to a cached prefix"))
+            raise BatchMetadataError(
+                Problem(
+                    f"layer {layer.layer_id} ({layer.kind.value})",
+                    "writes no KV cache, so it cannot attend to a cached prefix",
+                )
+            )
         else:
             o_new, s_new = self.ragged_wrappers[i].run(q, k, v, return_lse=True)  # lse: [tokens, heads]
             o_pre, s_pre = self._active_paged[i].run(q, self.paged_kv(layer.layer_id), return_lse=True)
@@ -339,4 +473,3 @@ class FlashInferBackend(FlashInferCudaGraphs, AttentionBackend):
                 out = o_new
         self._write(layer, batch, k, v, spec, save_kv_cache)  # after attention: the paged half reads the prefix only
         return out
-

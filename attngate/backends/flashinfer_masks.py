@@ -19,6 +19,7 @@ def prefix_window_mask(window_left: int, rng: PageRange, lens: BatchLengths, dev
         parts.append((k_pos[None, :] >= q_pos[:, None] - window_left).reshape(-1))
     return host(np.concatenate(parts)).to(device, non_blocking=True)
 
+
 def packed_tree_mask(rng: PageRange, tree: torch.Tensor) -> torch.Tensor:
     """Flattened ``[sum(D * kv_len_r)]`` bool (request, query, key order) over each request's planned KV range:
     its cached keys visible, its last D keys (the draft tokens) where ``tree: [bs, D, D]`` says. A window is not
@@ -29,7 +30,9 @@ def packed_tree_mask(rng: PageRange, tree: torch.Tensor) -> torch.Tensor:
     kv_len = rng.kv_len.astype(np.int64)
     row0 = d * (np.cumsum(kv_len) - kv_len) + kv_len - d  # each request's first draft key in its first query's row
     steps = np.arange(d)
-    where = row0[:, None, None] + steps[None, :, None] * kv_len[:, None, None] + steps[None, None, :]  # [bs, D, D], host
+    where = (
+        row0[:, None, None] + steps[None, :, None] * kv_len[:, None, None] + steps[None, None, :]
+    )  # [bs, D, D], host
     mask = torch.ones(int(d * kv_len.sum()), dtype=torch.bool, device=tree.device)
     mask[host(where.reshape(-1)).to(tree.device, non_blocking=True)] = tree.flatten()
     return mask

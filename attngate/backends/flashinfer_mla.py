@@ -64,8 +64,17 @@ class _MLAGraph:
 class FlashInferMLABackend(AttentionBackend):
     """FlashInfer over the latent cache; built by ``FlashInferBackend(...)`` when the layers are MLA layers."""
 
-    def __init__(self, plan: Plan, kv_pool, req_to_token: torch.Tensor, layers: list[AttentionLayer],
-                 device: torch.device | str = "cuda", *, checked: bool = False, q_dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        plan: Plan,
+        kv_pool,
+        req_to_token: torch.Tensor,
+        layers: list[AttentionLayer],
+        device: torch.device | str = "cuda",
+        *,
+        checked: bool = False,
+        q_dtype: torch.dtype | None = None,
+    ):
         super().__init__(plan, kv_pool, req_to_token, layers, device)
         problems = flashinfer_mla_refusals(plan, layers)
         if problems:
@@ -79,12 +88,16 @@ class FlashInferMLABackend(AttentionBackend):
         self._family = plan.flashinfer.mla_kernel_family
         self.workspace = torch.empty(plan.flashinfer.workspace_size_mb << 20, dtype=torch.uint8, device=self.device)
         self.mla_wrapper = self.fi.mla.BatchMLAPagedAttentionWrapper(self.workspace, backend=self._family)
-        self.ragged_wrapper = self.fi.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend=plan.flashinfer.prefill_kernel_family)
+        self.ragged_wrapper = self.fi.BatchPrefillWithRaggedKVCacheWrapper(
+            self.workspace, "NHD", backend=plan.flashinfer.prefill_kernel_family
+        )
         self._active_mla = self.mla_wrapper
         self._graphs: dict[tuple[ForwardMode, int], _MLAGraph] = {}
         self._graph: _MLAGraph | None = None  # the graph whose buffers the current forward reads (None: eager)
         self._graph_max_bs: int | None = None  # set by init_cuda_graph_state
-        self._first_layer = min(lay.layer_id for lay in layers)  # fills a graph's page ids (one wrapper serves every layer)
+        self._first_layer = min(
+            lay.layer_id for lay in layers
+        )  # fills a graph's page ids (one wrapper serves every layer)
         self._absorbed = True
         self._has_prefix = False
         self._latent_rows: torch.Tensor | None = None  # non-absorbed with prefix: slots of prefix + new tokens
@@ -108,9 +121,18 @@ class FlashInferMLABackend(AttentionBackend):
         tokens = lens.kv_pages(1)  # every cached token of the request, page size 1: slots
         self._latent_rows = page_ids(self.req_to_token, lens.rows, tokens, 1).long() if self._has_prefix else None
         head = self._head
-        self.ragged_wrapper.plan(qo_indptr, host(tokens.indptr), head.num_q_heads, head.num_q_heads, head.head_dim,
-                                 head_dim_vo=head.v_head_dim, causal=True, sm_scale=head.scaling,
-                                 q_data_type=self.q_dtype, kv_data_type=self.q_dtype)  # K/V are decompressed in q's dtype
+        self.ragged_wrapper.plan(
+            qo_indptr,
+            host(tokens.indptr),
+            head.num_q_heads,
+            head.num_q_heads,
+            head.head_dim,
+            head_dim_vo=head.v_head_dim,
+            causal=True,
+            sm_scale=head.scaling,
+            q_data_type=self.q_dtype,
+            kv_data_type=self.q_dtype,
+        )  # K/V are decompressed in q's dtype
 
     def _plan_mla(self, wrapper, qo_indptr: torch.Tensor, lens: BatchLengths, graph: _MLAGraph | None = None) -> None:
         """Plan the MLA wrapper. Eager: page ids built now. CUDA graph: plan() gets a view of the graph's static
@@ -118,11 +140,25 @@ class FlashInferMLABackend(AttentionBackend):
         graph's first layer fills (:meth:`GraphPageIds.on_layer`)."""
         pages = lens.kv_pages(self.page_size)
         head = self._head
-        ids = graph.ids.kv_indices[: pages.total_pages] if graph is not None else page_ids(self.req_to_token, lens.rows, pages, self.page_size)
+        ids = (
+            graph.ids.kv_indices[: pages.total_pages]
+            if graph is not None
+            else page_ids(self.req_to_token, lens.rows, pages, self.page_size)
+        )
         metadata = self.fi.mla.MLAPlanMetadata.csr(qo_indptr, host(pages.indptr), ids, host(lens.seq.astype(np.int32)))
-        wrapper.plan(metadata=metadata, num_heads=head.num_q_heads, head_dim_ckv=head.kv_lora_rank,
-                     head_dim_kpe=head.qk_rope_head_dim, page_size=self.page_size, causal=True, sm_scale=head.scaling,
-                     q_data_type=self.q_dtype, kv_data_type=self._dtype, query_layout="packed", kv_cache_layout="packed")
+        wrapper.plan(
+            metadata=metadata,
+            num_heads=head.num_q_heads,
+            head_dim_ckv=head.kv_lora_rank,
+            head_dim_kpe=head.qk_rope_head_dim,
+            page_size=self.page_size,
+            causal=True,
+            sm_scale=head.scaling,
+            q_data_type=self.q_dtype,
+            kv_data_type=self._dtype,
+            query_layout="packed",
+            kv_cache_layout="packed",
+        )
 
     # ---- forward -----------------------------------------------------------------------------------
 
@@ -134,7 +170,9 @@ class FlashInferMLABackend(AttentionBackend):
         check_mla_weights(layer)
         if self._graph is not None:  # under a CUDA graph's buffers: the first layer fills the page ids
             self._graph.ids.on_layer(layer.layer_id, self.req_to_token, self.page_size)
-        if save_kv_cache and k is not None:  # every MLA layer kind writes: mla_refusals checked the plan at construction
+        if (
+            save_kv_cache and k is not None
+        ):  # every MLA layer kind writes: mla_refusals checked the plan at construction
             self.kv_pool.set_kv_buffer(layer.layer_id, batch.out_cache_loc, k)
         cache = self.kv_pool.kv_buffer[layer.layer_id]
         if self._absorbed:
@@ -150,26 +188,53 @@ class FlashInferMLABackend(AttentionBackend):
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         self._graph_max_bs = max_bs
 
-    def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode):
+    def init_forward_metadata_capture_cuda_graph(
+        self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode
+    ):
         """One MLA wrapper per (mode, batch size), ``num_tokens // bs`` queries per request (1 for DECODE; the
         draft tokens of TARGET_VERIFY / DRAFT_EXTEND_V2), its static buffers re-planned in place before each replay."""
         check_capture_mode(self.plan, bs, forward_mode, self._graph_max_bs)  # the plan's table is the one source
         if not absorbed_for_batch(self.plan.mode(forward_mode).common.mla_form, True):
-            raise UsageError(Problem("forward_mode", f"the plan runs MLA non-absorbed in {forward_mode.value}; only absorbed modes "
-                                                     "replay as CUDA graphs"))
+            raise UsageError(
+                Problem(
+                    "forward_mode",
+                    f"the plan runs MLA non-absorbed in {forward_mode.value}; only absorbed modes "
+                    "replay as CUDA graphs",
+                )
+            )
         max_pages = bs * (self.req_to_token.shape[1] // self.page_size + 1)
-        buffers = dict(qo_indptr=torch.zeros(bs + 1, dtype=torch.int32, device=self.device),
-                       kv_indptr=torch.zeros(bs + 1, dtype=torch.int32, device=self.device),
-                       kv_indices=torch.zeros(max_pages, dtype=torch.int32, device=self.device),
-                       kv_len_arr=torch.zeros(bs, dtype=torch.int32, device=self.device))
-        wrapper = self.fi.mla.BatchMLAPagedAttentionWrapper(self.workspace, use_cuda_graph=True, backend=self._family, **buffers)
-        ids = GraphPageIds(torch.zeros(bs, dtype=torch.int64, device=self.device), buffers["kv_indptr"], buffers["kv_indices"], None,
-                           self._first_layer)
+        buffers = dict(
+            qo_indptr=torch.zeros(bs + 1, dtype=torch.int32, device=self.device),
+            kv_indptr=torch.zeros(bs + 1, dtype=torch.int32, device=self.device),
+            kv_indices=torch.zeros(max_pages, dtype=torch.int32, device=self.device),
+            kv_len_arr=torch.zeros(bs, dtype=torch.int32, device=self.device),
+        )
+        wrapper = self.fi.mla.BatchMLAPagedAttentionWrapper(
+            self.workspace, use_cuda_graph=True, backend=self._family, **buffers
+        )
+        ids = GraphPageIds(
+            torch.zeros(bs, dtype=torch.int64, device=self.device),
+            buffers["kv_indptr"],
+            buffers["kv_indices"],
+            None,
+            self._first_layer,
+        )
         self._graphs[(forward_mode, bs)] = _MLAGraph(wrapper, num_tokens // bs, ids)
-        self.init_forward_metadata_replay_cuda_graph(bs, req_pool_indices, seq_lens, seq_lens.cpu(), encoder_lens, forward_mode)
+        self.init_forward_metadata_replay_cuda_graph(
+            bs, req_pool_indices, seq_lens, seq_lens.cpu(), encoder_lens, forward_mode
+        )
 
-    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode,
-                                                encoder_lens_cpu=None, spec_tree_mask=None):  # MLA models have no encoder
+    def init_forward_metadata_replay_cuda_graph(
+        self,
+        bs,
+        req_pool_indices,
+        seq_lens,
+        seq_lens_cpu,
+        encoder_lens,
+        forward_mode,
+        encoder_lens_cpu=None,
+        spec_tree_mask=None,
+    ):  # MLA models have no encoder
         g = captured_graph(self._graphs, forward_mode, bs)
         self.spec_tree(forward_mode, spec_tree_mask, [g.per_req] * bs)  # chains only
         if self.checked:
@@ -179,4 +244,3 @@ class FlashInferMLABackend(AttentionBackend):
         g.ids.filled = False
         self._plan_mla(g.wrapper, host(lens.qo_indptr), lens, g)
         self._active_mla, self._absorbed, self._graph = g.wrapper, True, g
-

@@ -25,7 +25,9 @@ from attngate.runtime.layer import AttentionLayer
 def check_mla_weights(layer: AttentionLayer) -> None:
     """Raise BatchMetadataError when an MLA layer has no bound w_kc / w_vc."""
     if layer.w_kc is None or layer.w_vc is None:
-        raise BatchMetadataError(Problem(f"layer {layer.layer_id}", "an MLA layer needs w_kc and w_vc (kv_b_proj) bound"))
+        raise BatchMetadataError(
+            Problem(f"layer {layer.layer_id}", "an MLA layer needs w_kc and w_vc (kv_b_proj) bound")
+        )
 
 
 def absorbed_for_batch(form: str, has_prefix: bool) -> bool:
@@ -41,10 +43,12 @@ def absorb_q(q: torch.Tensor, layer: AttentionLayer) -> torch.Tensor:
     return torch.cat([q_abs, q[..., nope:]], dim=-1)
 
 
-def decompress(latent: torch.Tensor, layer: AttentionLayer, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def decompress(
+    latent: torch.Tensor, layer: AttentionLayer, dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``latent: [S, 1, kv_lora_rank + qk_rope]`` -> ``k: [S, H, qk_nope + qk_rope]``, ``v: [S, H, v_head_dim]``."""
     dtype = dtype or latent.dtype
-    ckv, kpe = latent[:, 0, : layer.kv_lora_rank].to(dtype), latent[:, 0, layer.kv_lora_rank:].to(dtype)
+    ckv, kpe = latent[:, 0, : layer.kv_lora_rank].to(dtype), latent[:, 0, layer.kv_lora_rank :].to(dtype)
     k_nope = torch.einsum("sr,hnr->shn", ckv, layer.w_kc.to(dtype))
     v = torch.einsum("sr,hrv->shv", ckv, layer.w_vc.to(dtype))
     k = torch.cat([k_nope, kpe[:, None, :].expand(-1, layer.num_q_heads, -1)], dim=-1)

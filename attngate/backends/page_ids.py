@@ -16,8 +16,9 @@ from attngate.errors import BatchMetadataError, Problem
 from attngate.runtime.batch_metadata import PageRange, host
 
 
-def page_ids(req_to_token: torch.Tensor, rows: torch.Tensor, pages: PageRange, page_size: int,
-             packed: torch.Tensor | None = None) -> torch.Tensor:
+def page_ids(
+    req_to_token: torch.Tensor, rows: torch.Tensor, pages: PageRange, page_size: int, packed: torch.Tensor | None = None
+) -> torch.Tensor:
     """``[pages.total_pages]`` int32 on ``req_to_token``'s device: request b's page ids
     ``req_to_token[rows[b], first_token[b] + j * page_size] // page_size`` for ``j < counts[b]``, request by request
     (kv_indices). Sized on the host, its ranges copied to the device in one copy: no device sync. With
@@ -28,7 +29,7 @@ def page_ids(req_to_token: torch.Tensor, rows: torch.Tensor, pages: PageRange, p
     if out.numel():
         bs = len(pages.indptr) - 1
         packed = device_ranges(pages, device) if packed is None else packed
-        first = packed[bs + 1: 2 * bs + 1] if pages.shifted else None
+        first = packed[bs + 1 : 2 * bs + 1] if pages.shifted else None
         fill_page_ids(req_to_token, rows, packed, first, out, page_size)
     return out
 
@@ -39,8 +40,14 @@ def device_ranges(pages: PageRange, device: torch.device | str) -> torch.Tensor:
     return torch.from_numpy(pages.packed).to(device, non_blocking=True)  # kv_pages made it contiguous
 
 
-def fill_page_ids(req_to_token: torch.Tensor, rows: torch.Tensor, kv_indptr: torch.Tensor, first_token: torch.Tensor | None,
-                  out: torch.Tensor, page_size: int) -> None:
+def fill_page_ids(
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    first_token: torch.Tensor | None,
+    out: torch.Tensor,
+    page_size: int,
+) -> None:
     """Writes :func:`page_ids` into ``out`` (int32, at least ``kv_indptr[-1]`` long) from device arrays alone
     (``rows: [bs]``, ``kv_indptr``: int32 whose first ``bs + 1`` entries are read, ``first_token: [bs]`` or None
     for 0), with no host sync and no shape that depends on them: it may run inside a CUDA graph, reading that
@@ -77,7 +84,9 @@ class GraphPageIds:
     first_token: torch.Tensor | None  # [bs] int32 for ranges that can start past token 0, else None (token 0)
     first_layer: int  # the layer that fills the ids
     filled: bool = False  # the current forward has filled them
-    packed: torch.Tensor | None = None  # [3 * bs + 1] int32 laid out as PageRange.packed: kv_indptr, first_token, last_page_len
+    packed: torch.Tensor | None = (
+        None  # [3 * bs + 1] int32 laid out as PageRange.packed: kv_indptr, first_token, last_page_len
+    )
     last_page_len: torch.Tensor | None = None  # [bs] int32, a view of packed
 
     @classmethod
@@ -87,8 +96,15 @@ class GraphPageIds:
         ``shifted``: ranges may start past token 0 (first_token is kept; else None, token 0)."""
         bs = rows.numel()
         packed = torch.zeros(3 * bs + 1, dtype=torch.int32, device=rows.device)
-        return cls(rows, packed[: bs + 1], torch.zeros(num_pages, dtype=torch.int32, device=rows.device),
-                   packed[bs + 1: 2 * bs + 1] if shifted else None, first_layer, packed=packed, last_page_len=packed[2 * bs + 1:])
+        return cls(
+            rows,
+            packed[: bs + 1],
+            torch.zeros(num_pages, dtype=torch.int32, device=rows.device),
+            packed[bs + 1 : 2 * bs + 1] if shifted else None,
+            first_layer,
+            packed=packed,
+            last_page_len=packed[2 * bs + 1 :],
+        )
 
     def load(self, pages: PageRange) -> None:
         """Copy a batch's ranges into the static buffers, one host-to-device copy (what FlashInfer's fast_decode_plan
@@ -102,12 +118,22 @@ class GraphPageIds:
             fill_page_ids(req_to_token, self.rows, self.kv_indptr, self.first_token, self.kv_indices, page_size)
             self.filled = True
         elif not self.filled:
-            raise BatchMetadataError(Problem(f"layer {layer_id}", f"a CUDA-graph forward runs layer {self.first_layer} first: "
-                                                                  "it fills the page ids this layer reads"))
+            raise BatchMetadataError(
+                Problem(
+                    f"layer {layer_id}",
+                    f"a CUDA-graph forward runs layer {self.first_layer} first: it fills the page ids this layer reads",
+                )
+            )
 
 
-def page_table(req_to_token: torch.Tensor, rows: torch.Tensor, num_pages: int, page_size: int,
-               first_token: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+def page_table(
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    num_pages: int,
+    page_size: int,
+    first_token: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``[bs, num_pages]`` int32 on the device, the padded layout of :func:`page_ids` (FA's ``page_table``):
     row b holds the page ids of ``req_to_token[rows[b]]`` from token ``first_token[b]`` on (``[bs]`` on the
     device, page-aligned, which callers check on the host; default 0), columns past the row's end clamped to
@@ -145,6 +171,7 @@ def _triton_page_ids():
     if not _TRITON:
         try:
             from attngate.backends import page_ids_triton
+
             _TRITON.append(page_ids_triton.launch)
         except ImportError:
             _TRITON.append(None)

@@ -24,8 +24,11 @@ from attngate.runtime.forward_batch import ForwardBatch
 from attngate.runtime.layer import AttentionLayer
 
 #: The backend names attngate runs on GPU kernels, and the class that runs each.
-KERNEL_BACKENDS: dict[str, type[AttentionBackend]] = {"fa3": FlashAttentionBackend, "fa4": FlashAttentionBackend,
-                                                      "flashinfer": FlashInferBackend}
+KERNEL_BACKENDS: dict[str, type[AttentionBackend]] = {
+    "fa3": FlashAttentionBackend,
+    "fa4": FlashAttentionBackend,
+    "flashinfer": FlashInferBackend,
+}
 
 
 class PlanBackend(AttentionBackend):
@@ -36,8 +39,17 @@ class PlanBackend(AttentionBackend):
     whatever the chosen backends raise for the model's layers, before any kernel runs.
     """
 
-    def __init__(self, plan: Plan, kv_pool, req_to_token: torch.Tensor, layers: list[AttentionLayer],
-                 device: torch.device | str = "cuda", *, checked: bool = False, q_dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        plan: Plan,
+        kv_pool,
+        req_to_token: torch.Tensor,
+        layers: list[AttentionLayer],
+        device: torch.device | str = "cuda",
+        *,
+        checked: bool = False,
+        q_dtype: torch.dtype | None = None,
+    ):
         super().__init__(plan, kv_pool, req_to_token, layers, device)
         problems = kernel_backend_refusals(plan)
         if problems:
@@ -71,15 +83,34 @@ class PlanBackend(AttentionBackend):
         for backend in self.backends:
             backend.init_cuda_graph_state(max_bs, max_num_tokens)
 
-    def init_forward_metadata_capture_cuda_graph(self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode):
-        self._by_mode[forward_mode].init_forward_metadata_capture_cuda_graph(bs, num_tokens, req_pool_indices, seq_lens,
-                                                                             encoder_lens, forward_mode)
+    def init_forward_metadata_capture_cuda_graph(
+        self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode
+    ):
+        self._by_mode[forward_mode].init_forward_metadata_capture_cuda_graph(
+            bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode
+        )
 
-    def init_forward_metadata_replay_cuda_graph(self, bs, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode,
-                                                encoder_lens_cpu=None, spec_tree_mask=None):
+    def init_forward_metadata_replay_cuda_graph(
+        self,
+        bs,
+        req_pool_indices,
+        seq_lens,
+        seq_lens_cpu,
+        encoder_lens,
+        forward_mode,
+        encoder_lens_cpu=None,
+        spec_tree_mask=None,
+    ):
         self._by_mode[forward_mode].init_forward_metadata_replay_cuda_graph(
-            bs, req_pool_indices, seq_lens, seq_lens_cpu, encoder_lens, forward_mode, encoder_lens_cpu=encoder_lens_cpu,
-            spec_tree_mask=spec_tree_mask)
+            bs,
+            req_pool_indices,
+            seq_lens,
+            seq_lens_cpu,
+            encoder_lens,
+            forward_mode,
+            encoder_lens_cpu=encoder_lens_cpu,
+            spec_tree_mask=spec_tree_mask,
+        )
 
     def get_cuda_graph_seq_len_fill_value(self) -> int:
         return self._by_mode[ForwardMode.DECODE].get_cuda_graph_seq_len_fill_value()

@@ -57,7 +57,9 @@ class _Metadata:
 
     @classmethod
     def of(cls, lens: BatchLengths) -> _Metadata:
-        return cls(lens.qo_indptr[:-1].tolist(), lens.prefix.tolist(), lens.new.tolist(), lens.enc.tolist(), lens.rows.tolist())
+        return cls(
+            lens.qo_indptr[:-1].tolist(), lens.prefix.tolist(), lens.new.tolist(), lens.enc.tolist(), lens.rows.tolist()
+        )
 
 
 class ReferenceBackend(AttentionBackend):
@@ -79,7 +81,9 @@ class ReferenceBackend(AttentionBackend):
     def forward_extend(self, q, k, v, layer: AttentionLayer, batch: ForwardBatch, save_kv_cache: bool) -> torch.Tensor:
         md = self._md
         if md is None:
-            raise BatchMetadataError(Problem("init_forward_metadata", "call init_forward_metadata(batch) before forward"))
+            raise BatchMetadataError(
+                Problem("init_forward_metadata", "call init_forward_metadata(batch) before forward")
+            )
         gates = self.plan.layer(layer.kind).common
         cached = gates.write_kv_cache  # one value for the write and the read side
         if layer.kind == LayerKind.CROSS_ATTENTION:
@@ -102,26 +106,43 @@ class ReferenceBackend(AttentionBackend):
                 k_pos = torch.arange(0, md.prefix[r] + md.new[r], device=q.device)
             else:
                 if md.prefix[r]:
-                    raise BatchMetadataError(Problem(f"request {r}", "a layer without KV cache cannot attend to a cached prefix"))
+                    raise BatchMetadataError(
+                        Problem(f"request {r}", "a layer without KV cache cannot attend to a cached prefix")
+                    )
                 keys, values = k[rows], v[rows] if v is not None else None
                 k_pos = q_pos
             window = layer.sliding_window_size if gates.use_window else None
             mask = None if md.tree is None else _tree_keys(md.tree[r], md.prefix[r], k_pos)
             if not layer.is_mla:
-                out[rows] = attend(q[rows], keys, values, q_pos, k_pos, layer, causal=gates.causal, window=window, mask=mask).to(q.dtype)
+                out[rows] = attend(
+                    q[rows], keys, values, q_pos, k_pos, layer, causal=gates.causal, window=window, mask=mask
+                ).to(q.dtype)
             elif absorbed:  # keys are latent rows; v is their ckv part
-                o = attend(absorb_q(q[rows].float(), layer), keys, keys[..., : layer.kv_lora_rank], q_pos, k_pos, layer,
-                           causal=gates.causal, window=window, mask=mask)
+                o = attend(
+                    absorb_q(q[rows].float(), layer),
+                    keys,
+                    keys[..., : layer.kv_lora_rank],
+                    q_pos,
+                    k_pos,
+                    layer,
+                    causal=gates.causal,
+                    window=window,
+                    mask=mask,
+                )
                 out[rows] = project_out(o, layer).to(q.dtype)
             else:
                 k_full, v_full = decompress(keys, layer, torch.float32)
-                out[rows] = attend(q[rows], k_full, v_full, q_pos, k_pos, layer, causal=gates.causal, window=window, mask=mask).to(q.dtype)
+                out[rows] = attend(
+                    q[rows], k_full, v_full, q_pos, k_pos, layer, causal=gates.causal, window=window, mask=mask
+                ).to(q.dtype)
         return out
 
     def _cross(self, q, k, v, layer, batch, save_kv_cache, md) -> torch.Tensor:
         if k is not None and save_kv_cache:
             if batch.encoder_out_cache_loc is None:
-                raise BatchMetadataError(Problem("encoder_out_cache_loc", "needed to write the encoder K/V of a cross-attention layer"))
+                raise BatchMetadataError(
+                    Problem("encoder_out_cache_loc", "needed to write the encoder K/V of a cross-attention layer")
+                )
             self.kv_pool.set_kv_buffer(layer.layer_id, batch.encoder_out_cache_loc, k, v)
         k_buf, v_buf = self.kv_pool.get_kv_buffer(layer.layer_id)
         out = q.new_empty((q.shape[0], layer.num_q_heads, layer.v_head_dim))
@@ -130,7 +151,9 @@ class ReferenceBackend(AttentionBackend):
             slots = self.req_to_token[md.rows[r], : md.encoder[r]].long()
             q_pos = torch.arange(md.new[r], device=q.device)
             k_pos = torch.arange(md.encoder[r], device=q.device)
-            out[rows] = attend(q[rows], k_buf[slots], v_buf[slots], q_pos, k_pos, layer, causal=False, window=None).to(q.dtype)
+            out[rows] = attend(q[rows], k_buf[slots], v_buf[slots], q_pos, k_pos, layer, causal=False, window=None).to(
+                q.dtype
+            )
         return out
 
 
@@ -141,8 +164,9 @@ def _tree_keys(tree: torch.Tensor, prefix: int, k_pos: torch.Tensor) -> torch.Te
     return torch.where(k_pos >= prefix, tree[:, draft], True)
 
 
-def visible_keys(q_pos: torch.Tensor, k_pos: torch.Tensor, *, causal: bool, window: int | None,
-                 chunk: int | None = None) -> torch.Tensor:
+def visible_keys(
+    q_pos: torch.Tensor, k_pos: torch.Tensor, *, causal: bool, window: int | None, chunk: int | None = None
+) -> torch.Tensor:
     """Which keys each query sees, as the module doc specifies: ``q_pos: [..., Tq]``, ``k_pos: [Tk]`` (int
     positions) -> ``[..., Tq, Tk]`` bool. ``window``: sliding_window_size (earlier tokens; later ones too when not
     causal), None or < 0 for none; ``chunk``: attention_chunk_size, None for none."""
@@ -159,8 +183,18 @@ def visible_keys(q_pos: torch.Tensor, k_pos: torch.Tensor, *, causal: bool, wind
     return visible
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
-           layer: AttentionLayer, *, causal: bool, window: int | None, mask: torch.Tensor | None = None) -> torch.Tensor:
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    layer: AttentionLayer,
+    *,
+    causal: bool,
+    window: int | None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Dense attention of one request in float32.
 
     ``q: [Tq, H, D]``, ``k: [Tk, Hkv, D]``, ``v: [Tk, Hkv, Dv]``, positions ``[Tq]`` / ``[Tk]``; ``mask: [Tq, Tk]``

@@ -16,17 +16,38 @@ import torch
 from attngate.backends.fa_kernels import fa_window_size
 
 
-def fa4_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, cu_seqlens_q: torch.Tensor,
-               cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, scale: float, causal: bool,
-               window_left: int | None, softcap: float, sinks: torch.Tensor | None) -> torch.Tensor:
+def fa4_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    scale: float,
+    causal: bool,
+    window_left: int | None,
+    softcap: float,
+    sinks: torch.Tensor | None,
+) -> torch.Tensor:
     """One ``flash_attn.cute.flash_attn_varlen_func`` call. ``window_left``: earlier keys a query sees (None: no
     window); ``softcap`` 0: none; ``sinks: [num_q_heads]`` learned sinks (passed as float32) or None."""
     varlen = importlib.import_module("flash_attn.cute").flash_attn_varlen_func
-    out = varlen(q, k, v, cu_seqlens_q=cu_seqlens_q.to(q.device, non_blocking=True),
-                 cu_seqlens_k=cu_seqlens_k.to(q.device, non_blocking=True), max_seqlen_q=max_seqlen_q,
-                 max_seqlen_k=max_seqlen_k, softmax_scale=scale, causal=causal,
-                 window_size=fa_window_size(window_left, causal),
-                 learnable_sink=None if sinks is None else sinks.float(), softcap=softcap)
+    out = varlen(
+        q,
+        k,
+        v,
+        cu_seqlens_q=cu_seqlens_q.to(q.device, non_blocking=True),
+        cu_seqlens_k=cu_seqlens_k.to(q.device, non_blocking=True),
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        softmax_scale=scale,
+        causal=causal,
+        window_size=fa_window_size(window_left, causal),
+        learnable_sink=None if sinks is None else sinks.float(),
+        softcap=softcap,
+    )
     return out[0] if isinstance(out, tuple) else out
 
 
@@ -36,25 +57,63 @@ _RAGGED: dict[tuple, list] = {}
 _WORKSPACES: dict[torch.device, torch.Tensor] = {}
 
 
-def flashinfer_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, lens: torch.Tensor,
-                      cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, kernel_family: str, scale: float,
-                      causal: bool, window_left: int | None, softcap: float, workspace_size_mb: int) -> torch.Tensor:
+def flashinfer_ragged(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    kernel_family: str,
+    scale: float,
+    causal: bool,
+    window_left: int | None,
+    softcap: float,
+    workspace_size_mb: int,
+) -> torch.Tensor:
     """``BatchPrefillWithRaggedKVCacheWrapper`` (bottom-right causal: prefill and decode alike) in ``kernel_family``
     (the plan's ``flashinfer.prefill_kernel_family``). ``lens: [2, num_rows]`` int32 on the host (queries, keys per
     row) decides whether plan() runs again; ``cu_seqlens_*`` on the host, as plan() reads them there;
     ``workspace_size_mb``: the float workspace, one per device."""
     fi = importlib.import_module("flashinfer")
     heads, (kv_heads, head_dim), head_dim_vo = q.shape[1], k.shape[1:], v.shape[-1]
-    spec = (q.device, kernel_family, causal, window_left, softcap, scale, heads, kv_heads, head_dim, head_dim_vo, q.dtype)
+    spec = (
+        q.device,
+        kernel_family,
+        causal,
+        window_left,
+        softcap,
+        scale,
+        heads,
+        kv_heads,
+        head_dim,
+        head_dim_vo,
+        q.dtype,
+    )
     if spec not in _RAGGED:
         if q.device not in _WORKSPACES:  # one float workspace per device, shared as the backends share theirs
             _WORKSPACES[q.device] = torch.empty(workspace_size_mb << 20, dtype=torch.uint8, device=q.device)
-        _RAGGED[spec] = [fi.BatchPrefillWithRaggedKVCacheWrapper(_WORKSPACES[q.device], "NHD", backend=kernel_family), None]
+        _RAGGED[spec] = [
+            fi.BatchPrefillWithRaggedKVCacheWrapper(_WORKSPACES[q.device], "NHD", backend=kernel_family),
+            None,
+        ]
     entry = _RAGGED[spec]
     wrapper, planned = entry
     if planned is None or not torch.equal(planned, lens):
-        wrapper.plan(cu_seqlens_q, cu_seqlens_k, heads, kv_heads, head_dim, head_dim_vo=head_dim_vo, causal=causal,
-                     sm_scale=scale, window_left=-1 if window_left is None else window_left,
-                     logits_soft_cap=softcap or None, q_data_type=q.dtype, kv_data_type=k.dtype)
+        wrapper.plan(
+            cu_seqlens_q,
+            cu_seqlens_k,
+            heads,
+            kv_heads,
+            head_dim,
+            head_dim_vo=head_dim_vo,
+            causal=causal,
+            sm_scale=scale,
+            window_left=-1 if window_left is None else window_left,
+            logits_soft_cap=softcap or None,
+            q_data_type=q.dtype,
+            kv_data_type=k.dtype,
+        )
         entry[1] = lens
     return wrapper.run(q, k, v)

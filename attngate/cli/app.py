@@ -1,14 +1,17 @@
 """The typer app the commands register on, the exit codes and the options they share."""
 
-
 from __future__ import annotations
 
 from enum import Enum
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Resolve, explain and lint attention-backend gates (SGLang-style servers).")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Resolve, explain and lint attention-backend gates (SGLang-style servers).",
+)
 
 EXIT_INVALID_CONFIG = 1
 EXIT_BAD_INPUT = 2

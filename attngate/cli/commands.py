@@ -15,13 +15,25 @@ from attngate.cli.app import EXIT_INVALID_CONFIG, MatrixFormat, OutputFormat, ap
 def explain(
     ctx: typer.Context,
     model: Path = typer.Option(..., "--model", help="config.json of the model, or its folder"),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU architecture: sm80, sm90, sm100, sm120 (default: detect via torch)"),
-    kernels: Optional[str] = typer.Option(None, "--kernels", help="installed kernel providers, comma-separated: flashinfer, flash_attn.cute, flash_attn_interface (default with --gpu: flashinfer,flash_attn.cute; without --gpu: detected)"),
-    args_file: Optional[Path] = typer.Option(None, "--args-file", help="YAML/JSON mapping of server arguments; flags override it"),
+    gpu: Optional[str] = typer.Option(
+        None, "--gpu", help="GPU architecture: sm80, sm90, sm100, sm120 (default: detect via torch)"
+    ),
+    kernels: Optional[str] = typer.Option(
+        None,
+        "--kernels",
+        help="installed kernel providers, comma-separated: flashinfer, flash_attn.cute, flash_attn_interface (default with --gpu: flashinfer,flash_attn.cute; without --gpu: detected)",
+    ),
+    args_file: Optional[Path] = typer.Option(
+        None, "--args-file", help="YAML/JSON mapping of server arguments; flags override it"
+    ),
     rules: Optional[Path] = typer.Option(None, "--rules", help="rules file (default: the shipped rules.yaml)"),
     mode: Optional[str] = typer.Option(None, "--mode", help="with --all: show only this forward mode's table"),
-    gate: Optional[str] = typer.Option(None, "--gate", help="the full why of one gate, e.g. fa.precompute_scheduler_metadata"),
-    allow_known_failure: list[str] = typer.Option([], "--allow-known-failure", help="accept this known_failure entry (repeatable): a warning instead of an error"),
+    gate: Optional[str] = typer.Option(
+        None, "--gate", help="the full why of one gate, e.g. fa.precompute_scheduler_metadata"
+    ),
+    allow_known_failure: list[str] = typer.Option(
+        [], "--allow-known-failure", help="accept this known_failure entry (repeatable): a warning instead of an error"
+    ),
     show_all: bool = typer.Option(False, "--all", help="every gate table (global, per forward mode, per layer kind)"),
     output: OutputFormat = typer.Option(OutputFormat.table, "--format", help="table or json"),
 ) -> None:
@@ -36,10 +48,16 @@ def explain(
     from attngate.rules.load import load_rules
 
     if mode is not None and mode not in {m.value for m in ForwardMode}:
-        raise typer.BadParameter(f"{mode!r} is not a forward mode: {', '.join(m.value for m in ForwardMode)}", param_hint="--mode")
+        raise typer.BadParameter(
+            f"{mode!r} is not a forward mode: {', '.join(m.value for m in ForwardMode)}", param_hint="--mode"
+        )
     try:  # every bad input at once, not only the first
-        args, facts, platform, rule_set = load_all(lambda: _server_args(ctx.args, args_file), lambda: ModelFacts.from_hf_config(model),
-                                                   lambda: _platform(gpu, kernels), lambda: load_rules(rules))
+        args, facts, platform, rule_set = load_all(
+            lambda: _server_args(ctx.args, args_file),
+            lambda: ModelFacts.from_hf_config(model),
+            lambda: _platform(gpu, kernels),
+            lambda: load_rules(rules),
+        )
     except AttngateError as err:
         raise fail(err) from None
     try:
@@ -69,8 +87,11 @@ def explain(
         if lines is None:
             from attngate.util.suggest import did_you_mean
 
-            names = [*resolution.explanation.gates, *next(iter(resolution.explanation.modes.values())),
-                     *next(iter(resolution.explanation.layers.values()))]
+            names = [
+                *resolution.explanation.gates,
+                *next(iter(resolution.explanation.modes.values())),
+                *next(iter(resolution.explanation.layers.values())),
+            ]
             raise typer.BadParameter(f"no gate {gate!r}" + did_you_mean(gate, names), param_hint="--gate")
         print_lines(lines)
 
@@ -102,7 +123,9 @@ def lint(file: Optional[Path] = typer.Argument(None, help="rules file (default: 
     findings = lint_rules(rule_set)
     for finding in findings:
         typer.echo(str(finding))
-    typer.echo(f"{rule_set.filename}: {len(rule_set.rules)} rules, {len(rule_set.predicates)} predicates, {len(rule_set.invariants)} invariants, {len(findings)} finding(s)")
+    typer.echo(
+        f"{rule_set.filename}: {len(rule_set.rules)} rules, {len(rule_set.predicates)} predicates, {len(rule_set.invariants)} invariants, {len(findings)} finding(s)"
+    )
     if findings:
         raise typer.Exit(EXIT_INVALID_CONFIG)
 
@@ -141,9 +164,15 @@ def diff(
 def matrix(
     models: list[Path] = typer.Argument(..., help="config.json files (or folders of them)"),
     gpu: str = typer.Option(..., "--gpu", help="GPU architecture"),
-    kernels: Optional[str] = typer.Option(None, "--kernels", help="installed kernel providers, comma-separated: flashinfer, flash_attn.cute, flash_attn_interface (default with --gpu: flashinfer,flash_attn.cute; without --gpu: detected)"),
+    kernels: Optional[str] = typer.Option(
+        None,
+        "--kernels",
+        help="installed kernel providers, comma-separated: flashinfer, flash_attn.cute, flash_attn_interface (default with --gpu: flashinfer,flash_attn.cute; without --gpu: detected)",
+    ),
     rules: Optional[Path] = typer.Option(None, "--rules", help="rules file"),
-    output: MatrixFormat = typer.Option(MatrixFormat.table, "--format", help="table or markdown (the README's table is generated with markdown)"),
+    output: MatrixFormat = typer.Option(
+        MatrixFormat.table, "--format", help="table or markdown (the README's table is generated with markdown)"
+    ),
 ) -> None:
     """Print the support matrix: which candidate backend each model can run on this GPU, and why not."""
     from attngate.cli.render import load_model_configs, matrix_markdown, render_matrix
@@ -151,8 +180,9 @@ def matrix(
     from attngate.rules.load import load_rules
 
     try:  # every bad input at once, not only the first
-        configs, platform, rule_set = load_all(lambda: load_model_configs(models), lambda: _platform(gpu, kernels),
-                                               lambda: load_rules(rules))
+        configs, platform, rule_set = load_all(
+            lambda: load_model_configs(models), lambda: _platform(gpu, kernels), lambda: load_rules(rules)
+        )
     except AttngateError as err:
         raise fail(err) from None
     if output is MatrixFormat.markdown:

@@ -21,13 +21,21 @@ from attngate.cli.app import (
 
 @app.command()
 def conform(
-    cases: Optional[Path] = typer.Option(None, "--cases", help='JSON list of {"name", "model_config", "gpu", "args": {SGLang ServerArgs field: value}}'),
-    generate: Optional[Path] = typer.Option(None, "--generate", help="a folder of config.json files: cases over it, the GPUs and every two of the rules' argument values"),
+    cases: Optional[Path] = typer.Option(
+        None, "--cases", help='JSON list of {"name", "model_config", "gpu", "args": {SGLang ServerArgs field: value}}'
+    ),
+    generate: Optional[Path] = typer.Option(
+        None,
+        "--generate",
+        help="a folder of config.json files: cases over it, the GPUs and every two of the rules' argument values",
+    ),
     gpu: str = typer.Option("sm80,sm90,sm100", "--gpu", help="with --generate: comma-separated GPU architectures"),
     rules: Optional[Path] = typer.Option(None, "--rules", help="rules file (default: the shipped rules.yaml)"),
     jobs: int = typer.Option(2, "--jobs", min=1, help="cases resolved in parallel processes"),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="run only the first N cases"),
-    output: OutputFormat = typer.Option(OutputFormat.table, "--format", help="table, or json with both sides' values per case"),
+    output: OutputFormat = typer.Option(
+        OutputFormat.table, "--format", help="table, or json with both sides' values per case"
+    ),
 ) -> None:
     """Run every case through SGLang 0.5.23's resolution and through resolve(); report agreement per field, the
     declared deviations (rules.yaml `deviations:`) and every undeclared difference. Exit 1 on any undeclared one."""
@@ -58,8 +66,19 @@ def conform(
     seconds = time.monotonic() - start
     summary = summarize(results)
     if output == OutputFormat.json:
-        typer.echo(json.dumps({"cases": len(results), "seconds": round(seconds, 1), "verdicts": summary.verdicts,
-                               "fields": summary.fields, "deviations": summary.deviations, "results": [r.to_json() for r in results]}, default=str))
+        typer.echo(
+            json.dumps(
+                {
+                    "cases": len(results),
+                    "seconds": round(seconds, 1),
+                    "verdicts": summary.verdicts,
+                    "fields": summary.fields,
+                    "deviations": summary.deviations,
+                    "results": [r.to_json() for r in results],
+                },
+                default=str,
+            )
+        )
     else:
         _print_table(results, summary, seconds)
     if summary.undeclared:
@@ -85,7 +104,9 @@ def _print_table(results, summary, seconds: float) -> None:
     if summary.fields:
         typer.echo("per field (cases that differ):")
         for name, counts in summary.fields.items():
-            typer.echo(f"  {name:<36} declared {counts.get('declared', 0):>5}   undeclared {counts.get('undeclared', 0):>5}")
+            typer.echo(
+                f"  {name:<36} declared {counts.get('declared', 0):>5}   undeclared {counts.get('undeclared', 0):>5}"
+            )
     if summary.deviations:
         typer.echo("declared deviations (rules.yaml deviations:) and the cases each covers:")
         for deviation, count in summary.deviations.items():

@@ -10,14 +10,24 @@ from attngate.engine.result import Adjustment, GateExplanation, PlanError, Resol
 
 def _gate(e: GateExplanation) -> dict[str, Any]:
     return {
-        "value": e.value, "origin": e.origin, "rules": e.rules, "facts": e.facts,
+        "value": e.value,
+        "origin": e.origin,
+        "rules": e.rules,
+        "facts": e.facts,
         "candidates": [{"rule": c.rule, "failed": c.failed} for c in e.candidates],
     }
 
 
 def _adjustment(a: Adjustment) -> dict[str, Any]:
-    return {"rule": a.rule, "field": a.field, "old": a.old, "new": a.new, "message": a.message,
-            "issue": a.issue, "fills_default": a.fills_default}
+    return {
+        "rule": a.rule,
+        "field": a.field,
+        "old": a.old,
+        "new": a.new,
+        "message": a.message,
+        "issue": a.issue,
+        "fills_default": a.fills_default,
+    }
 
 
 def _deviation(d: Any) -> dict[str, Any]:
@@ -28,8 +38,11 @@ def resolution_report(r: Resolution) -> dict[str, Any]:
     """The report of a resolved configuration (``errors`` is empty)."""
     e = r.explanation
     return {
-        "plan": {"prefill_backend": r.plan.prefill_backend, "decode_backend": r.plan.decode_backend,
-                 "fingerprint": r.plan.fingerprint},
+        "plan": {
+            "prefill_backend": r.plan.prefill_backend,
+            "decode_backend": r.plan.decode_backend,
+            "fingerprint": r.plan.fingerprint,
+        },
         "server_args": r.server_args.model_dump(),
         "gates": {name: _gate(g) for name, g in e.gates.items()},
         "modes": {mode: {name: _gate(g) for name, g in gates.items()} for mode, gates in e.modes.items()},
@@ -47,10 +60,15 @@ def error_report(err: PlanError) -> dict[str, Any]:
     return {
         "plan": None,
         "server_args": err.server_args,
-        "gates": {}, "modes": {}, "layers": {}, "backends": [],
+        "gates": {},
+        "modes": {},
+        "layers": {},
+        "backends": [],
         "adjustments": [_adjustment(a) for a in err.adjustments],
         "warnings": [str(a) for a in err.adjustments if not a.fills_default],
         "deviations": [_deviation(d) for d in err.deviations],
-        "errors": [{"rule": v.rule, "message": v.message, "kind": v.kind, "facts": v.facts, "issue": v.issue}
-                   for v in err.violations],
+        "errors": [
+            {"rule": v.rule, "message": v.message, "kind": v.kind, "facts": v.facts, "issue": v.issue}
+            for v in err.violations
+        ],
     }

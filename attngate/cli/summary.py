@@ -36,8 +36,11 @@ def _decided(e: GateExplanation) -> bool:
 def summary_lines(r: Resolution) -> list[str]:
     plan, e = r.plan, r.explanation
     chosen = {plan.prefill_backend, plan.decode_backend}
-    backends = (f"prefill {plan.prefill_backend}, decode {plan.decode_backend}" if len(chosen) > 1
-                else f"backend {plan.prefill_backend}")
+    backends = (
+        f"prefill {plan.prefill_backend}, decode {plan.decode_backend}"
+        if len(chosen) > 1
+        else f"backend {plan.prefill_backend}"
+    )
     lines = [f"{r.model.source} on {r.platform.gpu_arch}: {backends} (plan {plan.fingerprint[:16]})", "", "backends:"]
     lines += _backend_lines(r)
     lines += _adjustment_lines(r) + deviation_lines(r.deviations)
@@ -57,7 +60,9 @@ def summary_lines(r: Resolution) -> list[str]:
     return lines
 
 
-def _table_lines(title: str, table: dict[str, dict[str, GateExplanation]], chosen: set[str], keys: set[str]) -> list[str]:
+def _table_lines(
+    title: str, table: dict[str, dict[str, GateExplanation]], chosen: set[str], keys: set[str]
+) -> list[str]:
     """One line per gate that a rule set somewhere: ``gate: key=value (rule), ...`` over ``keys`` only."""
     by_gate: dict[str, dict[tuple[str, str], list[str]]] = {}
     for key, gates in table.items():
@@ -98,8 +103,10 @@ def all_lines(r: Resolution, mode: str | None) -> list[str]:
     """``--all`` (``--mode M``: the global gates and that mode's) as plain lines: every gate of every table with
     its full why, the adjustments, warnings and candidate backends; what a pipe gets instead of tables."""
     plan, e = r.plan, r.explanation
-    lines = [f"attention plan: {r.model.source} on {r.platform.gpu_arch}: prefill {plan.prefill_backend}, "
-             f"decode {plan.decode_backend} (plan {plan.fingerprint[:16]})"]
+    lines = [
+        f"attention plan: {r.model.source} on {r.platform.gpu_arch}: prefill {plan.prefill_backend}, "
+        f"decode {plan.decode_backend} (plan {plan.fingerprint[:16]})"
+    ]
     tables = [("global gates", e.gates)] + [(f"forward mode {m}", g) for m, g in e.modes.items() if mode in (None, m)]
     tables += [(f"layer kind {k}", g) for k, g in e.layers.items()] if mode is None else []
     for title, gates in tables:
@@ -121,7 +128,9 @@ def _backend_lines(r: Resolution) -> list[str]:
 def _adjustment_lines(r: Resolution) -> list[str]:
     if not r.adjustments:
         return []
-    return ["", "adjustments:"] + [f"  {a.field}: {a.old!r} -> {a.new!r} ({a.rule}: {a.message})" for a in r.adjustments]
+    return ["", "adjustments:"] + [
+        f"  {a.field}: {a.old!r} -> {a.new!r} ({a.rule}: {a.message})" for a in r.adjustments
+    ]
 
 
 def deviation_lines(deviations: list[Any]) -> list[str]:

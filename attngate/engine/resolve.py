@@ -53,8 +53,14 @@ DEVIATION_OBSERVERS: list[Callable[[RuleSet, list[Any]], None]] = []
 _BACKEND_ARGS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
 
 
-def resolve(server_args: ServerArgs, model: ModelFacts, platform: Platform, rules: RuleSet | None = None, *,
-            allow_known_failures: Collection[str] = ()) -> Resolution:
+def resolve(
+    server_args: ServerArgs,
+    model: ModelFacts,
+    platform: Platform,
+    rules: RuleSet | None = None,
+    *,
+    allow_known_failures: Collection[str] = (),
+) -> Resolution:
     """Resolve the attention Plan for one server configuration.
 
     Args:
@@ -74,7 +80,13 @@ def resolve(server_args: ServerArgs, model: ModelFacts, platform: Platform, rule
         ("model", model, ModelFacts, "ModelFacts.from_hf_config(path)"),
         ("platform", platform, Platform, "Platform.from_name('sm90') or Platform.detect()"),
         ("rules", rules, (RuleSet, type(None)), "load_rules(path), or None for the shipped rules"),
-        ("allow_known_failures", allow_known_failures, (list, tuple, set, frozenset), "a list of known_failure ids, even for one"))
+        (
+            "allow_known_failures",
+            allow_known_failures,
+            (list, tuple, set, frozenset),
+            "a list of known_failure ids, even for one",
+        ),
+    )
     rules = rules or load_rules()
     index = _index(rules)
     allowed = _check_allowed(rules, allow_known_failures)
@@ -97,8 +109,14 @@ def resolve(server_args: ServerArgs, model: ModelFacts, platform: Platform, rule
 
     global_values, global_hits = _resolve_scope(index.global_set, facts, GLOBAL_SPECS, violations)
     scoped = {**facts, **{gate_key(n): v for n, v in global_values.items()}}
-    modes = {m.value: _resolve_scope(index.mode_set, {**scoped, "forward_mode": m.value}, MODE_SPECS, violations) for m in ForwardMode}
-    layers = {k.value: _resolve_scope(index.layer_set, {**scoped, "layer_kind": k.value}, LAYER_SPECS, violations) for k in LayerKind}
+    modes = {
+        m.value: _resolve_scope(index.mode_set, {**scoped, "forward_mode": m.value}, MODE_SPECS, violations)
+        for m in ForwardMode
+    }
+    layers = {
+        k.value: _resolve_scope(index.layer_set, {**scoped, "layer_kind": k.value}, LAYER_SPECS, violations)
+        for k in LayerKind
+    }
     for observe in OBSERVERS:
         for m in ForwardMode:
             observe(rules, "mode", {**scoped, "forward_mode": m.value})
@@ -118,21 +136,44 @@ def resolve(server_args: ServerArgs, model: ModelFacts, platform: Platform, rule
     def explain() -> Explanation:
         return Explanation(
             gates=_explain_scope(global_values, global_hits, index.global_set, facts, GLOBAL_SPECS),
-            modes={m: _explain_scope(v, h, index.mode_set, {**scoped, "forward_mode": m}, MODE_SPECS) for m, (v, h) in modes.items()},
-            layers={k: _explain_scope(v, h, index.layer_set, {**scoped, "layer_kind": k}, LAYER_SPECS) for k, (v, h) in layers.items()},
-            backends=_backend_verdicts(server_args.model_dump(), fixed, {facts["prefill_backend"], facts["decode_backend"]}, index),
+            modes={
+                m: _explain_scope(v, h, index.mode_set, {**scoped, "forward_mode": m}, MODE_SPECS)
+                for m, (v, h) in modes.items()
+            },
+            layers={
+                k: _explain_scope(v, h, index.layer_set, {**scoped, "layer_kind": k}, LAYER_SPECS)
+                for k, (v, h) in layers.items()
+            },
+            backends=_backend_verdicts(
+                server_args.model_dump(), fixed, {facts["prefill_backend"], facts["decode_backend"]}, index
+            ),
         )
 
-    return Resolution(plan, adjusted, server_args, model, platform, adjustments, functools.cache(explain), opted_in,
-                      _deviations(rules, given, frozenset()))
+    return Resolution(
+        plan,
+        adjusted,
+        server_args,
+        model,
+        platform,
+        adjustments,
+        functools.cache(explain),
+        opted_in,
+        _deviations(rules, given, frozenset()),
+    )
 
 
 def _check_allowed(rules: RuleSet, ids: Iterable[str]) -> set[str]:
     known = [r.id for r in rules.rules if r.kind == "known_failure"]
     unknown = [i for i in ids if i not in known]
     if unknown:
-        raise PlanError([Violation("allow_known_failures", f"{i!r} is not a known_failure rule" + did_you_mean(i, known)) for i in unknown],
-                        {}, [])
+        raise PlanError(
+            [
+                Violation("allow_known_failures", f"{i!r} is not a known_failure rule" + did_you_mean(i, known))
+                for i in unknown
+            ],
+            {},
+            [],
+        )
     return set(ids)
 
 
@@ -172,6 +213,7 @@ def _index(rules: RuleSet) -> _Index:
 
 # ---- 1. adjust to a fixed point ------------------------------------------------------------------
 
+
 def _adjust(state: dict[str, Any], fixed: dict[str, Any], index: _Index) -> tuple[dict[str, Any], list[Adjustment]]:
     rounds: list[list[Adjustment]] = []
     seen = {_freeze(state): 0}  # state -> number of rounds after which it held
@@ -186,19 +228,31 @@ def _adjust(state: dict[str, Any], fixed: dict[str, Any], index: _Index) -> tupl
                     wanted.setdefault(name, {}).setdefault(adjust_value(value, facts), []).append(rule)
         done = [a for r in rounds for a in r]
         conflicts = [
-            Violation(" vs ".join(r.id for rs in by_value.values() for r in rs),
-                      f"adjust rules disagree on {name}: " + ", ".join(f"{rs[0].id} wants {v!r}" for v, rs in by_value.items()),
-                      kind="conflict")
-            for name, by_value in wanted.items() if len(by_value) > 1
+            Violation(
+                " vs ".join(r.id for rs in by_value.values() for r in rs),
+                f"adjust rules disagree on {name}: "
+                + ", ".join(f"{rs[0].id} wants {v!r}" for v, rs in by_value.items()),
+                kind="conflict",
+            )
+            for name, by_value in wanted.items()
+            if len(by_value) > 1
         ]
         if conflicts:  # forbid rules that already match usually say why, so report them too
             for observe in OBSERVERS:  # (and rule coverage sees them evaluated)
                 observe(index.rules, "global", facts)
             raise PlanError([*_rule_violations(facts, index), *conflicts], state, done)
-        round_ = [Adjustment(rules[0].id, name, state[name], value, rules[0].message or "", rules[0].issue)
-                  for name, by_value in wanted.items() for value, rules in by_value.items() if state[name] != value]
-        out_of_type = [_out_of_type(rules[0], name, value) for name, by_value in wanted.items() for value, rules in by_value.items()
-                       if not FACTS[name].type.accepts(value)]
+        round_ = [
+            Adjustment(rules[0].id, name, state[name], value, rules[0].message or "", rules[0].issue)
+            for name, by_value in wanted.items()
+            for value, rules in by_value.items()
+            if state[name] != value
+        ]
+        out_of_type = [
+            _out_of_type(rules[0], name, value)
+            for name, by_value in wanted.items()
+            for value, rules in by_value.items()
+            if not FACTS[name].type.accepts(value)
+        ]
         if out_of_type:  # a value read from a fact ({from: FACT}) can leave the argument's bounds
             raise PlanError(out_of_type, state, done)
         if not round_:
@@ -207,20 +261,36 @@ def _adjust(state: dict[str, Any], fixed: dict[str, Any], index: _Index) -> tupl
         rounds.append(round_)
         key = _freeze(state)
         if key in seen:
-            cycle = [a for r in rounds[seen[key]:] for a in r]
+            cycle = [a for r in rounds[seen[key] :] for a in r]
             names = ", ".join(sorted({a.rule for a in cycle}))
-            raise PlanError([Violation(names, "adjust rules never settle; they rewrite in a cycle: " + "; ".join(map(str, cycle)),
-                                       kind="oscillation")], state, done + round_)
+            raise PlanError(
+                [
+                    Violation(
+                        names,
+                        "adjust rules never settle; they rewrite in a cycle: " + "; ".join(map(str, cycle)),
+                        kind="oscillation",
+                    )
+                ],
+                state,
+                done + round_,
+            )
         seen[key] = len(rounds)
-    raise PlanError([Violation("adjust", f"adjust rules did not settle within {MAX_ADJUST_ROUNDS} rounds", kind="oscillation")],
-                    state, [a for r in rounds for a in r])
+    raise PlanError(
+        [Violation("adjust", f"adjust rules did not settle within {MAX_ADJUST_ROUNDS} rounds", kind="oscillation")],
+        state,
+        [a for r in rounds for a in r],
+    )
 
 
 def _out_of_type(rule: Rule, name: str, value: Any) -> Violation:
     source = rule.adjusts[name]
     origin = f" (from {source.fact})" if isinstance(source, FactValue) else ""
-    return Violation(rule.id, f"sets {name} to {value!r}{origin}, but {name} is {FACTS[name].type.describe()}",
-                     kind="adjust", issue=rule.issue)
+    return Violation(
+        rule.id,
+        f"sets {name} to {value!r}{origin}, but {name} is {FACTS[name].type.describe()}",
+        kind="adjust",
+        issue=rule.issue,
+    )
 
 
 def _freeze(state: dict[str, Any]) -> tuple:
@@ -229,16 +299,24 @@ def _freeze(state: dict[str, Any]) -> tuple:
 
 # ---- 2. forbid / known_failure -------------------------------------------------------------------
 
+
 def _rule_violations(facts: dict[str, Any], index: _Index) -> list[Violation]:
-    return [Violation(r.id, r.message or r.summary, kind=r.kind, facts=_read(r, facts), issue=r.issue)
-            for r in index.checks if r.matches(facts)]
+    return [
+        Violation(r.id, r.message or r.summary, kind=r.kind, facts=_read(r, facts), issue=r.issue)
+        for r in index.checks
+        if r.matches(facts)
+    ]
 
 
 def _violations(facts: dict[str, Any], index: _Index) -> list[Violation]:
     out = _rule_violations(facts, index)
     for side in ("prefill_backend", "decode_backend"):
         if facts[side] is None:
-            out.append(Violation("attngate", f"no rule chose a {side.replace('_', ' ')}; pass --attention-backend", kind="forbid"))
+            out.append(
+                Violation(
+                    "attngate", f"no rule chose a {side.replace('_', ' ')}; pass --attention-backend", kind="forbid"
+                )
+            )
     return out
 
 
@@ -248,8 +326,10 @@ def _read(rule: Rule, facts: dict[str, Any]) -> dict[str, Any]:
 
 # ---- 3. gates ------------------------------------------------------------------------------------
 
-def _resolve_scope(rules: list[Rule], facts: dict[str, Any], specs: list[GateSpec],
-                   violations: list[Violation]) -> tuple[dict[str, Any], dict[str, list[Rule]]]:
+
+def _resolve_scope(
+    rules: list[Rule], facts: dict[str, Any], specs: list[GateSpec], violations: list[Violation]
+) -> tuple[dict[str, Any], dict[str, list[Rule]]]:
     hits: dict[str, list[Rule]] = {}
     for rule in rules:
         if rule.matches(facts):
@@ -261,17 +341,26 @@ def _resolve_scope(rules: list[Rule], facts: dict[str, Any], specs: list[GateSpe
         if not matched:
             values[spec.name] = facts[spec.from_fact] if spec.from_fact else spec.default
             if not spec.type.accepts(values[spec.name]):
-                violations.append(Violation("attngate", f"gate {spec.name} takes its value from {spec.from_fact}, which is "
-                                            f"{values[spec.name]!r}; no rule filled it ({spec.type.describe()} needed)"))
+                violations.append(
+                    Violation(
+                        "attngate",
+                        f"gate {spec.name} takes its value from {spec.from_fact}, which is "
+                        f"{values[spec.name]!r}; no rule filled it ({spec.type.describe()} needed)",
+                    )
+                )
             continue
         distinct = {repr(r.sets[spec.name]) for r in matched}
         if len(distinct) > 1:
             where = f" for forward_mode={facts['forward_mode']}" if "forward_mode" in facts else ""
             where += f" for layer_kind={facts['layer_kind']}" if "layer_kind" in facts else ""
-            violations.append(Violation(
-                " vs ".join(r.id for r in matched),
-                f"set rules disagree on {spec.name}{where}: " + ", ".join(f"{r.id} sets {r.sets[spec.name]!r}" for r in matched),
-                kind="conflict"))
+            violations.append(
+                Violation(
+                    " vs ".join(r.id for r in matched),
+                    f"set rules disagree on {spec.name}{where}: "
+                    + ", ".join(f"{r.id} sets {r.sets[spec.name]!r}" for r in matched),
+                    kind="conflict",
+                )
+            )
         values[spec.name] = matched[0].sets[spec.name]
     return values, hits
 
@@ -286,8 +375,10 @@ def _groups(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 # ---- explanation ---------------------------------------------------------------------------------
 
-def _explain_scope(values: dict[str, Any], hits: dict[str, list[Rule]], rules: list[Rule],
-                   facts: dict[str, Any], specs: list[GateSpec]) -> dict[str, GateExplanation]:
+
+def _explain_scope(
+    values: dict[str, Any], hits: dict[str, list[Rule]], rules: list[Rule], facts: dict[str, Any], specs: list[GateSpec]
+) -> dict[str, GateExplanation]:
     out = {}
     for spec in specs:
         matched = hits.get(spec.name, [])
@@ -300,18 +391,28 @@ def _explain_scope(values: dict[str, Any], hits: dict[str, list[Rule]], rules: l
         else:
             origin = f"fact:{spec.from_fact}" if spec.from_fact else "default"
         out[spec.name] = GateExplanation(
-            value=values[spec.name], origin=origin, rules=[r.id for r in matched], facts=read,
+            value=values[spec.name],
+            origin=origin,
+            rules=[r.id for r in matched],
+            facts=read,
             candidates=[Candidate(r.id, r.condition.failed(facts)) for r in others],
         )
     return out
 
 
-def _backend_verdicts(requested: dict[str, Any], fixed: dict[str, Any], chosen: set[str], index: _Index) -> list[BackendVerdict]:
+def _backend_verdicts(
+    requested: dict[str, Any], fixed: dict[str, Any], chosen: set[str], index: _Index
+) -> list[BackendVerdict]:
     """Every candidate backend, asked for alone (``--attention-backend B`` on top of the requested arguments, so the
     adjust rules run as they would for that request), with all the rules that reject it or switch away from it."""
     verdicts = []
     for backend in CANDIDATE_BACKENDS:
-        state = {**requested, "attention_backend": backend, "prefill_attention_backend": None, "decode_attention_backend": None}
+        state = {
+            **requested,
+            "attention_backend": backend,
+            "prefill_attention_backend": None,
+            "decode_attention_backend": None,
+        }
         try:
             state, adjustments = _adjust(state, fixed, index)
         except PlanError as err:

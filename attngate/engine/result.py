@@ -49,12 +49,19 @@ class PlanError(AttngateError):
 
     title = "invalid configuration"
 
-    def __init__(self, violations: list[Violation], server_args: dict[str, Any] | None = None,
-                 adjustments: list[Adjustment] | None = None, deviations: list[Any] | None = None):
+    def __init__(
+        self,
+        violations: list[Violation],
+        server_args: dict[str, Any] | None = None,
+        adjustments: list[Adjustment] | None = None,
+        deviations: list[Any] | None = None,
+    ):
         self.violations = violations
         self.server_args = server_args
         self.adjustments = adjustments or []
-        self.deviations = deviations or []  # rules.deviations.Deviation: SGLang 0.5.23 accepts this, on purpose not attngate
+        self.deviations = (
+            deviations or []
+        )  # rules.deviations.Deviation: SGLang 0.5.23 accepts this, on purpose not attngate
         super().__init__([Problem(v.rule, v.message + (f" [{v.issue}]" if v.issue else "")) for v in violations])
 
 
@@ -106,13 +113,17 @@ class Resolution:
     adjustments: list[Adjustment]
     _explain: Any = field(repr=False, compare=False)  # builds the Explanation on first use
     allowed_known_failures: list[Violation] = field(default_factory=list)  # matched, and opted into by the caller
-    deviations: list[Any] = field(default_factory=list)  # rules.deviations.Deviation: where SGLang 0.5.23 differs on purpose
+    deviations: list[Any] = field(
+        default_factory=list
+    )  # rules.deviations.Deviation: where SGLang 0.5.23 differs on purpose
 
     @property
     def warnings(self) -> list[str]:
         """Adjustments that rewrote a value the user set (or an earlier rule chose), and allowed known failures."""
         return [str(a) for a in self.adjustments if not a.fills_default] + [
-            f"known failure {v.rule} allowed: {v.message}" + (f" ({v.issue})" if v.issue else "") for v in self.allowed_known_failures]
+            f"known failure {v.rule} allowed: {v.message}" + (f" ({v.issue})" if v.issue else "")
+            for v in self.allowed_known_failures
+        ]
 
     @property
     def explanation(self) -> Explanation:

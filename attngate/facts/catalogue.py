@@ -104,7 +104,11 @@ _MODEL_FACTS = [
     _model_fact("kv_lora_rank", Optional[int], "MLA latent (ckv) width, elements; None without MLA", minimum=1),
     _model_fact("qk_rope_head_dim", Optional[int], "MLA rope part (kpe) of the QK head dim, elements", minimum=1),
     _model_fact("has_asymmetric_kv", bool, "head_dim != v_head_dim"),
-    _model_fact("head_dims_multiple_of_8", bool, "head_dim and v_head_dim are multiples of 8 (FlashAttention's 16-bit alignment)"),
+    _model_fact(
+        "head_dims_multiple_of_8",
+        bool,
+        "head_dim and v_head_dim are multiples of 8 (FlashAttention's 16-bit alignment)",
+    ),
     _model_fact("sliding_window", Optional[int], "active sliding window, tokens", minimum=1),
     _model_fact("has_sliding_window", bool, "some layer uses a sliding window"),
     _model_fact("is_hybrid_swa", bool, "sliding-window and full-attention layers mixed"),
@@ -118,42 +122,91 @@ _MODEL_FACTS = [
     _model_fact("has_attention_sinks", bool, "learned attention sinks (gpt-oss)"),
     _model_fact("has_dual_chunk_attention", bool, "config has dual_chunk_attention_config"),
     _model_fact("has_dsa_indexer", bool, "config has index_topk (DeepSeek Sparse Attention's indexer)"),
-    _model_fact("has_recurrent_layers", bool, "some layers keep a recurrent state, not a KV cache (linear attention, Mamba, conv)"),
-    _model_fact("use_bidirectional_attention", bool,
-                "decoder layers attend both ways (EmbeddingGemma); a sliding window reaches after a query as before it"),
+    _model_fact(
+        "has_recurrent_layers",
+        bool,
+        "some layers keep a recurrent state, not a KV cache (linear attention, Mamba, conv)",
+    ),
+    _model_fact(
+        "use_bidirectional_attention",
+        bool,
+        "decoder layers attend both ways (EmbeddingGemma); a sliding window reaches after a query as before it",
+    ),
 ]
 _PLATFORM_FACTS = [
     FactSpec("gpu_arch", FactType("str", GPU_ARCHS), "platform", "GPU architecture"),
     FactSpec("sm_major", FactType("int"), "platform", "compute capability major"),
     FactSpec("has_flashinfer", FactType("bool"), "platform", "FlashInfer is installed"),
     FactSpec("has_flash_attn_cute", FactType("bool"), "platform", "FlashAttention-4 (flash_attn.cute) is installed"),
-    FactSpec("has_flash_attn_interface", FactType("bool"), "platform", "FlashAttention-3 (flash_attn_interface) is installed"),
+    FactSpec(
+        "has_flash_attn_interface", FactType("bool"), "platform", "FlashAttention-3 (flash_attn_interface) is installed"
+    ),
 ]
 _DERIVED_FACTS = [
-    FactSpec("prefill_backend", FactType("str", ATTENTION_BACKENDS, True), "derived",
-             "prefill_attention_backend, else attention_backend"),
-    FactSpec("decode_backend", FactType("str", ATTENTION_BACKENDS, True), "derived",
-             "decode_attention_backend, else attention_backend"),
-    FactSpec("attn_tp_size", FactType("int", minimum=1), "derived",
-             "ranks one attention layer's heads are split over: tp_size / dp_size under DP attention, else tp_size, "
-             "then / attn_cp_size"),
+    FactSpec(
+        "prefill_backend",
+        FactType("str", ATTENTION_BACKENDS, True),
+        "derived",
+        "prefill_attention_backend, else attention_backend",
+    ),
+    FactSpec(
+        "decode_backend",
+        FactType("str", ATTENTION_BACKENDS, True),
+        "derived",
+        "decode_attention_backend, else attention_backend",
+    ),
+    FactSpec(
+        "attn_tp_size",
+        FactType("int", minimum=1),
+        "derived",
+        "ranks one attention layer's heads are split over: tp_size / dp_size under DP attention, else tp_size, "
+        "then / attn_cp_size",
+    ),
     FactSpec("num_q_heads_per_rank", FactType("int", minimum=1), "derived", "query heads of one attention TP rank"),
-    FactSpec("num_kv_heads_per_rank", FactType("int", minimum=1), "derived",
-             "KV heads of one attention TP rank (replicated when attn_tp_size exceeds them; 1 for MLA's latent)"),
-    FactSpec("attn_heads_split_evenly", FactType("bool"), "derived",
-             "query heads divide by attn_tp_size, and KV heads divide by it or it by them"),
+    FactSpec(
+        "num_kv_heads_per_rank",
+        FactType("int", minimum=1),
+        "derived",
+        "KV heads of one attention TP rank (replicated when attn_tp_size exceeds them; 1 for MLA's latent)",
+    ),
+    FactSpec(
+        "attn_heads_split_evenly",
+        FactType("bool"),
+        "derived",
+        "query heads divide by attn_tp_size, and KV heads divide by it or it by them",
+    ),
     FactSpec("dp_divides_tp", FactType("bool"), "derived", "tp_size is a multiple of dp_size"),
-    FactSpec("attn_dp_group_size", FactType("int", minimum=0), "derived",
-             "ranks of one attention DP group: tp_size // dp_size under DP attention, else tp_size"),
-    FactSpec("attn_cp_divides_tp", FactType("bool"), "derived",
-             "attn_cp_size divides tp_size / dp_size under DP attention, else tp_size"),
-    FactSpec("speculative_chain_draft_tokens", FactType("int", None, True), "derived",
-             "speculative_num_steps + 1 (a chain's draft tokens), None without speculative_num_steps"),
-    FactSpec("speculative_ngram_num_steps", FactType("int", None, True), "derived",
-             "speculative_num_draft_tokens // speculative_eagle_topk (NGRAM's steps), None without both"),
+    FactSpec(
+        "attn_dp_group_size",
+        FactType("int", minimum=0),
+        "derived",
+        "ranks of one attention DP group: tp_size // dp_size under DP attention, else tp_size",
+    ),
+    FactSpec(
+        "attn_cp_divides_tp",
+        FactType("bool"),
+        "derived",
+        "attn_cp_size divides tp_size / dp_size under DP attention, else tp_size",
+    ),
+    FactSpec(
+        "speculative_chain_draft_tokens",
+        FactType("int", None, True),
+        "derived",
+        "speculative_num_steps + 1 (a chain's draft tokens), None without speculative_num_steps",
+    ),
+    FactSpec(
+        "speculative_ngram_num_steps",
+        FactType("int", None, True),
+        "derived",
+        "speculative_num_draft_tokens // speculative_eagle_topk (NGRAM's steps), None without both",
+    ),
 ]
-MODE_FACT = FactSpec("forward_mode", FactType("str", tuple(m.value for m in ForwardMode)), "mode", "forward mode of the batch")
-LAYER_FACT = FactSpec("layer_kind", FactType("str", tuple(k.value for k in LayerKind)), "layer", "kind of the attention layer")
+MODE_FACT = FactSpec(
+    "forward_mode", FactType("str", tuple(m.value for m in ForwardMode)), "mode", "forward mode of the batch"
+)
+LAYER_FACT = FactSpec(
+    "layer_kind", FactType("str", tuple(k.value for k in LayerKind)), "layer", "kind of the attention layer"
+)
 
 
 def _server_arg_facts() -> list[FactSpec]:
@@ -164,7 +217,9 @@ def _server_arg_facts() -> list[FactSpec]:
 
 
 #: Every fact a global rule may read, by name.
-FACTS: dict[str, FactSpec] = {f.name: f for f in [*_server_arg_facts(), *_MODEL_FACTS, *_PLATFORM_FACTS, *_DERIVED_FACTS]}
+FACTS: dict[str, FactSpec] = {
+    f.name: f for f in [*_server_arg_facts(), *_MODEL_FACTS, *_PLATFORM_FACTS, *_DERIVED_FACTS]
+}
 
 
 def model_facts(model: ModelFacts) -> dict[str, Any]:
@@ -191,7 +246,9 @@ def derived_facts(values: dict[str, Any]) -> dict[str, Any]:
         "dp_divides_tp": tp % dp == 0,
         "attn_dp_group_size": per_dp_group,
         "attn_cp_divides_tp": per_dp_group % values["attn_cp_size"] == 0,
-        "speculative_chain_draft_tokens": None if values["speculative_num_steps"] is None else values["speculative_num_steps"] + 1,
+        "speculative_chain_draft_tokens": None
+        if values["speculative_num_steps"] is None
+        else values["speculative_num_steps"] + 1,
         "speculative_ngram_num_steps": None if not (draft and topk) else draft // topk,
     }
 
@@ -200,7 +257,12 @@ def base_facts(args: ServerArgs, model: ModelFacts, platform: Platform) -> dict[
     """The fact values of one configuration (without forward_mode / layer_kind)."""
     values = args.model_dump()
     values.update(model_facts(model))
-    values.update(gpu_arch=platform.gpu_arch, sm_major=platform.sm_major, has_flashinfer=platform.has_flashinfer,
-                  has_flash_attn_cute=platform.has_flash_attn_cute, has_flash_attn_interface=platform.has_flash_attn_interface)
+    values.update(
+        gpu_arch=platform.gpu_arch,
+        sm_major=platform.sm_major,
+        has_flashinfer=platform.has_flashinfer,
+        has_flash_attn_cute=platform.has_flash_attn_cute,
+        has_flash_attn_interface=platform.has_flash_attn_interface,
+    )
     values.update(derived_facts(values))
     return values

@@ -10,17 +10,42 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 AttentionBackendName = Literal[
-    "triton", "torch_native", "flex_attention", "dsa", "nsa", "dsv4", "compressed",
-    "cutlass_mla", "fa3", "fa4", "flashinfer", "flashmla", "trtllm_mla", "cutedsl_mla",
-    "tokenspeed_mla", "trtllm_mha", "hpc_ops", "minicpm_flashattn",
-    "minicpm_flashinfer", "aiter", "wave", "intel_amx", "ascend", "intel_xpu",
+    "triton",
+    "torch_native",
+    "flex_attention",
+    "dsa",
+    "nsa",
+    "dsv4",
+    "compressed",
+    "cutlass_mla",
+    "fa3",
+    "fa4",
+    "flashinfer",
+    "flashmla",
+    "trtllm_mla",
+    "cutedsl_mla",
+    "tokenspeed_mla",
+    "trtllm_mha",
+    "hpc_ops",
+    "minicpm_flashattn",
+    "minicpm_flashinfer",
+    "aiter",
+    "wave",
+    "intel_amx",
+    "ascend",
+    "intel_xpu",
 ]
-DraftAttentionBackendName = Literal[
-    "flashinfer", "fa3", "fa4", "triton", "ascend", "trtllm_mha", "intel_xpu"
-]
+DraftAttentionBackendName = Literal["flashinfer", "fa3", "fa4", "triton", "ascend", "trtllm_mha", "intel_xpu"]
 KvCacheDtype = Literal[
-    "auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1", "nvfp4",
-    "fp4_mx_block16", "mxfp8",
+    "auto",
+    "bf16",
+    "bfloat16",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    "fp4_e2m1",
+    "nvfp4",
+    "fp4_mx_block16",
+    "mxfp8",
 ]
 ModelDtype = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
 SpeculativeAlgorithm = Literal["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH"]

@@ -13,8 +13,9 @@ _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
 
-def parse_flags(argv: list[str], fields: dict[str, FieldInfo], *,
-                warnings: list[Problem] | None = None) -> tuple[dict[str, Any], list[Problem]]:
+def parse_flags(
+    argv: list[str], fields: dict[str, FieldInfo], *, warnings: list[Problem] | None = None
+) -> tuple[dict[str, Any], list[Problem]]:
     """Map ``--kebab-case`` flags to field values; values stay strings for pydantic to coerce.
 
     A flag given twice keeps its last value, as argparse does; with different values a warning naming
@@ -60,9 +61,11 @@ def parse_flags(argv: list[str], fields: dict[str, FieldInfo], *,
     return values, problems
 
 
-def _note_repeat(given: dict[str, tuple[str, Any]], name: str, token: str, value: Any, warnings: list[Problem] | None) -> None:
+def _note_repeat(
+    given: dict[str, tuple[str, Any]], name: str, token: str, value: Any, warnings: list[Problem] | None
+) -> None:
     if name in given and given[name][1] != value and warnings is not None:
-        warnings.append(Problem(token.partition("=")[0], f"given twice, {given[name][1]!r} then {value!r}; the last wins"))
+        warnings.append(
+            Problem(token.partition("=")[0], f"given twice, {given[name][1]!r} then {value!r}; the last wins")
+        )
     given[name] = (token, value)
-
-

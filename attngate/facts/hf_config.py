@@ -32,10 +32,21 @@ _BIDIRECTIONAL_MODEL_TYPES = {"bert", "roberta", "xlm-roberta", "distilbert", "n
 
 # upper bounds per key, far beyond any released model: a config that exceeds one is corrupt
 _LAYER_LIMIT, _HEAD_LIMIT, _DIM_LIMIT = 4096, 65536, 65536
-_INT_LIMITS = {"num_hidden_layers": _LAYER_LIMIT, "encoder_layers": _LAYER_LIMIT, "decoder_layers": _LAYER_LIMIT,
-               "num_attention_heads": _HEAD_LIMIT, "num_key_value_heads": _HEAD_LIMIT, "decoder_attention_heads": _HEAD_LIMIT,
-               "head_dim": _DIM_LIMIT, "v_head_dim": _DIM_LIMIT, "qk_nope_head_dim": _DIM_LIMIT, "qk_rope_head_dim": _DIM_LIMIT,
-               "kv_lora_rank": _DIM_LIMIT, "hidden_size": 1 << 20, "d_model": 1 << 20}
+_INT_LIMITS = {
+    "num_hidden_layers": _LAYER_LIMIT,
+    "encoder_layers": _LAYER_LIMIT,
+    "decoder_layers": _LAYER_LIMIT,
+    "num_attention_heads": _HEAD_LIMIT,
+    "num_key_value_heads": _HEAD_LIMIT,
+    "decoder_attention_heads": _HEAD_LIMIT,
+    "head_dim": _DIM_LIMIT,
+    "v_head_dim": _DIM_LIMIT,
+    "qk_nope_head_dim": _DIM_LIMIT,
+    "qk_rope_head_dim": _DIM_LIMIT,
+    "kv_lora_rank": _DIM_LIMIT,
+    "hidden_size": 1 << 20,
+    "d_model": 1 << 20,
+}
 _DEFAULT_INT_LIMIT = 1 << 40  # windows, chunks, positions: tokens
 
 
@@ -99,7 +110,12 @@ class ConfigReader:
         value = self.get(key)
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or abs(value) > 1e9:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or abs(value) > 1e9
+        ):
             self._bad(self.where(key), f"must be a finite number, got {value!r}")
             return None
         return float(value)
@@ -173,7 +189,7 @@ class ConfigReader:
     def _dtype(self) -> str | None:
         value = self.raw.get("torch_dtype") or self.text.get("torch_dtype")
         if value is not None and not isinstance(value, str):
-            self._bad("torch_dtype", f"must be a dtype name such as \"bfloat16\", got {value!r}")
+            self._bad("torch_dtype", f'must be a dtype name such as "bfloat16", got {value!r}')
             return None
         return value
 
@@ -219,11 +235,17 @@ class ConfigReader:
             return (LayerKind.FULL,) * n, None, None
         if model_type == "gemma2":  # even layers slide, odd layers are global
             return tuple(LayerKind.SLIDING_WINDOW if i % 2 == 0 else LayerKind.FULL for i in range(n)), window, None
-        if isinstance(self.get("sliding_window_pattern"), str):  # EXAONE 4: "LLLG", local (L) or global (G) per layer, repeated
+        if isinstance(
+            self.get("sliding_window_pattern"), str
+        ):  # EXAONE 4: "LLLG", local (L) or global (G) per layer, repeated
             return self._from_letter_pattern(self.get("sliding_window_pattern"), n), window, None
         pattern = self.int_("sliding_window_pattern")
         if pattern is not None:  # every pattern-th layer is global
-            return tuple(LayerKind.FULL if (i + 1) % pattern == 0 else LayerKind.SLIDING_WINDOW for i in range(n)), window, None
+            return (
+                tuple(LayerKind.FULL if (i + 1) % pattern == 0 else LayerKind.SLIDING_WINDOW for i in range(n)),
+                window,
+                None,
+            )
         if use_sliding_window is True:
             first = self.int_("max_window_layers", default=0) or 0
             return tuple(LayerKind.SLIDING_WINDOW if i >= first else LayerKind.FULL for i in range(n)), window, None
@@ -245,14 +267,20 @@ class ConfigReader:
 
     def _from_letter_pattern(self, pattern: str, n: int) -> tuple[LayerKind, ...]:
         if not pattern or not set(pattern) <= {"L", "G"}:
-            self._bad(self.where("sliding_window_pattern"), f"must be an integer or a string of 'L' (local) and 'G' (global), got {pattern!r}")
+            self._bad(
+                self.where("sliding_window_pattern"),
+                f"must be an integer or a string of 'L' (local) and 'G' (global), got {pattern!r}",
+            )
             return ()
         return tuple(LayerKind.SLIDING_WINDOW if pattern[i % len(pattern)] == "L" else LayerKind.FULL for i in range(n))
 
     def _from_hybrid_pattern(self, pattern: Any, n: int) -> tuple[LayerKind, ...]:
         key = self.where("hybrid_override_pattern")
         if not isinstance(pattern, str) or len(pattern) != n or not set(pattern) <= _HYBRID_PATTERN_CHARS:
-            self._bad(key, f"must be a string of num_hidden_layers={n} characters from '*M-E' ('*': attention), got {pattern!r}")
+            self._bad(
+                key,
+                f"must be a string of num_hidden_layers={n} characters from '*M-E' ('*': attention), got {pattern!r}",
+            )
             return ()
         return self._attention_layers({i: LayerKind.FULL for i, c in enumerate(pattern) if c == "*"}, n, key)
 

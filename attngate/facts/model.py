@@ -68,11 +68,17 @@ class ModelFacts(ValidatedModel):
     def _consistent(self) -> "ModelFacts":
         """What the config reader guarantees, for facts built directly (every problem at once)."""
         problems = []
-        counts = {"num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
-                  "head_dim": self.head_dim, "v_head_dim": self.v_head_dim}
+        counts = {
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "v_head_dim": self.v_head_dim,
+        }
         problems += [f"{name} must be positive, got {value}" for name, value in counts.items() if value <= 0]
         if self.num_key_value_heads > 0 and self.num_attention_heads % self.num_key_value_heads:
-            problems.append(f"num_key_value_heads {self.num_key_value_heads} does not divide num_attention_heads {self.num_attention_heads}")
+            problems.append(
+                f"num_key_value_heads {self.num_key_value_heads} does not divide num_attention_heads {self.num_attention_heads}"
+            )
         if (self.attention_arch == "mla") != (self.kv_lora_rank is not None):
             problems.append("kv_lora_rank is set exactly for attention_arch 'mla'")
         if self.attention_arch == "mla" and not self.qk_rope_head_dim:
@@ -80,8 +86,12 @@ class ModelFacts(ValidatedModel):
         if not self.layer_kinds:
             problems.append("layer_kinds must list at least one layer")
         ids = self.attention_layer_ids
-        if ids is not None and (len(ids) != len(self.layer_kinds) or any(b <= a for a, b in zip(ids, ids[1:])) or min(ids, default=0) < 0):
-            problems.append("attention_layer_ids must give one increasing, non-negative model layer index per entry of layer_kinds")
+        if ids is not None and (
+            len(ids) != len(self.layer_kinds) or any(b <= a for a, b in zip(ids, ids[1:])) or min(ids, default=0) < 0
+        ):
+            problems.append(
+                "attention_layer_ids must give one increasing, non-negative model layer index per entry of layer_kinds"
+            )
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -94,8 +104,10 @@ class ModelFacts(ValidatedModel):
                 return layer_idx
         elif layer_idx in self.attention_layer_ids:
             return self.attention_layer_ids.index(layer_idx)
-        raise ValueError(f"{self.source}: model layer {layer_idx} is not one of its softmax-attention layers "
-                         f"({list(self.attention_layer_ids or range(len(self.layer_kinds)))})")
+        raise ValueError(
+            f"{self.source}: model layer {layer_idx} is not one of its softmax-attention layers "
+            f"({list(self.attention_layer_ids or range(len(self.layer_kinds)))})"
+        )
 
     # ---- derived facts -------------------------------------------------------------------------
 

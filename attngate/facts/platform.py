@@ -19,8 +19,11 @@ from attngate.util.suggest import did_you_mean
 
 #: What ``pip install attngate[gpu]`` installs: FlashInfer and FA4's flash_attn.cute (no FA3 wheel on PyPI).
 DEFAULT_PROVIDERS: tuple[str, ...] = ("flashinfer", "flash_attn.cute")
-_PROVIDER_FIELD = {"flashinfer": "has_flashinfer", "flash_attn.cute": "has_flash_attn_cute",
-                   "flash_attn_interface": "has_flash_attn_interface"}
+_PROVIDER_FIELD = {
+    "flashinfer": "has_flashinfer",
+    "flash_attn.cute": "has_flash_attn_cute",
+    "flash_attn_interface": "has_flash_attn_interface",
+}
 
 
 class Platform(BaseModel):
@@ -57,21 +60,33 @@ class Platform(BaseModel):
         ``flash_attn_interface``; default: :data:`DEFAULT_PROVIDERS`); ``facts`` override single
         ``has_*`` fields. Raises PlatformError listing every unknown name (UsageError for arguments of the wrong type).
         """
-        check_arguments(("name", name, str, "e.g. 'sm90'"),
-                        ("kernels", kernels, (list, tuple, type(None)), "a list of provider names, e.g. ['flashinfer']"))
+        check_arguments(
+            ("name", name, str, "e.g. 'sm90'"),
+            ("kernels", kernels, (list, tuple, type(None)), "a list of provider names, e.g. ['flashinfer']"),
+        )
         text = name.strip().lower().removeprefix("sm_").removeprefix("sm").replace(".", "")
         arch = f"sm{text}"
         problems = []
         if arch not in GPU_ARCHS:
-            problems.append(Problem("--gpu", f"unknown GPU architecture {name!r}; one of {', '.join(GPU_ARCHS)}"
-                                    + did_you_mean(arch, get_args(GpuArch))))
+            problems.append(
+                Problem(
+                    "--gpu",
+                    f"unknown GPU architecture {name!r}; one of {', '.join(GPU_ARCHS)}"
+                    + did_you_mean(arch, get_args(GpuArch)),
+                )
+            )
         providers = dict.fromkeys(_PROVIDER_FIELD.values(), False)
-        for kernel in (DEFAULT_PROVIDERS if kernels is None else kernels):
+        for kernel in DEFAULT_PROVIDERS if kernels is None else kernels:
             if kernel in _PROVIDER_FIELD:
                 providers[_PROVIDER_FIELD[kernel]] = True
             else:
-                problems.append(Problem("--kernels", f"unknown kernel provider {kernel!r}; one of {', '.join(KERNEL_PROVIDERS)}"
-                                        + did_you_mean(kernel, KERNEL_PROVIDERS)))
+                problems.append(
+                    Problem(
+                        "--kernels",
+                        f"unknown kernel provider {kernel!r}; one of {', '.join(KERNEL_PROVIDERS)}"
+                        + did_you_mean(kernel, KERNEL_PROVIDERS),
+                    )
+                )
         unknown = [k for k in facts if k not in providers]
         problems += [Problem(k, f"not a platform fact; one of {', '.join(providers)}") for k in unknown]
         if problems:
@@ -89,15 +104,19 @@ class Platform(BaseModel):
             major, minor = probe.cuda_capability()
         except Exception as exc:  # torch missing, no CUDA device, driver error: all mean "pass --gpu"
             reason = "torch is not installed" if isinstance(exc, ImportError) else str(exc)
-            raise PlatformError(Problem("--gpu", f"cannot detect the GPU ({reason}); pass --gpu sm80|sm90|sm100|sm120")) from None
+            raise PlatformError(
+                Problem("--gpu", f"cannot detect the GPU ({reason}); pass --gpu sm80|sm90|sm100|sm120")
+            ) from None
         return cls.from_name(f"{major}{minor}", kernels=installed_kernel_providers())
 
 
 def installed_kernel_providers() -> tuple[str, ...]:
     """The kernel providers importable here (found without importing them)."""
+
     def found(module: str) -> bool:
         try:
             return importlib.util.find_spec(module) is not None
         except (ImportError, ValueError):  # a parent package missing or broken
             return False
+
     return tuple(p for p in KERNEL_PROVIDERS if found(p))

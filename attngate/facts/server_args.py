@@ -45,8 +45,9 @@ class ServerArgs(ValidatedModel):
     def _integers_are_integers(cls, value: Any, info: ValidationInfo) -> Any:
         """An integer argument takes an integer (or its decimal string, as a flag gives it): not a bool, a float or
         "2.0", which pydantic would otherwise read as 1 or 2."""
-        if _INT_FIELDS.get(info.field_name) and (isinstance(value, (bool, float))
-                                                     or (isinstance(value, str) and not value.strip().lstrip("+-").isdigit())):
+        if _INT_FIELDS.get(info.field_name) and (
+            isinstance(value, (bool, float)) or (isinstance(value, str) and not value.strip().lstrip("+-").isdigit())
+        ):
             raise ValueError("takes an integer")
         return value
 
@@ -55,19 +56,27 @@ class ServerArgs(ValidatedModel):
     decode_attention_backend: Optional[AttentionBackendName] = None
     speculative_draft_attention_backend: Optional[DraftAttentionBackendName] = None
     kv_cache_dtype: KvCacheDtype = "auto"
-    page_size: Optional[int] = Field(None, ge=1, le=1 << 16, description="tokens per KV page (at most 65536: no kernel pages more)")
+    page_size: Optional[int] = Field(
+        None, ge=1, le=1 << 16, description="tokens per KV page (at most 65536: no kernel pages more)"
+    )
     context_length: Optional[int] = Field(None, ge=1, le=1 << 40, description="tokens")
     dtype: ModelDtype = "auto"
     is_embedding: bool = False
-    prefill_only_disable_kv_cache: bool = Field(False, description="embedding servers: a no-op KV pool, nothing written or read")
-    enable_mis: bool = Field(False, description="multi-item scoring: several items per request, scored against its prompt")
+    prefill_only_disable_kv_cache: bool = Field(
+        False, description="embedding servers: a no-op KV pool, nothing written or read"
+    )
+    enable_mis: bool = Field(
+        False, description="multi-item scoring: several items per request, scored against its prompt"
+    )
     chunked_prefill_size: Optional[int] = Field(None, ge=-1, le=1 << 40, description="tokens; -1 disables")
     disable_radix_cache: bool = False
     disable_chunked_prefix_cache: bool = False
     enable_mixed_chunk: bool = False
     disable_hybrid_swa_memory: bool = False
     enable_hierarchical_cache: bool = False
-    enable_unified_memory: bool = Field(False, description="one KV memory pool for all layer kinds, read through translated indices")
+    enable_unified_memory: bool = Field(
+        False, description="one KV memory pool for all layer kinds, read through translated indices"
+    )
     hicache_io_backend: HicacheIoBackend = "kernel"
     tp_size: int = Field(1, ge=1, le=1 << 16)
     dp_size: int = Field(1, ge=1, le=1 << 16)
@@ -75,7 +84,9 @@ class ServerArgs(ValidatedModel):
     enable_dp_lm_head: bool = Field(False, description="vocabulary-parallel LM head within each attention DP group")
     enable_prefill_cp: bool = False
     attn_cp_size: int = Field(1, ge=1, le=1 << 16, description="attention context-parallel ranks")
-    enable_hisparse: bool = Field(False, description="HiSparse: sparse attention over a KV pool of its own (DSA models)")
+    enable_hisparse: bool = Field(
+        False, description="HiSparse: sparse attention over a KV pool of its own (DSA models)"
+    )
     max_running_requests: Optional[int] = Field(None, ge=1, le=1 << 20, description="requests in flight at once")
     speculative_algorithm: Optional[SpeculativeAlgorithm] = None
     speculative_num_steps: Optional[int] = Field(None, ge=0, le=1024)
@@ -84,7 +95,9 @@ class ServerArgs(ValidatedModel):
     speculative_draft_model_path: Optional[str] = None
     speculative_attention_mode: SpeculativeAttentionMode = "prefill"
     speculative_ngram_max_bfs_breadth: int = Field(10, ge=1, le=1024)
-    speculative_use_rejection_sampling: bool = Field(False, description="EAGLE: accept draft tokens by rejection sampling")
+    speculative_use_rejection_sampling: bool = Field(
+        False, description="EAGLE: accept draft tokens by rejection sampling"
+    )
     speculative_accept_threshold_single: float = Field(1.0, ge=0.0, le=1.0)
     speculative_accept_threshold_acc: float = Field(1.0, ge=0.0, le=1.0)
     enable_deterministic_inference: bool = False
@@ -99,8 +112,9 @@ class ServerArgs(ValidatedModel):
     # ---- construction -------------------------------------------------------------------------
 
     @classmethod
-    def from_mapping(cls, data: dict[str, Any], *, source: str = "args",
-                     locate: Callable[[Any], str] | None = None) -> "ServerArgs":
+    def from_mapping(
+        cls, data: dict[str, Any], *, source: str = "args", locate: Callable[[Any], str] | None = None
+    ) -> "ServerArgs":
         """Validate a mapping (keys in snake_case or kebab-case). Raises ServerArgsError naming each key
         (``locate(key)``, default ``"{source}: {key}"``); one argument spelled twice is an error."""
         locate = locate or (lambda key: f"{source}: {key}")
@@ -127,9 +141,18 @@ class ServerArgs(ValidatedModel):
         from attngate.facts.flags import parse_flags
 
         if isinstance(argv, (str, bytes)) or not isinstance(argv, (list, tuple)):
-            raise UsageError(Problem("argv", f"takes a list of flag strings (e.g. {'--tp-size 2'.split()!r}), not a "
-                                             f"{type(argv).__name__}" + ("; split it: s.split()" if isinstance(argv, str) else "")))
-        not_str = [f"argv[{i}]: {a!r} is a {type(a).__name__}, not a string" for i, a in enumerate(argv) if not isinstance(a, str)]
+            raise UsageError(
+                Problem(
+                    "argv",
+                    f"takes a list of flag strings (e.g. {'--tp-size 2'.split()!r}), not a "
+                    f"{type(argv).__name__}" + ("; split it: s.split()" if isinstance(argv, str) else ""),
+                )
+            )
+        not_str = [
+            f"argv[{i}]: {a!r} is a {type(a).__name__}, not a string"
+            for i, a in enumerate(argv)
+            if not isinstance(a, str)
+        ]
         if not_str:
             raise UsageError([Problem("argv", message) for message in not_str])
         values, problems = parse_flags(list(argv), cls.model_fields)
@@ -163,8 +186,13 @@ class ServerArgs(ValidatedModel):
         a mapping (its keys are no attributes: ``ServerArgs(**mapping)``) or an object with none of the fields, which
         would silently give SGLang's defaults."""
         if isinstance(obj, Mapping):
-            raise UsageError(Problem("obj", f"takes an object with server-argument attributes, not a {type(obj).__name__}; "
-                                            "for a mapping: ServerArgs(**mapping)"))
+            raise UsageError(
+                Problem(
+                    "obj",
+                    f"takes an object with server-argument attributes, not a {type(obj).__name__}; "
+                    "for a mapping: ServerArgs(**mapping)",
+                )
+            )
         missing, data, failed = object(), {}, []
         for name in cls.model_fields:
             try:
@@ -177,8 +205,13 @@ class ServerArgs(ValidatedModel):
         if failed:
             raise UsageError(failed)
         if not data:
-            raise UsageError(Problem("obj", f"{type(obj).__name__} has none of the server arguments as attributes "
-                                            "(e.g. attention_backend, page_size)"))
+            raise UsageError(
+                Problem(
+                    "obj",
+                    f"{type(obj).__name__} has none of the server arguments as attributes "
+                    "(e.g. attention_backend, page_size)",
+                )
+            )
         return cls._validate(data, [], lambda n: f"{type(obj).__name__}.{n}")
 
     @classmethod
@@ -198,4 +231,6 @@ class ServerArgs(ValidatedModel):
 
 
 #: Whether each field takes an integer (read off its annotation: int or Optional[int]).
-_INT_FIELDS: dict[str, bool] = {name: info.annotation in (int, Optional[int]) for name, info in ServerArgs.model_fields.items()}
+_INT_FIELDS: dict[str, bool] = {
+    name: info.annotation in (int, Optional[int]) for name, info in ServerArgs.model_fields.items()
+}

@@ -45,7 +45,10 @@ def check_plan_consistency(plan_or_resolution: Plan | Resolution, group: Any = N
     dist.all_gather_object(fingerprints, plan.fingerprint, group=group)
     if len(set(fingerprints)) == 1:
         return
-    mine = {"gates": gate_values(plan), "facts": base_facts(resolution.server_args, resolution.model, resolution.platform) if resolution else {}}
+    mine = {
+        "gates": gate_values(plan),
+        "facts": base_facts(resolution.server_args, resolution.model, resolution.platform) if resolution else {},
+    }
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, mine, group=group)
     problems = []
@@ -71,7 +74,9 @@ def dp_max_batch_size(batch_size: int, group: Any = None) -> int:
 
     if not dist.is_initialized():
         raise RuntimeError("dp_max_batch_size needs torch.distributed.init_process_group() first")
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    device = (
+        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    )
     size = torch.tensor([batch_size], dtype=torch.int64, device=device)
     dist.all_reduce(size, op=dist.ReduceOp.MAX, group=group)
     return int(size.item())

@@ -79,21 +79,30 @@ def register() -> None:
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
 
 
-def attngate_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                       attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                       **kwargs: Any) -> tuple[torch.Tensor, None]:
+def attngate_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature: ``query: [B, H, S, D]``, ``key``/``value: [B, H_kv, S_kv, D]``;
     returns ``([B, S, H, Dv], None)``. Inside an AttngateRuntime forward: the runtime's backend over its paged
     cache (B = 1, every request's tokens flattened); outside one: transformers' own cache and mask with the
     plan's decisions (attngate.integrations.transformers_plain)."""
-    runtime = None if torch.compiler.is_compiling() else _ACTIVE.get()  # a runtime's forward never compiles (force_eager)
+    runtime = (
+        None if torch.compiler.is_compiling() else _ACTIVE.get()
+    )  # a runtime's forward never compiles (force_eager)
     if runtime is None:  # model(ids) / generate(): transformers' own cache and mask, the plan's decisions
         return plain_attention(module, query, key, value, attention_mask, scaling, **kwargs)
     layer = runtime.layer_for(module, scaling)
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
     if layer.is_mla:  # the latent, not the decompressed K/V: ckv (hooked) ++ kpe (the roped part of every head's key)
         ckv = runtime.take_ckv(layer.layer_id)
-        k, v = torch.cat([ckv.to(k.dtype), k[:, 0, layer.qk_nope_head_dim:]], dim=-1)[:, None, :], None
+        k, v = torch.cat([ckv.to(k.dtype), k[:, 0, layer.qk_nope_head_dim :]], dim=-1)[:, None, :], None
     out = runtime.backend.forward(q, k, v, layer, runtime.batch)
     return out.unsqueeze(0), None
 
@@ -124,19 +133,33 @@ class AttngateRuntime:
     resolve with another --attention-backend, or pass ``backend_cls=ReferenceBackend``).
     """
 
-    def __init__(self, model: torch.nn.Module, *, server_args: ServerArgs | None = None, platform: Platform | None = None,
-                 page_size: int | None = None, num_slots: int = 4096, max_requests: int = 16, max_context_len: int = 2048,
-                 backend_cls: type[AttentionBackend] | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        server_args: ServerArgs | None = None,
+        platform: Platform | None = None,
+        page_size: int | None = None,
+        num_slots: int = 4096,
+        max_requests: int = 16,
+        max_context_len: int = 2048,
+        backend_cls: type[AttentionBackend] | None = None,
+    ):
         register()
         self.model = model
         page_size = check_runtime_arguments(model, server_args, page_size, num_slots, max_requests, max_context_len)
         config = model.config
         self.facts = ModelFacts.from_hf_dict(config.to_dict(), source=type(model).__name__)
         if self.facts.has_recurrent_layers:
-            raise UsageError(Problem("model", f"{type(model).__name__} has layers without softmax attention (linear attention, "
-                                              f"Mamba, convolution) whose recurrent state AttngateRuntime does not keep between "
-                                              f"extend and decode; run it with attn_implementation={ATTN_IMPLEMENTATION!r} and "
-                                              f"transformers' own cache instead"))
+            raise UsageError(
+                Problem(
+                    "model",
+                    f"{type(model).__name__} has layers without softmax attention (linear attention, "
+                    f"Mamba, convolution) whose recurrent state AttngateRuntime does not keep between "
+                    f"extend and decode; run it with attn_implementation={ATTN_IMPLEMENTATION!r} and "
+                    f"transformers' own cache instead",
+                )
+            )
         if platform is None:
             platform = Platform.detect() if torch.cuda.is_available() else Platform.from_name("sm90")
         args = server_args or ServerArgs(page_size=page_size)
@@ -151,17 +174,34 @@ class AttngateRuntime:
         self.page_size = page_size
         kv_dtype = kv_storage_dtype(self.plan, dtype)  # --kv-cache-dtype fp8_e4m3: an FP8 pool
         if self.facts.use_mla:
-            self.pool = MLATokenToKVPool(num_slots, page_size, len(self.layers), self.facts.kv_lora_rank,
-                                         self.facts.qk_rope_head_dim, dtype=kv_dtype, device=device)
+            self.pool = MLATokenToKVPool(
+                num_slots,
+                page_size,
+                len(self.layers),
+                self.facts.kv_lora_rank,
+                self.facts.qk_rope_head_dim,
+                dtype=kv_dtype,
+                device=device,
+            )
         else:
-            self.pool = MHATokenToKVPool(num_slots, page_size, len(self.layers), self.facts.num_key_value_heads,
-                                         self.facts.head_dim, self.facts.v_head_dim, dtype=kv_dtype, device=device)
+            self.pool = MHATokenToKVPool(
+                num_slots,
+                page_size,
+                len(self.layers),
+                self.facts.num_key_value_heads,
+                self.facts.head_dim,
+                self.facts.v_head_dim,
+                dtype=kv_dtype,
+                device=device,
+            )
         self.allocator = PageAllocator(num_slots // page_size, page_size, _scattered(num_slots // page_size))
         self.req_to_token_pool = ReqToTokenPool(max_requests, max_context_len, device)
         if backend_cls is None:
             backend_cls = PlanBackend if torch.device(device).type == "cuda" else ReferenceBackend
         queries = {"q_dtype": dtype} if "q_dtype" in inspect.signature(backend_cls).parameters else {}  # FlashInfer's
-        self.backend = backend_cls(self.plan, self.pool, self.req_to_token_pool.req_to_token, self.layers, device, **queries)
+        self.backend = backend_cls(
+            self.plan, self.pool, self.req_to_token_pool.req_to_token, self.layers, device, **queries
+        )
         self.batch: ForwardBatch | None = None
         self._requests: dict[int, _Request] = {}
         self.device = device
@@ -187,8 +227,13 @@ class AttngateRuntime:
         (EXTEND, TARGET_VERIFY or DRAFT_EXTEND_V2); returns ``[num_tokens, vocab]`` logits (hidden states for a
         model without a head). Raises BatchMetadataError naming every bad request, nothing applied."""
         if mode not in [m.value for m in _EXTEND_MODES]:  # a list: mode may be anything, hashable or not
-            raise UsageError(Problem("mode", f"extend runs {', '.join(m.value for m in _EXTEND_MODES)}, not {mode!r}; "
-                                             "one token per request: decode()"))
+            raise UsageError(
+                Problem(
+                    "mode",
+                    f"extend runs {', '.join(m.value for m in _EXTEND_MODES)}, not {mode!r}; "
+                    "one token per request: decode()",
+                )
+            )
         return self._forward(ForwardMode(mode), new_tokens)
 
     def decode(self, next_tokens: dict[int, int | torch.Tensor]) -> torch.Tensor:
@@ -198,7 +243,9 @@ class AttngateRuntime:
     def _as_ids(self, new_tokens: dict[int, object]) -> dict[int, torch.Tensor]:
         """Each request's ids as a 1-D integer tensor; BatchMetadataError naming every value that is not one."""
         if not isinstance(new_tokens, dict):
-            raise UsageError(Problem("new_tokens", f"takes a dict {{request: token ids}}, not {type(new_tokens).__name__}"))
+            raise UsageError(
+                Problem("new_tokens", f"takes a dict {{request: token ids}}, not {type(new_tokens).__name__}")
+            )
         if not new_tokens:
             raise UsageError(Problem("new_tokens", "names no request; a forward runs one request or more"))
         ids, problems = {}, []
@@ -211,7 +258,9 @@ class AttngateRuntime:
                 t = t.long()
             if t is None or t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool or t.dim() > 1:
                 got = f"a {t.dim()}-D {t.dtype} tensor" if t is not None else type(value).__name__
-                problems.append(Problem(f"request {req}", f"token ids must be a 1-D integer tensor or a list of ints, not {got}"))
+                problems.append(
+                    Problem(f"request {req}", f"token ids must be a 1-D integer tensor or a list of ints, not {got}")
+                )
             else:
                 ids[req] = t.reshape(-1).to(torch.int64)  # the embedding takes int64 (or int32), not uint8
         if problems:
@@ -250,8 +299,13 @@ class AttngateRuntime:
             elif vocab and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
                 problems.append(Problem(where, f"token ids must be integers in [0, {vocab})"))
             elif self._requests[req].seq_len + ids.numel() > width:
-                problems.append(Problem(where, f"{self._requests[req].seq_len} cached + {ids.numel()} new tokens exceed "
-                                               f"max_context_len {width}"))
+                problems.append(
+                    Problem(
+                        where,
+                        f"{self._requests[req].seq_len} cached + {ids.numel()} new tokens exceed "
+                        f"max_context_len {width}",
+                    )
+                )
         if problems:
             raise BatchMetadataError(problems)
 
@@ -262,11 +316,15 @@ class AttngateRuntime:
         as_i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device=self.device)  # noqa: E731
         seq = [p + n for p, n in zip(prefix, lens)]
         self.batch = ForwardBatch(
-            forward_mode=mode, batch_size=len(reqs),
+            forward_mode=mode,
+            batch_size=len(reqs),
             req_pool_indices=torch.tensor([r.row for r in reqs], dtype=torch.int64, device=self.device),
-            seq_lens=as_i32(seq), seq_lens_cpu=torch.tensor(seq, dtype=torch.int32),
-            extend_prefix_lens=as_i32(prefix), extend_seq_lens=as_i32(lens),
-            out_cache_loc=torch.cat(locs).to(self.device), extend_seq_lens_cpu=lens,
+            seq_lens=as_i32(seq),
+            seq_lens_cpu=torch.tensor(seq, dtype=torch.int32),
+            extend_prefix_lens=as_i32(prefix),
+            extend_seq_lens=as_i32(lens),
+            out_cache_loc=torch.cat(locs).to(self.device),
+            extend_seq_lens_cpu=lens,
         )
         self.backend.init_forward_metadata(self.batch)
         ids = torch.cat([t.reshape(-1) for t in new_tokens.values()]).to(self.device)[None]
@@ -289,8 +347,13 @@ class AttngateRuntime:
         need = -(-end // self.page_size) - len(r.pages)
         if need > 0:
             r.pages += self.allocator.alloc_pages(need)
-        slots = torch.tensor([r.pages[i // self.page_size] * self.page_size + i % self.page_size for i in range(r.seq_len, end)], dtype=torch.int64)
-        self.req_to_token_pool.req_to_token[r.row, r.seq_len:end] = slots.to(torch.int32).to(self.req_to_token_pool.req_to_token.device)
+        slots = torch.tensor(
+            [r.pages[i // self.page_size] * self.page_size + i % self.page_size for i in range(r.seq_len, end)],
+            dtype=torch.int64,
+        )
+        self.req_to_token_pool.req_to_token[r.row, r.seq_len : end] = slots.to(torch.int32).to(
+            self.req_to_token_pool.req_to_token.device
+        )
         r.seq_len = end
         return slots
 
@@ -309,17 +372,23 @@ class AttngateRuntime:
             if layer.is_mla:
                 w = module.kv_b_proj.weight.detach().view(layer.num_q_heads, -1, layer.kv_lora_rank)
                 layer.w_kc = w[:, : layer.qk_nope_head_dim]  # [H, qk_nope, kv_lora_rank]
-                layer.w_vc = w[:, layer.qk_nope_head_dim:].transpose(1, 2)  # [H, kv_lora_rank, v_head_dim]
+                layer.w_vc = w[:, layer.qk_nope_head_dim :].transpose(1, 2)  # [H, kv_lora_rank, v_head_dim]
                 module.kv_a_layernorm.register_forward_hook(self._ckv_hook(idx))
             bound.add(idx)
         missing = [i for i in range(len(self.layers)) if i not in bound]
         if missing:
-            raise UsageError(Problem("model", f"no attention module found for layers {missing} of {type(model).__name__}; "
-                                              f"AttngateRuntime cannot bind it"))
+            raise UsageError(
+                Problem(
+                    "model",
+                    f"no attention module found for layers {missing} of {type(model).__name__}; "
+                    f"AttngateRuntime cannot bind it",
+                )
+            )
 
     def _ckv_hook(self, idx: int):
         def hook(_module, _inputs, output: torch.Tensor) -> None:
             self._ckv[idx] = output.reshape(-1, output.shape[-1])  # [num_tokens, kv_lora_rank]
+
         return hook
 
     def take_ckv(self, layer_id: int) -> torch.Tensor:
@@ -333,7 +402,9 @@ class AttngateRuntime:
         """The layer spec of a transformers attention module (bound at construction)."""
         layer = self.layers[module.layer_idx]
         if scaling is not None and abs(float(scaling) - layer.scaling) > 1e-12 * max(1.0, abs(layer.scaling)):
-            raise RuntimeError(f"layer {module.layer_idx}: the model passed scaling {scaling}, the bound layer has {layer.scaling}")
+            raise RuntimeError(
+                f"layer {module.layer_idx}: the model passed scaling {scaling}, the bound layer has {layer.scaling}"
+            )
         return layer
 
 

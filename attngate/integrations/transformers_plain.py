@@ -43,20 +43,29 @@ from attngate.runtime.layer import AttentionLayer, layers_from_model
 _PLANS: dict[int, tuple[Resolution, list[AttentionLayer]]] = {}
 
 
-def configure(model: torch.nn.Module, server_args: ServerArgs | None = None, platform: Platform | None = None) -> Resolution:
+def configure(
+    model: torch.nn.Module, server_args: ServerArgs | None = None, platform: Platform | None = None
+) -> Resolution:
     """Resolve (again) the plan ``model`` (or any module holding its ``config``) attends by outside a runtime;
     returns the Resolution. Raises PlanError; UsageError for a ``model`` without a transformers ``config``."""
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "to_dict"):
-        raise UsageError(Problem("model", f"takes a transformers model (or a module holding its config), not {type(model).__name__}"))
+        raise UsageError(
+            Problem("model", f"takes a transformers model (or a module holding its config), not {type(model).__name__}")
+        )
     source = (getattr(config, "architectures", None) or [type(model).__name__])[0]
     try:
         facts = ModelFacts.from_hf_dict(config.to_dict(), source=source)
     except ModelConfigError as err:
         key = getattr(config, "base_config_key", "")
         if key and key != "text_config":  # a vision or audio tower's attention, under one attn_implementation for all
-            err.problems.append(Problem(source, f"attngate resolves plans for language models; give the {key} tower its own "
-                                                f"implementation: attn_implementation={{'text_config': 'attngate', '{key}': 'sdpa'}}"))
+            err.problems.append(
+                Problem(
+                    source,
+                    f"attngate resolves plans for language models; give the {key} tower its own "
+                    f"implementation: attn_implementation={{'text_config': 'attngate', '{key}': 'sdpa'}}",
+                )
+            )
             raise ModelConfigError(err.problems) from None
         raise
     if platform is None:
@@ -77,8 +86,6 @@ def plan_of(module: torch.nn.Module) -> tuple[Resolution, list[AttentionLayer]] 
     return _PLANS.get(id(module.config))
 
 
-
-
 # each attention module's latest decisions, read by torch.compile graphs (which cannot run the plan's Python): kept by
 # every eager call and by configure() for every module of the model it is given; a graph guards on its entry, so a
 # plan configured again retraces the graphs that read the old one
@@ -94,11 +101,18 @@ def _decide(module: torch.nn.Module) -> LayerDecisions:
     layer = layers[_position(resolution.model, module)]
     plan, gates = resolution.plan, resolution.plan.layer(layer.kind).common
     decisions = LayerDecisions(
-        layer_id=layer.layer_id, kind=layer.kind, causal=gates.causal,
+        layer_id=layer.layer_id,
+        kind=layer.kind,
+        causal=gates.causal,
         window=layer.sliding_window_size if gates.use_window and layer.sliding_window_size >= 0 else None,
-        scaling=layer.scaling, logit_cap=layer.logit_cap, attention_chunk_size=layer.attention_chunk_size or 0,
-        prefill_kernel=_kernel_of(resolution, plan.prefill_backend), decode_kernel=_kernel_of(resolution, plan.decode_backend),
-        prefill_kernel_family=plan.flashinfer.prefill_kernel_family, workspace_size_mb=plan.flashinfer.workspace_size_mb)
+        scaling=layer.scaling,
+        logit_cap=layer.logit_cap,
+        attention_chunk_size=layer.attention_chunk_size or 0,
+        prefill_kernel=_kernel_of(resolution, plan.prefill_backend),
+        decode_kernel=_kernel_of(resolution, plan.decode_backend),
+        prefill_kernel_family=plan.flashinfer.prefill_kernel_family,
+        workspace_size_mb=plan.flashinfer.workspace_size_mb,
+    )
     if id(module) not in _DECISIONS:
         weakref.finalize(module, _DECISIONS.pop, id(module), None)
     _DECISIONS[id(module)] = decisions
@@ -107,8 +121,10 @@ def _decide(module: torch.nn.Module) -> LayerDecisions:
 
 # the first traced call of a module no eager call or configure() has seen: a graph break (fullgraph=True refuses it)
 _decide_outside_the_graph = torch.compiler.disable(
-    _decide, reason="attngate resolves a model's plan on its first attention call, in Python: call "
-                    "attngate.integrations.transformers.configure(model) before torch.compile(..., fullgraph=True)")
+    _decide,
+    reason="attngate resolves a model's plan on its first attention call, in Python: call "
+    "attngate.integrations.transformers.configure(model) before torch.compile(..., fullgraph=True)",
+)
 
 
 def _keep_decisions(model: torch.nn.Module) -> None:
@@ -122,8 +138,15 @@ def _keep_decisions(model: torch.nn.Module) -> None:
                 _DECISIONS.pop(id(module), None)
 
 
-def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                    attention_mask: torch.Tensor | None, scaling: float | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+def plain_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """``query: [B, H, S, D]``, ``key``/``value: [B, H_kv, S_kv, D/Dv]`` (transformers' cache included),
     ``attention_mask: [B, 1, S, S_kv]`` bool or additive, or None -> ``([B, S, H, Dv], None)``. Raises
     BatchMetadataError where a chunked-local layer's mask does not chunk as the plan says or the module has no place
@@ -144,8 +167,9 @@ def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     visible = visible_mask(attention_mask, b, s, s_kv, query.device, d.causal)  # [B, S, S_kv] as transformers masks it
     kernel = (d.prefill_kernel if s > 1 else d.decode_kernel) if _on_gpu(query) else None
     if kernel is not None:
-        return torch.ops.attngate.plain_kernel_attention(query, key, value, visible, attention_mask, sinks, id(module), kernel,
-                                                         scale), None
+        return torch.ops.attngate.plain_kernel_attention(
+            query, key, value, visible, attention_mask, sinks, id(module), kernel, scale
+        ), None
     # where each query sits among the keys: its last visible key under a causal mask, else bottom-right (a
     # bidirectional layer's mask shows every key of the row to every query). Positions are padded ones: a window
     # (a distance) reads them as the unpadded positions would.
@@ -175,9 +199,17 @@ def plain_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
 # an opaque op to torch.compile (as vLLM registers its attention): the varlen lengths live on the host and a kernel
 # package's Python is no graph's, so a compiled model keeps one graph around it rather than breaking at every layer
 @torch.library.custom_op("attngate::plain_kernel_attention", mutates_args=())
-def _kernel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor,
-                      attention_mask: Optional[torch.Tensor], sinks: Optional[torch.Tensor], module_id: int, kernel: str,
-                      scale: float) -> torch.Tensor:
+def _kernel_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    visible: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
+    sinks: Optional[torch.Tensor],
+    module_id: int,
+    kernel: str,
+    scale: float,
+) -> torch.Tensor:
     """The call on the GPU kernel ``kernel`` ("fa" or "flashinfer") for the attention module ``module_id`` (its
     decisions as kept), over the batch unpadded into varlen rows: ``[B, S, H, Dv]``, zeros at padding queries.
     ``attention_mask``, transformers' (``visible`` is made from it), names the batch's layout: every layer it reaches
@@ -185,17 +217,35 @@ def _kernel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     d = _DECISIONS[module_id]
     rows = unpad(query, key, value, visible, d, attention_mask)
     cu_q, cu_k = rows.cu_seqlens
-    common = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, scale=scale, causal=d.causal, window_left=d.window,
-                  softcap=d.logit_cap)
+    common = dict(
+        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, scale=scale, causal=d.causal, window_left=d.window, softcap=d.logit_cap
+    )
     if kernel == "fa":
-        out = varlen.fa4_varlen(rows.q, rows.k, rows.v, max_seqlen_q=int(rows.lens[0].max()),
-                                max_seqlen_k=int(rows.lens[1].max()), sinks=sinks, **common)
+        out = varlen.fa4_varlen(
+            rows.q,
+            rows.k,
+            rows.v,
+            max_seqlen_q=int(rows.lens[0].max()),
+            max_seqlen_k=int(rows.lens[1].max()),
+            sinks=sinks,
+            **common,
+        )
     else:
-        if sinks is not None:  # the plan refuses FlashInfer for sinks (flashinfer.no-attention-sinks); a config edited since
-            raise ValueError("FlashInfer runs no learned attention sinks; configure() the model again with another "
-                             "attention_backend")
-        out = varlen.flashinfer_ragged(rows.q, rows.k, rows.v, lens=rows.lens, kernel_family=d.prefill_kernel_family,
-                                       workspace_size_mb=d.workspace_size_mb, **common)
+        if (
+            sinks is not None
+        ):  # the plan refuses FlashInfer for sinks (flashinfer.no-attention-sinks); a config edited since
+            raise ValueError(
+                "FlashInfer runs no learned attention sinks; configure() the model again with another attention_backend"
+            )
+        out = varlen.flashinfer_ragged(
+            rows.q,
+            rows.k,
+            rows.v,
+            lens=rows.lens,
+            kernel_family=d.prefill_kernel_family,
+            workspace_size_mb=d.workspace_size_mb,
+            **common,
+        )
     return rows.pad_back(out, query, value)
 
 
@@ -218,8 +268,12 @@ def _position(model: ModelFacts, module: torch.nn.Module) -> int:
         if isinstance(idx, int):
             idx = encoder + 2 * idx + (0 if getattr(module, "is_causal", True) else 1)
     if not isinstance(idx, int):
-        raise BatchMetadataError(Problem(type(module).__name__, "an attention module without a layer_idx: attngate cannot "
-                                                               "tell which of the plan's layers it is"))
+        raise BatchMetadataError(
+            Problem(
+                type(module).__name__,
+                "an attention module without a layer_idx: attngate cannot tell which of the plan's layers it is",
+            )
+        )
     try:
         return model.attention_position(idx)
     except ValueError as err:
@@ -238,5 +292,3 @@ def _kernel_of(resolution: Resolution, backend: str) -> str | None:
     if backend in ("fa3", "fa4") and plan.flashattention.provider == "flash_attn.cute":
         return "fa"
     return "flashinfer" if backend == "flashinfer" else None
-
-

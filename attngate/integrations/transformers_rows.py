@@ -55,7 +55,9 @@ class _Rows:
         return padded
 
 
-def unpad(query, key, value, visible: torch.Tensor, layer: LayerDecisions, attention_mask: torch.Tensor | None = None) -> _Rows:
+def unpad(
+    query, key, value, visible: torch.Tensor, layer: LayerDecisions, attention_mask: torch.Tensor | None = None
+) -> _Rows:
     """Varlen rows from transformers' mask ``visible: [B, S, S_kv]``: one per request (its valid queries over its
     valid keys), where each valid position is found once per ``attention_mask`` (see :func:`_valid_positions`); on a
     chunked-local layer one per request and chunk; on a cross-attention layer one per run of a request's queries that
@@ -126,7 +128,9 @@ def _key_set_rows(query, key, value, visible: torch.Tensor, q_valid: torch.Tenso
     firsts = starts.nonzero()[:, 0]
     group, k_cols = seen[firsts].nonzero(as_tuple=True)  # each run's keys, run by run
     q_lens = torch.diff(firsts, append=firsts.new_tensor([rows.shape[0]]))
-    return _gathered_rows(query, key, value, q_valid, q_lens.cpu(), seen[firsts].sum(-1).cpu(), rows[firsts][group], k_cols)
+    return _gathered_rows(
+        query, key, value, q_valid, q_lens.cpu(), seen[firsts].sum(-1).cpu(), rows[firsts][group], k_cols
+    )
 
 
 def _request_of(q_valid: torch.Tensor) -> torch.Tensor:
@@ -135,8 +139,16 @@ def _request_of(q_valid: torch.Tensor) -> torch.Tensor:
     return torch.arange(b, device=q_valid.device)[:, None].expand(b, s)[q_valid]
 
 
-def _gathered_rows(query, key, value, q_valid: torch.Tensor, q_lens: torch.Tensor, k_lens: torch.Tensor,
-                   k_rows: torch.Tensor, k_cols: torch.Tensor) -> _Rows:
+def _gathered_rows(
+    query,
+    key,
+    value,
+    q_valid: torch.Tensor,
+    q_lens: torch.Tensor,
+    k_lens: torch.Tensor,
+    k_rows: torch.Tensor,
+    k_cols: torch.Tensor,
+) -> _Rows:
     """Rows of ``q_lens`` consecutive valid queries each over the keys ``key[k_rows, :, k_cols]``, row after row
     (lengths on the host, indices on either side)."""
     k_rows, k_cols = k_rows.to(key.device, non_blocking=True), k_cols.to(key.device, non_blocking=True)
@@ -152,15 +164,27 @@ def chunk_extents(visible: torch.Tensor, q_valid: torch.Tensor, layer: LayerDeci
     s_kv = visible.shape[-1]
     j = torch.arange(s_kv, device=visible.device)
     first, last = torch.where(visible, j, s_kv).amin(-1), torch.where(visible, j, -1).amax(-1)
-    row, first, last, count = torch.stack([_request_of(q_valid), first[q_valid], last[q_valid], visible.sum(-1)[q_valid]]).cpu()
+    row, first, last, count = torch.stack(
+        [_request_of(q_valid), first[q_valid], last[q_valid], visible.sum(-1)[q_valid]]
+    ).cpu()
     span, where, problems = last - first + 1, f"layer {layer.layer_id}", []
     if bool((span != count).any()):
-        problems.append(Problem(where, "transformers' mask shows a query keys that are not one range; a chunked-local "
-                                       "layer attends to the keys of one chunk up to the query"))
+        problems.append(
+            Problem(
+                where,
+                "transformers' mask shows a query keys that are not one range; a chunked-local "
+                "layer attends to the keys of one chunk up to the query",
+            )
+        )
     if span.numel() and int(span.max()) > layer.attention_chunk_size:
-        problems.append(Problem(where, f"transformers' mask shows a query {int(span.max())} keys, more than the plan's "
-                                       f"attention_chunk_size {layer.attention_chunk_size}: the model does not chunk this "
-                                       "layer as the plan says"))
+        problems.append(
+            Problem(
+                where,
+                f"transformers' mask shows a query {int(span.max())} keys, more than the plan's "
+                f"attention_chunk_size {layer.attention_chunk_size}: the model does not chunk this "
+                "layer as the plan says",
+            )
+        )
     if problems:
         raise BatchMetadataError(problems)
     return torch.stack([row, first, last])
@@ -170,7 +194,9 @@ def visible_mask(attention_mask: torch.Tensor | None, b: int, s: int, s_kv: int,
     if attention_mask is None and not causal:  # an unpadded encoder batch, or cross attention over every encoder token
         return torch.ones(b, s, s_kv, dtype=torch.bool, device=device)
     if attention_mask is None:  # transformers passes none for an unpadded causal batch: causal, bottom-right
-        return (torch.arange(s_kv, device=device)[None, :] <= torch.arange(s, device=device)[:, None] + (s_kv - s)).expand(b, s, s_kv)
+        return (
+            torch.arange(s_kv, device=device)[None, :] <= torch.arange(s, device=device)[:, None] + (s_kv - s)
+        ).expand(b, s, s_kv)
     mask = attention_mask[:, 0, :, :s_kv]
     visible = mask if mask.dtype == torch.bool else mask == 0
     return visible.expand(b, s, s_kv)

@@ -39,11 +39,18 @@ def _specs(scope: Scope, groups: dict[str, type[BaseModel]]) -> list[GateSpec]:
     for group, model in groups.items():
         for field, info in model.model_fields.items():
             extra = info.json_schema_extra or {}
-            out.append(GateSpec(
-                name=f"{GROUP_PREFIX[group]}.{field}", scope=scope, group=group, field=field,
-                type=FactType.from_annotation(info.annotation), default=info.default,
-                from_fact=extra.get("from_fact"), doc=info.description or "",
-            ))
+            out.append(
+                GateSpec(
+                    name=f"{GROUP_PREFIX[group]}.{field}",
+                    scope=scope,
+                    group=group,
+                    field=field,
+                    type=FactType.from_annotation(info.annotation),
+                    default=info.default,
+                    from_fact=extra.get("from_fact"),
+                    doc=info.description or "",
+                )
+            )
     return out
 
 
@@ -53,7 +60,9 @@ def _group_models(row: type[BaseModel]) -> dict[str, type[BaseModel]]:
 
 def _build() -> dict[str, GateSpec]:
     specs = [
-        *_specs("global", {"flashattention": FlashAttentionGates, "flashinfer": FlashInferGates, "common": CommonGates}),
+        *_specs(
+            "global", {"flashattention": FlashAttentionGates, "flashinfer": FlashInferGates, "common": CommonGates}
+        ),
         *_specs("mode", _group_models(ModeGates)),
         *_specs("layer", _group_models(LayerGates)),
     ]

@@ -46,50 +46,99 @@ MlaForm = Literal["absorbed", "non_absorbed", "non_absorbed_without_prefix"]
 
 # ---- global gates --------------------------------------------------------------------------------
 
+
 class FlashAttentionGates(_Group):
     """Read by the FA3/FA4 backend."""
 
-    skip_kv_cache: bool = gate(False, "Embedding fast path: attend on the raw K/V; neither write nor read the paged cache. One value for both sides.")
-    precompute_scheduler_metadata: bool = gate(True, "Compute FA3 scheduler_metadata once per decode batch (and at CUDA-graph capture/replay).")
+    skip_kv_cache: bool = gate(
+        False,
+        "Embedding fast path: attend on the raw K/V; neither write nor read the paged cache. One value for both sides.",
+    )
+    precompute_scheduler_metadata: bool = gate(
+        True, "Compute FA3 scheduler_metadata once per decode batch (and at CUDA-graph capture/replay)."
+    )
     num_splits: int = gate(0, "split-KV count passed to every FA call; 0 = the kernel chooses.")
-    provider: Literal["flash_attn.cute", "flash_attn_interface"] = gate("flash_attn.cute", "The FlashAttention package the backend calls: FA4 (flash_attn.cute) or FA3 (flash_attn_interface).")
+    provider: Literal["flash_attn.cute", "flash_attn_interface"] = gate(
+        "flash_attn.cute",
+        "The FlashAttention package the backend calls: FA4 (flash_attn.cute) or FA3 (flash_attn_interface).",
+    )
 
 
 class FlashInferGates(_Group):
     """Read by the FlashInfer backend; every wrapper kind (single, sliding window, cross attention) takes the split settings."""
 
-    wrapper_dispatch: Literal["single", "sliding_window", "cross_attention"] = gate("single", "Wrapper sets: one, or two split by sliding-window vs full layers, or by self vs cross attention.")
-    use_ragged_prefill: bool = gate(True, "EXTEND: new tokens through the ragged wrapper, cached prefix through the paged wrapper, merged with merge_state.")
-    prefill_fixed_split_size: Optional[int] = gate(None, "fixed_split_size (tokens) of every prefill plan; None = FlashInfer chooses.")
-    decode_fixed_split_size: Optional[int] = gate(None, "fixed_split_size (tokens) of every eager decode plan; None = FlashInfer chooses.")
+    wrapper_dispatch: Literal["single", "sliding_window", "cross_attention"] = gate(
+        "single", "Wrapper sets: one, or two split by sliding-window vs full layers, or by self vs cross attention."
+    )
+    use_ragged_prefill: bool = gate(
+        True,
+        "EXTEND: new tokens through the ragged wrapper, cached prefix through the paged wrapper, merged with merge_state.",
+    )
+    prefill_fixed_split_size: Optional[int] = gate(
+        None, "fixed_split_size (tokens) of every prefill plan; None = FlashInfer chooses."
+    )
+    decode_fixed_split_size: Optional[int] = gate(
+        None, "fixed_split_size (tokens) of every eager decode plan; None = FlashInfer chooses."
+    )
     cuda_graph_disable_split_kv: bool = gate(False, "disable_split_kv of every CUDA-graph decode plan.")
     decode_use_tensor_cores: bool = gate(False, "use_tensor_cores of every decode wrapper.")
     workspace_size_mb: int = gate(384, "float workspace buffer, MiB.")
-    prefill_kernel_family: Literal["fa2", "fa3"] = gate("fa2", "Kernel family of the prefill (ragged and paged) wrappers.")
-    mla_kernel_family: Literal["fa2", "fa3"] = gate("fa2", "Kernel family of BatchMLAPagedAttentionWrapper (absorbed MLA).")
-    multi_item_scoring: bool = gate(False, "EXTEND scores several items per request: item masks from delimiter tokens replace the causal mask (SGLang's MultiItemScoringParams). attngate's FlashInfer backend does not implement it and refuses such a plan.")
-    decode_kernel_family: Literal["fa2"] = gate("fa2", "Kernel family of every decode wrapper: fa2 (the CUDA-core decode kernel, or the fa2 prefill kernel under decode_use_tensor_cores). Never FlashInfer's 'auto', which probes for cuDNN on every plan().")
-    eager_decode_replan: Literal["plan", "fast_decode_plan"] = gate("plan", "How an eager decode wrapper is re-planned after its first plan(): plan(), or flashinfer.fast_decode_plan handed the device kv_indptr and kv_last_page_len that the page-id build copies anyway. fast_decode_plan reads kv_last_page_len on the host under tensor-core decode unless page_size is 1, a device-to-host sync, so only there or without tensor cores.")
-    graph_decode_replan: Literal["plan", "fast_decode_plan"] = gate("plan", "How a captured CUDA-graph decode wrapper is re-planned before each replay: FlashInfer's plan(), or flashinfer.fast_decode_plan (the backend fills the graph's static kv_indptr and kv_last_page_len in one copy; FlashInfer keeps the kernel module of the capture's plan() and copies nothing).")
+    prefill_kernel_family: Literal["fa2", "fa3"] = gate(
+        "fa2", "Kernel family of the prefill (ragged and paged) wrappers."
+    )
+    mla_kernel_family: Literal["fa2", "fa3"] = gate(
+        "fa2", "Kernel family of BatchMLAPagedAttentionWrapper (absorbed MLA)."
+    )
+    multi_item_scoring: bool = gate(
+        False,
+        "EXTEND scores several items per request: item masks from delimiter tokens replace the causal mask (SGLang's MultiItemScoringParams). attngate's FlashInfer backend does not implement it and refuses such a plan.",
+    )
+    decode_kernel_family: Literal["fa2"] = gate(
+        "fa2",
+        "Kernel family of every decode wrapper: fa2 (the CUDA-core decode kernel, or the fa2 prefill kernel under decode_use_tensor_cores). Never FlashInfer's 'auto', which probes for cuDNN on every plan().",
+    )
+    eager_decode_replan: Literal["plan", "fast_decode_plan"] = gate(
+        "plan",
+        "How an eager decode wrapper is re-planned after its first plan(): plan(), or flashinfer.fast_decode_plan handed the device kv_indptr and kv_last_page_len that the page-id build copies anyway. fast_decode_plan reads kv_last_page_len on the host under tensor-core decode unless page_size is 1, a device-to-host sync, so only there or without tensor cores.",
+    )
+    graph_decode_replan: Literal["plan", "fast_decode_plan"] = gate(
+        "plan",
+        "How a captured CUDA-graph decode wrapper is re-planned before each replay: FlashInfer's plan(), or flashinfer.fast_decode_plan (the backend fills the graph's static kv_indptr and kv_last_page_len in one copy; FlashInfer keeps the kernel module of the capture's plan() and copies nothing).",
+    )
 
 
 class CommonGates(_Group):
     """Read by every backend."""
 
     page_size: int = gate(1, "tokens per KV page", from_fact="page_size")
-    attn_tp_size: int = gate(1, "ranks one attention layer's heads are split over (attention TP)", from_fact="attn_tp_size")
-    num_q_heads_per_rank: int = gate(1, "query heads of one attention TP rank: what a backend's layers carry", from_fact="num_q_heads_per_rank")
-    num_kv_heads_per_rank: int = gate(1, "KV heads of one rank (replicated beyond the model's KV heads)", from_fact="num_kv_heads_per_rank")
+    attn_tp_size: int = gate(
+        1, "ranks one attention layer's heads are split over (attention TP)", from_fact="attn_tp_size"
+    )
+    num_q_heads_per_rank: int = gate(
+        1, "query heads of one attention TP rank: what a backend's layers carry", from_fact="num_q_heads_per_rank"
+    )
+    num_kv_heads_per_rank: int = gate(
+        1, "KV heads of one rank (replicated beyond the model's KV heads)", from_fact="num_kv_heads_per_rank"
+    )
     kv_cache_dtype: str = gate("auto", "KV cache storage dtype", from_fact="kv_cache_dtype")
     cuda_graph: bool = gate(True, "CUDA graphs are captured at all.")
-    mla_chunked_prefix_cache: bool = gate(True, "MLA prefill attends to the cached prefix in chunks (MHA over decompressed KV).")
-    unified_kv_pool: bool = gate(False, "SGLang's unified memory pool: page ids are read through its index translator. attngate's backends read their own pool's ids and refuse such a plan.", from_fact="enable_unified_memory")
+    mla_chunked_prefix_cache: bool = gate(
+        True, "MLA prefill attends to the cached prefix in chunks (MHA over decompressed KV)."
+    )
+    unified_kv_pool: bool = gate(
+        False,
+        "SGLang's unified memory pool: page ids are read through its index translator. attngate's backends read their own pool's ids and refuse such a plan.",
+        from_fact="enable_unified_memory",
+    )
 
 
 # ---- per-forward-mode gates ----------------------------------------------------------------------
 
+
 class FlashAttentionModeGates(_Group):
-    kv_extent: KvExtent = gate("prefix_plus_new", "What seqused_k / cache_seqlens cover, in eager runs and CUDA-graph replay alike.")
+    kv_extent: KvExtent = gate(
+        "prefix_plus_new", "What seqused_k / cache_seqlens cover, in eager runs and CUDA-graph replay alike."
+    )
 
 
 class FlashInferModeGates(_Group):
@@ -98,14 +147,23 @@ class FlashInferModeGates(_Group):
 
 class CommonModeGates(_Group):
     capture_cuda_graph: bool = gate(False, "This mode is captured and replayed as a CUDA graph.")
-    mla_form: MlaForm = gate("absorbed", "How MLA layers attend in this mode: absorbed (q_nope absorbed into the latent, attention over the "
-                             "latent cache ckv ++ kpe), non_absorbed (K/V decompressed from the latent for prefix and new tokens, "
-                             "q/k head dim qk_nope+qk_rope, v head dim v_head_dim), or non_absorbed_without_prefix (non-absorbed "
-                             "for a batch without cached prefix, else absorbed). The latent is written before attention in every form.")
-    tree_mask: bool = gate(False, "The draft tokens of this mode form a speculative tree (speculative_eagle_topk > 1): each attends to the "
-                           "cached prefix and to its ancestors in the tree (ForwardBatch.spec_tree_mask), not to every earlier draft token.")
-    runs_on: Literal["prefill", "decode"] = gate("prefill", "Which of the plan's two backends runs this mode where they differ: "
-                                                 "prefill_backend or decode_backend (SGLang's HybridAttnBackend). Plan.backend_for(mode) names it.")
+    mla_form: MlaForm = gate(
+        "absorbed",
+        "How MLA layers attend in this mode: absorbed (q_nope absorbed into the latent, attention over the "
+        "latent cache ckv ++ kpe), non_absorbed (K/V decompressed from the latent for prefix and new tokens, "
+        "q/k head dim qk_nope+qk_rope, v head dim v_head_dim), or non_absorbed_without_prefix (non-absorbed "
+        "for a batch without cached prefix, else absorbed). The latent is written before attention in every form.",
+    )
+    tree_mask: bool = gate(
+        False,
+        "The draft tokens of this mode form a speculative tree (speculative_eagle_topk > 1): each attends to the "
+        "cached prefix and to its ancestors in the tree (ForwardBatch.spec_tree_mask), not to every earlier draft token.",
+    )
+    runs_on: Literal["prefill", "decode"] = gate(
+        "prefill",
+        "Which of the plan's two backends runs this mode where they differ: "
+        "prefill_backend or decode_backend (SGLang's HybridAttnBackend). Plan.backend_for(mode) names it.",
+    )
 
 
 class ModeGates(_Group):
@@ -118,13 +176,17 @@ class ModeGates(_Group):
 
 # ---- per-layer-kind gates ------------------------------------------------------------------------
 
+
 class FlashInferLayerGates(_Group):
     wrapper_index: int = gate(0, "Which wrapper of the set a layer of this kind runs through.")
 
 
 class CommonLayerGates(_Group):
     causal: bool = gate(True, "Queries attend only to earlier positions.")
-    use_window: bool = gate(False, "The layer's sliding window (window_left) applies; every pass over the layer (ragged and paged) receives it.")
+    use_window: bool = gate(
+        False,
+        "The layer's sliding window (window_left) applies; every pass over the layer (ragged and paged) receives it.",
+    )
     write_kv_cache: bool = gate(True, "The layer's K/V are written to the paged cache.")
 
 
@@ -155,8 +217,11 @@ def _member(enum: type[ForwardMode] | type[LayerKind], value: object, parameter:
         return enum(value)
     except ValueError:
         names = [m.value for m in enum]
-        raise UsageError(Problem(parameter, f"no {enum.__name__} {value!r}; one of {', '.join(names)}"
-                                 + did_you_mean(str(value), names))) from None
+        raise UsageError(
+            Problem(
+                parameter, f"no {enum.__name__} {value!r}; one of {', '.join(names)}" + did_you_mean(str(value), names)
+            )
+        ) from None
 
 
 class Plan(ValidatedModel):
@@ -198,7 +263,9 @@ class Plan(ValidatedModel):
         """PlanLoadError if the plan was changed after validation (``object.__setattr__``, ``__dict__``):
         pydantic's frozen models refuse only plain attribute assignment."""
         if self.fingerprint != self._sealed:
-            raise PlanLoadError(Problem("plan", "changed after it was validated; resolve() or Plan.from_json() a new one"))
+            raise PlanLoadError(
+                Problem("plan", "changed after it was validated; resolve() or Plan.from_json() a new one")
+            )
 
     def canonical_json(self) -> str:
         body = self.model_dump(mode="json", exclude={"fingerprint"})
@@ -223,5 +290,7 @@ class Plan(ValidatedModel):
             errors = exc.errors() if isinstance(exc, ValidationError) else [{"loc": (), "msg": str(exc)}]
             raise PlanLoadError([Problem(".".join(map(str, e["loc"])) or None, e["msg"]) for e in errors]) from None
         if claimed is not None and claimed != plan.fingerprint:
-            raise PlanLoadError(Problem("fingerprint", f"{claimed} does not match the plan's content ({plan.fingerprint})"))
+            raise PlanLoadError(
+                Problem("fingerprint", f"{claimed} does not match the plan's content ({plan.fingerprint})")
+            )
         return plan

@@ -129,7 +129,11 @@ class _Checker:
                 return None
             name = self.ref_name(node)
             if name not in self.gates:
-                hint = did_you_mean(name, self.gates) if self.gates else " (gate values are readable only by per-mode and per-layer rules)"
+                hint = (
+                    did_you_mean(name, self.gates)
+                    if self.gates
+                    else " (gate values are readable only by per-mode and per-layer rules)"
+                )
                 self.fail(node, f"unknown gate {name!r}{hint}")
                 return None
             self.reads.append(name)
@@ -161,7 +165,9 @@ class _Checker:
             self.pair(node, left, op, right, guarded)
             left = right
 
-    def pair(self, node: ast.Compare, left: ast.expr, op: ast.cmpop, right: ast.expr, guarded: frozenset[str] = frozenset()) -> None:
+    def pair(
+        self, node: ast.Compare, left: ast.expr, op: ast.cmpop, right: ast.expr, guarded: frozenset[str] = frozenset()
+    ) -> None:
         lk, lv = self.operand(left)
         rk, rv = self.operand(right)
         if "bad" in (lk, rk):
@@ -170,13 +176,23 @@ class _Checker:
             self.fail(node, "compares two constants")
             return
         if lk == "ref" and rk == "ref":
-            if lv is not None and rv is not None and (lv.base != rv.base or isinstance(op, (ast.In, ast.NotIn, ast.Is, ast.IsNot))):
-                self.fail(node, f"cannot compare {self.ref_name(left)} ({lv.describe()}) with {self.ref_name(right)} ({rv.describe()}) using {_op(op)}")
+            if (
+                lv is not None
+                and rv is not None
+                and (lv.base != rv.base or isinstance(op, (ast.In, ast.NotIn, ast.Is, ast.IsNot)))
+            ):
+                self.fail(
+                    node,
+                    f"cannot compare {self.ref_name(left)} ({lv.describe()}) with {self.ref_name(right)} ({rv.describe()}) using {_op(op)}",
+                )
             elif isinstance(op, _ORDER_OPS):
                 for side, ftype in ((left, lv), (right, rv)):
                     if ftype is not None and ftype.optional and self.ref_name(side) not in guarded:
-                        self.fail(node, f"{self.ref_name(side)} may be None, and {_op(op)} on None raises; guard it: "
-                                        f"'{self.ref_name(side)} is not None and ...'")
+                        self.fail(
+                            node,
+                            f"{self.ref_name(side)} may be None, and {_op(op)} on None raises; guard it: "
+                            f"'{self.ref_name(side)} is not None and ...'",
+                        )
             return
         ftype, literal, fnode, lnode = (lv, rv, left, right) if lk == "ref" else (rv, lv, right, left)
         if ftype is None:
@@ -200,7 +216,12 @@ class _Checker:
         elif isinstance(op, _ORDER_OPS) and ftype.optional and name not in guarded:
             self.fail(node, f"{name} may be None, and {_op(op)} on None raises; guard it: '{name} is not None and ...'")
         else:  # an order comparison with a number out of range is a tautology, not a type error: bounds only for ==
-            self.literal_fits(lnode, name, ftype if not isinstance(op, _ORDER_OPS) else replace(ftype, minimum=None, maximum=None), literal)
+            self.literal_fits(
+                lnode,
+                name,
+                ftype if not isinstance(op, _ORDER_OPS) else replace(ftype, minimum=None, maximum=None),
+                literal,
+            )
 
     def literal_fits(self, node: ast.AST, name: str, ftype: FactType, value: Any) -> None:
         if value is None and ftype.optional:
@@ -209,7 +230,9 @@ class _Checker:
             return
         if ftype.choices and isinstance(value, str):
             choices = f"{len(ftype.choices)} choices" if len(ftype.choices) > 8 else ftype.describe()
-            self.fail(node, f"{value!r} is not a value of {name} ({choices})" + did_you_mean(value, map(str, ftype.choices)))
+            self.fail(
+                node, f"{value!r} is not a value of {name} ({choices})" + did_you_mean(value, map(str, ftype.choices))
+            )
         else:
             self.fail(node, f"{name} is {ftype.describe()}, compared with {value!r}")
 
@@ -243,9 +266,17 @@ def _is_literal(node: ast.expr) -> bool:
 
 
 def _describe(node: ast.AST) -> str:
-    names = {ast.Call: "a call", ast.Subscript: "a subscript", ast.BinOp: "arithmetic", ast.Lambda: "a lambda",
-             ast.List: "a list (use a tuple)", ast.Dict: "a dict", ast.Set: "a set (use a tuple)",
-             ast.IfExp: "a conditional expression", ast.NamedExpr: "an assignment"}
+    names = {
+        ast.Call: "a call",
+        ast.Subscript: "a subscript",
+        ast.BinOp: "arithmetic",
+        ast.Lambda: "a lambda",
+        ast.List: "a list (use a tuple)",
+        ast.Dict: "a dict",
+        ast.Set: "a set (use a tuple)",
+        ast.IfExp: "a conditional expression",
+        ast.NamedExpr: "an assignment",
+    }
     for cls, text in names.items():
         if isinstance(node, cls):
             return text
@@ -255,8 +286,18 @@ def _describe(node: ast.AST) -> str:
 
 
 def _op(op: ast.cmpop) -> str:
-    return {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=",
-            ast.In: "in", ast.NotIn: "not in", ast.Is: "is", ast.IsNot: "is not"}[type(op)]
+    return {
+        ast.Eq: "==",
+        ast.NotEq: "!=",
+        ast.Lt: "<",
+        ast.LtE: "<=",
+        ast.Gt: ">",
+        ast.GtE: ">=",
+        ast.In: "in",
+        ast.NotIn: "not in",
+        ast.Is: "is",
+        ast.IsNot: "is not",
+    }[type(op)]
 
 
 class _GateRefRewriter(ast.NodeTransformer):
@@ -271,8 +312,9 @@ def _compile(tree: ast.Expression, label: str) -> Any:
     return compile(tree, label, "eval")
 
 
-def compile_condition(text: str, facts: dict[str, FactType], gates: dict[str, FactType] | None = None,
-                      hints: dict[str, str] | None = None) -> Condition:
+def compile_condition(
+    text: str, facts: dict[str, FactType], gates: dict[str, FactType] | None = None, hints: dict[str, str] | None = None
+) -> Condition:
     """Parse, whitelist, type-check and compile ``text``.
 
     ``facts`` are the readable facts and their types; ``gates`` the readable gates (per-mode and
@@ -282,9 +324,13 @@ def compile_condition(text: str, facts: dict[str, FactType], gates: dict[str, Fa
     if not isinstance(text, str) or not text.strip():
         raise ConditionErrors([ConditionError(0, "a condition must be a non-empty expression")])
     if len(text) > MAX_CONDITION_CHARS:
-        raise ConditionErrors([ConditionError(0, f"longer than {MAX_CONDITION_CHARS} characters; name parts of it as predicates")])
+        raise ConditionErrors(
+            [ConditionError(0, f"longer than {MAX_CONDITION_CHARS} characters; name parts of it as predicates")]
+        )
     try:
-        with warnings.catch_warnings():  # Python's SyntaxWarnings ("invalid decimal literal") are reported as errors below
+        with (
+            warnings.catch_warnings()
+        ):  # Python's SyntaxWarnings ("invalid decimal literal") are reported as errors below
             warnings.simplefilter("ignore")
             tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as exc:
@@ -299,8 +345,10 @@ def compile_condition(text: str, facts: dict[str, FactType], gates: dict[str, Fa
         raise ConditionErrors(checker.errors)
     source = text.strip()
     parts = _conjuncts(tree.body)
-    conjuncts = tuple(Conjunct(ast.get_source_segment(source, p) or ast.unparse(p), p, _guards(parts[:i], p))
-                      for i, p in enumerate(parts))
+    conjuncts = tuple(
+        Conjunct(ast.get_source_segment(source, p) or ast.unparse(p), p, _guards(parts[:i], p))
+        for i, p in enumerate(parts)
+    )
     reads = tuple(dict.fromkeys(checker.reads))
     return Condition(source, _compile(tree, "<condition>"), conjuncts, reads, tree)
 
@@ -336,4 +384,3 @@ class ConditionErrors(Exception):
     def __init__(self, errors: list[ConditionError]):
         self.errors = errors
         super().__init__("; ".join(e.message for e in errors))
-

@@ -43,7 +43,9 @@ class Deviation:
     rules: tuple[str, ...] = ()
 
 
-def check_deviations(raw: Any, doc: YamlDocument, problems: list[Problem], predicate_types: dict[str, FactType]) -> list[Deviation]:
+def check_deviations(
+    raw: Any, doc: YamlDocument, problems: list[Problem], predicate_types: dict[str, FactType]
+) -> list[Deviation]:
     """Type-check the ``deviations:`` list; every problem goes to ``problems`` with file:line:col."""
     readable = {**{name: spec.type for name, spec in FACTS.items()}, **predicate_types}
     out: list[Deviation] = []
@@ -51,12 +53,21 @@ def check_deviations(raw: Any, doc: YamlDocument, problems: list[Problem], predi
         fields = (spec.fields,) if isinstance(spec.fields, str) else tuple(spec.fields)
         unknown = [f for f in fields if f not in DEVIATION_FIELDS]
         for name in unknown:
-            problems.append(Problem(doc.where(path + ("fields",)), f"deviation {spec.id!r}: {name!r} is neither a server "
-                                    "argument nor refusal / sglang_refusal" + did_you_mean(name, DEVIATION_FIELDS)))
+            problems.append(
+                Problem(
+                    doc.where(path + ("fields",)),
+                    f"deviation {spec.id!r}: {name!r} is neither a server "
+                    "argument nor refusal / sglang_refusal" + did_you_mean(name, DEVIATION_FIELDS),
+                )
+            )
         if bool(spec.rules) != (REFUSAL in fields):
-            problems.append(Problem(doc.where(path + ("rules",) if spec.rules else path + ("fields",)),
-                                    f"deviation {spec.id!r}: fields: refusal (attngate refuses) goes with rules: the "
-                                    "refusing rules it declares, and rules: with fields: refusal"))
+            problems.append(
+                Problem(
+                    doc.where(path + ("rules",) if spec.rules else path + ("fields",)),
+                    f"deviation {spec.id!r}: fields: refusal (attngate refuses) goes with rules: the "
+                    "refusing rules it declares, and rules: with fields: refusal",
+                )
+            )
         if unknown or not fields:
             continue
         text = spec.when if isinstance(spec.when, str) else str(spec.when)
@@ -66,8 +77,11 @@ def check_deviations(raw: Any, doc: YamlDocument, problems: list[Problem], predi
             for err in exc.errors:
                 problems.append(Problem(doc.where(path + ("when",), err.col), f"deviation {spec.id!r}: {err.message}"))
             continue
-        out.append(Deviation(spec.id, fields, spec.reason, spec.source, doc.where(path + ("id",)), condition,
-                             tuple(spec.rules)))
+        out.append(
+            Deviation(
+                spec.id, fields, spec.reason, spec.source, doc.where(path + ("id",)), condition, tuple(spec.rules)
+            )
+        )
     return out
 
 
@@ -83,7 +97,9 @@ def refusing_rules(violations: list[Any]) -> frozenset[str]:
     return frozenset(v.rule for v in causes)
 
 
-def applicable_deviations(rules: Any, facts: dict[str, Any], refused_by: frozenset[str] = frozenset()) -> list[Deviation]:
+def applicable_deviations(
+    rules: Any, facts: dict[str, Any], refused_by: frozenset[str] = frozenset()
+) -> list[Deviation]:
     """The deviations of ``rules`` that hold under ``facts`` (:func:`given_facts`) and declare something of this
     outcome. ``refused_by``: the rules through which attngate refused the configuration (empty: it accepted). A
     refusal is declared by the matching deviations that name its rules, and only where they name every one of
@@ -95,8 +111,9 @@ def applicable_deviations(rules: Any, facts: dict[str, Any], refused_by: frozens
     return naming if refused_by <= {rule for d in naming for rule in d.rules} else []
 
 
-def matching_deviations(rules: Any, args: ServerArgs, model: ModelFacts, platform: Platform,
-                        refused_by: frozenset[str] = frozenset()) -> dict[str, list[str]]:
+def matching_deviations(
+    rules: Any, args: ServerArgs, model: ModelFacts, platform: Platform, refused_by: frozenset[str] = frozenset()
+) -> dict[str, list[str]]:
     """``{field: [deviation ids]}`` of :func:`applicable_deviations` for this configuration: for a refusal by
     attngate only ``refusal``, else every field but ``refusal``."""
     if not rules.deviations:

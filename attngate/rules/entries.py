@@ -14,8 +14,9 @@ from attngate.util.yaml_source import YamlDocument
 Spec = TypeVar("Spec", bound=BaseModel)
 
 
-def pydantic_problems(exc: ValidationError, doc: YamlDocument, base: tuple, problems: list[Problem],
-                      spec: type[BaseModel]) -> None:
+def pydantic_problems(
+    exc: ValidationError, doc: YamlDocument, base: tuple, problems: list[Problem], spec: type[BaseModel]
+) -> None:
     """One Problem per error of validating ``spec``; an unknown key gets a did-you-mean from ``spec``'s own keys."""
     for err in exc.errors():
         loc = tuple(err["loc"])
@@ -29,8 +30,9 @@ def pydantic_problems(exc: ValidationError, doc: YamlDocument, base: tuple, prob
             problems.append(Problem(doc.where(base + loc), f"{label}: {err['msg']}"))
 
 
-def validated_entries(raw: Any, doc: YamlDocument, problems: list[Problem], spec: type[Spec],
-                      section: str, what: str) -> Iterator[tuple[tuple, Spec]]:
+def validated_entries(
+    raw: Any, doc: YamlDocument, problems: list[Problem], spec: type[Spec], section: str, what: str
+) -> Iterator[tuple[tuple, Spec]]:
     """``(path, spec)`` of every entry of the list ``section`` that validates against ``spec``; schema errors and a
     repeated id go to ``problems``. Nothing for a missing section or one that is no list (the file schema says so)."""
     if not isinstance(raw, list):
@@ -45,6 +47,8 @@ def validated_entries(raw: Any, doc: YamlDocument, problems: list[Problem], spec
             continue
         entry_id = entry.id  # type: ignore[attr-defined]
         if entry_id in seen:
-            problems.append(Problem(doc.where(path + ("id",)), f"duplicate {what} id {entry_id!r} (first at {seen[entry_id]})"))
+            problems.append(
+                Problem(doc.where(path + ("id",)), f"duplicate {what} id {entry_id!r} (first at {seen[entry_id]})")
+            )
         seen.setdefault(entry_id, doc.where(path + ("id",)))
         yield path, entry

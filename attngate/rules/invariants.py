@@ -14,8 +14,11 @@ from attngate.rules.spec import InvariantSpec
 from attngate.util.yaml_source import YamlDocument
 
 _ALL_GATE_TYPES = {name: g.type for name, g in GATES.items()}
-_INVARIANT_FACTS = {**{name: spec.type for name, spec in FACTS.items()},
-                    MODE_FACT.name: MODE_FACT.type, LAYER_FACT.name: LAYER_FACT.type}
+_INVARIANT_FACTS = {
+    **{name: spec.type for name, spec in FACTS.items()},
+    MODE_FACT.name: MODE_FACT.type,
+    LAYER_FACT.name: LAYER_FACT.type,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +32,9 @@ class Invariant:
     condition: Condition
 
 
-def check_invariants(raw: Any, doc: YamlDocument, problems: list[Problem], predicate_types: dict[str, FactType]) -> list[Invariant]:
+def check_invariants(
+    raw: Any, doc: YamlDocument, problems: list[Problem], predicate_types: dict[str, FactType]
+) -> list[Invariant]:
     """Invariants may read every fact, predicate and gate (any scope), forward_mode and layer_kind."""
     readable = {**_INVARIANT_FACTS, **predicate_types}
     out: list[Invariant] = []
@@ -38,7 +43,9 @@ def check_invariants(raw: Any, doc: YamlDocument, problems: list[Problem], predi
             condition = compile_condition(spec.assert_, readable, _ALL_GATE_TYPES)
         except ConditionErrors as exc:
             for err in exc.errors:
-                problems.append(Problem(doc.where(path + ("assert",), err.col), f"invariant {spec.id!r}: {err.message}"))
+                problems.append(
+                    Problem(doc.where(path + ("assert",), err.col), f"invariant {spec.id!r}: {err.message}")
+                )
             continue
         out.append(Invariant(spec.id, spec.summary, spec.source, doc.where(path + ("assert",)), condition))
     return out

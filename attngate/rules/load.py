@@ -80,7 +80,9 @@ class Rule:
         try:
             return self.condition(facts)
         except TypeError as exc:  # an order comparison met None: the condition lacks a guard
-            raise RulesError(Problem(self.where, f"rule {self.id!r}: {exc}; guard the fact with 'is not None'")) from None
+            raise RulesError(
+                Problem(self.where, f"rule {self.id!r}: {exc}; guard the fact with 'is not None'")
+            ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,8 +160,12 @@ def parse_rules(text: str, filename: str = "rules.yaml") -> RuleSet:
             invariants = check_invariants(doc.data.get("invariants"), doc, problems, predicate_types)
             deviations = check_deviations(doc.data.get("deviations"), doc, problems, predicate_types)
             known = {r.id for r in rules}
-            problems += [Problem(d.where, f"deviation {d.id!r}: no rule {rule!r}" + did_you_mean(rule, known))
-                         for d in deviations for rule in d.rules if rule not in known]
+            problems += [
+                Problem(d.where, f"deviation {d.id!r}: no rule {rule!r}" + did_you_mean(rule, known))
+                for d in deviations
+                for rule in d.rules
+                if rule not in known
+            ]
     if problems:
         raise RulesError(problems)
     return RuleSet(tuple(rules), filename, tuple(predicates), tuple(invariants), tuple(deviations))
@@ -171,7 +177,9 @@ def _check_document(doc: YamlDocument, problems: list[Problem]) -> tuple[list[Ru
         problems.append(Problem(doc.where(()), "a rules file is a mapping with 'version: 1' and 'rules: [...]'"))
         return [], []
     try:
-        RuleFileSpec.model_validate({**data, "rules": [], "invariants": [], "deviations": []})  # each entry is checked on its own below
+        RuleFileSpec.model_validate(
+            {**data, "rules": [], "invariants": [], "deviations": []}
+        )  # each entry is checked on its own below
     except ValidationError as exc:
         pydantic_problems(exc, doc, (), problems, RuleFileSpec)
     predicates = _check_predicates(data.get("predicates"), doc, problems)
@@ -189,7 +197,9 @@ def _check_document(doc: YamlDocument, problems: list[Problem]) -> tuple[list[Ru
         if spec is None:
             continue
         if spec.id in seen:
-            problems.append(Problem(doc.where(path + ("id",)), f"duplicate rule id {spec.id!r} (first at {seen[spec.id]})"))
+            problems.append(
+                Problem(doc.where(path + ("id",)), f"duplicate rule id {spec.id!r} (first at {seen[spec.id]})")
+            )
         seen.setdefault(spec.id, doc.where(path + ("id",)))
         rule = _check_rule(spec, doc, path, problems, fact_types)
         if rule is not None:
@@ -245,8 +255,9 @@ _KIND_FIELDS: dict[str, tuple[set[str], set[str]]] = {  # kind -> (required, all
 _OPTIONAL = {"set_", "adjust", "fallback", "message", "issue"}
 
 
-def _check_rule(spec: RuleSpec, doc: YamlDocument, path: tuple, problems: list[Problem],
-                predicate_types: dict[str, FactType]) -> Rule | None:
+def _check_rule(
+    spec: RuleSpec, doc: YamlDocument, path: tuple, problems: list[Problem], predicate_types: dict[str, FactType]
+) -> Rule | None:
     start = len(problems)
     required, extra = _KIND_FIELDS[spec.kind]
     for name in sorted(_OPTIONAL):
@@ -255,22 +266,48 @@ def _check_rule(spec: RuleSpec, doc: YamlDocument, path: tuple, problems: list[P
         if name in required and not present:
             problems.append(Problem(doc.where(path), f"rule {spec.id!r}: kind {spec.kind} needs '{key}'"))
         elif present and name not in required | extra:
-            problems.append(Problem(doc.where(path + (key,)), f"rule {spec.id!r}: '{key}' does not belong to kind {spec.kind}"))
+            problems.append(
+                Problem(doc.where(path + (key,)), f"rule {spec.id!r}: '{key}' does not belong to kind {spec.kind}")
+            )
     scope = _scope_of(spec, doc, path, problems)
     sets = _check_values(spec.set_ or {}, GATES_TYPES.get(scope, {}), "gate", doc, path + ("set",), problems)
-    adjusts = _check_values({**(spec.adjust or {}), **(spec.fallback or {})}, _ADJUSTABLE, "server argument",
-                            doc, path + ("adjust" if spec.adjust else "fallback",), problems)
+    adjusts = _check_values(
+        {**(spec.adjust or {}), **(spec.fallback or {})},
+        _ADJUSTABLE,
+        "server argument",
+        doc,
+        path + ("adjust" if spec.adjust else "fallback",),
+        problems,
+    )
     condition = _check_condition(spec, scope, doc, path, problems, predicate_types)
     if len(problems) > start or condition is None:
         return None
-    return Rule(spec.id, spec.kind, spec.summary, spec.why, spec.source, doc.where(path), condition, scope,
-                sets, adjusts, spec.message, spec.issue, tuple(spec.backends or ()))
+    return Rule(
+        spec.id,
+        spec.kind,
+        spec.summary,
+        spec.why,
+        spec.source,
+        doc.where(path),
+        condition,
+        scope,
+        sets,
+        adjusts,
+        spec.message,
+        spec.issue,
+        tuple(spec.backends or ()),
+    )
 
 
 def _scope_of(spec: RuleSpec, doc: YamlDocument, path: tuple, problems: list[Problem]) -> Scope:
     scopes = {GATES[name].scope for name in (spec.set_ or {}) if name in GATES}
     if len(scopes) > 1:
-        problems.append(Problem(doc.where(path + ("set",)), f"rule {spec.id!r} sets gates of different scopes {sorted(scopes)}; split it"))
+        problems.append(
+            Problem(
+                doc.where(path + ("set",)),
+                f"rule {spec.id!r} sets gates of different scopes {sorted(scopes)}; split it",
+            )
+        )
     return scopes.pop() if len(scopes) == 1 else "global"
 
 
@@ -279,8 +316,14 @@ GATES_TYPES: dict[Scope, dict[str, FactType]] = {
 }
 
 
-def _check_values(values: dict[str, Any], types: dict[str, FactType], what: str, doc: YamlDocument,
-                  path: tuple, problems: list[Problem]) -> dict[str, Any]:
+def _check_values(
+    values: dict[str, Any],
+    types: dict[str, FactType],
+    what: str,
+    doc: YamlDocument,
+    path: tuple,
+    problems: list[Problem],
+) -> dict[str, Any]:
     out = dict(values)
     for name, value in values.items():
         where = doc.where(path + (name,))
@@ -292,7 +335,15 @@ def _check_values(values: dict[str, Any], types: dict[str, FactType], what: str,
         elif isinstance(value, dict) and what == "server argument":
             out[name] = _fact_value(name, value, ftype, where, problems)
         elif not ftype.accepts(value):
-            problems.append(Problem(where, f"{name} is {ftype.describe()}, got {value!r}" + (did_you_mean(value, map(str, ftype.choices)) if ftype.choices and isinstance(value, str) else "")))
+            problems.append(
+                Problem(
+                    where,
+                    f"{name} is {ftype.describe()}, got {value!r}"
+                    + (
+                        did_you_mean(value, map(str, ftype.choices)) if ftype.choices and isinstance(value, str) else ""
+                    ),
+                )
+            )
     return out
 
 
@@ -313,8 +364,14 @@ def _fact_value(name: str, value: dict, ftype: FactType, where: str, problems: l
     return FactValue(fact)
 
 
-def _check_condition(spec: RuleSpec, scope: Scope, doc: YamlDocument, path: tuple, problems: list[Problem],
-                     predicate_types: dict[str, FactType]) -> Condition | None:
+def _check_condition(
+    spec: RuleSpec,
+    scope: Scope,
+    doc: YamlDocument,
+    path: tuple,
+    problems: list[Problem],
+    predicate_types: dict[str, FactType],
+) -> Condition | None:
     text = spec.when if isinstance(spec.when, str) else str(spec.when)
     if spec.backends:
         names = ", ".join(f'"{b}"' for b in spec.backends) + ("," if len(spec.backends) == 1 else "")

@@ -17,13 +17,20 @@ class RuleSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.\-]*$", description="unique, kebab-case; dots group related rules")
-    kind: RuleKind = Field("set", description="set: gate values; adjust: rewrite server arguments (a warning); forbid: configuration error; known_failure: a known-broken combination (error, or `fallback` adjustments)")
+    kind: RuleKind = Field(
+        "set",
+        description="set: gate values; adjust: rewrite server arguments (a warning); forbid: configuration error; known_failure: a known-broken combination (error, or `fallback` adjustments)",
+    )
     summary: str = Field(min_length=1, description="one line: what the rule decides")
     when: Union[StrictStr, StrictBool] = Field(description="condition over facts, a safe Python expression subset")
-    backends: Optional[list[AttentionBackendName]] = Field(None, description="applies only when the prefill or the decode backend is one of these")
+    backends: Optional[list[AttentionBackendName]] = Field(
+        None, description="applies only when the prefill or the decode backend is one of these"
+    )
     set_: Optional[dict[str, Any]] = Field(None, alias="set", description="kind set: {gate: value}")
     adjust: Optional[dict[str, Any]] = Field(None, description="kind adjust: {server_arg: value}")
-    fallback: Optional[dict[str, Any]] = Field(None, description="kind known_failure: {server_arg: value} applied instead of an error")
+    fallback: Optional[dict[str, Any]] = Field(
+        None, description="kind known_failure: {server_arg: value} applied instead of an error"
+    )
     message: Optional[str] = Field(None, description="shown to the user (required for adjust, forbid, known_failure)")
     issue: Optional[str] = Field(None, description="kind known_failure: the issue that tracks it")
     why: str = Field(min_length=1, description="the reason, for the reader of the plan")
@@ -37,7 +44,11 @@ class InvariantSpec(BaseModel):
 
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.\-]*$", description="unique among invariants")
     summary: str = Field(min_length=1, description="one line: the contract")
-    assert_: str = Field(alias="assert", min_length=1, description="condition over facts, predicates, gates of every scope, forward_mode and layer_kind")
+    assert_: str = Field(
+        alias="assert",
+        min_length=1,
+        description="condition over facts, predicates, gates of every scope, forward_mode and layer_kind",
+    )
     source: str = Field(min_length=1, description="the bug class or PR it guards against")
 
 
@@ -47,10 +58,17 @@ class RuleFileSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     version: Literal[1]
-    predicates: dict[str, str] = Field(default_factory=dict, description="named boolean conditions that rules read like facts; each may read earlier ones")
+    predicates: dict[str, str] = Field(
+        default_factory=dict,
+        description="named boolean conditions that rules read like facts; each may read earlier ones",
+    )
     rules: list[RuleSpec]
-    invariants: list[InvariantSpec] = Field(default_factory=list, description="assertions `attngate lint` proves over every input (z3)")
-    deviations: list["DeviationSpec"] = Field(default_factory=list, description="deliberate differences from SGLang's resolution (`attngate conform`)")
+    invariants: list[InvariantSpec] = Field(
+        default_factory=list, description="assertions `attngate lint` proves over every input (z3)"
+    )
+    deviations: list["DeviationSpec"] = Field(
+        default_factory=list, description="deliberate differences from SGLang's resolution (`attngate conform`)"
+    )
 
 
 class DeviationSpec(BaseModel):
@@ -59,9 +77,16 @@ class DeviationSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.\-]*$", description="unique among deviations")
-    fields: Union[str, list[str]] = Field(description="the server arguments that differ from one cause, or `refusal`: one side refuses, the other accepts")
-    when: Union[StrictStr, StrictBool] = Field(True, description="condition over the configuration as given (facts before any adjust rule)")
-    rules: list[str] = Field(default_factory=list, description="field refusal: attngate refuses through these rules only (where SGLang accepts); empty: SGLang refuses, attngate accepts")
+    fields: Union[str, list[str]] = Field(
+        description="the server arguments that differ from one cause, or `refusal`: one side refuses, the other accepts"
+    )
+    when: Union[StrictStr, StrictBool] = Field(
+        True, description="condition over the configuration as given (facts before any adjust rule)"
+    )
+    rules: list[str] = Field(
+        default_factory=list,
+        description="field refusal: attngate refuses through these rules only (where SGLang accepts); empty: SGLang refuses, attngate accepts",
+    )
     reason: str = Field(min_length=1, description="why attngate differs on purpose")
     source: str = Field(min_length=1, description="the PR, issue or kernel check behind the difference")
 

@@ -25,10 +25,19 @@ class BatchSetup:
     slots: list[torch.Tensor]  # per request: the slots of all its tokens (encoder, prefix, new), int64
 
 
-def build_batch(requests: list[tuple[int, int]], mode: ForwardMode, *, page_size: int, num_slots: int,
-                max_context_len: int, encoder_lens: list[int] | None = None, seed: int = 0,
-                device: torch.device | str = "cpu", allocator: PageAllocator | None = None,
-                req_to_token_pool: ReqToTokenPool | None = None) -> BatchSetup:
+def build_batch(
+    requests: list[tuple[int, int]],
+    mode: ForwardMode,
+    *,
+    page_size: int,
+    num_slots: int,
+    max_context_len: int,
+    encoder_lens: list[int] | None = None,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    allocator: PageAllocator | None = None,
+    req_to_token_pool: ReqToTokenPool | None = None,
+) -> BatchSetup:
     """A ForwardBatch for ``requests`` = [(prefix_len, new_len), ...] in ``mode``.
 
     Pages come from ``allocator`` (default: a fresh one over ``num_slots`` with shuffled pages);
@@ -43,8 +52,13 @@ def build_batch(requests: list[tuple[int, int]], mode: ForwardMode, *, page_size
     rtp = req_to_token_pool or ReqToTokenPool(max(len(requests), 1), max_context_len, device)
     encoder_lens = encoder_lens or [0] * len(requests)
     width = rtp.req_to_token.shape[1]
-    too_long = [Problem(f"request {r}", f"holds {e + p + n} tokens, more than the {width} of a req_to_token row (max_context_len)")
-                for r, ((p, n), e) in enumerate(zip(requests, encoder_lens)) if e + p + n > width]
+    too_long = [
+        Problem(
+            f"request {r}", f"holds {e + p + n} tokens, more than the {width} of a req_to_token row (max_context_len)"
+        )
+        for r, ((p, n), e) in enumerate(zip(requests, encoder_lens))
+        if e + p + n > width
+    ]
     if too_long:
         raise UsageError(too_long)
     rows, slots, new_locs, enc_locs = [], [], [], []
@@ -56,7 +70,7 @@ def build_batch(requests: list[tuple[int, int]], mode: ForwardMode, *, page_size
         rtp.req_to_token[row, :total] = s.to(torch.int32).to(rtp.req_to_token.device)
         rows.append(row)
         slots.append(s)
-        new_locs.append(s[enc + prefix:])
+        new_locs.append(s[enc + prefix :])
         enc_locs.append(s[:enc])
     if mode == ForwardMode.IDLE:
         requests, rows = [], []

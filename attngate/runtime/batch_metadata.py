@@ -56,7 +56,7 @@ class PageRange(NamedTuple):
 
     @property
     def first_token(self) -> np.ndarray:
-        return self.packed[len(self.indptr): 2 * len(self.indptr) - 1]
+        return self.packed[len(self.indptr) : 2 * len(self.indptr) - 1]
 
     @property
     def counts(self) -> np.ndarray:
@@ -94,11 +94,24 @@ class BatchLengths:
             new = np.asarray(batch.extend_seq_lens_cpu, dtype=np.int64)
         else:
             new = batch.extend_seq_lens.cpu().numpy().astype(np.int64)
-        return cls(batch.forward_mode, batch.req_pool_indices, seq, new, _encoder_lens(batch.encoder_lens, batch.encoder_lens_cpu, seq))
+        return cls(
+            batch.forward_mode,
+            batch.req_pool_indices,
+            seq,
+            new,
+            _encoder_lens(batch.encoder_lens, batch.encoder_lens_cpu, seq),
+        )
 
     @classmethod
-    def for_graph(cls, mode: ForwardMode, rows: torch.Tensor, seq_lens_cpu: torch.Tensor, per_req: int,
-                  encoder_lens: torch.Tensor | None, encoder_lens_cpu: torch.Tensor | None = None) -> BatchLengths:
+    def for_graph(
+        cls,
+        mode: ForwardMode,
+        rows: torch.Tensor,
+        seq_lens_cpu: torch.Tensor,
+        per_req: int,
+        encoder_lens: torch.Tensor | None,
+        encoder_lens_cpu: torch.Tensor | None = None,
+    ) -> BatchLengths:
         """A CUDA-graph batch: ``per_req`` new tokens per request."""
         seq = seq_lens_cpu.numpy().astype(np.int64)
         return cls(mode, rows, seq, np.full_like(seq, per_req), _encoder_lens(encoder_lens, encoder_lens_cpu, seq))
@@ -132,14 +145,16 @@ class BatchLengths:
     def has_prefix(self) -> bool:
         return bool((self.prefix > 0).any())
 
-    def kv_pages(self, page_size: int, *, window_left: int = -1, prefix_only: bool = False, cross: bool = False) -> PageRange:
+    def kv_pages(
+        self, page_size: int, *, window_left: int = -1, prefix_only: bool = False, cross: bool = False
+    ) -> PageRange:
         """The pages a kernel reads per request: the encoder tokens (``cross``), or the decoder tokens (prefix,
         plus the new ones unless ``prefix_only``) from the first one a query can see under ``window_left``
         (-1: no window) on. Pages are whole, so a window's range starts at the page holding its first key.
         A dozen numpy ops on ``[bs]`` arrays: this runs for every batch and every CUDA-graph replay."""
         bs = len(self.seq)
         packed = np.zeros(3 * bs + 1, dtype=np.int32)
-        indptr, first, last_len = packed[: bs + 1], packed[bs + 1: 2 * bs + 1], packed[2 * bs + 1:]
+        indptr, first, last_len = packed[: bs + 1], packed[bs + 1 : 2 * bs + 1], packed[2 * bs + 1 :]
         if cross:  # the encoder tokens open the row
             end, shifted = self.enc, False
         else:

@@ -29,7 +29,9 @@ def pad_decode_batch(batch: ForwardBatch, batch_size: int, *, padding_row: int, 
     """
     problems = []
     if batch.forward_mode not in (ForwardMode.DECODE, ForwardMode.IDLE):
-        problems.append(Problem("forward_mode", f"only DECODE and IDLE batches are padded, not {batch.forward_mode.value}"))
+        problems.append(
+            Problem("forward_mode", f"only DECODE and IDLE batches are padded, not {batch.forward_mode.value}")
+        )
     if batch_size < batch.batch_size:
         problems.append(Problem("batch_size", f"{batch_size} is smaller than the batch's {batch.batch_size} requests"))
     if batch.encoder_lens is not None:

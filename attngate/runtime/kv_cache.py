@@ -22,7 +22,9 @@ class PageAllocator:
 
     def __init__(self, num_pages: int, page_size: int, order: list[int] | None = None):
         if page_size < 1 or num_pages < 1:
-            raise UsageError(Problem("PageAllocator", f"num_pages ({num_pages}) and page_size ({page_size}) must be >= 1"))
+            raise UsageError(
+                Problem("PageAllocator", f"num_pages ({num_pages}) and page_size ({page_size}) must be >= 1")
+            )
         self.page_size = page_size
         self.num_pages = num_pages
         self._free: list[int] = list(order) if order is not None else list(range(num_pages))
@@ -38,7 +40,11 @@ class PageAllocator:
     def alloc_pages(self, n: int) -> list[int]:
         """``n`` page indices. Raises KVCacheExhausted when fewer are free."""
         if n > len(self._free):
-            raise KVCacheExhausted(Problem("kv pool", f"need {n} pages of {self.page_size} tokens, {len(self._free)} of {self.num_pages} free"))
+            raise KVCacheExhausted(
+                Problem(
+                    "kv pool", f"need {n} pages of {self.page_size} tokens, {len(self._free)} of {self.num_pages} free"
+                )
+            )
         pages = [self._free.pop() for _ in range(n)]
         self._in_use.update(pages)
         return pages
@@ -49,7 +55,9 @@ class PageAllocator:
         counts = Counter(pages)  # linear: a long request frees many thousands of pages at page_size 1
         stray = sorted(p for p in counts if p not in self._in_use)
         twice = sorted(p for p, n in counts.items() if n > 1 and p in self._in_use)
-        problems = [Problem("kv pool", f"pages {stray[:8]} are not in use (freed twice, or never allocated)")] if stray else []
+        problems = (
+            [Problem("kv pool", f"pages {stray[:8]} are not in use (freed twice, or never allocated)")] if stray else []
+        )
         problems += [Problem("kv pool", f"pages {twice[:8]} are given more than once")] if twice else []
         if problems:
             raise BatchMetadataError(problems)
@@ -71,7 +79,9 @@ class ReqToTokenPool:
 
     def alloc(self) -> int:
         if not self._free:
-            raise KVCacheExhausted(Problem("req_to_token", f"all {self.req_to_token.shape[0]} request slots are in use"))
+            raise KVCacheExhausted(
+                Problem("req_to_token", f"all {self.req_to_token.shape[0]} request slots are in use")
+            )
         index = self._free.pop()
         self._in_use.add(index)
         return index
@@ -79,7 +89,9 @@ class ReqToTokenPool:
     def free(self, index: int) -> None:
         """Take row ``index`` back; BatchMetadataError for a row not in use (two requests would share it)."""
         if index not in self._in_use:
-            raise BatchMetadataError(Problem("req_to_token", f"row {index} is not in use (freed twice, or never allocated)"))
+            raise BatchMetadataError(
+                Problem("req_to_token", f"row {index} is not in use (freed twice, or never allocated)")
+            )
         self._in_use.remove(index)
         self._free.append(index)
 
@@ -119,18 +131,33 @@ class _PoolBase:
         """Raise BatchMetadataError when a slot index lies outside the pool (costs a host sync)."""
         if loc.numel() and (int(loc.min()) < 0 or int(loc.max()) >= self.num_slots):
             bad = loc[(loc < 0) | (loc >= self.num_slots)][:4].tolist()
-            raise BatchMetadataError(Problem(what, f"slot indices {bad} lie outside the pool of {self.num_slots} slots"))
+            raise BatchMetadataError(
+                Problem(what, f"slot indices {bad} lie outside the pool of {self.num_slots} slots")
+            )
 
 
 class MHATokenToKVPool(_PoolBase):
     """Per-layer K and V buffers: ``k: [num_slots, num_kv_heads, head_dim]``, ``v: [num_slots, num_kv_heads, v_head_dim]``."""
 
-    def __init__(self, num_slots: int, page_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
-                 v_head_dim: int | None = None, dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        num_slots: int,
+        page_size: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        v_head_dim: int | None = None,
+        dtype: torch.dtype = torch.bfloat16,
+        device: torch.device | str = "cpu",
+    ):
         self.num_slots, self.page_size, self.dtype = num_slots, page_size, dtype
         v_head_dim = v_head_dim or head_dim
-        self.k_buffer = [torch.zeros((num_slots, num_kv_heads, head_dim), dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffer = [torch.zeros((num_slots, num_kv_heads, v_head_dim), dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k_buffer = [
+            torch.zeros((num_slots, num_kv_heads, head_dim), dtype=dtype, device=device) for _ in range(num_layers)
+        ]
+        self.v_buffer = [
+            torch.zeros((num_slots, num_kv_heads, v_head_dim), dtype=dtype, device=device) for _ in range(num_layers)
+        ]
         self._k_words = [_as_words(b) for b in self.k_buffer]
         self._v_words = [_as_words(b) for b in self.v_buffer]
 
@@ -146,11 +173,22 @@ class MHATokenToKVPool(_PoolBase):
 class MLATokenToKVPool(_PoolBase):
     """One buffer per layer: ``[num_slots, 1, kv_lora_rank + qk_rope_head_dim]``, the compressed latent then the rope part."""
 
-    def __init__(self, num_slots: int, page_size: int, num_layers: int, kv_lora_rank: int, qk_rope_head_dim: int,
-                 dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        num_slots: int,
+        page_size: int,
+        num_layers: int,
+        kv_lora_rank: int,
+        qk_rope_head_dim: int,
+        dtype: torch.dtype = torch.bfloat16,
+        device: torch.device | str = "cpu",
+    ):
         self.num_slots, self.page_size, self.dtype = num_slots, page_size, dtype
         self.kv_lora_rank, self.qk_rope_head_dim = kv_lora_rank, qk_rope_head_dim
-        self.kv_buffer = [torch.zeros((num_slots, 1, kv_lora_rank + qk_rope_head_dim), dtype=dtype, device=device) for _ in range(num_layers)]
+        self.kv_buffer = [
+            torch.zeros((num_slots, 1, kv_lora_rank + qk_rope_head_dim), dtype=dtype, device=device)
+            for _ in range(num_layers)
+        ]
         self._kv_words = [_as_words(b) for b in self.kv_buffer]
 
     def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) -> None:

@@ -59,8 +59,9 @@ class AttentionLayer:
         return self.kv_lora_rank + self.qk_rope_head_dim
 
 
-def layers_from_model(model: ModelFacts, plan: "Plan | None" = None, *, scaling: float | None = None,
-                      include_encoder: bool = True) -> list[AttentionLayer]:
+def layers_from_model(
+    model: ModelFacts, plan: "Plan | None" = None, *, scaling: float | None = None, include_encoder: bool = True
+) -> list[AttentionLayer]:
     """One AttentionLayer per entry of ``model.layer_kinds``, with one attention TP rank's heads when ``plan``
     is given (``plan.common.num_q_heads_per_rank`` / ``num_kv_heads_per_rank``), else the model's.
 
@@ -76,17 +77,30 @@ def layers_from_model(model: ModelFacts, plan: "Plan | None" = None, *, scaling:
     if scaling is None:
         scaling = (model.query_pre_attn_scalar or model.head_dim) ** -0.5
     q_heads = plan.common.num_q_heads_per_rank if plan is not None else model.num_attention_heads
-    kv_heads = plan.common.num_kv_heads_per_rank if plan is not None else (1 if model.use_mla else model.num_key_value_heads)
+    kv_heads = (
+        plan.common.num_kv_heads_per_rank if plan is not None else (1 if model.use_mla else model.num_key_value_heads)
+    )
     layers = []
     for i, kind in enumerate(model.layer_kinds):
         if not include_encoder and model.is_encoder_decoder and kind == LayerKind.ENCODER_ONLY:
             continue
         window = (model.sliding_window - 1) if kind == LayerKind.SLIDING_WINDOW and model.sliding_window else -1
-        layers.append(AttentionLayer(
-            layer_id=i, num_q_heads=q_heads, num_kv_heads=kv_heads,
-            head_dim=model.head_dim, v_head_dim=model.v_head_dim, scaling=scaling, kind=kind, sliding_window_size=window,
-            attention_chunk_size=model.attention_chunk_size if kind == LayerKind.CHUNKED_LOCAL else None,
-            logit_cap=model.attn_logit_softcapping or 0.0, has_sinks=model.has_attention_sinks, is_mla=model.use_mla,
-            kv_lora_rank=model.kv_lora_rank or 0, qk_rope_head_dim=(model.qk_rope_head_dim or 0) if model.use_mla else 0,
-        ))
+        layers.append(
+            AttentionLayer(
+                layer_id=i,
+                num_q_heads=q_heads,
+                num_kv_heads=kv_heads,
+                head_dim=model.head_dim,
+                v_head_dim=model.v_head_dim,
+                scaling=scaling,
+                kind=kind,
+                sliding_window_size=window,
+                attention_chunk_size=model.attention_chunk_size if kind == LayerKind.CHUNKED_LOCAL else None,
+                logit_cap=model.attn_logit_softcapping or 0.0,
+                has_sinks=model.has_attention_sinks,
+                is_mla=model.use_mla,
+                kv_lora_rank=model.kv_lora_rank or 0,
+                qk_rope_head_dim=(model.qk_rope_head_dim or 0) if model.use_mla else 0,
+            )
+        )
     return layers

@@ -74,8 +74,10 @@ class RuleCoverage:
 
     def _record(self, rule: Rule) -> _RuleRecord:
         source = rule.condition.text
-        atoms = [_Atom(ast.get_source_segment(source, a) or ast.unparse(a), _compile(ast.Expression(body=a), "<atom>"))
-                 for a in _atoms(rule.condition.tree.body)]
+        atoms = [
+            _Atom(ast.get_source_segment(source, a) or ast.unparse(a), _compile(ast.Expression(body=a), "<atom>"))
+            for a in _atoms(rule.condition.tree.body)
+        ]
         self.records[rule.id] = record = _RuleRecord(rule, atoms)
         return record
 
@@ -92,14 +94,21 @@ class RuleCoverage:
         return {
             "file": self.filename,
             "percent": round(100 * (len(fired) + outcomes) / total, 2) if total else 100.0,
-            "rules": len(records), "rules_fired": len(fired),
-            "atoms": len(atoms), "atom_outcomes_seen": outcomes,
+            "rules": len(records),
+            "rules_fired": len(fired),
+            "atoms": len(atoms),
+            "atom_outcomes_seen": outcomes,
             "never_fired": [{"rule": r.rule.id, "where": r.rule.where} for r in records if not r.fired],
             "deviations": len(rules.deviations),
-            "deviations_never_applied": [{"deviation": d.id, "where": d.where} for d in rules.deviations
-                                         if d.id not in self.deviations_applied],
-            "atoms_not_seen_both_ways": [{"rule": r.rule.id, "atom": a.text, "seen": sorted(a.seen)}
-                                         for r in records for a in r.atoms if len(a.seen) < 2],
+            "deviations_never_applied": [
+                {"deviation": d.id, "where": d.where} for d in rules.deviations if d.id not in self.deviations_applied
+            ],
+            "atoms_not_seen_both_ways": [
+                {"rule": r.rule.id, "atom": a.text, "seen": sorted(a.seen)}
+                for r in records
+                for a in r.atoms
+                if len(a.seen) < 2
+            ],
         }
 
 

@@ -20,7 +20,9 @@ _KEY = pytest.StashKey[object]()
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("attngate", "attngate rule coverage")
     group.addoption("--rule-coverage", action="store_true", help="report rule coverage of the shipped rules.yaml")
-    group.addoption("--rule-coverage-fail-under", type=float, default=None, metavar="PCT", help="fail below PCT percent")
+    group.addoption(
+        "--rule-coverage-fail-under", type=float, default=None, metavar="PCT", help="fail below PCT percent"
+    )
     group.addoption("--rule-coverage-json", default=None, metavar="PATH", help="write the coverage report as JSON")
 
 
@@ -63,7 +65,9 @@ def known_failures(request: pytest.FixtureRequest):
         except PlanError as err:
             known = [v for v in err.violations if v.kind == "known_failure"]
             if known and len(known) == len(err.violations):
-                reason = "; ".join(f"known failure {v.rule}: {v.message}" + (f" ({v.issue})" if v.issue else "") for v in known)
+                reason = "; ".join(
+                    f"known failure {v.rule}: {v.message}" + (f" ({v.issue})" if v.issue else "") for v in known
+                )
                 request.node.add_marker(pytest.mark.xfail(strict=True, reason=reason))
                 return [v.rule for v in known]
         return []
@@ -98,13 +102,17 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if report is None:
         return
     write = terminalreporter.write_line
-    write(f"rule coverage of {report['file']}: {report['percent']}% ({report['rules_fired']}/{report['rules']} rules fired, "
-          f"{report['atom_outcomes_seen']}/{2 * report['atoms']} atom outcomes seen)")
+    write(
+        f"rule coverage of {report['file']}: {report['percent']}% ({report['rules_fired']}/{report['rules']} rules fired, "
+        f"{report['atom_outcomes_seen']}/{2 * report['atoms']} atom outcomes seen)"
+    )
     if report["never_fired"]:
         write("  never fired: " + ", ".join(r["rule"] for r in report["never_fired"]))
     unused = report["deviations_never_applied"]
-    write(f"  deviations exercised: {report['deviations'] - len(unused)}/{report['deviations']}"
-          + (" (never: " + ", ".join(d["deviation"] for d in unused) + ")" if unused else ""))
+    write(
+        f"  deviations exercised: {report['deviations'] - len(unused)}/{report['deviations']}"
+        + (" (never: " + ", ".join(d["deviation"] for d in unused) + ")" if unused else "")
+    )
     threshold = config.option.rule_coverage_fail_under
     if threshold is not None and report["percent"] < threshold:
         write(f"  FAIL: rule coverage {report['percent']}% is below --rule-coverage-fail-under={threshold}")

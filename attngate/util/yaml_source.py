@@ -90,7 +90,9 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _STANDARD_TAGS = {yaml.MappingNode: "tag:yaml.org,2002:map", yaml.SequenceNode: "tag:yaml.org,2002:seq"}
 
 
-def _walk(node: yaml.Node, path: Path, doc: YamlDocument, loader: Any, problems: list[Problem], count: list[int]) -> Any:
+def _walk(
+    node: yaml.Node, path: Path, doc: YamlDocument, loader: Any, problems: list[Problem], count: list[int]
+) -> Any:
     count[0] += 1
     if count[0] > MAX_VALUES:
         raise _TooLarge(path, f"more than {MAX_VALUES} values after alias expansion")
@@ -99,7 +101,9 @@ def _walk(node: yaml.Node, path: Path, doc: YamlDocument, loader: Any, problems:
     start = node.start_mark
     single_line = node.end_mark.line == start.line
     style = getattr(node, "style", None)
-    doc.marks[path] = Mark(start.line + 1, start.column + 1, single_line and style in (None, "", "'", '"'), style in ("'", '"'))
+    doc.marks[path] = Mark(
+        start.line + 1, start.column + 1, single_line and style in (None, "", "'", '"'), style in ("'", '"')
+    )
     expected = _STANDARD_TAGS.get(type(node))
     if expected is not None and node.tag != expected:
         problems.append(Problem(doc.where(path), f"unsupported YAML tag {node.tag!r}"))
@@ -122,5 +126,7 @@ def _walk(node: yaml.Node, path: Path, doc: YamlDocument, loader: Any, problems:
     try:
         return loader.construct_object(node, deep=True)
     except Exception as exc:  # noqa: BLE001 - PyYAML's constructors raise more than YAMLError (``!!timestamp nope``)
-        problems.append(Problem(doc.where(path), f"bad scalar {node.value!r} ({node.tag}): {getattr(exc, 'problem', None) or exc}"))
+        problems.append(
+            Problem(doc.where(path), f"bad scalar {node.value!r} ({node.tag}): {getattr(exc, 'problem', None) or exc}")
+        )
         return None

@@ -23,7 +23,9 @@ requests_st = st.lists(st.tuples(st.integers(0, 70), st.integers(1, 20)), min_si
 
 
 def _setup(requests, page_size, encoder_lens=None, mode=ForwardMode.EXTEND):
-    return build_batch(requests, mode, page_size=page_size, num_slots=4096, max_context_len=256, encoder_lens=encoder_lens)
+    return build_batch(
+        requests, mode, page_size=page_size, num_slots=4096, max_context_len=256, encoder_lens=encoder_lens
+    )
 
 
 def _visible_slots(setup, r: int, lens: BatchLengths, *, window_left: int, prefix_only: bool, cross: bool) -> list[int]:
@@ -37,8 +39,13 @@ def _visible_slots(setup, r: int, lens: BatchLengths, *, window_left: int, prefi
 
 
 @settings(max_examples=60, deadline=None)
-@given(requests=requests_st, page_size=st.sampled_from([1, 4, 16]), window_left=st.sampled_from([-1, 0, 5, 33]),
-       prefix_only=st.booleans(), cross=st.booleans())
+@given(
+    requests=requests_st,
+    page_size=st.sampled_from([1, 4, 16]),
+    window_left=st.sampled_from([-1, 0, 5, 33]),
+    prefix_only=st.booleans(),
+    cross=st.booleans(),
+)
 def test_page_ranges_and_ids_cover_exactly_the_readable_keys(requests, page_size, window_left, prefix_only, cross):
     enc = [page_size * (i % 3) for i in range(len(requests))] if cross else None
     s = _setup(requests, page_size, enc)
@@ -47,11 +54,13 @@ def test_page_ranges_and_ids_cover_exactly_the_readable_keys(requests, page_size
     ids = page_ids(s.req_to_token_pool.req_to_token, lens.rows, rng, page_size)
     assert ids.dtype == torch.int32 and ids.numel() == rng.total_pages
     for r in range(len(requests)):
-        want = _visible_slots(s, r, lens, window_left=-1 if cross else window_left, prefix_only=prefix_only, cross=cross)
-        pages = ids[rng.indptr[r]: rng.indptr[r + 1]].tolist()
+        want = _visible_slots(
+            s, r, lens, window_left=-1 if cross else window_left, prefix_only=prefix_only, cross=cross
+        )
+        pages = ids[rng.indptr[r] : rng.indptr[r + 1]].tolist()
         read = [p * page_size + i for p in pages for i in range(page_size)]
         read = read[: int(rng.kv_len[r])]  # ranges start on a page
-        assert read[len(read) - len(want):] == want  # the kernel's range ends exactly at the last readable key
+        assert read[len(read) - len(want) :] == want  # the kernel's range ends exactly at the last readable key
         assert len(read) - len(want) < page_size  # and starts at most one page early (whole pages)
         assert 1 <= rng.last_page_len[r] <= page_size
         if rng.counts[r]:
@@ -76,8 +85,14 @@ def test_lengths_come_from_the_host_copies_and_match_the_device_tensors():
 def test_decode_and_graph_lengths():
     s = _setup([(9, 1), (0, 1)], 1, mode=ForwardMode.DECODE)
     lens = BatchLengths.from_batch(s.batch)
-    assert lens.new.tolist() == [1, 1] and lens.prefix.tolist() == [9, 0] and not BatchLengths.from_batch(_setup([(0, 1)], 1).batch).has_prefix
-    g = BatchLengths.for_graph(ForwardMode.TARGET_VERIFY, s.batch.req_pool_indices, torch.tensor([13, 4], dtype=torch.int32), 4, None)
+    assert (
+        lens.new.tolist() == [1, 1]
+        and lens.prefix.tolist() == [9, 0]
+        and not BatchLengths.from_batch(_setup([(0, 1)], 1).batch).has_prefix
+    )
+    g = BatchLengths.for_graph(
+        ForwardMode.TARGET_VERIFY, s.batch.req_pool_indices, torch.tensor([13, 4], dtype=torch.int32), 4, None
+    )
     assert g.new.tolist() == [4, 4] and g.prefix.tolist() == [9, 0] and g.qo_indptr.tolist() == [0, 4, 8]
 
 
@@ -118,9 +133,10 @@ def test_page_table_is_the_padded_layout_of_page_ids(page_size):
     table = page_table(rtt, lens.rows, width, page_size)
     assert table.dtype == torch.int32 and table.shape == (3, width)
     for r in range(3):
-        assert table[r, : rng.counts[r]].tolist() == flat[rng.indptr[r]: rng.indptr[r + 1]].tolist()
+        assert table[r, : rng.counts[r]].tolist() == flat[rng.indptr[r] : rng.indptr[r + 1]].tolist()
     first = torch.tensor([0, 2 * page_size, page_size])  # page-aligned starts: the rows shifted left by whole pages
     shifted = page_table(rtt, lens.rows, 2, page_size, first)
     for r in range(3):
-        assert shifted[r].tolist() == [int(rtt[lens.rows[r], min(int(first[r]) + j * page_size, rtt.shape[1] - 1)]) // page_size
-                                       for j in range(2)]
+        assert shifted[r].tolist() == [
+            int(rtt[lens.rows[r], min(int(first[r]) + j * page_size, rtt.shape[1] - 1)]) // page_size for j in range(2)
+        ]

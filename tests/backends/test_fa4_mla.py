@@ -41,32 +41,48 @@ def calls(monkeypatch) -> list[dict]:
         recorded.append(dict(q=q, k=k, v=v, **kw))
         return flash_attn_cute.flash_attn_varlen_func(q, k, v, **kw)
 
-    modules["flash_attn.cute"].flash_attn_varlen_func = modules["flash_attn.cute.interface"].flash_attn_varlen_func = varlen
+    modules["flash_attn.cute"].flash_attn_varlen_func = modules["flash_attn.cute.interface"].flash_attn_varlen_func = (
+        varlen
+    )
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
     return recorded
 
 
 def _plan(page_size: int, **flags):
-    plan = resolve(ServerArgs(attention_backend="fa4", page_size=page_size, **flags),
-                   ModelFacts.from_hf_config(MODELS / "DeepSeek-V2-Lite.json"), BLACKWELL).plan
+    plan = resolve(
+        ServerArgs(attention_backend="fa4", page_size=page_size, **flags),
+        ModelFacts.from_hf_config(MODELS / "DeepSeek-V2-Lite.json"),
+        BLACKWELL,
+    ).plan
     assert plan.flashattention.provider == "flash_attn.cute" and plan.common.page_size == page_size
     return plan
 
 
 def _batch(requests, mode: ForwardMode, page_size: int, gen: torch.Generator, seed: int = 1):
-    return mla_cpu_batch(requests, mode, page_size, gen, heads=H, nope=NOPE, rank=RANK, rope=ROPE, seed=seed, num_slots=1024)
+    return mla_cpu_batch(
+        requests, mode, page_size, gen, heads=H, nope=NOPE, rank=RANK, rope=ROPE, seed=seed, num_slots=1024
+    )
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("mode, flags, requests, absorbed", [
-    (ForwardMode.EXTEND, {}, REQUESTS, False),  # non-absorbed over the decompressed prefix and new tokens
-    (ForwardMode.EXTEND, {}, [(0, n) for _, n in REQUESTS], False),  # no prefix: this forward's latent alone
-    (ForwardMode.EXTEND, {"disable_chunked_prefix_cache": True}, [(p + 1, n) for p, n in REQUESTS], True),  # all have one
-    (ForwardMode.EXTEND, {"disable_chunked_prefix_cache": True}, [(0, n) for _, n in REQUESTS], False),
-    (ForwardMode.DECODE, {}, [(p + 1, 1) for p, _ in REQUESTS], True),
-    (ForwardMode.TARGET_VERIFY, {}, [(p + 1, 3) for p, _ in REQUESTS], True),
-], ids=["extend", "extend-no-prefix", "extend-absorbed", "extend-absorbed-form-no-prefix", "decode", "verify"])
+@pytest.mark.parametrize(
+    "mode, flags, requests, absorbed",
+    [
+        (ForwardMode.EXTEND, {}, REQUESTS, False),  # non-absorbed over the decompressed prefix and new tokens
+        (ForwardMode.EXTEND, {}, [(0, n) for _, n in REQUESTS], False),  # no prefix: this forward's latent alone
+        (
+            ForwardMode.EXTEND,
+            {"disable_chunked_prefix_cache": True},
+            [(p + 1, n) for p, n in REQUESTS],
+            True,
+        ),  # all have one
+        (ForwardMode.EXTEND, {"disable_chunked_prefix_cache": True}, [(0, n) for _, n in REQUESTS], False),
+        (ForwardMode.DECODE, {}, [(p + 1, 1) for p, _ in REQUESTS], True),
+        (ForwardMode.TARGET_VERIFY, {}, [(p + 1, 3) for p, _ in REQUESTS], True),
+    ],
+    ids=["extend", "extend-no-prefix", "extend-absorbed", "extend-absorbed-form-no-prefix", "decode", "verify"],
+)
 def test_fa4_mla_on_sm100_in_the_form_the_plan_names(calls, mode, flags, requests, absorbed, page_size):
     plan = _plan(page_size, **flags)
     gen = torch.Generator().manual_seed(5)
@@ -87,5 +103,6 @@ def test_fa4_mla_cuda_graph_replay_on_sm100_follows_each_round(mode):
     assert plan.mode(mode).common.capture_cuda_graph
     gen = torch.Generator().manual_seed(5)
     layer = mla_cpu_layer(gen, heads=H, nope=NOPE, rank=RANK, rope=ROPE, v_head_dim=VDIM)
-    assert_mla_replays_match_reference(FlashAttentionBackend, plan, layer, mode,
-                                       lambda requests, m, seed: _batch(requests, m, 16, gen, seed))
+    assert_mla_replays_match_reference(
+        FlashAttentionBackend, plan, layer, mode, lambda requests, m, seed: _batch(requests, m, 16, gen, seed)
+    )

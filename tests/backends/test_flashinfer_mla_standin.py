@@ -31,8 +31,12 @@ from attngate.runtime.kv_cache import MLATokenToKVPool  # noqa: E402
 from attngate.runtime.layer import AttentionLayer  # noqa: E402
 
 H, RANK, ROPE, NOPE, VDIM = 4, 512, 64, 128, 128  # DeepSeek geometry: the fa3 ragged kernel runs 192/128 only
-REQUESTS = {ForwardMode.EXTEND: [(0, 5), (17, 3), (70, 9), (3, 1)], ForwardMode.DECODE: [(0, 1), (17, 1), (70, 1), (63, 1)],
-            ForwardMode.TARGET_VERIFY: [(5, 3), (66, 3)], ForwardMode.DRAFT_EXTEND_V2: [(9, 2), (64, 2)]}
+REQUESTS = {
+    ForwardMode.EXTEND: [(0, 5), (17, 3), (70, 9), (3, 1)],
+    ForwardMode.DECODE: [(0, 1), (17, 1), (70, 1), (63, 1)],
+    ForwardMode.TARGET_VERIFY: [(5, 3), (66, 3)],
+    ForwardMode.DRAFT_EXTEND_V2: [(9, 2), (64, 2)],
+}
 
 
 @pytest.fixture(autouse=True)
@@ -41,8 +45,11 @@ def flashinfer(monkeypatch):
 
 
 def _plan(page_size, **args):
-    return resolve(ServerArgs(attention_backend="flashinfer", page_size=page_size, **args),
-                   ModelFacts.from_hf_config(MODELS / "DeepSeek-V2-Lite.json"), Platform.from_name("sm90")).plan
+    return resolve(
+        ServerArgs(attention_backend="flashinfer", page_size=page_size, **args),
+        ModelFacts.from_hf_config(MODELS / "DeepSeek-V2-Lite.json"),
+        Platform.from_name("sm90"),
+    ).plan
 
 
 def _layer(gen):
@@ -50,15 +57,30 @@ def _layer(gen):
 
 
 def _case(requests, mode, page_size, seed=0):
-    return mla_cpu_batch(requests, mode, page_size, torch.Generator().manual_seed(seed), heads=H, nope=NOPE, rank=RANK,
-                         rope=ROPE, seed=seed)
+    return mla_cpu_batch(
+        requests,
+        mode,
+        page_size,
+        torch.Generator().manual_seed(seed),
+        heads=H,
+        nope=NOPE,
+        rank=RANK,
+        rope=ROPE,
+        seed=seed,
+    )
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("mode, flags, path", [
-    (ForwardMode.EXTEND, {}, "ragged"), (ForwardMode.EXTEND, {"disable_chunked_prefix_cache": True}, "mla"),
-    (ForwardMode.DECODE, {}, "mla"), (ForwardMode.TARGET_VERIFY, {}, "mla"), (ForwardMode.DRAFT_EXTEND_V2, {}, "mla"),
-])
+@pytest.mark.parametrize(
+    "mode, flags, path",
+    [
+        (ForwardMode.EXTEND, {}, "ragged"),
+        (ForwardMode.EXTEND, {"disable_chunked_prefix_cache": True}, "mla"),
+        (ForwardMode.DECODE, {}, "mla"),
+        (ForwardMode.TARGET_VERIFY, {}, "mla"),
+        (ForwardMode.DRAFT_EXTEND_V2, {}, "mla"),
+    ],
+)
 def test_flashinfer_mla_metadata_equals_the_reference(mode, flags, path, page_size):
     plan = _plan(page_size, **flags)
     layer = _layer(torch.Generator().manual_seed(1))
@@ -102,22 +124,43 @@ def test_flashinfer_mla_graph_replay_metadata_follows_each_rounds_lengths(mode):
     round, the requests in other rows), not from the captured ones."""
     plan = _plan(16)
     assert plan.mode(mode).common.capture_cuda_graph
-    assert_mla_replays_match_reference(FlashInferBackend, plan, _layer(torch.Generator().manual_seed(1)), mode,
-                                       lambda requests, m, seed: _case(requests, m, 16, seed=seed))
+    assert_mla_replays_match_reference(
+        FlashInferBackend,
+        plan,
+        _layer(torch.Generator().manual_seed(1)),
+        mode,
+        lambda requests, m, seed: _case(requests, m, 16, seed=seed),
+    )
+
 
 def test_flashinfer_mla_graph_forward_must_run_the_first_layer_first():
     """The first MLA layer fills the graph's page ids; a captured forward that starts at another layer would read
     stale ones, so it is refused, naming the layer to run first."""
     plan = _plan(16)
     gen = torch.Generator().manual_seed(1)
-    layers = [AttentionLayer(i, H, 1, NOPE + ROPE, VDIM, 0.2, is_mla=True, kv_lora_rank=RANK, qk_rope_head_dim=ROPE,
-                             w_kc=torch.randn(H, NOPE, RANK, generator=gen), w_vc=torch.randn(H, RANK, VDIM, generator=gen))
-              for i in (3, 4)]
+    layers = [
+        AttentionLayer(
+            i,
+            H,
+            1,
+            NOPE + ROPE,
+            VDIM,
+            0.2,
+            is_mla=True,
+            kv_lora_rank=RANK,
+            qk_rope_head_dim=ROPE,
+            w_kc=torch.randn(H, NOPE, RANK, generator=gen),
+            w_vc=torch.randn(H, RANK, VDIM, generator=gen),
+        )
+        for i in (3, 4)
+    ]
     s, _, q, latent = _case([(5, 1), (40, 1)], ForwardMode.DECODE, 16)
     pool = MLATokenToKVPool(2048, 16, 5, RANK, ROPE, dtype=torch.float32)
     fi = FlashInferBackend(plan, pool, s.req_to_token_pool.req_to_token, layers, "cpu")
     fi.init_cuda_graph_state(2, 2)
-    fi.init_forward_metadata_capture_cuda_graph(2, 2, s.batch.req_pool_indices, s.batch.seq_lens, None, ForwardMode.DECODE)
+    fi.init_forward_metadata_capture_cuda_graph(
+        2, 2, s.batch.req_pool_indices, s.batch.seq_lens, None, ForwardMode.DECODE
+    )
     with pytest.raises(BatchMetadataError, match="runs layer 3 first"):
         fi.forward(q, latent, None, layers[1], s.batch)
     fi.forward(q, latent, None, layers[0], s.batch)

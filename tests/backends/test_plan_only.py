@@ -18,7 +18,9 @@ def test_no_backend_module_touches_server_arguments():
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [a.name for a in node.names] + [getattr(node, "module", "") or ""]
-                assert not any("server_args" in n or n == "ServerArgs" for n in names), f"{path.name} imports server args"
+                assert not any("server_args" in n or n == "ServerArgs" for n in names), (
+                    f"{path.name} imports server args"
+                )
             if isinstance(node, ast.Name):
                 assert node.id not in ("server_args", "ServerArgs"), f"{path.name}:{node.lineno}"
 
@@ -40,7 +42,9 @@ def test_arguments_no_rule_reads_cannot_change_what_a_backend_sees():
     assert {"context_length", "speculative_draft_model_path"} <= unread  # tp_size is read: it splits the heads
     facts = ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json")
     base = ServerArgs(attention_backend="fa3")
-    varied = base.model_copy(update={"context_length": 777, "speculative_draft_model_path": "/elsewhere", "dtype": "float16"})
+    varied = base.model_copy(
+        update={"context_length": 777, "speculative_draft_model_path": "/elsewhere", "dtype": "float16"}
+    )
     plans = [resolve(a, facts, Platform.from_name("sm90")).plan for a in (base, varied)]
     assert plans[0] == plans[1] and plans[0].fingerprint == plans[1].fingerprint
     outs = []
@@ -49,19 +53,33 @@ def test_arguments_no_rule_reads_cannot_change_what_a_backend_sees():
         assert isinstance(backend, ReferenceBackend) and not hasattr(backend, "server_args")
         q = torch.randn(s.batch.num_tokens, H, D, generator=gen)
         backend.init_forward_metadata(s.batch)
-        outs.append(backend.forward(q, torch.cat([full_k[0][7:], full_k[1]]), torch.cat([full_v[0][7:], full_v[1]]), backend.layers[0], s.batch))
+        outs.append(
+            backend.forward(
+                q,
+                torch.cat([full_k[0][7:], full_k[1]]),
+                torch.cat([full_v[0][7:], full_v[1]]),
+                backend.layers[0],
+                s.batch,
+            )
+        )
     assert torch.equal(*outs)
 
 
-@pytest.mark.parametrize("args, per_rank", [
-    ({}, (1, 32, 8)),
-    ({"tp_size": 8}, (8, 4, 1)),
-    ({"tp_size": 16}, (16, 2, 1)),  # 8 KV heads over 16 ranks: each KV head replicated on two
-    ({"tp_size": 8, "dp_size": 4, "enable_dp_attention": True}, (2, 16, 4)),  # DP attention: attention TP is 8 / 4
-])
+@pytest.mark.parametrize(
+    "args, per_rank",
+    [
+        ({}, (1, 32, 8)),
+        ({"tp_size": 8}, (8, 4, 1)),
+        ({"tp_size": 16}, (16, 2, 1)),  # 8 KV heads over 16 ranks: each KV head replicated on two
+        ({"tp_size": 8, "dp_size": 4, "enable_dp_attention": True}, (2, 16, 4)),  # DP attention: attention TP is 8 / 4
+    ],
+)
 def test_the_plan_carries_each_ranks_heads(args, per_rank):
-    plan = resolve(ServerArgs(attention_backend="fa3", **args), ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json"),
-                   Platform.from_name("sm90")).plan
+    plan = resolve(
+        ServerArgs(attention_backend="fa3", **args),
+        ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json"),
+        Platform.from_name("sm90"),
+    ).plan
     assert (plan.common.attn_tp_size, plan.common.num_q_heads_per_rank, plan.common.num_kv_heads_per_rank) == per_rank
 
 
@@ -69,8 +87,11 @@ def test_heads_that_do_not_split_evenly_are_refused():
     from attngate import PlanError
 
     with pytest.raises(PlanError, match="attn-tp.heads-split-evenly"):
-        resolve(ServerArgs(attention_backend="fa3", tp_size=3), ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json"),
-                Platform.from_name("sm90"))
+        resolve(
+            ServerArgs(attention_backend="fa3", tp_size=3),
+            ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json"),
+            Platform.from_name("sm90"),
+        )
 
 
 def test_backends_take_each_ranks_heads_from_the_plan():

@@ -73,8 +73,8 @@ def _layers(facts: ModelFacts, plan, gen: torch.Generator):
         layer.layer_id = len(layers)
         if layer.is_mla:
             r, nope, h = layer.kv_lora_rank, layer.qk_nope_head_dim, layer.num_q_heads
-            layer.w_kc = torch.randn(h, nope, r, generator=gen) / r ** 0.5
-            layer.w_vc = torch.randn(h, r, layer.v_head_dim, generator=gen) / r ** 0.5
+            layer.w_kc = torch.randn(h, nope, r, generator=gen) / r**0.5
+            layer.w_vc = torch.randn(h, r, layer.v_head_dim, generator=gen) / r**0.5
         if layer.has_sinks:
             layer.sinks = torch.linspace(-1, 1, layer.num_q_heads)
         layers.append(layer)
@@ -113,19 +113,28 @@ def _run(cls, plan, facts: ModelFacts, mode: M, requests, seed: int):
     layers = _layers(facts, plan, gen)
     mla = layers[0].is_mla
     dtype = torch.float32 if mla else torch.bfloat16
-    kv_dtype = kv_storage_dtype(plan, dtype)  # an FP8 cache: K/V drawn FP8-representable, as the raw ones equal the stored
+    kv_dtype = kv_storage_dtype(
+        plan, dtype
+    )  # an FP8 cache: K/V drawn FP8-representable, as the raw ones equal the stored
     stored = (lambda t: t.to(kv_dtype).to(dtype)) if kv_dtype != dtype else (lambda t: t)  # noqa: E731
     cross = any(layer.kind == LayerKind.CROSS_ATTENTION for layer in layers)
     ps = plan.common.page_size
     enc = [ps * (1 + i % 2) for i in range(len(requests))] if cross else None
     slots = max(ps * 64, 1024)
-    s = build_batch(requests, mode, page_size=ps, num_slots=slots, max_context_len=max(ps * 16, 256), encoder_lens=enc, seed=seed)
+    s = build_batch(
+        requests, mode, page_size=ps, num_slots=slots, max_context_len=max(ps * 16, 256), encoder_lens=enc, seed=seed
+    )
     lay0 = layers[0]
     if mla:
-        pools = [MLATokenToKVPool(slots, ps, len(layers), lay0.kv_lora_rank, lay0.qk_rope_head_dim, dtype=kv_dtype) for _ in range(2)]
+        pools = [
+            MLATokenToKVPool(slots, ps, len(layers), lay0.kv_lora_rank, lay0.qk_rope_head_dim, dtype=kv_dtype)
+            for _ in range(2)
+        ]
         width = (1, lay0.latent_dim)
     else:
-        pools = [MHATokenToKVPool(slots, ps, len(layers), lay0.num_kv_heads, lay0.head_dim, dtype=kv_dtype) for _ in range(2)]
+        pools = [
+            MHATokenToKVPool(slots, ps, len(layers), lay0.num_kv_heads, lay0.head_dim, dtype=kv_dtype) for _ in range(2)
+        ]
         width = (lay0.num_kv_heads, lay0.head_dim)
     for layer in layers:
         for (prefix, _), req_slots, e in zip(requests, s.slots, enc or [0] * len(requests)):
@@ -136,17 +145,33 @@ def _run(cls, plan, facts: ModelFacts, mode: M, requests, seed: int):
         s.batch.spec_tree_mask = random_tree(len(requests), requests[0][1], seed)
     rtt = s.req_to_token_pool.req_to_token
     n = s.batch.num_tokens
-    inputs = [(torch.randn(n, layer.num_q_heads, layer.head_dim, generator=gen, dtype=dtype),
-               stored(torch.randn(n, *width, generator=gen, dtype=dtype)), stored(torch.randn(n, *width, generator=gen, dtype=dtype)))
-              for layer in layers]
+    inputs = [
+        (
+            torch.randn(n, layer.num_q_heads, layer.head_dim, generator=gen, dtype=dtype),
+            stored(torch.randn(n, *width, generator=gen, dtype=dtype)),
+            stored(torch.randn(n, *width, generator=gen, dtype=dtype)),
+        )
+        for layer in layers
+    ]
+
     def forward(backend):
-        return [backend.forward(q, None if layer.kind == LayerKind.CROSS_ATTENTION else k,
-                                None if layer.kind == LayerKind.CROSS_ATTENTION or mla else v, layer, s.batch)
-                for layer, (q, k, v) in zip(layers, inputs)]
+        return [
+            backend.forward(
+                q,
+                None if layer.kind == LayerKind.CROSS_ATTENTION else k,
+                None if layer.kind == LayerKind.CROSS_ATTENTION or mla else v,
+                layer,
+                s.batch,
+            )
+            for layer, (q, k, v) in zip(layers, inputs)
+        ]
 
     queries = {"q_dtype": dtype} if cls in (FlashInferBackend, PlanBackend) else {}
     outs = {}
-    for name, backend, pool in (("eager", functools.partial(cls, **queries), pools[0]), ("reference", ReferenceBackend, pools[1])):
+    for name, backend, pool in (
+        ("eager", functools.partial(cls, **queries), pools[0]),
+        ("reference", ReferenceBackend, pools[1]),
+    ):
         backend = backend(plan, pool, rtt, layers, "cpu")
         backend.init_forward_metadata(s.batch)
         outs[name] = forward(backend)
@@ -160,26 +185,49 @@ def _replayed(backend, batch, forward):
     at start-up, then replayed for the batch: the replay hook alone brings the graph's metadata to its lengths."""
     bs, n, mode = batch.batch_size, batch.num_tokens, batch.forward_mode
     backend.init_cuda_graph_state(bs, n)
-    backend.init_forward_metadata_capture_cuda_graph(bs, n, batch.req_pool_indices, batch.seq_lens - batch.extend_prefix_lens,
-                                                     batch.encoder_lens, mode)
+    backend.init_forward_metadata_capture_cuda_graph(
+        bs, n, batch.req_pool_indices, batch.seq_lens - batch.extend_prefix_lens, batch.encoder_lens, mode
+    )
     graph = Graph(CPU, lambda: forward(backend))
-    backend.init_forward_metadata_replay_cuda_graph(bs, batch.req_pool_indices, batch.seq_lens, batch.seq_lens_cpu, batch.encoder_lens,
-                                                    mode, encoder_lens_cpu=batch.encoder_lens_cpu, spec_tree_mask=batch.spec_tree_mask)
+    backend.init_forward_metadata_replay_cuda_graph(
+        bs,
+        batch.req_pool_indices,
+        batch.seq_lens,
+        batch.seq_lens_cpu,
+        batch.encoder_lens,
+        mode,
+        encoder_lens_cpu=batch.encoder_lens_cpu,
+        spec_tree_mask=batch.spec_tree_mask,
+    )
     return graph.replay()
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-@given(model=st.sampled_from(sorted(CONFIGS)), backend=st.sampled_from([None, "fa3", "fa4", "flashinfer"]),
-       split=st.sampled_from([None, ("fa3", "flashinfer"), ("flashinfer", "fa3"), ("fa4", "flashinfer")]),
-       gpu=st.sampled_from(["sm80", "sm90", "sm100"]), page_size=st.sampled_from([None, 1, 16, 64, 128]),
-       tp=st.sampled_from([(1, False), (2, False), (4, False), (4, True)]), deterministic=st.booleans(),
-       embedding=st.booleans(), speculative=st.sampled_from([None, "chain", "tree"]), kv_cache=st.sampled_from(["auto", "fp8_e4m3"]),
-       verify_on=st.sampled_from(["prefill", "decode"]), seed=st.integers(0, 3))
-def test_every_resolved_plan_runs_on_its_backends_as_the_reference(model, backend, split, gpu, page_size, tp, deterministic,
-                                                                   embedding, speculative, kv_cache, verify_on, seed):
+@given(
+    model=st.sampled_from(sorted(CONFIGS)),
+    backend=st.sampled_from([None, "fa3", "fa4", "flashinfer"]),
+    split=st.sampled_from([None, ("fa3", "flashinfer"), ("flashinfer", "fa3"), ("fa4", "flashinfer")]),
+    gpu=st.sampled_from(["sm80", "sm90", "sm100"]),
+    page_size=st.sampled_from([None, 1, 16, 64, 128]),
+    tp=st.sampled_from([(1, False), (2, False), (4, False), (4, True)]),
+    deterministic=st.booleans(),
+    embedding=st.booleans(),
+    speculative=st.sampled_from([None, "chain", "tree"]),
+    kv_cache=st.sampled_from(["auto", "fp8_e4m3"]),
+    verify_on=st.sampled_from(["prefill", "decode"]),
+    seed=st.integers(0, 3),
+)
+def test_every_resolved_plan_runs_on_its_backends_as_the_reference(
+    model, backend, split, gpu, page_size, tp, deterministic, embedding, speculative, kv_cache, verify_on, seed
+):
     facts = CONFIGS[model]
-    args = dict(attention_backend=backend, page_size=page_size, enable_deterministic_inference=deterministic, tp_size=tp[0],
-                kv_cache_dtype=kv_cache)
+    args = dict(
+        attention_backend=backend,
+        page_size=page_size,
+        enable_deterministic_inference=deterministic,
+        tp_size=tp[0],
+        kv_cache_dtype=kv_cache,
+    )
     if split:
         args.update(prefill_attention_backend=split[0], decode_attention_backend=split[1])
     if tp[1]:
@@ -192,7 +240,9 @@ def test_every_resolved_plan_runs_on_its_backends_as_the_reference(model, backen
         plan = resolve(ServerArgs(**args), facts, Platform.from_name(gpu)).plan
     except PlanError:
         assume(False)
-    runs = [(mode, requests, _backend_class(plan, facts, mode)) for mode, requests in _batches(plan, facts, speculative)]
+    runs = [
+        (mode, requests, _backend_class(plan, facts, mode)) for mode, requests in _batches(plan, facts, speculative)
+    ]
     runs = [run for run in runs if run[2] is not None]
     assume(runs)
     flash_attn_cute.ARCH = Platform.from_name(gpu).sm_major  # the stand-in holds each call to this GPU's limits
@@ -206,7 +256,9 @@ def test_every_resolved_plan_runs_on_its_backends_as_the_reference(model, backen
         for run, got in outs.items():
             for layer, a, b in zip(layers, got, expected):
                 diff = (a.float() - b.float()).abs().max().item()
-                assert diff < tol, f"{model} {args} on {gpu}: {side} {run} {mode.value} {layer.kind.value} layer differs by {diff}"
+                assert diff < tol, (
+                    f"{model} {args} on {gpu}: {side} {run} {mode.value} {layer.kind.value} layer differs by {diff}"
+                )
 
 
 def test_an_encoder_decoder_models_encoder_layers_stay_outside_the_paged_backends():
@@ -215,7 +267,9 @@ def test_an_encoder_decoder_models_encoder_layers_stay_outside_the_paged_backend
     facts = CONFIGS["whisper-large-v3-turbo"]
     plan = resolve(ServerArgs(), facts, Platform.from_name("sm90")).plan
     every, decoder = layers_from_model(facts, plan), layers_from_model(facts, plan, include_encoder=False)
-    assert [lay.layer_id for lay in decoder] == list(range(32, 40)) and LayerKind.ENCODER_ONLY not in {lay.kind for lay in decoder}
+    assert [lay.layer_id for lay in decoder] == list(range(32, 40)) and LayerKind.ENCODER_ONLY not in {
+        lay.kind for lay in decoder
+    }
     pool = MHATokenToKVPool(64, plan.common.page_size, len(every), every[0].num_kv_heads, every[0].head_dim)
     rtt = torch.zeros(2, 64, dtype=torch.int32)
     for cls in (ReferenceBackend, FlashAttentionBackend, FlashInferBackend):

@@ -25,7 +25,11 @@ from attngate.runtime.kv_cache import (  # noqa: E402
 from attngate.runtime.layer import AttentionLayer  # noqa: E402
 
 H, HKV, D = 8, 2, 16
-PLAN = resolve(ServerArgs(attention_backend="fa3"), ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json"), Platform.from_name("sm90")).plan
+PLAN = resolve(
+    ServerArgs(attention_backend="fa3"),
+    ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json"),
+    Platform.from_name("sm90"),
+).plan
 
 
 def dense(q, k, v, q_pos, k_pos, *, scaling, causal=True, window=None, chunk=None, softcap=0.0, sinks=None):
@@ -49,13 +53,19 @@ def dense(q, k, v, q_pos, k_pos, *, scaling, causal=True, window=None, chunk=Non
             s = torch.cat([s, sinks.double().view(-1, 1, 1).expand(-1, s.shape[1], 1)], -1)
         p = torch.softmax(s, -1)[..., : kh.shape[1]]
         return (p @ vh).transpose(0, 1).float()
-    return torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scaling).transpose(0, 1).float()
+    return (
+        torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scaling)
+        .transpose(0, 1)
+        .float()
+    )
 
 
 def setup(requests, mode, page_size, *, layer=None, plan=PLAN, dtype=torch.float32, encoder_lens=None, seed=0):
-    layer = layer or AttentionLayer(0, H, HKV, D, D, D ** -0.5)
+    layer = layer or AttentionLayer(0, H, HKV, D, D, D**-0.5)
     pool = MHATokenToKVPool(1024, page_size, 1, layer.num_kv_heads, layer.head_dim, layer.v_head_dim, dtype=dtype)
-    s = build_batch(requests, mode, page_size=page_size, num_slots=1024, max_context_len=256, encoder_lens=encoder_lens, seed=seed)
+    s = build_batch(
+        requests, mode, page_size=page_size, num_slots=1024, max_context_len=256, encoder_lens=encoder_lens, seed=seed
+    )
     gen = torch.Generator().manual_seed(seed)
     full_k, full_v = [], []
     for (prefix, new), slots, enc in zip(requests, s.slots, encoder_lens or [0] * len(requests)):
@@ -69,7 +79,9 @@ def setup(requests, mode, page_size, *, layer=None, plan=PLAN, dtype=torch.float
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("mode", [ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2, ForwardMode.DECODE])
+@pytest.mark.parametrize(
+    "mode", [ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2, ForwardMode.DECODE]
+)
 def test_uneven_batch_matches_dense(page_size, mode):
     lens = [1, page_size - 1 or 2, page_size, page_size + 1, 61]
     if mode == ForwardMode.DECODE:
@@ -86,51 +98,75 @@ def test_uneven_batch_matches_dense(page_size, mode):
     out = backend.forward(q, new_k, new_v, backend.layers[0], s.batch)
     row = 0
     for (prefix, new), k, v in zip(requests, full_k, full_v):
-        expected = dense(q[row:row + new], k, v, torch.arange(prefix, prefix + new), torch.arange(prefix + new), scaling=D ** -0.5)
-        torch.testing.assert_close(out[row:row + new], expected, atol=1e-5, rtol=1e-5)
+        expected = dense(
+            q[row : row + new], k, v, torch.arange(prefix, prefix + new), torch.arange(prefix + new), scaling=D**-0.5
+        )
+        torch.testing.assert_close(out[row : row + new], expected, atol=1e-5, rtol=1e-5)
         row += new
     # the new tokens' K/V landed at out_cache_loc
     torch.testing.assert_close(pool.k_buffer[0][s.batch.out_cache_loc], new_k)
 
 
-@pytest.mark.parametrize("kind, kwargs", [
-    (LayerKind.SLIDING_WINDOW, {"sliding_window_size": 6}),
-    (LayerKind.CHUNKED_LOCAL, {"attention_chunk_size": 8}),
-    (LayerKind.FULL, {"logit_cap": 5.0}),
-    (LayerKind.FULL, {"sinks": torch.linspace(-1, 2, H)}),
-    (LayerKind.SLIDING_WINDOW, {"sliding_window_size": 3, "logit_cap": 30.0, "sinks": torch.zeros(H)}),
-])
+@pytest.mark.parametrize(
+    "kind, kwargs",
+    [
+        (LayerKind.SLIDING_WINDOW, {"sliding_window_size": 6}),
+        (LayerKind.CHUNKED_LOCAL, {"attention_chunk_size": 8}),
+        (LayerKind.FULL, {"logit_cap": 5.0}),
+        (LayerKind.FULL, {"sinks": torch.linspace(-1, 2, H)}),
+        (LayerKind.SLIDING_WINDOW, {"sliding_window_size": 3, "logit_cap": 30.0, "sinks": torch.zeros(H)}),
+    ],
+)
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_layer_features_match_dense(kind, kwargs, page_size):
-    layer = AttentionLayer(0, H, HKV, D, D, D ** -0.5, kind=kind, **kwargs)
+    layer = AttentionLayer(0, H, HKV, D, D, D**-0.5, kind=kind, **kwargs)
     requests = [(20, 5), (0, 13), (33, 1)]
     s, _, backend, full_k, full_v, gen = setup(requests, ForwardMode.EXTEND, page_size, layer=layer)
     q = torch.randn(s.batch.num_tokens, H, D, generator=gen)
     backend.init_forward_metadata(s.batch)
-    out = backend.forward(q, torch.cat([k[p:] for k, (p, _) in zip(full_k, requests)]),
-                          torch.cat([v[p:] for v, (p, _) in zip(full_v, requests)]), layer, s.batch)
+    out = backend.forward(
+        q,
+        torch.cat([k[p:] for k, (p, _) in zip(full_k, requests)]),
+        torch.cat([v[p:] for v, (p, _) in zip(full_v, requests)]),
+        layer,
+        s.batch,
+    )
     row = 0
     window = kwargs.get("sliding_window_size") if kind == LayerKind.SLIDING_WINDOW else None
     for (prefix, new), k, v in zip(requests, full_k, full_v):
-        expected = dense(q[row:row + new], k, v, torch.arange(prefix, prefix + new), torch.arange(prefix + new), scaling=D ** -0.5,
-                         window=window, chunk=kwargs.get("attention_chunk_size"), softcap=kwargs.get("logit_cap", 0.0), sinks=kwargs.get("sinks"))
-        torch.testing.assert_close(out[row:row + new], expected, atol=1e-5, rtol=1e-5)
+        expected = dense(
+            q[row : row + new],
+            k,
+            v,
+            torch.arange(prefix, prefix + new),
+            torch.arange(prefix + new),
+            scaling=D**-0.5,
+            window=window,
+            chunk=kwargs.get("attention_chunk_size"),
+            softcap=kwargs.get("logit_cap", 0.0),
+            sinks=kwargs.get("sinks"),
+        )
+        torch.testing.assert_close(out[row : row + new], expected, atol=1e-5, rtol=1e-5)
         row += new
 
 
 def test_cross_attention_over_encoder_tokens():
     facts = ModelFacts.from_hf_config(MODELS / "whisper-large-v3-turbo.json")
     plan = resolve(ServerArgs(), facts, Platform.from_name("sm90")).plan
-    layer = AttentionLayer(0, H, H, D, D, D ** -0.5, kind=LayerKind.CROSS_ATTENTION)
+    layer = AttentionLayer(0, H, H, D, D, D**-0.5, kind=LayerKind.CROSS_ATTENTION)
     requests, enc = [(0, 3), (5, 2)], [7, 11]
-    s, _, backend, full_k, full_v, gen = setup(requests, ForwardMode.EXTEND, 16, layer=layer, plan=plan, encoder_lens=enc)
+    s, _, backend, full_k, full_v, gen = setup(
+        requests, ForwardMode.EXTEND, 16, layer=layer, plan=plan, encoder_lens=enc
+    )
     q = torch.randn(s.batch.num_tokens, H, D, generator=gen)
     backend.init_forward_metadata(s.batch)
     out = backend.forward(q, None, None, layer, s.batch)  # encoder K/V already cached
     row = 0
     for (prefix, new), k, v, e in zip(requests, full_k, full_v, enc):
-        expected = dense(q[row:row + new], k[:e], v[:e], torch.arange(new), torch.arange(e), scaling=D ** -0.5, causal=False)
-        torch.testing.assert_close(out[row:row + new], expected, atol=1e-5, rtol=1e-5)
+        expected = dense(
+            q[row : row + new], k[:e], v[:e], torch.arange(new), torch.arange(e), scaling=D**-0.5, causal=False
+        )
+        torch.testing.assert_close(out[row : row + new], expected, atol=1e-5, rtol=1e-5)
         row += new
     # the forward that brings the encoder K/V writes them at encoder_out_cache_loc, then reads them back
     enc_k, enc_v = torch.cat([k[:e] for k, e in zip(full_k, enc)]), torch.cat([v[:e] for v, e in zip(full_v, enc)])
@@ -146,14 +182,21 @@ def test_cross_attention_over_encoder_tokens():
 def test_idle_batch():
     s, _, backend, *_ = setup([(3, 1)], ForwardMode.IDLE, 1)
     backend.init_forward_metadata(s.batch)
-    out = backend.forward(torch.empty(0, H, D), torch.empty(0, HKV, D), torch.empty(0, HKV, D), backend.layers[0], s.batch)
+    out = backend.forward(
+        torch.empty(0, H, D), torch.empty(0, HKV, D), torch.empty(0, HKV, D), backend.layers[0], s.batch
+    )
     assert out.shape == (0, H, D)
 
 
 def test_embedding_fast_path_equals_paged_path_and_writes_nothing():
     facts = ModelFacts.from_hf_config(MODELS / "Qwen3-Embedding-8B.json")
-    fast = resolve(ServerArgs.from_flags("--attention-backend fa3 --is-embedding --chunked-prefill-size -1 --disable-radix-cache".split()),
-                   facts, Platform.from_name("sm90")).plan
+    fast = resolve(
+        ServerArgs.from_flags(
+            "--attention-backend fa3 --is-embedding --chunked-prefill-size -1 --disable-radix-cache".split()
+        ),
+        facts,
+        Platform.from_name("sm90"),
+    ).plan
     assert fast.flashattention.skip_kv_cache
     requests = [(0, 9), (0, 17), (0, 1)]
     s1, pool1, paged, full_k, full_v, gen = setup(requests, ForwardMode.EXTEND, 16)
@@ -162,7 +205,9 @@ def test_embedding_fast_path_equals_paged_path_and_writes_nothing():
     k, v = torch.cat(full_k), torch.cat(full_v)
     for backend, s in ((paged, s1), (skip, s2)):
         backend.init_forward_metadata(s.batch)
-    torch.testing.assert_close(skip.forward(q, k, v, skip.layers[0], s2.batch), paged.forward(q, k, v, paged.layers[0], s1.batch))
+    torch.testing.assert_close(
+        skip.forward(q, k, v, skip.layers[0], s2.batch), paged.forward(q, k, v, paged.layers[0], s1.batch)
+    )
     assert pool2.k_buffer[0].abs().sum() == 0 and pool2.v_buffer[0].abs().sum() == 0
 
 
@@ -177,18 +222,38 @@ MLA_FLAGS = {  # each shipped way to a form of MLA EXTEND (FlashInfer MLA on an 
 @pytest.mark.parametrize("form", sorted(MLA_FLAGS))
 def test_mla_every_form_equals_decompressed_attention(form, mode):
     """MLA over the latent cache (ckv ++ kpe), in the form the plan names, equals MHA over the decompressed K/V."""
-    plan = resolve(ServerArgs.from_flags(["--attention-backend", "flashinfer", *MLA_FLAGS[form]]),
-                   ModelFacts.from_hf_config(MODELS / "DeepSeek-V2-Lite.json"), Platform.from_name("sm90")).plan
-    assert plan.mode(ForwardMode.EXTEND).common.mla_form == form and plan.mode(ForwardMode.DECODE).common.mla_form == "absorbed"
+    plan = resolve(
+        ServerArgs.from_flags(["--attention-backend", "flashinfer", *MLA_FLAGS[form]]),
+        ModelFacts.from_hf_config(MODELS / "DeepSeek-V2-Lite.json"),
+        Platform.from_name("sm90"),
+    ).plan
+    assert (
+        plan.mode(ForwardMode.EXTEND).common.mla_form == form
+        and plan.mode(ForwardMode.DECODE).common.mla_form == "absorbed"
+    )
     gen = torch.Generator().manual_seed(3)
     heads, rank, rope, nope, vdim = 4, 32, 8, 16, 12
-    w_kc = torch.randn(heads, nope, rank, generator=gen) / rank ** 0.5  # latent -> per-head k_nope
-    w_vc = torch.randn(heads, rank, vdim, generator=gen) / rank ** 0.5  # latent -> per-head v
-    requests = {ForwardMode.EXTEND: [(11, 4), (0, 6), (3, 9)], ForwardMode.DECODE: [(11, 1), (0, 1), (20, 1)],
-                ForwardMode.TARGET_VERIFY: [(11, 3), (5, 3)]}[mode]
+    w_kc = torch.randn(heads, nope, rank, generator=gen) / rank**0.5  # latent -> per-head k_nope
+    w_vc = torch.randn(heads, rank, vdim, generator=gen) / rank**0.5  # latent -> per-head v
+    requests = {
+        ForwardMode.EXTEND: [(11, 4), (0, 6), (3, 9)],
+        ForwardMode.DECODE: [(11, 1), (0, 1), (20, 1)],
+        ForwardMode.TARGET_VERIFY: [(11, 3), (5, 3)],
+    }[mode]
     scaling = 0.3
-    layer = AttentionLayer(0, heads, 1, nope + rope, vdim, scaling, is_mla=True, kv_lora_rank=rank, qk_rope_head_dim=rope,
-                           w_kc=w_kc, w_vc=w_vc)
+    layer = AttentionLayer(
+        0,
+        heads,
+        1,
+        nope + rope,
+        vdim,
+        scaling,
+        is_mla=True,
+        kv_lora_rank=rank,
+        qk_rope_head_dim=rope,
+        w_kc=w_kc,
+        w_vc=w_vc,
+    )
     pool = MLATokenToKVPool(256, 16, 1, rank, rope, dtype=torch.float32)
     s = build_batch(requests, mode, page_size=16, num_slots=256, max_context_len=64)
     latents = [torch.randn(p + n, 1, rank + rope, generator=gen) for p, n in requests]
@@ -205,8 +270,8 @@ def test_mla_every_form_equals_decompressed_attention(form, mode):
         c, k_rope = lat[:, 0, :rank], lat[:, 0, rank:]
         k = torch.cat([torch.einsum("tr,hnr->thn", c, w_kc), k_rope[:, None].expand(-1, heads, -1)], -1)
         v = torch.einsum("tr,hrv->thv", c, w_vc)
-        expected = dense(q[row:row + n], k, v, torch.arange(p, p + n), torch.arange(p + n), scaling=scaling)
-        torch.testing.assert_close(out[row:row + n], expected, atol=1e-4, rtol=1e-4)
+        expected = dense(q[row : row + n], k, v, torch.arange(p, p + n), torch.arange(p + n), scaling=scaling)
+        torch.testing.assert_close(out[row : row + n], expected, atol=1e-4, rtol=1e-4)
         row += n
 
 
@@ -240,8 +305,10 @@ def test_pool_exhaustion_is_a_clear_error():
     assert held == [0, 1]
     with pytest.raises(BatchMetadataError) as bad:  # nothing freed: every page still handed out once
         pages.free([0, 0, 3])
-    assert [str(p) for p in bad.value.problems] == ["kv pool: pages [3] are not in use (freed twice, or never allocated)",
-                                                    "kv pool: pages [0] are given more than once"]
+    assert [str(p) for p in bad.value.problems] == [
+        "kv pool: pages [3] are not in use (freed twice, or never allocated)",
+        "kv pool: pages [0] are given more than once",
+    ]
     pages.free(held)
     assert pages.free_pages == 4
 
@@ -250,12 +317,12 @@ def test_kv_write_takes_a_strided_slice_of_a_fused_qkv():
     """k and v as views into one fused projection output (not contiguous): written as if they were."""
     pool = MHATokenToKVPool(32, 16, 1, HKV, D, dtype=torch.bfloat16)
     qkv = torch.randn(5, (H + 2 * HKV) * D).to(torch.bfloat16)
-    k = qkv[:, H * D:(H + HKV) * D].view(5, HKV, D)
-    v = qkv[:, (H + HKV) * D:].view(5, HKV, D)
+    k = qkv[:, H * D : (H + HKV) * D].view(5, HKV, D)
+    v = qkv[:, (H + HKV) * D :].view(5, HKV, D)
     loc = torch.tensor([3, 17, 0, 31, 8])
     pool.set_kv_buffer(0, loc, k, v)
     assert torch.equal(pool.k_buffer[0][loc], k) and torch.equal(pool.v_buffer[0][loc], v)
-    odd = qkv[:, 1:1 + HKV * D].view(5, HKV, D)  # starts off an 8-byte boundary: no word view, copied first
+    odd = qkv[:, 1 : 1 + HKV * D].view(5, HKV, D)  # starts off an 8-byte boundary: no word view, copied first
     pool.set_kv_buffer(0, loc, odd, odd)
     assert torch.equal(pool.k_buffer[0][loc], odd)
 
@@ -265,7 +332,9 @@ def test_bad_metadata_is_a_clear_error():
     bad = s.batch
     bad.out_cache_loc = bad.out_cache_loc.clone()
     bad.out_cache_loc[2] = 5000
-    with pytest.raises(BatchMetadataError, match=r"out_cache_loc: slot indices \[5000\] lie outside the pool of 1024 slots"):
+    with pytest.raises(
+        BatchMetadataError, match=r"out_cache_loc: slot indices \[5000\] lie outside the pool of 1024 slots"
+    ):
         backend.init_forward_metadata(bad)
     s, _, backend, *_ = setup([(5, 1)], ForwardMode.DECODE, 16)
     s.batch.seq_lens = s.batch.seq_lens + 300
@@ -299,16 +368,27 @@ def test_set_kv_buffer_writes_exactly_the_given_slots(dtype, head_dim):
     mla = MLATokenToKVPool(64, 16, 1, kv_lora_rank=8, qk_rope_head_dim=4, dtype=dtype)
     latent = torch.randn(5, 1, 12).to(dtype)
     mla.set_kv_buffer(0, loc, latent)
-    assert torch.equal(mla.get_kv_buffer(0)[0][loc.long()], latent) and int((mla.get_kv_buffer(0)[0] != 0).any(-1).sum()) == 5
+    assert (
+        torch.equal(mla.get_kv_buffer(0)[0][loc.long()], latent)
+        and int((mla.get_kv_buffer(0)[0] != 0).any(-1).sum()) == 5
+    )
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_tree_verify_sees_the_prefix_and_each_tokens_ancestors(page_size):
     """EAGLE tree verify (topk > 1): draft token i attends to the cached prefix and to its ancestors in the tree and
     itself, each computed here from an explicit parent list, not from the mask the backend reads."""
-    tree_plan = resolve(ServerArgs(attention_backend="flashinfer", speculative_algorithm="EAGLE", speculative_eagle_topk=4,
-                                   speculative_num_steps=5, speculative_num_draft_tokens=8),
-                        ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json"), Platform.from_name("sm90")).plan
+    tree_plan = resolve(
+        ServerArgs(
+            attention_backend="flashinfer",
+            speculative_algorithm="EAGLE",
+            speculative_eagle_topk=4,
+            speculative_num_steps=5,
+            speculative_num_draft_tokens=8,
+        ),
+        ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json"),
+        Platform.from_name("sm90"),
+    ).plan
     parents = [[-1, 0, 0, 1, 1, 2, 3, 0], [-1, 0, 1, 2, 3, 4, 5, 6]]  # a bushy tree; a chain
     requests = [(19, 8), (40, 8)]
     s, _, backend, full_k, full_v, gen = setup(requests, ForwardMode.TARGET_VERIFY, page_size, plan=tree_plan)
@@ -316,14 +396,26 @@ def test_tree_verify_sees_the_prefix_and_each_tokens_ancestors(page_size):
     s.batch.spec_tree_mask = torch.tensor([[[j in anc[i] for j in range(8)] for i in range(8)] for anc in ancestors])
     q = torch.randn(s.batch.num_tokens, H, D, generator=gen)
     backend.init_forward_metadata(s.batch)
-    out = backend.forward(q, torch.cat([k[p:] for k, (p, _) in zip(full_k, requests)]),
-                          torch.cat([v[p:] for v, (p, _) in zip(full_v, requests)]), backend.layers[0], s.batch)
+    out = backend.forward(
+        q,
+        torch.cat([k[p:] for k, (p, _) in zip(full_k, requests)]),
+        torch.cat([v[p:] for v, (p, _) in zip(full_v, requests)]),
+        backend.layers[0],
+        s.batch,
+    )
     for r, ((prefix, _), k, v) in enumerate(zip(requests, full_k, full_v)):
         for i in range(8):
             keys = torch.tensor(list(range(prefix)) + [prefix + j for j in sorted(ancestors[r][i])])
-            expected = dense(q[8 * r + i: 8 * r + i + 1], k[keys], v[keys], torch.tensor([0]), torch.arange(len(keys)),
-                             scaling=D ** -0.5, causal=False)
-            torch.testing.assert_close(out[8 * r + i: 8 * r + i + 1], expected, atol=1e-5, rtol=1e-5)
+            expected = dense(
+                q[8 * r + i : 8 * r + i + 1],
+                k[keys],
+                v[keys],
+                torch.tensor([0]),
+                torch.arange(len(keys)),
+                scaling=D**-0.5,
+                causal=False,
+            )
+            torch.testing.assert_close(out[8 * r + i : 8 * r + i + 1], expected, atol=1e-5, rtol=1e-5)
 
 
 def _ancestors(parents: list[int], i: int) -> set[int]:

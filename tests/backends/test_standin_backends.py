@@ -26,7 +26,9 @@ def kernels(monkeypatch):
     monkeypatch.setitem(sys.modules, "flashinfer", flashinfer.module())
     for name, module in flash_attn_cute.modules().items():
         monkeypatch.setitem(sys.modules, name, module)
-    monkeypatch.setattr(flash_attn_cute, "ARCH", CPU.platform().sm_major)  # the suites' plans are an H100's: its limits hold
+    monkeypatch.setattr(
+        flash_attn_cute, "ARCH", CPU.platform().sm_major
+    )  # the suites' plans are an H100's: its limits hold
 
 
 @pytest.fixture
@@ -41,6 +43,8 @@ def test_fi_refuses_a_fast_replan_plan_on_a_flashinfer_without_fast_decode_plan(
     plan = plan_for(env, "flashinfer", 1)
     case = make_case(env, [(5, 1)], ForwardMode.DECODE, 1)
     with pytest.raises(BackendRefusal) as err:
-        FlashInferBackend(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer_of(env, LayerKind.FULL)], env.device)
+        FlashInferBackend(
+            plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer_of(env, LayerKind.FULL)], env.device
+        )
     assert [p.where for p in err.value.problems] == ["flashinfer.graph_decode_replan", "flashinfer.eager_decode_replan"]
     assert "does not export" in str(err.value)

@@ -49,7 +49,17 @@ def _kernel_runs(head_dim: int, kv_dtype: torch.dtype, kernel=None) -> bool:
     if kv_dtype != torch.bfloat16:
         q = q.to(kv_dtype)
     try:
-        kernel(q, cache[0], cache[1], cu_seqlens_q=cu, max_seqlen_q=1, seqused_k=used, page_table=table, causal=True, num_splits=1)
+        kernel(
+            q,
+            cache[0],
+            cache[1],
+            cu_seqlens_q=cu,
+            max_seqlen_q=1,
+            seqused_k=used,
+            page_table=table,
+            causal=True,
+            num_splits=1,
+        )
         torch.cuda.synchronize()
     except (AssertionError, NotImplementedError, ValueError, RuntimeError, TypeError):
         return False
@@ -69,11 +79,19 @@ def _standin_runs(head_dim: int, kv_dtype: torch.dtype) -> bool:
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256, 512])
 def test_the_head_dims_the_plan_accepts_are_the_ones_the_kernel_runs(head_dim):
-    assert _plan_accepts(head_dim, "auto") == _kernel_runs(head_dim, torch.bfloat16) == _standin_runs(head_dim, torch.bfloat16)
+    assert (
+        _plan_accepts(head_dim, "auto")
+        == _kernel_runs(head_dim, torch.bfloat16)
+        == _standin_runs(head_dim, torch.bfloat16)
+    )
 
 
 def test_an_fp8_cache_is_accepted_where_the_kernel_reads_one():
-    assert _plan_accepts(128, "fp8_e4m3") == _kernel_runs(128, torch.float8_e4m3fn) == _standin_runs(128, torch.float8_e4m3fn)
+    assert (
+        _plan_accepts(128, "fp8_e4m3")
+        == _kernel_runs(128, torch.float8_e4m3fn)
+        == _standin_runs(128, torch.float8_e4m3fn)
+    )
 
 
 def _flashinfer_prefill_runs(head_dim: int) -> bool:

@@ -30,14 +30,27 @@ REQUESTS = requests_around_page(64)  # uneven requests on both sides of a 64-tok
 
 
 def mla_layer(heads: int, gen: torch.Generator) -> AttentionLayer:
-    w = lambda *shape: (torch.randn(*shape, device="cuda", generator=gen) / RANK ** 0.5).to(GPU.dtype)  # noqa: E731
-    return AttentionLayer(0, heads, 1, NOPE + ROPE, VDIM, (NOPE + ROPE) ** -0.5, is_mla=True, kv_lora_rank=RANK,
-                          qk_rope_head_dim=ROPE, w_kc=w(heads, NOPE, RANK), w_vc=w(heads, RANK, VDIM))
+    w = lambda *shape: (torch.randn(*shape, device="cuda", generator=gen) / RANK**0.5).to(GPU.dtype)  # noqa: E731
+    return AttentionLayer(
+        0,
+        heads,
+        1,
+        NOPE + ROPE,
+        VDIM,
+        (NOPE + ROPE) ** -0.5,
+        is_mla=True,
+        kv_lora_rank=RANK,
+        qk_rope_head_dim=ROPE,
+        w_kc=w(heads, NOPE, RANK),
+        w_vc=w(heads, RANK, VDIM),
+    )
 
 
 def mla_case(requests, mode, page_size, heads, seed=0, num_slots=1 << 16):
     """A batch, two latent pools holding the same cached prefix, q and the new tokens' latent."""
-    s = build_batch(requests, mode, page_size=page_size, num_slots=num_slots, max_context_len=8192, seed=seed, device="cuda")
+    s = build_batch(
+        requests, mode, page_size=page_size, num_slots=num_slots, max_context_len=8192, seed=seed, device="cuda"
+    )
     gen = torch.Generator(device="cuda").manual_seed(seed)
     pools = [MLATokenToKVPool(num_slots, page_size, 1, RANK, ROPE, dtype=GPU.dtype, device="cuda") for _ in range(2)]
     new = []
@@ -52,14 +65,18 @@ def mla_case(requests, mode, page_size, heads, seed=0, num_slots=1 << 16):
 
 def mla_pair(plan, s, pools, layer):
     rtt = s.req_to_token_pool.req_to_token
-    return (FlashInferBackend(plan, pools[0], rtt, [layer], "cuda", checked=True),
-            ReferenceBackend(plan, pools[1], rtt, [layer], "cuda"))
+    return (
+        FlashInferBackend(plan, pools[0], rtt, [layer], "cuda", checked=True),
+        ReferenceBackend(plan, pools[1], rtt, [layer], "cuda"),
+    )
 
 
 @pytest.mark.parametrize("page_size", [1, 64])
 @pytest.mark.parametrize("heads", sorted(MLA_MODELS))
-@pytest.mark.parametrize("shape, flags", [(shape, {}) for shape in sorted(MODE_OF)]
-                         + [("extend_prefix", {"disable_chunked_prefix_cache": True})])
+@pytest.mark.parametrize(
+    "shape, flags",
+    [(shape, {}) for shape in sorted(MODE_OF)] + [("extend_prefix", {"disable_chunked_prefix_cache": True})],
+)
 def test_flashinfer_mla_matches_reference(shape, flags, heads, page_size):
     plan = plan_for(GPU, "flashinfer", page_size, MLA_MODELS[heads], **flags)
     assert plan.flashinfer.mla_kernel_family == "fa3"
@@ -85,16 +102,28 @@ def test_flashinfer_mla_cuda_graph_replay(mode, page_size):
     per_req = 1 if mode == M.DECODE else 3
     plan = plan_for(GPU, "flashinfer", page_size, MLA_MODELS[heads])
     layer = mla_layer(heads, torch.Generator(device="cuda").manual_seed(7))
-    rounds = [[(p, per_req) for p in prefixes] for prefixes in ([5, 300, 127, 64], [1000, 2, 129, 255], [17, 17, 900, 3])]
+    rounds = [
+        [(p, per_req) for p in prefixes] for prefixes in ([5, 300, 127, 64], [1000, 2, 129, 255], [17, 17, 900, 3])
+    ]
     s0, pools0, q0, lat0 = mla_case(rounds[0], mode, page_size, heads)
     rtt = s0.req_to_token_pool.req_to_token
     fi = FlashInferBackend(plan, pools0[0], rtt, [layer], "cuda")
     fi.init_cuda_graph_state(bs, bs * per_req)
     b = s0.batch
-    static_batch = ForwardBatch(mode, bs, b.req_pool_indices.clone(), b.seq_lens.clone(), b.seq_lens_cpu.clone(),
-                                b.extend_prefix_lens.clone(), b.extend_seq_lens.clone(), b.out_cache_loc.clone())
+    static_batch = ForwardBatch(
+        mode,
+        bs,
+        b.req_pool_indices.clone(),
+        b.seq_lens.clone(),
+        b.seq_lens_cpu.clone(),
+        b.extend_prefix_lens.clone(),
+        b.extend_seq_lens.clone(),
+        b.out_cache_loc.clone(),
+    )
     q_static, lat_static = q0.clone(), lat0.clone()
-    fi.init_forward_metadata_capture_cuda_graph(bs, bs * per_req, static_batch.req_pool_indices, static_batch.seq_lens, None, mode)
+    fi.init_forward_metadata_capture_cuda_graph(
+        bs, bs * per_req, static_batch.req_pool_indices, static_batch.seq_lens, None, mode
+    )
     fi.forward(q_static, lat_static, None, layer, static_batch)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -108,8 +137,9 @@ def test_flashinfer_mla_cuda_graph_replay(mode, page_size):
         lat_static.copy_(latent)
         for name in ("req_pool_indices", "seq_lens", "out_cache_loc"):
             getattr(static_batch, name).copy_(getattr(s.batch, name))
-        fi.init_forward_metadata_replay_cuda_graph(bs, static_batch.req_pool_indices, static_batch.seq_lens,
-                                                   s.batch.seq_lens_cpu, None, mode)
+        fi.init_forward_metadata_replay_cuda_graph(
+            bs, static_batch.req_pool_indices, static_batch.seq_lens, s.batch.seq_lens_cpu, None, mode
+        )
         graph.replay()
         ref = ReferenceBackend(plan, pools[1], s.req_to_token_pool.req_to_token, [layer], "cuda")
         ref.init_forward_metadata(s.batch)
@@ -118,7 +148,9 @@ def test_flashinfer_mla_cuda_graph_replay(mode, page_size):
 
 def test_mla_embedding_fast_path_flags_keep_and_read_the_latent_cache():
     """Seed 000 on a GPU: is_embedding + no chunked prefill + no radix cache must not skip an MLA model's cache."""
-    plan = plan_for(GPU, "flashinfer", 1, "DeepSeek-V2-Lite", is_embedding=True, chunked_prefill_size=-1, disable_radix_cache=True)
+    plan = plan_for(
+        GPU, "flashinfer", 1, "DeepSeek-V2-Lite", is_embedding=True, chunked_prefill_size=-1, disable_radix_cache=True
+    )
     layer = mla_layer(16, torch.Generator(device="cuda").manual_seed(3))
     s, pools, q, latent = mla_case([(0, 40), (0, 7)], M.EXTEND, 1, 16)
     fi, ref = mla_pair(plan, s, pools, layer)

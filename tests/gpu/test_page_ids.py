@@ -21,8 +21,15 @@ from attngate.runtime.batch_metadata import BatchLengths  # noqa: E402
 def test_triton_page_ids_equal_the_torch_ops(page_size, ranges):
     requests = [(0, 1), (15, 2), (2000, 1), (700, 45), (0, 1300), (31, 33)]
     enc = [page_size * i for i in range(len(requests))] if ranges.get("cross") else None
-    s = build_batch(requests, ForwardMode.EXTEND, page_size=page_size, num_slots=1 << 16, max_context_len=4096,
-                    encoder_lens=enc, device="cuda")
+    s = build_batch(
+        requests,
+        ForwardMode.EXTEND,
+        page_size=page_size,
+        num_slots=1 << 16,
+        max_context_len=4096,
+        encoder_lens=enc,
+        device="cuda",
+    )
     lens = BatchLengths.from_batch(s.batch)
     rng = lens.kv_pages(page_size, **ranges)
     rtt = s.req_to_token_pool.req_to_token
@@ -37,9 +44,15 @@ def test_triton_page_ids_equal_the_torch_ops(page_size, ranges):
 @pytest.mark.parametrize("first", [False, True])
 def test_triton_page_table_equals_the_torch_ops(page_size, first):
     requests = [(0, 1), (15, 2), (2000, 1), (700, 45), (31, 33)]
-    s = build_batch(requests, ForwardMode.EXTEND, page_size=page_size, num_slots=1 << 16, max_context_len=4096, device="cuda")
+    s = build_batch(
+        requests, ForwardMode.EXTEND, page_size=page_size, num_slots=1 << 16, max_context_len=4096, device="cuda"
+    )
     rtt, rows = s.req_to_token_pool.req_to_token, s.batch.req_pool_indices
-    first_token = torch.tensor([0, 16, 1024, 64, 4080], dtype=torch.int32, device="cuda") // page_size * page_size if first else None
+    first_token = (
+        torch.tensor([0, 16, 1024, 64, 4080], dtype=torch.int32, device="cuda") // page_size * page_size
+        if first
+        else None
+    )
     width = 4096 // page_size  # past a row's end the columns clamp to its last entry
     fast = page_table(rtt, rows, width, page_size, first_token)
     slow = _without_triton(lambda: page_table(rtt, rows, width, page_size, first_token))

@@ -33,15 +33,25 @@ CASES = [
 PROMPTS, CHUNK, DECODED = (40, 27), 16, 8  # prompt tokens; the first EXTEND; tokens of each prompt's end decoded
 
 
-@pytest.mark.parametrize("name, flags, page_size, backends", CASES, ids=[f"{n}-{f.replace(' ', '') or 'default'}-{p}" for n, f, p, _ in CASES])
+@pytest.mark.parametrize(
+    "name, flags, page_size, backends",
+    CASES,
+    ids=[f"{n}-{f.replace(' ', '') or 'default'}-{p}" for n, f, p, _ in CASES],
+)
 def test_the_runtime_on_the_plans_kernels_matches_sdpa(name, flags, page_size, backends):
     ref, ours = _pair(name)
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(1, 512, (n,), generator=gen).cuda() for n in PROMPTS]
     with torch.no_grad():
         full = [ref(p[None]).logits[0] for p in prompts]
-    rt = AttngateRuntime(ours, server_args=ServerArgs.from_flags([*flags.split(), "--page-size", str(page_size)]), page_size=page_size,
-                         num_slots=1024, max_requests=4, max_context_len=256)
+    rt = AttngateRuntime(
+        ours,
+        server_args=ServerArgs.from_flags([*flags.split(), "--page-size", str(page_size)]),
+        page_size=page_size,
+        num_slots=1024,
+        max_requests=4,
+        max_context_len=256,
+    )
     assert isinstance(rt.backend, PlanBackend)
     assert (rt.plan.backend_for(ForwardMode.EXTEND), rt.plan.backend_for(ForwardMode.DECODE)) == backends
     reqs = [rt.add_request() for _ in prompts]
@@ -52,7 +62,7 @@ def test_the_runtime_on_the_plans_kernels_matches_sdpa(name, flags, page_size, b
     got[1].append(out[CHUNK:])
     out = rt.extend({r: p[CHUNK:e] for r, p, e in zip(reqs, prompts, ends)})  # over the cached prefix
     got[0].append(out[: ends[0] - CHUNK])
-    got[1].append(out[ends[0] - CHUNK:])
+    got[1].append(out[ends[0] - CHUNK :])
     for i in range(DECODED):
         out = rt.decode({r: p[e + i] for r, p, e in zip(reqs, prompts, ends)})
         got[0].append(out[:1])

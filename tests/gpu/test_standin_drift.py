@@ -30,7 +30,10 @@ from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
 
 NAMES = ("flashinfer", "flash_attn", "flash_attn.cute", "flash_attn.cute.interface")
-KINDS = {LayerKind.FULL: ("Llama-3.1-8B", {}), LayerKind.SLIDING_WINDOW: ("Mistral-7B-v0.1", {"sliding_window_size": 100})}
+KINDS = {
+    LayerKind.FULL: ("Llama-3.1-8B", {}),
+    LayerKind.SLIDING_WINDOW: ("Mistral-7B-v0.1", {"sliding_window_size": 100}),
+}
 
 
 @contextmanager
@@ -53,7 +56,14 @@ def both(make_backend, plan, shape_requests, mode, page_size, layer, **case_kw):
     for use_standin in (False, True):
         case = make_case(GPU, shape_requests, mode, page_size, **case_kw)
         with standins() if use_standin else _nothing():
-            outs.append(run(make_backend(plan, case, layer), case, layer, **({"k": None, "v": None} if case.encoder_k is not None else {})))
+            outs.append(
+                run(
+                    make_backend(plan, case, layer),
+                    case,
+                    layer,
+                    **({"k": None, "v": None} if case.encoder_k is not None else {}),
+                )
+            )
     return outs
 
 
@@ -76,7 +86,9 @@ def fa(plan, case, layer):
 def test_flashinfer_standin_agrees_with_flashinfer(shape, kind, page_size):
     model, kw = KINDS[kind]
     plan = plan_for(GPU, "flashinfer", page_size, model)
-    real, stand_in = both(fi, plan, requests_around_page(16)[shape], MODE_OF[shape], page_size, layer_of(GPU, kind, **kw))
+    real, stand_in = both(
+        fi, plan, requests_around_page(16)[shape], MODE_OF[shape], page_size, layer_of(GPU, kind, **kw)
+    )
     assert max_diff(real, stand_in) < GPU.tol
 
 
@@ -93,8 +105,15 @@ def test_flash_attn_cute_standin_agrees_with_flash_attn_cute(shape, kind, page_s
 
 def test_flashinfer_cross_attention_and_softcap_agree():
     plan = plan_for(GPU, "flashinfer", 16, "whisper-large-v3-turbo")
-    real, stand_in = both(fi, plan, [(4, 1), (0, 1), (9, 1)], ForwardMode.DECODE, 16, layer_of(GPU, LayerKind.CROSS_ATTENTION),
-                          encoder_lens=[32, 64, 16])
+    real, stand_in = both(
+        fi,
+        plan,
+        [(4, 1), (0, 1), (9, 1)],
+        ForwardMode.DECODE,
+        16,
+        layer_of(GPU, LayerKind.CROSS_ATTENTION),
+        encoder_lens=[32, 64, 16],
+    )
     assert max_diff(real, stand_in) < GPU.tol
     plan = plan_for(GPU, "flashinfer", 16, "gemma-2-9b")
     layer = layer_of(GPU, LayerKind.SLIDING_WINDOW, sliding_window_size=64, logit_cap=30.0)
@@ -111,7 +130,9 @@ def test_flashinfer_lse_is_base_2_in_both():
     k, v = (torch.randn(12, hkv, d, device="cuda", dtype=GPU.dtype) for _ in range(2))
     lses = []
     for module in (real_fi, flashinfer.module()):
-        wrapper = module.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), "NHD", backend="fa2")
+        wrapper = module.BatchPrefillWithRaggedKVCacheWrapper(
+            torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), "NHD", backend="fa2"
+        )
         wrapper.plan(qo, qo, h, hkv, d, causal=True, q_data_type=GPU.dtype, kv_data_type=GPU.dtype)
         lses.append(wrapper.run(q, k, v, return_lse=True)[1])
     assert (lses[0] - lses[1]).abs().max().item() < 2e-2 * math.log2(math.e)
@@ -128,11 +149,14 @@ def test_both_reject_what_flashinfer_rejects(bad, replan):
     h, hkv, d = GPU.heads
     i32 = lambda xs: torch.tensor(xs, dtype=torch.int32)  # noqa: E731
     for module in (real_fi, flashinfer.module()):
-        buffers = dict(paged_kv_indptr_buffer=torch.zeros(3, dtype=torch.int32, device="cuda"),
-                       paged_kv_indices_buffer=torch.zeros(4, dtype=torch.int32, device="cuda"),
-                       paged_kv_last_page_len_buffer=torch.zeros(2, dtype=torch.int32, device="cuda"))
-        wrapper = module.BatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), "NHD",
-                                                            use_cuda_graph=True, **buffers)
+        buffers = dict(
+            paged_kv_indptr_buffer=torch.zeros(3, dtype=torch.int32, device="cuda"),
+            paged_kv_indices_buffer=torch.zeros(4, dtype=torch.int32, device="cuda"),
+            paged_kv_last_page_len_buffer=torch.zeros(2, dtype=torch.int32, device="cuda"),
+        )
+        wrapper = module.BatchDecodeWithPagedKVCacheWrapper(
+            torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), "NHD", use_cuda_graph=True, **buffers
+        )
         kw = dict(q_data_type=GPU.dtype, kv_data_type=GPU.dtype)
         wrapper.plan(i32([0, 1, 2]), i32([0, 1]), i32([1, 1]), h, hkv, d, 1, **kw)
         replan_with = wrapper.plan if replan == "plan" else lambda *a, **k: module.fast_decode_plan(wrapper, *a, **k)
@@ -155,8 +179,21 @@ def test_fa3_paged_state_over_no_keys_is_undefined_as_the_standin_models():
     q = torch.randn(8, h, d, device="cuda", dtype=GPU.dtype)
     lse = {}
     for family in ("fa2", "fa3"):
-        w = real_fi.BatchPrefillWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), "NHD", backend=family)
-        w.plan(i32([0, 3, 8]), i32([0, 0, 5]), torch.arange(5, dtype=torch.int32, device="cuda"), i32([1, 1]), h, hkv, d, 1,
-               causal=False, q_data_type=GPU.dtype, kv_data_type=GPU.dtype)
+        w = real_fi.BatchPrefillWithPagedKVCacheWrapper(
+            torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), "NHD", backend=family
+        )
+        w.plan(
+            i32([0, 3, 8]),
+            i32([0, 0, 5]),
+            torch.arange(5, dtype=torch.int32, device="cuda"),
+            i32([1, 1]),
+            h,
+            hkv,
+            d,
+            1,
+            causal=False,
+            q_data_type=GPU.dtype,
+            kv_data_type=GPU.dtype,
+        )
         lse[family] = w.run(q, (cache, cache), return_lse=True)[1][:3]
     assert bool(torch.isinf(lse["fa2"]).all()) and bool(torch.isfinite(lse["fa3"]).all())

@@ -49,11 +49,15 @@ def _full_case(mode, page_size):
 
 
 def _attend(backend_cls, plan, s, k, v, q, q_heads: slice, kv_heads: slice, layers, checked=False):
-    pool = MHATokenToKVPool(1 << 14, plan.common.page_size, 1, kv_heads.stop - kv_heads.start, D, dtype=DTYPE, device="cuda")
+    pool = MHATokenToKVPool(
+        1 << 14, plan.common.page_size, 1, kv_heads.stop - kv_heads.start, D, dtype=DTYPE, device="cuda"
+    )
     loc = s.batch.out_cache_loc
     prefix = torch.cat([slots[:p] for (p, _), slots in zip(REQUESTS[s.batch.forward_mode], s.slots)]).cuda()
     pool.set_kv_buffer(0, prefix, k[prefix][:, kv_heads], v[prefix][:, kv_heads])
-    backend = backend_cls(plan, pool, s.req_to_token_pool.req_to_token, layers, "cuda", **({"checked": True} if checked else {}))
+    backend = backend_cls(
+        plan, pool, s.req_to_token_pool.req_to_token, layers, "cuda", **({"checked": True} if checked else {})
+    )
     backend.init_forward_metadata(s.batch)
     return backend.forward(q[:, q_heads], k[loc][:, kv_heads], v[loc][:, kv_heads], layers[0], s.batch)
 
@@ -71,11 +75,23 @@ def _tp_rank(rank: int, backend: str, page_size: int) -> str:
     # FlashInfer decode only: its SM90 prefill variants take 70 to 100 s each to JIT-build per cold host
     for mode in REQUESTS if backend == "fa4" else [ForwardMode.DECODE]:
         s, k, v, q = _full_case(mode, page_size)
-        mine = _attend(BACKENDS[backend], plan, s, k, v, q, slice(rank * qh, (rank + 1) * qh), slice(rank * kvh, (rank + 1) * kvh), layers)
+        mine = _attend(
+            BACKENDS[backend],
+            plan,
+            s,
+            k,
+            v,
+            q,
+            slice(rank * qh, (rank + 1) * qh),
+            slice(rank * kvh, (rank + 1) * kvh),
+            layers,
+        )
         gathered = [torch.empty_like(mine) for _ in range(2)]
         dist.all_gather(gathered, mine.contiguous())
         out = torch.cat(gathered, dim=1)  # heads of rank 0, then rank 1
-        expected = _attend(ReferenceBackend, one_gpu, s, k, v, q, slice(0, H), slice(0, HKV), layers_from_model(facts)[:1])
+        expected = _attend(
+            ReferenceBackend, one_gpu, s, k, v, q, slice(0, H), slice(0, HKV), layers_from_model(facts)[:1]
+        )
         diff = (out.float() - expected.float()).abs().max().item()
         assert diff < 2e-2, f"{backend} page {page_size} {mode.value} rank {rank}: {diff}"
     return "ok"
@@ -84,8 +100,11 @@ def _tp_rank(rank: int, backend: str, page_size: int) -> str:
 def _dp_rank(rank: int) -> str:
     """DP attention: every rank holds all heads; rank 1 has no requests and runs IDLE forwards."""
     facts = ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json")
-    resolution = resolve(ServerArgs(attention_backend="fa4", page_size=16, tp_size=2, dp_size=2, enable_dp_attention=True),
-                         facts, Platform.from_name("sm90"))
+    resolution = resolve(
+        ServerArgs(attention_backend="fa4", page_size=16, tp_size=2, dp_size=2, enable_dp_attention=True),
+        facts,
+        Platform.from_name("sm90"),
+    )
     check_plan_consistency(resolution)
     plan = resolution.plan
     assert plan.common.attn_tp_size == 1 and not plan.flashattention.precompute_scheduler_metadata
@@ -95,23 +114,32 @@ def _dp_rank(rank: int) -> str:
     size = dp_max_batch_size(s.batch.batch_size if rank == 0 else 0)  # every rank pads to the largest batch
     assert size == s.batch.batch_size
     if rank == 1:  # IDLE: no tokens, no metadata, an empty output; padded, a decode batch of the global size
-        idle = build_batch([(3, 1)], ForwardMode.IDLE, page_size=16, num_slots=1 << 14, max_context_len=2048, device="cuda")
+        idle = build_batch(
+            [(3, 1)], ForwardMode.IDLE, page_size=16, num_slots=1 << 14, max_context_len=2048, device="cuda"
+        )
         pool = MHATokenToKVPool(1 << 14, 16, 1, HKV, D, dtype=DTYPE, device="cuda")
         fa = FlashAttentionBackend(plan, pool, idle.req_to_token_pool.req_to_token, layers, "cuda", checked=True)
         fa.init_forward_metadata(idle.batch)
         assert fa.forward(q[:0], None, None, layers[0], idle.batch).shape == (0, H, D)
         padded = pad_decode_batch(idle.batch, size, padding_row=0, padding_slot=(1 << 14) - 16)
-        qp, kp = torch.randn(size, H, D, device="cuda", dtype=DTYPE), torch.randn(size, HKV, D, device="cuda", dtype=DTYPE)
+        qp, kp = (
+            torch.randn(size, H, D, device="cuda", dtype=DTYPE),
+            torch.randn(size, HKV, D, device="cuda", dtype=DTYPE),
+        )
         fa.init_forward_metadata(padded)
         eager = fa.forward(qp, kp, kp, layers[0], padded)
         fa.init_cuda_graph_state(size, size)  # and the graph every rank replays at this size
-        fa.init_forward_metadata_capture_cuda_graph(size, size, padded.req_pool_indices, padded.seq_lens, None, ForwardMode.DECODE)
+        fa.init_forward_metadata_capture_cuda_graph(
+            size, size, padded.req_pool_indices, padded.seq_lens, None, ForwardMode.DECODE
+        )
         fa.forward(qp, kp, kp, layers[0], padded)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out = fa.forward(qp, kp, kp, layers[0], padded)
-        fa.init_forward_metadata_replay_cuda_graph(size, padded.req_pool_indices, padded.seq_lens, padded.seq_lens_cpu, None, ForwardMode.DECODE)
+        fa.init_forward_metadata_replay_cuda_graph(
+            size, padded.req_pool_indices, padded.seq_lens, padded.seq_lens_cpu, None, ForwardMode.DECODE
+        )
         graph.replay()
         torch.cuda.synchronize()
         assert eager.shape == out.shape == (size, H, D) and bool(torch.isfinite(out.float()).all())
@@ -127,14 +155,18 @@ def _dp_rank(rank: int) -> str:
         fa = FlashAttentionBackend(plan, pool, s.req_to_token_pool.req_to_token, layers, "cuda", checked=True)
         b = s.batch
         fa.init_cuda_graph_state(b.batch_size, b.batch_size)
-        fa.init_forward_metadata_capture_cuda_graph(b.batch_size, b.batch_size, b.req_pool_indices, b.seq_lens, None, mode)
+        fa.init_forward_metadata_capture_cuda_graph(
+            b.batch_size, b.batch_size, b.req_pool_indices, b.seq_lens, None, mode
+        )
         loc = b.out_cache_loc
         fa.forward(q, k[loc], v[loc], layers[0], b)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out = fa.forward(q, k[loc], v[loc], layers[0], b)
-        fa.init_forward_metadata_replay_cuda_graph(b.batch_size, b.req_pool_indices, b.seq_lens, b.seq_lens_cpu, None, mode)
+        fa.init_forward_metadata_replay_cuda_graph(
+            b.batch_size, b.req_pool_indices, b.seq_lens, b.seq_lens_cpu, None, mode
+        )
         assert fa.md.scheduler_metadata is None  # the plan: no precompute under DP attention
         graph.replay()
         assert (out.float() - expected.float()).abs().max().item() < 2e-2

@@ -36,7 +36,9 @@ def _rank(rank: int, init: str, page_sizes: tuple[int, int], results) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
         facts = ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json")
-        resolution = resolve(ServerArgs(attention_backend="flashinfer", page_size=page_sizes[rank]), facts, Platform.from_name("sm90"))
+        resolution = resolve(
+            ServerArgs(attention_backend="flashinfer", page_size=page_sizes[rank]), facts, Platform.from_name("sm90")
+        )
         check_plan_consistency(resolution)
         results[rank] = "ok"
     except PlanMismatchError as err:
@@ -67,13 +69,18 @@ def _dp_rank(rank: int, init: str, results) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
         facts = ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json")
-        resolution = resolve(ServerArgs(attention_backend="fa4", page_size=16, tp_size=2, dp_size=2, enable_dp_attention=True),
-                             facts, Platform.from_name("sm90"))
+        resolution = resolve(
+            ServerArgs(attention_backend="fa4", page_size=16, tp_size=2, dp_size=2, enable_dp_attention=True),
+            facts,
+            Platform.from_name("sm90"),
+        )
         check_plan_consistency(resolution)
         mode = ForwardMode.DECODE if rank == 0 else ForwardMode.IDLE
         setup = build_batch([(7, 1), (40, 1), (2, 1)], mode, page_size=16, num_slots=1 << 10, max_context_len=64)
         size = dp_max_batch_size(setup.batch.batch_size)
-        batch = pad_decode_batch(setup.batch, size, padding_row=0, padding_slot=(1 << 10) - 1)  # rank 0 pads nothing, rank 1 holds no request
+        batch = pad_decode_batch(
+            setup.batch, size, padding_row=0, padding_slot=(1 << 10) - 1
+        )  # rank 0 pads nothing, rank 1 holds no request
         layers = layers_from_model(facts, resolution.plan)[:1]
         layer = layers[0]
         pool = MHATokenToKVPool(1 << 10, 16, 1, layer.num_kv_heads, layer.head_dim, dtype=torch.float32)

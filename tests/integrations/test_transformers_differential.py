@@ -31,33 +31,95 @@ from attngate.integrations.transformers import AttngateRuntime, register  # noqa
 from attngate.runtime.kv_cache import MLATokenToKVPool  # noqa: E402
 
 ATOL = 2e-4
-SMALL = {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 8, "num_key_value_heads": 2,
-         "head_dim": 8, "vocab_size": 96, "num_hidden_layers": 2}
-MLA = {"num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
-       "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 4, "num_experts_per_tok": 2,
-       "moe_intermediate_size": 32, "n_shared_experts": 1, "head_dim": None}
+SMALL = {
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "vocab_size": 96,
+    "num_hidden_layers": 2,
+}
+MLA = {
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "n_shared_experts": 1,
+    "head_dim": None,
+}
 # name: (config file, overrides on top of SMALL, layer kinds the truncated model must have)
 MODELS_UNDER_TEST = {
     "llama": ("Llama-3.1-8B", {}, {LayerKind.FULL}),
     "qwen3": ("Qwen3-8B", {}, {LayerKind.FULL}),
     "mistral-swa": ("Mistral-7B-v0.1", {"sliding_window": 5}, {LayerKind.SLIDING_WINDOW}),
-    "gemma2-softcap-swa": ("gemma-2-9b", {"num_hidden_layers": 4, "sliding_window": 5, "query_pre_attn_scalar": 12,
-                                          "head_dim": 16, "num_attention_heads": 4}, {LayerKind.SLIDING_WINDOW, LayerKind.FULL}),
-    "gemma3-pattern": ("gemma-3-1b-it", {"num_hidden_layers": 4, "sliding_window": 4, "sliding_window_pattern": 2,
-                                         "num_key_value_heads": 1, "query_pre_attn_scalar": 8}, {LayerKind.SLIDING_WINDOW, LayerKind.FULL}),
-    "gpt-oss-sinks": ("gpt-oss-20b", {"num_hidden_layers": 4, "sliding_window": 5, "num_local_experts": 4,
-                                      "num_experts_per_tok": 2, "experts_per_token": 2, "quantization_config": None,
-                                      "layer_types": ["sliding_attention", "full_attention"] * 2},
-                      {LayerKind.SLIDING_WINDOW, LayerKind.FULL}),
+    "gemma2-softcap-swa": (
+        "gemma-2-9b",
+        {
+            "num_hidden_layers": 4,
+            "sliding_window": 5,
+            "query_pre_attn_scalar": 12,
+            "head_dim": 16,
+            "num_attention_heads": 4,
+        },
+        {LayerKind.SLIDING_WINDOW, LayerKind.FULL},
+    ),
+    "gemma3-pattern": (
+        "gemma-3-1b-it",
+        {
+            "num_hidden_layers": 4,
+            "sliding_window": 4,
+            "sliding_window_pattern": 2,
+            "num_key_value_heads": 1,
+            "query_pre_attn_scalar": 8,
+        },
+        {LayerKind.SLIDING_WINDOW, LayerKind.FULL},
+    ),
+    "gpt-oss-sinks": (
+        "gpt-oss-20b",
+        {
+            "num_hidden_layers": 4,
+            "sliding_window": 5,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "experts_per_token": 2,
+            "quantization_config": None,
+            "layer_types": ["sliding_attention", "full_attention"] * 2,
+        },
+        {LayerKind.SLIDING_WINDOW, LayerKind.FULL},
+    ),
     # MLA at the real latent geometry (kv_lora_rank 512 + qk_rope 64 = 576 cached values per token), fewer heads
     # Llama 4's text model: chunked local attention (iRoPE) on three layers of four, chunks of 4 tokens so that
     # prefill, the cached prefix and decode all cross chunk boundaries
-    "llama4-chunked": ("Llama-4-Scout-17B-16E-Instruct", {"num_hidden_layers": 4, "attention_chunk_size": 4, "num_local_experts": 2,
-                                                          "num_experts_per_tok": 1, "intermediate_size_mlp": 96},
-                       {LayerKind.CHUNKED_LOCAL, LayerKind.FULL}),
+    "llama4-chunked": (
+        "Llama-4-Scout-17B-16E-Instruct",
+        {
+            "num_hidden_layers": 4,
+            "attention_chunk_size": 4,
+            "num_local_experts": 2,
+            "num_experts_per_tok": 1,
+            "intermediate_size_mlp": 96,
+        },
+        {LayerKind.CHUNKED_LOCAL, LayerKind.FULL},
+    ),
     "deepseek-v2-mla": ("DeepSeek-V2-Lite", MLA, {LayerKind.FULL}),
-    "deepseek-v3-mla": ("DeepSeek-V3", {**MLA, "q_lora_rank": 32, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1,
-                                        "quantization_config": None}, {LayerKind.FULL}),
+    "deepseek-v3-mla": (
+        "DeepSeek-V3",
+        {
+            **MLA,
+            "q_lora_rank": 32,
+            "n_group": 2,
+            "topk_group": 1,
+            "first_k_dense_replace": 1,
+            "quantization_config": None,
+        },
+        {LayerKind.FULL},
+    ),
 }
 PROMPTS = (23, 17)  # tokens of the two requests
 CHUNKS = (9, 6)  # first EXTEND, second EXTEND (over the cached prefix); the rest is decoded
@@ -82,8 +144,14 @@ def _pair(cfg, auto=transformers.AutoModelForCausalLM):
     return ref, ours
 
 
-def _run_and_compare(name: str, page_size: int, flags: tuple[str, ...] = (), backend_cls=ReferenceBackend,
-                     after_build=lambda: None, head_dim: int | None = None) -> AttngateRuntime:
+def _run_and_compare(
+    name: str,
+    page_size: int,
+    flags: tuple[str, ...] = (),
+    backend_cls=ReferenceBackend,
+    after_build=lambda: None,
+    head_dim: int | None = None,
+) -> AttngateRuntime:
     """``after_build``: runs once the models are built (installs the kernel stand-ins, which transformers' import
     probes at model build must not see). ``head_dim``: instead of the shrunk model's (FlashInfer runs 64, 128, 256)."""
     file, overrides, kinds = MODELS_UNDER_TEST[name]
@@ -101,7 +169,7 @@ def _run_and_compare(name: str, page_size: int, flags: tuple[str, ...] = (), bac
     got: list[list[torch.Tensor]] = [[], []]
     start = 0
     for n in CHUNKS:  # EXTEND: both requests in one forward, the second chunk over the cached prefix
-        out = rt.extend({r: p[start:start + n] for r, p in zip(reqs, prompts)})
+        out = rt.extend({r: p[start : start + n] for r, p in zip(reqs, prompts)})
         got[0].append(out[:n])
         got[1].append(out[n:])
         start += n
@@ -109,7 +177,7 @@ def _run_and_compare(name: str, page_size: int, flags: tuple[str, ...] = (), bac
         live = [(k, r) for k, (r, p) in enumerate(zip(reqs, prompts)) if i < len(p)]
         out = rt.decode({r: prompts[k][i] for k, r in live})
         for row, (k, _) in enumerate(live):
-            got[k].append(out[row:row + 1])
+            got[k].append(out[row : row + 1])
     for k in range(2):
         diff = (torch.cat(got[k]) - full[k]).abs().max().item()
         assert diff < ATOL, f"{name}, page_size {page_size}, request {k}: max |diff| {diff:.2e}"
@@ -127,7 +195,12 @@ def test_chunked_prefill_and_decode_match_transformers(name, page_size):
 ON_KERNELS = [
     ("llama", "--attention-backend flashinfer", 16, (FlashInferBackend, FlashInferBackend)),
     ("llama", "--attention-backend fa3", 1, (FlashAttentionBackend, FlashAttentionBackend)),
-    ("llama", "--prefill-attention-backend fa3 --decode-attention-backend flashinfer", 16, (FlashAttentionBackend, FlashInferBackend)),
+    (
+        "llama",
+        "--prefill-attention-backend fa3 --decode-attention-backend flashinfer",
+        16,
+        (FlashAttentionBackend, FlashInferBackend),
+    ),
     ("mistral-swa", "--attention-backend flashinfer", 1, (FlashInferBackend, FlashInferBackend)),
     ("gemma2-softcap-swa", "--attention-backend flashinfer", 16, (FlashInferBackend, FlashInferBackend)),
     ("gemma2-softcap-swa", "--attention-backend fa3", 16, (FlashAttentionBackend, FlashAttentionBackend)),
@@ -137,7 +210,9 @@ ON_KERNELS = [
 ]
 
 
-@pytest.mark.parametrize("name, flags, page_size, classes", ON_KERNELS, ids=[f"{n}-{f or 'default'}-{p}" for n, f, p, _ in ON_KERNELS])
+@pytest.mark.parametrize(
+    "name, flags, page_size, classes", ON_KERNELS, ids=[f"{n}-{f or 'default'}-{p}" for n, f, p, _ in ON_KERNELS]
+)
 def test_the_runtime_on_the_plans_kernel_backends_matches_transformers(name, flags, page_size, classes, monkeypatch):
     """AttngateRuntime's default on CUDA, PlanBackend, run on the CPU through the kernel stand-ins: chunked prefill and
     decode on the backends the plan names (prefill and decode apart where it splits them) match eager attention."""
@@ -150,22 +225,33 @@ def test_the_runtime_on_the_plans_kernel_backends_matches_transformers(name, fla
         for module_name, module in flash_attn_cute.modules().items():
             monkeypatch.setitem(sys.modules, module_name, module)
 
-    rt = _run_and_compare(name, page_size, tuple(flags.split()), backend_cls=PlanBackend, after_build=kernels,
-                          head_dim=64 if "flashinfer" in flags else None)
+    rt = _run_and_compare(
+        name,
+        page_size,
+        tuple(flags.split()),
+        backend_cls=PlanBackend,
+        after_build=kernels,
+        head_dim=64 if "flashinfer" in flags else None,
+    )
     ran = tuple(type(rt.backend.backend_of(mode)) for mode in (ForwardMode.EXTEND, ForwardMode.DECODE))
     assert ran == classes
 
 
-@pytest.mark.parametrize("flags, extend_form", [((), "non_absorbed"),
-                                                (("--disable-chunked-prefix-cache",), "non_absorbed_without_prefix")])
+@pytest.mark.parametrize(
+    "flags, extend_form", [((), "non_absorbed"), (("--disable-chunked-prefix-cache",), "non_absorbed_without_prefix")]
+)
 @pytest.mark.parametrize("page_size", [1, 64])
 @pytest.mark.parametrize("name", ["deepseek-v2-mla", "deepseek-v3-mla"])
 def test_mla_latent_cache_matches_transformers(name, page_size, flags, extend_form):
     """Chunked prefill and decode of DeepSeek-V2/V3 through the latent cache: 576 values per token, absorbed decode."""
     rt = _run_and_compare(name, page_size, flags)
     assert isinstance(rt.pool, MLATokenToKVPool) and rt.pool.kv_buffer[0].shape[1:] == (1, 576)
-    assert rt.plan.mode("extend").common.mla_form == extend_form and rt.plan.mode("decode").common.mla_form == "absorbed"
-    assert rt.plan.decode_backend == "flashinfer"  # SM90 without FA3: FlashInfer MLA (the plan names a backend that runs)
+    assert (
+        rt.plan.mode("extend").common.mla_form == extend_form and rt.plan.mode("decode").common.mla_form == "absorbed"
+    )
+    assert (
+        rt.plan.decode_backend == "flashinfer"
+    )  # SM90 without FA3: FlashInfer MLA (the plan names a backend that runs)
 
 
 def test_mla_embedding_fast_path_flags_still_write_the_latent_cache():
@@ -175,11 +261,15 @@ def test_mla_embedding_fast_path_flags_still_write_the_latent_cache():
     with torch.no_grad():
         expected = ref(ids[None]).logits[0]
     fa3_host = Platform.from_name("sm90", kernels=["flashinfer", "flash_attn.cute", "flash_attn_interface"])
-    args = ServerArgs.from_flags("--attention-backend fa3 --is-embedding --chunked-prefill-size -1 --disable-radix-cache".split())
+    args = ServerArgs.from_flags(
+        "--attention-backend fa3 --is-embedding --chunked-prefill-size -1 --disable-radix-cache".split()
+    )
     rt = AttngateRuntime(ours, server_args=args, platform=fa3_host, page_size=1, num_slots=64)
     assert rt.plan.flashattention.skip_kv_cache is False
     req = rt.add_request()
-    got = torch.cat([rt.extend({req: ids[:13]}), rt.extend({req: ids[13:]})])  # the second chunk reads the first from the cache
+    got = torch.cat(
+        [rt.extend({req: ids[:13]}), rt.extend({req: ids[13:]})]
+    )  # the second chunk reads the first from the cache
     assert (got - expected).abs().max().item() < ATOL
     slots = rt.req_to_token_pool.req_to_token[req, :21].long()
     assert bool(rt.pool.kv_buffer[0][slots].abs().sum(-1).gt(0).all())  # every token's latent was written
@@ -196,9 +286,17 @@ def test_runtime_arguments_are_checked_together_and_the_pool_pages_as_the_plan()
 
     ref, ours = _pair(_config("Llama-3.1-8B", {}))
     with pytest.raises(UsageError) as bad:  # every problem at once, nothing allocated
-        AttngateRuntime(ref, server_args={"page_size": 16}, page_size=0, num_slots=0, max_requests=-1, max_context_len=2.5)
-    assert [p.where for p in bad.value.problems] == ["model", "server_args", "page_size", "num_slots", "max_requests",
-                                                     "max_context_len"]
+        AttngateRuntime(
+            ref, server_args={"page_size": 16}, page_size=0, num_slots=0, max_requests=-1, max_context_len=2.5
+        )
+    assert [p.where for p in bad.value.problems] == [
+        "model",
+        "server_args",
+        "page_size",
+        "num_slots",
+        "max_requests",
+        "max_context_len",
+    ]
     with pytest.raises(UsageError, match="model: .* was built with attn_implementation=None"):
         AttngateRuntime(torch.nn.Linear(2, 2))
     with pytest.raises(UsageError, match="page_size: 4 differs from server_args.page_size 16"):
@@ -266,7 +364,9 @@ def test_a_failed_forward_leaves_every_request_as_it_was():
     with pytest.raises(BatchMetadataError) as bad:  # every bad request of the batch, none applied
         rt.extend({req: torch.ones(2, 2, dtype=torch.long), 98: "abc"})
     assert [p.where for p in bad.value.problems] == [f"request {req}", "request 98"]
-    with pytest.raises(BatchMetadataError, match=f"request {req}: 7 cached \\+ 2048 new tokens exceed max_context_len 2048"):
+    with pytest.raises(
+        BatchMetadataError, match=f"request {req}: 7 cached \\+ 2048 new tokens exceed max_context_len 2048"
+    ):
         rt.extend({req: torch.ones(2048, dtype=torch.long)})
     with pytest.raises(BatchMetadataError, match="decode takes one token per request, not 2"):
         rt.decode({req: [1, 2]})
@@ -293,13 +393,23 @@ def test_embedding_gemma_runs_as_an_embedding_server_on_the_paged_path(page_size
     decode or an extend over a cached prefix (which would read K/V nothing wrote) is refused, naming the request."""
     from attngate.errors import BatchMetadataError
 
-    overrides = {"num_hidden_layers": 4, "sliding_window": 6, "use_bidirectional_attention": True,
-                 "layer_types": ["sliding_attention", "full_attention"] * 2, "num_key_value_heads": 1,
-                 "query_pre_attn_scalar": 8, "architectures": ["Gemma3TextModel"]}
+    overrides = {
+        "num_hidden_layers": 4,
+        "sliding_window": 6,
+        "use_bidirectional_attention": True,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "num_key_value_heads": 1,
+        "query_pre_attn_scalar": 8,
+        "architectures": ["Gemma3TextModel"],
+    }
     ref, ours = _pair(_config("gemma-3-1b-it", overrides), auto=transformers.AutoModel)
     rt = AttngateRuntime(ours, page_size=page_size, num_slots=256, platform=Platform.from_name("sm90"))
     args = rt.resolution.server_args
-    assert args.is_embedding and args.prefill_only_disable_kv_cache and not rt.plan.layer("sliding_window").common.write_kv_cache
+    assert (
+        args.is_embedding
+        and args.prefill_only_disable_kv_cache
+        and not rt.plan.layer("sliding_window").common.write_kv_cache
+    )
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(1, 96, (n,), generator=gen) for n in (13, 5, 20)]
     reqs = [rt.add_request() for _ in prompts]
@@ -307,19 +417,27 @@ def test_embedding_gemma_runs_as_an_embedding_server_on_the_paged_path(page_size
     with torch.no_grad():
         expected = torch.cat([ref(p[None]).last_hidden_state[0] for p in prompts])
     assert (got - expected).abs().max().item() < 1e-4
-    with pytest.raises(BatchMetadataError, match=f"request {reqs[0]}: a layer without KV cache cannot attend to a cached prefix"):
+    with pytest.raises(
+        BatchMetadataError, match=f"request {reqs[0]}: a layer without KV cache cannot attend to a cached prefix"
+    ):
         rt.decode({reqs[0]: 3})
 
 
 def test_an_fp8_kv_cache_flag_builds_an_fp8_pool_and_stays_close_to_eager():
     """--kv-cache-dtype fp8_e4m3: the runtime's pool stores what the plan says (common.kv_cache_dtype), so every cached
     K/V is rounded to FP8, and the logits stay close to eager's (not to 1e-4: that is what FP8 costs)."""
-    ref, ours = _pair(_config("Llama-3.1-8B", {"head_dim": 64}))  # the default for FP8 on Hopper: FlashInfer, which runs 64
+    ref, ours = _pair(
+        _config("Llama-3.1-8B", {"head_dim": 64})
+    )  # the default for FP8 on Hopper: FlashInfer, which runs 64
     prompt = torch.randint(1, 96, (20,), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         full = ref(prompt[None]).logits[0]
-    rt = AttngateRuntime(ours, server_args=ServerArgs.from_flags(["--kv-cache-dtype", "fp8_e4m3", "--page-size", "16"]),
-                         page_size=16, num_slots=256)
+    rt = AttngateRuntime(
+        ours,
+        server_args=ServerArgs.from_flags(["--kv-cache-dtype", "fp8_e4m3", "--page-size", "16"]),
+        page_size=16,
+        num_slots=256,
+    )
     assert rt.plan.common.kv_cache_dtype == "fp8_e4m3" and rt.pool.k_buffer[0].dtype == torch.float8_e4m3fn
     req = rt.add_request()
     got = [rt.extend({req: prompt[:12]})] + [rt.decode({req: prompt[i]}) for i in range(12, 20)]

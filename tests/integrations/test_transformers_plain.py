@@ -70,7 +70,9 @@ def test_the_plans_window_is_what_the_layers_attend_with():
 def test_from_pretrained_finds_attngate_by_name(tmp_path):
     ref, _ = _pair(_config(*MODELS_UNDER_TEST["llama"][:2]))
     ref.save_pretrained(tmp_path)
-    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="attngate", dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, attn_implementation="attngate", dtype=torch.float32
+    )
     ids, mask = _batch()
     with torch.no_grad():
         diff = (ref(ids, attention_mask=mask).logits - model(ids, attention_mask=mask).logits)[mask.bool()]
@@ -100,8 +102,11 @@ def test_the_flashinfer_path_unpads_plans_once_per_forward_and_matches_eager(nam
     assert resolution.plan.prefill_backend == resolution.plan.decode_backend == "flashinfer"
     plans = []
     original = module.BatchPrefillWithRaggedKVCacheWrapper.plan
-    monkeypatch.setattr(module.BatchPrefillWithRaggedKVCacheWrapper, "plan",
-                        lambda self, *a, **k: (plans.append(k.get("window_left")), original(self, *a, **k))[1])
+    monkeypatch.setattr(
+        module.BatchPrefillWithRaggedKVCacheWrapper,
+        "plan",
+        lambda self, *a, **k: (plans.append(k.get("window_left")), original(self, *a, **k))[1],
+    )
     ids, mask = _batch()
     greedy = dict(attention_mask=mask, max_new_tokens=4, do_sample=False)
     with torch.no_grad():
@@ -170,8 +175,10 @@ def test_the_fa_path_runs_chunked_local_layers_as_one_row_per_chunk(monkeypatch)
         for layer in layers:
             if layer.attention_chunk_size:
                 layer.attention_chunk_size = 2
-        with pytest.raises(BatchMetadataError, match="layer 0: transformers' mask shows a query 4 keys, more than the "
-                                                     "plan's attention_chunk_size 2"):
+        with pytest.raises(
+            BatchMetadataError,
+            match="layer 0: transformers' mask shows a query 4 keys, more than the plan's attention_chunk_size 2",
+        ):
             ours(ids, attention_mask=mask)
 
 
@@ -202,20 +209,46 @@ def _on_fa_standin(monkeypatch) -> list[tuple[list[int], list[int], bool]]:
 def _mllama_pair(hidden_size: int = 64):
     """A small Mllama (Llama 3.2 Vision) with its cross-attention gates open (transformers initialises them to 0, which
     would hide the cross layers' output); the vision tower on eager, the language model on attngate."""
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_global_layers=1, num_attention_heads=2,
-                  image_size=28, patch_size=14, max_num_tiles=2, intermediate_layers_indices=[0], vision_output_dim=64,
-                  supported_aspect_ratios=[[1, 1], [1, 2], [2, 1]])
-    text = dict(vocab_size=128, hidden_size=hidden_size, intermediate_size=96, num_hidden_layers=4, num_attention_heads=8,
-                num_key_value_heads=2, cross_attention_layers=[1, 3], rope_scaling=None, pad_token_id=0, bos_token_id=0, eos_token_id=0)
+    vision = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_global_layers=1,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=14,
+        max_num_tiles=2,
+        intermediate_layers_indices=[0],
+        vision_output_dim=64,
+        supported_aspect_ratios=[[1, 1], [1, 2], [2, 1]],
+    )
+    text = dict(
+        vocab_size=128,
+        hidden_size=hidden_size,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        cross_attention_layers=[1, 3],
+        rope_scaling=None,
+        pad_token_id=0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     cfg = transformers.MllamaConfig(vision_config=vision, text_config=text, image_token_index=127)
     torch.manual_seed(0)
-    ref = transformers.MllamaForConditionalGeneration._from_config(copy.deepcopy(cfg), attn_implementation="eager", dtype=torch.float32)
+    ref = transformers.MllamaForConditionalGeneration._from_config(
+        copy.deepcopy(cfg), attn_implementation="eager", dtype=torch.float32
+    )
     with torch.no_grad():
         for name, param in ref.named_parameters():
             if "gate" in name and param.numel() == 1:
                 param.fill_(1.0)
     ours = transformers.MllamaForConditionalGeneration._from_config(
-        copy.deepcopy(cfg), attn_implementation={"text_config": "attngate", "vision_config": "eager", "": "eager"}, dtype=torch.float32)
+        copy.deepcopy(cfg),
+        attn_implementation={"text_config": "attngate", "vision_config": "eager", "": "eager"},
+        dtype=torch.float32,
+    )
     ours.load_state_dict(ref.state_dict())
     return ref.eval(), ours.eval(), cfg
 
@@ -229,9 +262,13 @@ def _two_images():
     cross[:, 3:7, 0] = 1
     cross[:, 7:, 1] = 1
     cross[1, 7:, 1, 1] = 0
-    return dict(input_ids=ids, pixel_values=torch.randn(2, 2, 2, 3, 28, 28, generator=torch.Generator().manual_seed(2)),
-                aspect_ratio_ids=torch.tensor([[2, 2], [2, 2]]), aspect_ratio_mask=torch.ones(2, 2, 2, dtype=torch.long),
-                cross_attention_mask=cross)
+    return dict(
+        input_ids=ids,
+        pixel_values=torch.randn(2, 2, 2, 3, 28, 28, generator=torch.Generator().manual_seed(2)),
+        aspect_ratio_ids=torch.tensor([[2, 2], [2, 2]]),
+        aspect_ratio_mask=torch.ones(2, 2, 2, dtype=torch.long),
+        cross_attention_mask=cross,
+    )
 
 
 @pytest.mark.parametrize("path", ["torch", "fa_varlen"])
@@ -261,8 +298,12 @@ def test_a_vision_towers_attention_is_refused_naming_its_sub_config():
     from attngate.errors import ModelConfigError
 
     _, _, cfg = _mllama_pair()
-    model = transformers.MllamaForConditionalGeneration._from_config(cfg, attn_implementation="attngate", dtype=torch.float32).eval()
-    with pytest.raises(ModelConfigError, match="attn_implementation=\\{'text_config': 'attngate', 'vision_config': 'sdpa'\\}"):
+    model = transformers.MllamaForConditionalGeneration._from_config(
+        cfg, attn_implementation="attngate", dtype=torch.float32
+    ).eval()
+    with pytest.raises(
+        ModelConfigError, match="attn_implementation=\\{'text_config': 'attngate', 'vision_config': 'sdpa'\\}"
+    ):
         with torch.no_grad():
             model(**_two_images())
 
@@ -273,8 +314,14 @@ def test_configure_names_a_bad_argument():
     with pytest.raises(UsageError, match="model: takes a transformers model .*, not str"):
         configure("Llama-3.1-8B")
     with pytest.raises(UsageError, match="server_args: takes ServerArgs, not dict"):
-        configure(transformers.LlamaForCausalLM(transformers.LlamaConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64,
-                                                                         num_attention_heads=4, vocab_size=64)), {"page_size": 16})
+        configure(
+            transformers.LlamaForCausalLM(
+                transformers.LlamaConfig(
+                    num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=4, vocab_size=64
+                )
+            ),
+            {"page_size": 16},
+        )
 
 
 @pytest.mark.parametrize("path", ["torch", "fa_varlen"])
@@ -282,10 +329,23 @@ def test_an_encoder_decoder_places_each_attention_module_in_the_plan(path, monke
     """Whisper: the encoder's modules carry no layer_idx (non-causal, one spec), each decoder layer a causal self and a
     non-causal cross attention with the layer's index; forward and greedy generate() match eager, and through FA's
     varlen call each of the three runs one row per request with the plan's causality."""
-    cfg = transformers.WhisperConfig(vocab_size=128, num_mel_bins=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                                     decoder_attention_heads=4, d_model=64, encoder_ffn_dim=96, decoder_ffn_dim=96,
-                                     max_source_positions=20, max_target_positions=32, pad_token_id=0, bos_token_id=1,
-                                     eos_token_id=2, decoder_start_token_id=1)
+    cfg = transformers.WhisperConfig(
+        vocab_size=128,
+        num_mel_bins=16,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        d_model=64,
+        encoder_ffn_dim=96,
+        decoder_ffn_dim=96,
+        max_source_positions=20,
+        max_target_positions=32,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=1,
+    )
     ref, ours = _pair(cfg, auto=transformers.AutoModelForSpeechSeq2Seq)
     if path == "fa_varlen":
         calls = _on_fa_standin(monkeypatch)
@@ -310,10 +370,26 @@ def test_a_hybrid_model_attends_by_its_attention_layers_plan():
     and 3 through attngate, found by their model layer index (the plan lists attention layers only); a left-padded
     batch and greedy decoding match eager."""
     cfg = transformers.Qwen3NextConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
-        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
-        layer_types=["linear_attention", "full_attention"] * 2, pad_token_id=0, bos_token_id=0, eos_token_id=0)
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_num_value_heads=4,
+        linear_num_key_heads=2,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        layer_types=["linear_attention", "full_attention"] * 2,
+        pad_token_id=0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     ref, ours = _pair(cfg)
     ids, mask = _batch()
     with torch.no_grad():
@@ -331,13 +407,22 @@ def test_a_bidirectional_decoder_matches_eager():
     """EmbeddingGemma's shape: a Gemma3TextModel with use_bidirectional_attention, every layer non-causal and the
     sliding-window layers' window on both sides of a query (transformers: |q - k| < sliding_window // 2 + 1), in a
     left-padded batch; the plan says so (R33 makes it an embedding server)."""
-    overrides = {"num_hidden_layers": 4, "sliding_window": 6, "use_bidirectional_attention": True,
-                 "layer_types": ["sliding_attention", "full_attention"] * 2, "num_key_value_heads": 1,
-                 "query_pre_attn_scalar": 8, "architectures": ["Gemma3TextModel"]}
+    overrides = {
+        "num_hidden_layers": 4,
+        "sliding_window": 6,
+        "use_bidirectional_attention": True,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "num_key_value_heads": 1,
+        "query_pre_attn_scalar": 8,
+        "architectures": ["Gemma3TextModel"],
+    }
     ref, ours = _pair(_config("gemma-3-1b-it", overrides), auto=transformers.AutoModel)
     ids, mask = _batch()
     with torch.no_grad():
-        expected, got = ref(ids, attention_mask=mask).last_hidden_state, ours(ids, attention_mask=mask).last_hidden_state
+        expected, got = (
+            ref(ids, attention_mask=mask).last_hidden_state,
+            ours(ids, attention_mask=mask).last_hidden_state,
+        )
     assert (expected - got)[mask.bool()].abs().max().item() < ATOL
     resolution, layers = plan_of(ours)
     window = resolution.plan.layer("sliding_window").common
@@ -386,7 +471,9 @@ def test_torch_compile_traces_the_plans_attention_in_one_graph(name):
         expected = eager_forward(ids, attention_mask=mask).logits
     assert len(graphs) == traced + 1  # retraced under the new plan
     assert (expected - got)[mask.bool()].abs().max().item() < ATOL
-    assert (before - got)[mask.bool()].abs().max().item() > 1e-3  # the new soft-cap is what it attends with (noise: 1e-6)
+    assert (before - got)[
+        mask.bool()
+    ].abs().max().item() > 1e-3  # the new soft-cap is what it attends with (noise: 1e-6)
 
 
 def test_torch_compile_of_a_model_never_configured_resolves_its_plan_outside_the_graph():
@@ -402,7 +489,9 @@ def test_torch_compile_of_a_model_never_configured_resolves_its_plan_outside_the
     torch._dynamo.reset()
     ours.forward = torch.compile(ours.forward, backend=_graph_counter()[1])
     with torch.no_grad():
-        assert (ref(ids, attention_mask=mask).logits - ours(ids, attention_mask=mask).logits)[mask.bool()].abs().max().item() < ATOL
+        assert (ref(ids, attention_mask=mask).logits - ours(ids, attention_mask=mask).logits)[
+            mask.bool()
+        ].abs().max().item() < ATOL
     assert plan_of(ours) is not None
 
 
@@ -415,7 +504,9 @@ def test_torch_compile_breaks_the_graph_only_where_a_chunked_local_mask_is_check
     torch._dynamo.reset()
     ours.forward = torch.compile(ours.forward, backend=backend)
     with torch.no_grad():
-        assert (ref(ids, attention_mask=mask).logits - ours(ids, attention_mask=mask).logits)[mask.bool()].abs().max().item() < ATOL
+        assert (ref(ids, attention_mask=mask).logits - ours(ids, attention_mask=mask).logits)[
+            mask.bool()
+        ].abs().max().item() < ATOL
         assert len(graphs) > 1
         greedy = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, cache_implementation="static")
         assert torch.equal(ours.generate(ids, **greedy), ref.generate(ids, **greedy))
@@ -451,7 +542,9 @@ def test_torch_compile_keeps_the_fa_path_as_one_op_of_the_graph(monkeypatch):
     torch._dynamo.reset()
     ours.forward = torch.compile(ours.forward, backend=backend, fullgraph=True)
     with torch.no_grad():
-        assert (ref(ids, attention_mask=mask).logits - ours(ids, attention_mask=mask).logits)[mask.bool()].abs().max().item() < ATOL
+        assert (ref(ids, attention_mask=mask).logits - ours(ids, attention_mask=mask).logits)[
+            mask.bool()
+        ].abs().max().item() < ATOL
         assert len(graphs) == 1 and len(calls) == ours.config.num_hidden_layers
         ops = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
         assert ops.count("attngate.plain_kernel_attention") == ours.config.num_hidden_layers

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("sglang.srt.server_args", reason="the sglang extra is not installed (.ci/run gives it its own venv)")
+pytest.importorskip(
+    "sglang.srt.server_args", reason="the sglang extra is not installed (.ci/run gives it its own venv)"
+)
 
 from attngate import load_rules  # noqa: E402
 from attngate.errors import AttngateError  # noqa: E402
@@ -33,8 +35,12 @@ def test_every_attngate_field_maps_onto_sglangs_server_args():
 
 
 def _undeclared(results) -> list[str]:
-    return [f"{r.name}: {name}: SGLang {sglang!r}, attngate {mine!r} [{r.origins.get(name, 'refusal')}]"
-            for r in results for name, (sglang, mine) in r.differences.items() if not r.declared.get(name)]
+    return [
+        f"{r.name}: {name}: SGLang {sglang!r}, attngate {mine!r} [{r.origins.get(name, 'refusal')}]"
+        for r in results
+        for name, (sglang, mine) in r.differences.items()
+        if not r.declared.get(name)
+    ]
 
 
 def test_generated_corpus_has_no_undeclared_disagreement():
@@ -79,13 +85,17 @@ def test_verify_on_a_real_sglang_server_args(llama: Path):
 
 def test_verify_raises_where_a_broken_rule_disagrees_with_sglang(llama: Path, tmp_path: Path):
     text = (ROOT / "rules.yaml").read_text()
-    broken = text.replace("adjust: {attention_backend: fa3}\n    message: Hopper uses fa3 by default.",
-                          "adjust: {attention_backend: flashinfer}\n    message: Hopper uses fa3 by default.")
+    broken = text.replace(
+        "adjust: {attention_backend: fa3}\n    message: Hopper uses fa3 by default.",
+        "adjust: {attention_backend: flashinfer}\n    message: Hopper uses fa3 by default.",
+    )
     assert broken != text
     (tmp_path / "rules.yaml").write_text(broken)
     with pytest.raises(SglangMismatchError) as err:
         verify(_resolved(llama, "sm90"), gpu="sm90", rules=load_rules(tmp_path / "rules.yaml"))
-    assert "attention_backend: SGLang resolved 'fa3'; the Plan has 'flashinfer' (default-backend.mha-hopper" in str(err.value)
+    assert "attention_backend: SGLang resolved 'fa3'; the Plan has 'flashinfer' (default-backend.mha-hopper" in str(
+        err.value
+    )
     assert verify(_resolved(llama, "sm90"), gpu="sm90", rules=load_rules(tmp_path / "rules.yaml"), strict=False)
 
 
@@ -97,16 +107,26 @@ def test_verify_needs_a_resolved_server_args(llama: Path):
 
 
 def test_a_bad_case_file_reports_every_problem_with_its_index(tmp_path: Path):
-    (tmp_path / "cases.json").write_text(json.dumps([
-        {"name": "a", "model_config": "missing.json", "gpu": "sm91", "args": {"attention_backnd": "fa3"}},
-        {"model_config": 3, "gpu": "sm90", "extra": 1},
-        "nonsense",
-    ]))
+    (tmp_path / "cases.json").write_text(
+        json.dumps(
+            [
+                {"name": "a", "model_config": "missing.json", "gpu": "sm91", "args": {"attention_backnd": "fa3"}},
+                {"model_config": 3, "gpu": "sm90", "extra": 1},
+                "nonsense",
+            ]
+        )
+    )
     with pytest.raises(CaseFileError) as err:
         load_cases(tmp_path / "cases.json", sglang_field_names())
     text = str(err.value)
-    for needle in ("case 0: model_config: missing.json does not exist", "case 0: gpu: 'sm91'", "'attention_backnd'",
-                   "case 1: unknown key 'extra'", "case 1: model_config", "case 2: a case is an object"):
+    for needle in (
+        "case 0: model_config: missing.json does not exist",
+        "case 0: gpu: 'sm91'",
+        "'attention_backnd'",
+        "case 1: unknown key 'extra'",
+        "case 1: model_config",
+        "case 2: a case is an object",
+    ):
         assert needle in text
 
 

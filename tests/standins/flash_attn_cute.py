@@ -52,16 +52,59 @@ def _lengths(problems: list[str], name: str, t: torch.Tensor | None, entries: in
     return t.tolist()
 
 
-def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-                           min_seqlen_k=None, seqused_q=None, seqused_k=None, gather_kv_indices=None, page_table=None,
-                           softmax_scale=None, causal=False, window_size=(None, None), learnable_sink=None, softcap=0.0,
-                           num_splits=1, pack_gqa=None, deterministic=False, score_mod=None, score_mod_bwd=None,
-                           mask_mod=None, block_sparse_tensors=None, aux_tensors=None, aux_scalars=None, return_lse=False,
-                           scheduler_metadata=None, seqlen_k_per_split=None, disable_scheduler_metadata=False, **_):
-    RECORDER.launch("flash_attn_varlen_func", q=q, k=k, v=v, qv=qv, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                    max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_k=seqused_k, page_table=page_table,
-                    softmax_scale=softmax_scale, causal=causal, window_size=tuple(window_size), softcap=softcap,
-                    num_splits=num_splits, scheduler_metadata=scheduler_metadata)
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    qv=None,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+    min_seqlen_k=None,
+    seqused_q=None,
+    seqused_k=None,
+    gather_kv_indices=None,
+    page_table=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(None, None),
+    learnable_sink=None,
+    softcap=0.0,
+    num_splits=1,
+    pack_gqa=None,
+    deterministic=False,
+    score_mod=None,
+    score_mod_bwd=None,
+    mask_mod=None,
+    block_sparse_tensors=None,
+    aux_tensors=None,
+    aux_scalars=None,
+    return_lse=False,
+    scheduler_metadata=None,
+    seqlen_k_per_split=None,
+    disable_scheduler_metadata=False,
+    **_,
+):
+    RECORDER.launch(
+        "flash_attn_varlen_func",
+        q=q,
+        k=k,
+        v=v,
+        qv=qv,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        seqused_k=seqused_k,
+        page_table=page_table,
+        softmax_scale=softmax_scale,
+        causal=causal,
+        window_size=tuple(window_size),
+        softcap=softcap,
+        num_splits=num_splits,
+        scheduler_metadata=scheduler_metadata,
+    )
     problems: list[str] = []
     paged = page_table is not None
     cu_q = _lengths(problems, "cu_seqlens_q", cu_seqlens_q, None)
@@ -70,7 +113,9 @@ def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=Non
         problems.append(f"cu_seqlens_q must rise from 0 to the {q.shape[0]} query tokens, got {cu_q[:8]}")
     q_lens = [b - a for a, b in zip(cu_q, cu_q[1:])] if cu_q else []
     if max_seqlen_q is not None and q_lens and max(q_lens) > max_seqlen_q:
-        problems.append(f"max_seqlen_q {max_seqlen_q} is below the longest query run {max(q_lens)}: its tail is never computed")
+        problems.append(
+            f"max_seqlen_q {max_seqlen_q} is below the longest query run {max(q_lens)}: its tail is never computed"
+        )
     if q.shape[1] % k.shape[-2]:
         problems.append(f"{q.shape[1]} query heads are not a multiple of {k.shape[-2]} KV heads")
     if q.dtype != k.dtype or k.dtype != v.dtype:
@@ -78,7 +123,9 @@ def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=Non
     if paged:
         used = _lengths(problems, "seqused_k", seqused_k, bs)
         if page_table.dtype != torch.int32 or page_table.dim() != 2 or page_table.shape[0] != bs:
-            problems.append(f"page_table must be [{bs}, max_pages] int32, got {page_table.dtype} {tuple(page_table.shape)}")
+            problems.append(
+                f"page_table must be [{bs}, max_pages] int32, got {page_table.dtype} {tuple(page_table.shape)}"
+            )
         elif page_table.stride(-1) != 1:  # flash_attn.cute asserts the same
             problems.append("page_table must be contiguous in the last dimension")
         elif used is not None:
@@ -87,7 +134,9 @@ def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=Non
                 need = -(-n // ps)
                 row = page_table[b, :need]
                 if need > page_table.shape[1] or (row.numel() and (int(row.min()) < 0 or int(row.max()) >= pages)):
-                    problems.append(f"request {b}: seqused_k {n} reads pages {row.tolist()[:8]} outside the table or the cache of {pages}")
+                    problems.append(
+                        f"request {b}: seqused_k {n} reads pages {row.tolist()[:8]} outside the table or the cache of {pages}"
+                    )
         kv_lens = used
     else:
         kv_lens = _lengths(problems, "cu_seqlens_k", cu_seqlens_k, bs + 1)
@@ -118,11 +167,26 @@ def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=Non
             kb, vb = (c[pages].flatten(0, 1)[: kv_lens[b]] for c in (k, v))
         else:
             start = sum(kv_lens[:b])
-            kb, vb = k[start:start + kv_lens[b]], v[start:start + kv_lens[b]]
-        mask = request_mask(q_lens[b], kv_lens[b], causal=causal, window_left=-1 if left is None else left,
-                            window_right=-1 if right is None else right)
-        o, lse = attend(q[rows], kb, vb, mask, scale=scale, out_dtype=q.dtype, chunk=chunk, softcap=softcap,
-                        sinks=learnable_sink, qv=None if qv is None else qv[rows])
+            kb, vb = k[start : start + kv_lens[b]], v[start : start + kv_lens[b]]
+        mask = request_mask(
+            q_lens[b],
+            kv_lens[b],
+            causal=causal,
+            window_left=-1 if left is None else left,
+            window_right=-1 if right is None else right,
+        )
+        o, lse = attend(
+            q[rows],
+            kb,
+            vb,
+            mask,
+            scale=scale,
+            out_dtype=q.dtype,
+            chunk=chunk,
+            softcap=softcap,
+            sinks=learnable_sink,
+            qv=None if qv is None else qv[rows],
+        )
         outs.append(o)
         lses.append(lse)
     out = torch.cat(outs) if outs else q.new_empty(0, q.shape[1], v.shape[-1])

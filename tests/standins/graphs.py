@@ -38,7 +38,9 @@ class GraphRecorder:
         self.phase, self.position, self.launches = "replay", 0, self.graphs[name]
         try:
             yield
-            assert self.position == len(self.launches), f"replay launched {self.position} kernels, the capture {len(self.launches)}"
+            assert self.position == len(self.launches), (
+                f"replay launched {self.position} kernels, the capture {len(self.launches)}"
+            )
         finally:
             self.phase = None
 
@@ -55,14 +57,22 @@ class GraphRecorder:
         self.position += 1
         assert captured[0] == kernel, f"replay launches {kernel} where the graph holds {captured[0]}"
         differing = sorted(name for name in signature[1] if signature[1][name] != captured[1].get(name))
-        assert not differing, f"replay of {kernel} passes other {differing} than the captured launch (a graph reads the captured ones)"
+        assert not differing, (
+            f"replay of {kernel} passes other {differing} than the captured launch (a graph reads the captured ones)"
+        )
 
 
 def _identity(value):
     if isinstance(value, torch.Tensor):
         if value.is_floating_point():
             return ("float tensor", tuple(value.shape))
-        return ("int tensor", value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape), tuple(value.stride()))
+        return (
+            "int tensor",
+            value.untyped_storage().data_ptr(),
+            value.storage_offset(),
+            tuple(value.shape),
+            tuple(value.stride()),
+        )
     if isinstance(value, (list, tuple)):
         return tuple(_identity(v) for v in value)
     return value

@@ -27,8 +27,9 @@ def request_mask(lq: int, lk: int, *, causal: bool, window_left: int = -1, windo
     return mask
 
 
-def partial_state(q, k, v, mask: torch.Tensor, *, scale: float, softcap: float = 0.0,
-                  qv: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def partial_state(
+    q, k, v, mask: torch.Tensor, *, scale: float, softcap: float = 0.0, qv: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The attention state of ``q`` over these keys only. ``qv: [Lq, H, Dv]`` adds ``qv . v`` to each
     score (FA's absorbed-MLA input)."""
     rep = q.shape[1] // k.shape[1]
@@ -56,8 +57,19 @@ def merge_states(states: list[tuple[torch.Tensor, torch.Tensor]], *, sinks: torc
     return out, total
 
 
-def attend(q, k, v, mask: torch.Tensor, *, scale: float, out_dtype: torch.dtype, chunk: int | None = None,
-           softcap: float = 0.0, sinks: torch.Tensor | None = None, qv: torch.Tensor | None = None):
+def attend(
+    q,
+    k,
+    v,
+    mask: torch.Tensor,
+    *,
+    scale: float,
+    out_dtype: torch.dtype,
+    chunk: int | None = None,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
+    qv: torch.Tensor | None = None,
+):
     """``(o [Lq, H, Dv] in out_dtype, lse [Lq, H] fp32)``. ``chunk``: split-KV every ``chunk`` keys;
     each partial output is stored in ``out_dtype`` before the merge, as the kernels do, so where a
     request is cut changes the rounding of its result."""
@@ -69,8 +81,9 @@ def attend(q, k, v, mask: torch.Tensor, *, scale: float, out_dtype: torch.dtype,
         return o.to(out_dtype), lse
     states = []
     for a in range(0, lk, chunk):
-        o, lse = partial_state(q, k[a:a + chunk], v[a:a + chunk], mask[:, a:a + chunk], scale=scale, softcap=softcap,
-                               qv=qv)
+        o, lse = partial_state(
+            q, k[a : a + chunk], v[a : a + chunk], mask[:, a : a + chunk], scale=scale, softcap=softcap, qv=qv
+        )
         states.append((o.to(out_dtype), lse))
     o, lse = merge_states(states, sinks=sinks)
     return o.to(out_dtype), lse

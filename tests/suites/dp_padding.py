@@ -52,10 +52,14 @@ def test_an_idle_rank_padded_to_the_global_batch_size_runs_a_decode_forward(env,
     plan = plan_for(env, name, PS)
     layer = layer_of(env, LayerKind.FULL)
     h, hkv, d = env.heads
-    idle = build_batch([(3, 1)], ForwardMode.IDLE, page_size=PS, num_slots=1 << 12, max_context_len=256, device=env.device)
+    idle = build_batch(
+        [(3, 1)], ForwardMode.IDLE, page_size=PS, num_slots=1 << 12, max_context_len=256, device=env.device
+    )
     case = make_case(env, [(3, 1)], ForwardMode.DECODE, PS, num_slots=1 << 12, max_context_len=256)  # a pool to run in
     padded = pad_decode_batch(idle.batch, 4, padding_row=0, padding_slot=_free_slot(case))
-    backend = BACKENDS[name](plan, case.pools[0], idle.req_to_token_pool.req_to_token, [layer], env.device, checked=True)
+    backend = BACKENDS[name](
+        plan, case.pools[0], idle.req_to_token_pool.req_to_token, [layer], env.device, checked=True
+    )
     backend.init_forward_metadata(padded)
     rows = lambda n: torch.randn(4, n, d, device=env.device).to(env.dtype)  # noqa: E731
     out = backend.forward(rows(h), rows(hkv), rows(hkv), layer, padded)

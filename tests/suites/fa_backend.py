@@ -38,7 +38,9 @@ REQUESTS = requests_around_page(PAGE_SIZES[-1])
 
 
 def fa_backend(env: Env, plan, case, layer, **kw) -> FlashAttentionBackend:
-    return FlashAttentionBackend(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], env.device, **kw)
+    return FlashAttentionBackend(
+        plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], env.device, **kw
+    )
 
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
@@ -58,10 +60,17 @@ def test_fa_modes_and_layer_kinds_match_reference(env, shape, kind, page_size):
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_fa_softcap_and_sinks_match_reference(env, page_size):
     plan = plan_for(env, page_size=page_size)
-    layer = layer_of(env, LayerKind.SLIDING_WINDOW, sliding_window_size=64, logit_cap=30.0,
-                     sinks=torch.linspace(-1, 1, env.heads[0], device=env.device, dtype=torch.float32))
+    layer = layer_of(
+        env,
+        LayerKind.SLIDING_WINDOW,
+        sliding_window_size=64,
+        logit_cap=30.0,
+        sinks=torch.linspace(-1, 1, env.heads[0], device=env.device, dtype=torch.float32),
+    )
     case = make_case(env, REQUESTS["extend_prefix"], M.EXTEND, page_size)
-    assert max_diff(run(fa_backend(env, plan, case, layer), case, layer), reference_out(env, case, plan, layer)) < env.tol
+    assert (
+        max_diff(run(fa_backend(env, plan, case, layer), case, layer), reference_out(env, case, plan, layer)) < env.tol
+    )
 
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
@@ -146,16 +155,21 @@ def test_fa_cuda_graph_replay_reads_the_rows_given_at_replay(env, page_size):
     """The replay hook refills the static page table from the rows it is handed, not from the captured tensor."""
     plan = plan_for(env, page_size=page_size)
     layer = layer_of(env, LayerKind.FULL)
-    assert_replays_match_reference(env, functools.partial(fa_backend, env), plan, layer, M.DECODE, page_size, fresh_rows=True)
+    assert_replays_match_reference(
+        env, functools.partial(fa_backend, env), plan, layer, M.DECODE, page_size, fresh_rows=True
+    )
 
 
-@pytest.mark.parametrize("bs, mode, max_bs, needle", [
-    (2, M.IDLE, 2, "forward_mode: IDLE batches replay the DECODE graph padded"),
-    (2, M.EXTEND, 2, "forward_mode: the plan captures no CUDA graph for forward mode extend"),
-    (0, M.DECODE, 2, r"bs: a CUDA graph serves 1 to 2 requests \(init_cuda_graph_state's max_bs\), not 0"),
-    (2, M.DECODE, 1, r"bs: a CUDA graph serves 1 to 1 requests \(init_cuda_graph_state's max_bs\), not 2"),
-    (2, M.DECODE, None, "init_cuda_graph_state: not called"),
-])
+@pytest.mark.parametrize(
+    "bs, mode, max_bs, needle",
+    [
+        (2, M.IDLE, 2, "forward_mode: IDLE batches replay the DECODE graph padded"),
+        (2, M.EXTEND, 2, "forward_mode: the plan captures no CUDA graph for forward mode extend"),
+        (0, M.DECODE, 2, r"bs: a CUDA graph serves 1 to 2 requests \(init_cuda_graph_state's max_bs\), not 0"),
+        (2, M.DECODE, 1, r"bs: a CUDA graph serves 1 to 1 requests \(init_cuda_graph_state's max_bs\), not 2"),
+        (2, M.DECODE, None, "init_cuda_graph_state: not called"),
+    ],
+)
 def test_cuda_graph_capture_refuses_what_no_graph_serves(env, bs, mode, max_bs, needle):
     """IDLE batches run the padded DECODE graph, EXTEND is not captured, a graph needs a request and no more than the
     static buffers were sized for (a larger one would read slices of them shorter than itself), and the buffers must
@@ -166,7 +180,9 @@ def test_cuda_graph_capture_refuses_what_no_graph_serves(env, bs, mode, max_bs, 
     case = make_case(env, [(5, 1), (9, 1)], M.DECODE, 16)
     layer = layer_of(env, LayerKind.FULL)
     for cls, backend in ((FlashAttentionBackend, "fa4"), (FlashInferBackend, "flashinfer")):
-        b = cls(plan_for(env, backend, 16), case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], env.device)
+        b = cls(
+            plan_for(env, backend, 16), case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], env.device
+        )
         if max_bs is not None:
             b.init_cuda_graph_state(max_bs, max_bs)
         rows, seq = case.setup.batch.req_pool_indices[:bs], case.setup.batch.seq_lens[:bs]
@@ -187,7 +203,9 @@ def test_cuda_graphs_of_two_modes_at_one_batch_size_keep_their_own_metadata(env,
     made = []
 
     def make(plan, case, layer):
-        made.append(cls(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], env.device, checked=True))
+        made.append(
+            cls(plan, case.pools[0], case.setup.req_to_token_pool.req_to_token, [layer], env.device, checked=True)
+        )
         return made[-1]
 
     seen = []
@@ -196,9 +214,14 @@ def test_cuda_graphs_of_two_modes_at_one_batch_size_keep_their_own_metadata(env,
         assert max_diff(replayed, reference_out(env, case, plan, layer)) < env.tol, f"round {i}, {seen[-1].value}"
     assert seen == [M.DECODE, M.TARGET_VERIFY] * 3
     b = case.setup.batch
-    with pytest.raises(ValueError, match=r"no CUDA graph was captured for forward mode draft_extend_v2 at batch size 4 \(captured: "
-                                         r"decode x 4, target_verify x 4\)"):
-        made[0].init_forward_metadata_replay_cuda_graph(4, b.req_pool_indices, b.seq_lens, b.seq_lens_cpu, None, M.DRAFT_EXTEND_V2)
+    with pytest.raises(
+        ValueError,
+        match=r"no CUDA graph was captured for forward mode draft_extend_v2 at batch size 4 \(captured: "
+        r"decode x 4, target_verify x 4\)",
+    ):
+        made[0].init_forward_metadata_replay_cuda_graph(
+            4, b.req_pool_indices, b.seq_lens, b.seq_lens_cpu, None, M.DRAFT_EXTEND_V2
+        )
 
 
 @pytest.mark.parametrize("mode", [M.DECODE, M.TARGET_VERIFY, M.DRAFT_EXTEND_V2])
@@ -217,8 +240,16 @@ def test_fa_cuda_graph_replay_with_encoder_tokens(env, kind, page_size):
     (the cross layer's encoder page table and lengths, the self layer's table after the encoder tokens)."""
     plan = plan_for(env, page_size=page_size)
     layer = layer_of(env, kind)
-    assert_replays_match_reference(env, functools.partial(with_cross_layer, FlashAttentionBackend, env), plan, layer, M.DECODE, page_size,
-                                   fresh_rows=True, encoder_pages=ENCODER_PAGES)
+    assert_replays_match_reference(
+        env,
+        functools.partial(with_cross_layer, FlashAttentionBackend, env),
+        plan,
+        layer,
+        M.DECODE,
+        page_size,
+        fresh_rows=True,
+        encoder_pages=ENCODER_PAGES,
+    )
 
 
 @pytest.mark.parametrize("mode", [M.DECODE, M.EXTEND])
@@ -228,8 +259,21 @@ def test_fa_deterministic_batch_invariance(env, mode):
     layer = layer_of(env, LayerKind.FULL)
     long = env.long_prefix
     target = (long * 3 // 8, 1) if mode == M.DECODE else (long // 6, 40)
-    outs = [target_in_batch(env, functools.partial(fa_backend, env), plan, layer, mode, others, target, max_prefix=long * 3 // 4,
-                            max_new=80, num_slots=env.many_slots // 2) for others in (0, 7, 63)]
+    outs = [
+        target_in_batch(
+            env,
+            functools.partial(fa_backend, env),
+            plan,
+            layer,
+            mode,
+            others,
+            target,
+            max_prefix=long * 3 // 4,
+            max_new=80,
+            num_slots=env.many_slots // 2,
+        )
+        for others in (0, 7, 63)
+    ]
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
@@ -238,7 +282,7 @@ def test_fa_checked_mode_catches_out_of_range_page(env):
     layer = layer_of(env, LayerKind.FULL)
     case = make_case(env, REQUESTS["decode"], M.DECODE, 128)
     row = int(case.setup.batch.req_pool_indices[2])
-    case.setup.req_to_token_pool.req_to_token[row, 0] = 10 ** 8  # a planted slot far outside the pool
+    case.setup.req_to_token_pool.req_to_token[row, 0] = 10**8  # a planted slot far outside the pool
     with pytest.raises(BatchMetadataError, match="outside the pool"):
         fa_backend(env, plan, case, layer, checked=True).init_forward_metadata(case.setup.batch)
 
@@ -247,7 +291,10 @@ def test_fa_checked_mode_catches_out_of_range_page(env):
 def test_fa_scheduler_metadata_precompute_follows_the_plan(env, page_size):
     """flash_attn.cute never takes a precomputed schedule (FA3's, with and without DP attention, is
     tests/backends/test_fa3_provider.py's)."""
-    plans = [plan_for(env, page_size=page_size), plan_for(env, page_size=page_size, enable_dp_attention=True, dp_size=2, tp_size=2)]
+    plans = [
+        plan_for(env, page_size=page_size),
+        plan_for(env, page_size=page_size, enable_dp_attention=True, dp_size=2, tp_size=2),
+    ]
     assert not any(plan.flashattention.precompute_scheduler_metadata for plan in plans)
     layer = layer_of(env, LayerKind.FULL)
     expected = reference_out(env, make_case(env, REQUESTS["decode"], M.DECODE, page_size), plans[0], layer)
@@ -294,23 +341,33 @@ def test_fa_verifies_chains_only_and_says_so(env):
     """attngate's FA backend has no tree verify (SGLang's cascade path is a known failure): a tree plan, resolved only
     with the known failure allowed, is refused at construction, and a tree batch under a chain plan at its metadata."""
     facts = ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json")
-    tree_plan = resolve(ServerArgs(attention_backend="fa3", page_size=1, **SPECULATIVE_TREE), facts, env.platform(),
-                        allow_known_failures=["known.fa-eagle-tree-verify-drift"]).plan
+    tree_plan = resolve(
+        ServerArgs(attention_backend="fa3", page_size=1, **SPECULATIVE_TREE),
+        facts,
+        env.platform(),
+        allow_known_failures=["known.fa-eagle-tree-verify-drift"],
+    ).plan
     layer = layer_of(env, LayerKind.FULL)
     case = make_case(env, [(5, 8), (40, 8)], M.TARGET_VERIFY, 1)
-    with pytest.raises(BackendRefusal, match="common.tree_mask: attngate's FA backend verifies speculative chains only"):
+    with pytest.raises(
+        BackendRefusal, match="common.tree_mask: attngate's FA backend verifies speculative chains only"
+    ):
         fa_backend(env, tree_plan, case, layer)
     case.setup.batch.spec_tree_mask = random_tree(2, 8, seed=0, device=env.device)
     with pytest.raises(BatchMetadataError, match="spec_tree_mask: given"):
         fa_backend(env, plan_for(env, "fa3", 1, **SPECULATIVE), case, layer).init_forward_metadata(case.setup.batch)
 
 
-
 def test_fa_reads_16_bit_kv_caches_only_and_says_so(env):
     """An FP8 KV cache needs descale tensors, which attngate's FA backend does not compute: the plan for one (fa4 on SM100,
     where flash_attn.cute reads FP8) is refused at construction, naming the backend that reads it."""
-    plan = resolve(ServerArgs(attention_backend="fa4", kv_cache_dtype="fp8_e4m3"), ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json"),
-                   Platform.from_name("sm100")).plan
+    plan = resolve(
+        ServerArgs(attention_backend="fa4", kv_cache_dtype="fp8_e4m3"),
+        ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json"),
+        Platform.from_name("sm100"),
+    ).plan
     case = make_case(env, [(5, 1), (40, 1)], M.DECODE, plan.common.page_size, kv_dtype=torch.float8_e4m3fn)
-    with pytest.raises(BackendRefusal, match="common.kv_cache_dtype: 'fp8_e4m3': attngate's FA backend reads 16-bit KV caches only"):
+    with pytest.raises(
+        BackendRefusal, match="common.kv_cache_dtype: 'fp8_e4m3': attngate's FA backend reads 16-bit KV caches only"
+    ):
         fa_backend(env, plan, case, layer_of(env, LayerKind.FULL))

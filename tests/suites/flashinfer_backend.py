@@ -69,14 +69,28 @@ def _family(wrapper) -> str:
 def test_fi_every_wrapper_runs_the_plans_kernel_family(env):
     """No wrapper is left on FlashInfer's 'auto' (which re-probes for cuDNN on every decode plan()): eager and
     CUDA-graph decode wrappers take flashinfer.decode_kernel_family, prefill wrappers prefill_kernel_family."""
-    plan = plan_for(env, "flashinfer", 16, "Llama-3.1-8B", speculative_algorithm="EAGLE", speculative_eagle_topk=1,
-                    speculative_num_steps=3, speculative_num_draft_tokens=4)
+    plan = plan_for(
+        env,
+        "flashinfer",
+        16,
+        "Llama-3.1-8B",
+        speculative_algorithm="EAGLE",
+        speculative_eagle_topk=1,
+        speculative_num_steps=3,
+        speculative_num_draft_tokens=4,
+    )
     layer = layer_of(env, LayerKind.FULL)
     fi = fi_backend(env, plan, make_case(env, REQUESTS["decode"], M.DECODE, 16), layer)
     fi.init_cuda_graph_state(4, 16)
     for mode in (M.DECODE, M.TARGET_VERIFY):
-        fi.init_forward_metadata_capture_cuda_graph(4, 4 * (1 if mode == M.DECODE else 4), fi.req_to_token.new_zeros(4),
-                                                    fi.req_to_token.new_ones(4) * 8, None, mode)
+        fi.init_forward_metadata_capture_cuda_graph(
+            4,
+            4 * (1 if mode == M.DECODE else 4),
+            fi.req_to_token.new_zeros(4),
+            fi.req_to_token.new_ones(4) * 8,
+            None,
+            mode,
+        )
     gates = plan.flashinfer
     decode = fi.decode_wrappers + fi._graphs[(M.DECODE, 4)].wrappers
     prefill = fi.paged_wrappers + fi.ragged_wrappers + fi._graphs[(M.TARGET_VERIFY, 4)].wrappers
@@ -101,7 +115,9 @@ def test_fi_softcap_matches_reference(env, page_size):
     plan = plan_for(env, "flashinfer", page_size, "gemma-2-9b")
     layer = layer_of(env, LayerKind.SLIDING_WINDOW, sliding_window_size=64, logit_cap=30.0)
     case = make_case(env, REQUESTS["extend_prefix"], M.EXTEND, page_size)
-    assert max_diff(run(fi_backend(env, plan, case, layer), case, layer), reference_out(env, case, plan, layer)) < env.tol
+    assert (
+        max_diff(run(fi_backend(env, plan, case, layer), case, layer), reference_out(env, case, plan, layer)) < env.tol
+    )
 
 
 @pytest.mark.parametrize("mode", [M.EXTEND, M.DECODE])
@@ -132,15 +148,30 @@ def _target_in_batches(env, plan, kind, mode, others: int, layer, encoder=None):
     """The output rows of one fixed request placed in the middle of a batch of `others` other requests."""
     long = env.long_prefix
     target = (long * 3 // 4, 1) if mode == M.DECODE else (long // 2, 60)
-    return target_in_batch(env, functools.partial(fi_backend, env), plan, layer, mode, others, target, max_prefix=long,
-                           max_new=90, num_slots=env.many_slots, encoder=encoder, kv_from_cache=kind == LayerKind.CROSS_ATTENTION)
+    return target_in_batch(
+        env,
+        functools.partial(fi_backend, env),
+        plan,
+        layer,
+        mode,
+        others,
+        target,
+        max_prefix=long,
+        max_new=90,
+        num_slots=env.many_slots,
+        encoder=encoder,
+        kv_from_cache=kind == LayerKind.CROSS_ATTENTION,
+    )
 
 
-@pytest.mark.parametrize("kind, model, kw", [
-    (LayerKind.FULL, "Llama-3.1-8B", {}),
-    (LayerKind.SLIDING_WINDOW, "Mistral-7B-v0.1", {"sliding_window_size": 1000}),
-    (LayerKind.CROSS_ATTENTION, "whisper-large-v3-turbo", {}),
-])
+@pytest.mark.parametrize(
+    "kind, model, kw",
+    [
+        (LayerKind.FULL, "Llama-3.1-8B", {}),
+        (LayerKind.SLIDING_WINDOW, "Mistral-7B-v0.1", {"sliding_window_size": 1000}),
+        (LayerKind.CROSS_ATTENTION, "whisper-large-v3-turbo", {}),
+    ],
+)
 @pytest.mark.parametrize("mode", [M.DECODE, M.EXTEND])
 def test_fi_deterministic_batch_invariance_every_wrapper_kind(env, kind, model, kw, mode):
     plan = plan_for(env, "flashinfer", 1, model, enable_deterministic_inference=True)
@@ -211,7 +242,11 @@ def test_fi_eager_decode_replans_as_the_plan_says(env, replan, monkeypatch):
     plan = with_gate(shipped, "flashinfer.eager_decode_replan", replan)
     calls = _spy_on_fast_decode_plan(monkeypatch)
     layer = layer_of(env, LayerKind.FULL)
-    batches = [[(900, 1), (0, 1), (77, 1), (1, 1), (300, 1), (12, 1)], REQUESTS["decode"], [(40, 1), (3, 1)]]  # largest first
+    batches = [
+        [(900, 1), (0, 1), (77, 1), (1, 1), (300, 1), (12, 1)],
+        REQUESTS["decode"],
+        [(40, 1), (3, 1)],
+    ]  # largest first
     backend = None
     for i, requests in enumerate(batches):
         case = make_case(env, requests, M.DECODE, 1, seed=i)
@@ -243,8 +278,16 @@ def test_fi_fp8_kv_cache_matches_reference(env, shape, page_size):
 @pytest.mark.parametrize("mode", [M.DECODE, M.TARGET_VERIFY])
 def test_fi_fp8_kv_cache_cuda_graph_replays(env, mode):
     plan = plan_for(env, "flashinfer", 16, "Llama-3.1-8B", kv_cache_dtype="fp8_e4m3", **SPECULATIVE)
-    assert_replays_match_reference(env, functools.partial(fi_backend, env, q_dtype=env.dtype), plan, layer_of(env, LayerKind.FULL),
-                                   mode, 16, fresh_rows=True, kv_dtype=torch.float8_e4m3fn)
+    assert_replays_match_reference(
+        env,
+        functools.partial(fi_backend, env, q_dtype=env.dtype),
+        plan,
+        layer_of(env, LayerKind.FULL),
+        mode,
+        16,
+        fresh_rows=True,
+        kv_dtype=torch.float8_e4m3fn,
+    )
 
 
 def test_fi_kv_cache_dtype_follows_the_plan(env):
@@ -257,7 +300,9 @@ def test_fi_kv_cache_dtype_follows_the_plan(env):
     fp8 = make_case(env, REQUESTS["decode"], M.DECODE, 16, kv_dtype=torch.float8_e4m3fn)
     with pytest.raises(UsageError, match="q_dtype: needed with a torch.float8_e4m3fn KV pool"):
         fi_backend(env, plan_for(env, "flashinfer", 16, kv_cache_dtype="fp8_e4m3"), fp8, layer)
-    with pytest.raises(BatchMetadataError, match="kv_pool: holds torch.float8_e4m3fn, the plan's kv_cache_dtype 'fp8_e5m2'"):
+    with pytest.raises(
+        BatchMetadataError, match="kv_pool: holds torch.float8_e4m3fn, the plan's kv_cache_dtype 'fp8_e5m2'"
+    ):
         fi_backend(env, plan_for(env, "flashinfer", 16, kv_cache_dtype="fp8_e5m2"), fp8, layer, q_dtype=env.dtype)
 
 
@@ -289,7 +334,9 @@ def test_fi_tree_verify_cuda_graph_replays_each_rounds_tree(env, kind):
     model, kw = KINDS[kind]
     plan = plan_for(env, "flashinfer", 16, model, **SPECULATIVE_TREE)
     layer = layer_of(env, kind, **kw)
-    assert_replays_match_reference(env, functools.partial(fi_backend, env), plan, layer, M.TARGET_VERIFY, 16, fresh_rows=True, tree=True)
+    assert_replays_match_reference(
+        env, functools.partial(fi_backend, env), plan, layer, M.TARGET_VERIFY, 16, fresh_rows=True, tree=True
+    )
 
 
 def test_fi_tree_and_chain_batches_must_match_the_plan(env):
@@ -302,7 +349,9 @@ def test_fi_tree_and_chain_batches_must_match_the_plan(env):
     with pytest.raises(BatchMetadataError, match="spec_tree_mask: missing"):
         fi_backend(env, tree_plan, case, layer).init_forward_metadata(b)
     b.spec_tree_mask = random_tree(len(TREE_REQUESTS), 8, seed=0, device=env.device)
-    with pytest.raises(BatchMetadataError, match="spec_tree_mask: given, but the plan's target_verify attends causally"):
+    with pytest.raises(
+        BatchMetadataError, match="spec_tree_mask: given, but the plan's target_verify attends causally"
+    ):
         fi_backend(env, chain_plan, case, layer).init_forward_metadata(b)
     b.spec_tree_mask = b.spec_tree_mask[:, :4, :4]
     with pytest.raises(BatchMetadataError, match=r"must be \[4, 8, 8\] bool"):
@@ -311,7 +360,9 @@ def test_fi_tree_and_chain_batches_must_match_the_plan(env):
     fi.init_cuda_graph_state(4, 32)
     fi.init_forward_metadata_capture_cuda_graph(4, 32, b.req_pool_indices, b.seq_lens, None, M.TARGET_VERIFY)
     with pytest.raises(BatchMetadataError, match="spec_tree_mask: missing"):
-        fi.init_forward_metadata_replay_cuda_graph(4, b.req_pool_indices, b.seq_lens, b.seq_lens_cpu, None, M.TARGET_VERIFY)
+        fi.init_forward_metadata_replay_cuda_graph(
+            4, b.req_pool_indices, b.seq_lens, b.seq_lens_cpu, None, M.TARGET_VERIFY
+        )
 
 
 @pytest.mark.parametrize("model", ["Llama-3.1-8B", "gemma-2-9b"])
@@ -322,7 +373,9 @@ def test_fi_cuda_graph_builds_page_ids_from_the_rows_given_at_replay(env, model)
     kinds = [LayerKind.SLIDING_WINDOW, LayerKind.FULL] if model == "gemma-2-9b" else [LayerKind.FULL]
     for kind in kinds:
         layer = layer_of(env, kind, **({"sliding_window_size": 100} if kind == LayerKind.SLIDING_WINDOW else {}))
-        assert_replays_match_reference(env, functools.partial(fi_backend, env), plan, layer, M.DECODE, 16, fresh_rows=True)
+        assert_replays_match_reference(
+            env, functools.partial(fi_backend, env), plan, layer, M.DECODE, 16, fresh_rows=True
+        )
 
 
 @pytest.mark.parametrize("mode", [M.TARGET_VERIFY, M.DRAFT_EXTEND_V2])
@@ -342,8 +395,16 @@ def test_fi_cuda_graph_replay_with_encoder_tokens(env, kind, page_size):
     self-attention wrapper's first tokens (its ranges start after the encoder tokens)."""
     plan = plan_for(env, "flashinfer", page_size, "whisper-large-v3-turbo")
     layer = layer_of(env, kind)
-    assert_replays_match_reference(env, functools.partial(with_cross_layer, FlashInferBackend, env), plan, layer, M.DECODE, page_size,
-                                   fresh_rows=True, encoder_pages=ENCODER_PAGES)
+    assert_replays_match_reference(
+        env,
+        functools.partial(with_cross_layer, FlashInferBackend, env),
+        plan,
+        layer,
+        M.DECODE,
+        page_size,
+        fresh_rows=True,
+        encoder_pages=ENCODER_PAGES,
+    )
 
 
 def test_fi_cuda_graph_forward_must_run_each_wrappers_first_layer_first(env):
@@ -351,7 +412,7 @@ def test_fi_cuda_graph_forward_must_run_each_wrappers_first_layer_first(env):
     stale ones, so it is refused, naming the layer to run first."""
     plan = plan_for(env, "flashinfer", 16)
     h, hkv, d = env.heads
-    layers = [AttentionLayer(i, h, hkv, d, d, d ** -0.5, kind=LayerKind.FULL) for i in (3, 4)]
+    layers = [AttentionLayer(i, h, hkv, d, d, d**-0.5, kind=LayerKind.FULL) for i in (3, 4)]
     case = make_case(env, [(5, 1), (40, 1)], M.DECODE, 16)
     pool = MHATokenToKVPool(1 << 16, 16, 5, hkv, d, dtype=env.dtype, device=env.device)
     fi = FlashInferBackend(plan, pool, case.setup.req_to_token_pool.req_to_token, layers, env.device)
@@ -376,14 +437,16 @@ def test_fi_cuda_graph_of_a_decoder_only_model_refuses_encoder_tokens(env):
     fi.init_forward_metadata_capture_cuda_graph(2, 2, b.req_pool_indices, b.seq_lens, None, M.DECODE)
     enc = torch.full((2,), 16, dtype=torch.int32, device=env.device)
     with pytest.raises(BatchMetadataError, match="encoder_lens"):
-        fi.init_forward_metadata_replay_cuda_graph(2, b.req_pool_indices, b.seq_lens + 16, b.seq_lens_cpu + 16, enc, M.DECODE)
+        fi.init_forward_metadata_replay_cuda_graph(
+            2, b.req_pool_indices, b.seq_lens + 16, b.seq_lens_cpu + 16, enc, M.DECODE
+        )
 
 
 def test_fi_checked_mode_catches_out_of_range_slot(env):
     plan = plan_for(env, "flashinfer", 16)
     layer = layer_of(env, LayerKind.FULL)
     case = make_case(env, REQUESTS["decode"], M.DECODE, 16)
-    case.setup.batch.out_cache_loc[1] = 10 ** 9  # a planted slot far outside the pool
+    case.setup.batch.out_cache_loc[1] = 10**9  # a planted slot far outside the pool
     with pytest.raises(BatchMetadataError, match="outside the pool"):
         fi_backend(env, plan, case, layer, checked=True).init_forward_metadata(case.setup.batch)
 
@@ -394,7 +457,9 @@ def test_fi_encoder_only_layers_match_reference(env, det, page_size):
     """Bidirectional layers (embedding models such as gte-Qwen2): by default the ragged wrapper on the raw
     K/V; under deterministic inference the paged wrapper reads the K/V the layer wrote first (rule
     layer.encoder-only-writes-no-cache), where skipping the write once read stale slots."""
-    plan = plan_for(env, "flashinfer", page_size, "gte-Qwen2-7B-instruct", is_embedding=True, enable_deterministic_inference=det)
+    plan = plan_for(
+        env, "flashinfer", page_size, "gte-Qwen2-7B-instruct", is_embedding=True, enable_deterministic_inference=det
+    )
     layer = layer_of(env, LayerKind.ENCODER_ONLY)
     case = make_case(env, REQUESTS["extend"], M.EXTEND, page_size)
     fi = fi_backend(env, plan, case, layer)

@@ -51,11 +51,16 @@ def test_each_mode_runs_on_the_backend_the_plan_names(env, shape, page_size, ver
     layer = layer_of(env, LayerKind.FULL)
     case = make_case(env, REQUESTS[shape], mode, page_size)
     backend = plan_backend(env, plan, case, layer)
-    fa, fi = (next(b for b in backend.backends if isinstance(b, cls)) for cls in (FlashAttentionBackend, FlashInferBackend))
+    fa, fi = (
+        next(b for b in backend.backends if isinstance(b, cls)) for cls in (FlashAttentionBackend, FlashInferBackend)
+    )
     want = fi if plan.backend_for(mode) == "flashinfer" else fa
     assert backend.backend_of(mode) is want
     assert (want is fi) == (mode == M.DECODE or (mode == M.TARGET_VERIFY and verify_on == "decode"))
-    with mock.patch.object(fa, "forward", wraps=fa.forward) as fa_forward, mock.patch.object(fi, "forward", wraps=fi.forward) as fi_forward:
+    with (
+        mock.patch.object(fa, "forward", wraps=fa.forward) as fa_forward,
+        mock.patch.object(fi, "forward", wraps=fi.forward) as fi_forward,
+    ):
         out = run(backend, case, layer)
     assert (fa_forward.call_count, fi_forward.call_count) == ((0, 1) if want is fi else (1, 0))
     assert max_diff(out, reference_out(env, case, plan, layer)) < env.tol
@@ -67,8 +72,15 @@ def test_decode_and_verify_graphs_replay_on_their_backends(env, page_size, verif
     """A decode graph and a target-verify graph of one batch size on one PlanBackend, replayed in turn: under
     --speculative-attention-mode prefill the two live on different backends and keep their own metadata."""
     plan = split_plan(env, page_size, verify_on)
-    assert_replays_match_reference(env, lambda p, case, layer: plan_backend(env, p, case, layer), plan,
-                                   layer_of(env, LayerKind.FULL), M.DECODE, page_size, then=M.TARGET_VERIFY)
+    assert_replays_match_reference(
+        env,
+        lambda p, case, layer: plan_backend(env, p, case, layer),
+        plan,
+        layer_of(env, LayerKind.FULL),
+        M.DECODE,
+        page_size,
+        then=M.TARGET_VERIFY,
+    )
 
 
 def test_one_backend_serves_both_sides_where_the_plan_names_one(env):
@@ -81,5 +93,7 @@ def test_one_backend_serves_both_sides_where_the_plan_names_one(env):
 def test_a_side_attngate_has_no_backend_for_is_refused_by_name(env):
     plan = plan_for(env, None, 1, prefill_attention_backend="triton", decode_attention_backend="flashinfer")
     case = make_case(env, REQUESTS["decode"], M.DECODE, 1)
-    with pytest.raises(BackendRefusal, match=r"prefill_backend: 'triton': attngate runs fa3, fa4, flashinfer on GPU kernels"):
+    with pytest.raises(
+        BackendRefusal, match=r"prefill_backend: 'triton': attngate runs fa3, fa4, flashinfer on GPU kernels"
+    ):
         plan_backend(env, plan, case, layer_of(env, LayerKind.FULL))

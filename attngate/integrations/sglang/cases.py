@@ -38,8 +38,13 @@ class Case:
     kernels: tuple[str, ...] = SGLANG_KERNELS
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "model_config": str(self.model_config), "gpu": self.gpu, "args": self.args,
-                "kernels": list(self.kernels)}
+        return {
+            "name": self.name,
+            "model_config": str(self.model_config),
+            "gpu": self.gpu,
+            "args": self.args,
+            "kernels": list(self.kernels),
+        }
 
 
 def load_cases(path: str | Path, sglang_fields: frozenset[str]) -> list[Case]:
@@ -60,7 +65,9 @@ def load_cases(path: str | Path, sglang_fields: frozenset[str]) -> list[Case]:
         name = raw.get("name", f"case-{index}")
         config = raw.get("model_config")
         if not isinstance(config, str):
-            problems.append(Problem(where, "model_config: a path to a config.json (relative to the cases file) is required"))
+            problems.append(
+                Problem(where, "model_config: a path to a config.json (relative to the cases file) is required")
+            )
         elif not (path.parent / config).exists():
             problems.append(Problem(where, f"model_config: {config} does not exist"))
         gpu = raw.get("gpu")
@@ -104,7 +111,9 @@ def _literals(rules: RuleSet) -> dict[str, set[Any]]:
 def value_domains(rules: RuleSet) -> dict[str, list[Any]]:
     """For every server argument the rules read: its default, both values of a bool, and every value a rule
     compares it with (an ordered comparison's bound, and one past it)."""
-    reads = {name for r in rules.rules for name in r.condition.reads} | {n for p in rules.predicates for n in p.condition.reads}
+    reads = {name for r in rules.rules for name in r.condition.reads} | {
+        n for p in rules.predicates for n in p.condition.reads
+    }
     literals = _literals(rules)
     domains: dict[str, list[Any]] = {}
     for name, info in ServerArgs.model_fields.items():
@@ -154,20 +163,30 @@ def generate_cases(models: list[Path], gpus: list[str], rules: RuleSet, *, seed:
     defaults. A greedy array of our own: allpairspy takes one column per parameter, and two columns over one
     list of settings meet each unordered pair in one orientation only, about half of them. Named
     ``model/gpu/index``."""
-    settings = [(name, value) for name, values in value_domains(rules).items()
-                for value in values if value != ServerArgs.model_fields[name].default]
+    settings = [
+        (name, value)
+        for name, values in value_domains(rules).items()
+        for value in values
+        if value != ServerArgs.model_fields[name].default
+    ]
     rng = random.Random(seed)
     rows: list[tuple[Path, str, tuple[tuple[str, Any], ...]]] = [(m, g, ()) for g in gpus for m in models]
     rows += [(models[i % len(models)], g, (s,)) for g in gpus for i, s in enumerate(settings)]
-    pairs = [(a, b) for i, a in enumerate(settings) for b in settings[i + 1:] if a[0] != b[0]]
+    pairs = [(a, b) for i, a in enumerate(settings) for b in settings[i + 1 :] if a[0] != b[0]]
     rng.shuffle(pairs)
-    seen = {(r[0], r[1]) for r in rows} | {(r[0], s) for r in rows for s in r[2]} | {(r[1], s) for r in rows for s in r[2]}
+    seen = (
+        {(r[0], r[1]) for r in rows} | {(r[0], s) for r in rows for s in r[2]} | {(r[1], s) for r in rows for s in r[2]}
+    )
     combos = [(m, g) for g in gpus for m in models]
     for a, b in pairs:
         start = rng.randrange(len(combos))  # ties go to a different combination each time
-        model, gpu = max(combos[start:] + combos[:start], key=lambda c: sum(
-            k not in seen for k in ((c[0], c[1]), (c[0], a), (c[0], b), (c[1], a), (c[1], b))))
+        model, gpu = max(
+            combos[start:] + combos[:start],
+            key=lambda c: sum(k not in seen for k in ((c[0], c[1]), (c[0], a), (c[0], b), (c[1], a), (c[1], b))),
+        )
         seen.update(((model, gpu), (model, a), (model, b), (gpu, a), (gpu, b)))
         rows.append((model, gpu, (a, b)))
-    return [Case(f"{Path(model).stem}/{gpu}/{index}", Path(model), gpu, _sglang_args(dict(chosen)))
-            for index, (model, gpu, chosen) in enumerate(rows)]
+    return [
+        Case(f"{Path(model).stem}/{gpu}/{index}", Path(model), gpu, _sglang_args(dict(chosen)))
+        for index, (model, gpu, chosen) in enumerate(rows)
+    ]

@@ -87,10 +87,17 @@ class CaseResult:
         return Verdict.DEVIATION if self.differences else Verdict.AGREE
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "verdict": self.verdict.value, "sglang": self.sglang, "attngate": self.attngate,
-                "sglang_refusal": self.sglang_refusal, "attngate_refusal": self.attngate_refusal,
-                "differences": {k: list(v) for k, v in self.differences.items()}, "declared": self.declared,
-                "origins": self.origins}
+        return {
+            "name": self.name,
+            "verdict": self.verdict.value,
+            "sglang": self.sglang,
+            "attngate": self.attngate,
+            "sglang_refusal": self.sglang_refusal,
+            "attngate_refusal": self.attngate_refusal,
+            "differences": {k: list(v) for k, v in self.differences.items()},
+            "declared": self.declared,
+            "origins": self.origins,
+        }
 
 
 def _effective(values: dict[str, Any]) -> dict[str, Any]:
@@ -107,8 +114,17 @@ def _same(name: str, sglang_value: Any, attngate_value: Any) -> bool:
     return sglang_value == attngate_value
 
 
-def compare_case(name: str, given: dict[str, Any], resolved: dict[str, Any] | None, sglang_refusal: str | None,
-                 model: ModelFacts, platform: Platform, rules: RuleSet, *, keep: bool = False) -> CaseResult:
+def compare_case(
+    name: str,
+    given: dict[str, Any],
+    resolved: dict[str, Any] | None,
+    sglang_refusal: str | None,
+    model: ModelFacts,
+    platform: Platform,
+    rules: RuleSet,
+    *,
+    keep: bool = False,
+) -> CaseResult:
     """Resolve the arguments SGLang was given (``given``, SGLang's names) with attngate and compare with SGLang's
     ``resolved`` values (None: SGLang refused with ``sglang_refusal``)."""
     from attngate.facts.server_args import ServerArgs
@@ -131,7 +147,10 @@ def compare_case(name: str, given: dict[str, Any], resolved: dict[str, Any] | No
         by_field = {a.field: a.rule for a in resolution.adjustments}
     deviations = matching_deviations(rules, args, model, platform, refused_by) if args is not None else {}
     if (sglang is None) != (result.attngate is None):
-        result.differences[REFUSAL if sglang is not None else SGLANG_REFUSAL] = (sglang_refusal, result.attngate_refusal)
+        result.differences[REFUSAL if sglang is not None else SGLANG_REFUSAL] = (
+            sglang_refusal,
+            result.attngate_refusal,
+        )
     elif sglang is not None and result.attngate is not None:
         raw_sglang, raw_mine = attngate_values(resolved), resolution.server_args.model_dump()
         for key, value in result.attngate.items():
@@ -142,8 +161,11 @@ def compare_case(name: str, given: dict[str, Any], resolved: dict[str, Any] | No
                 result.origins[key] = by_field.get(key, "as given")
     for key in result.differences:
         # a deviation of attention_backend covers the prefill and decode backends it stands for
-        covering = deviations.get(key) or (deviations.get("attention_backend") if key in _EFFECTIVE
-                                           and "attention_backend" in result.differences else None)
+        covering = deviations.get(key) or (
+            deviations.get("attention_backend")
+            if key in _EFFECTIVE and "attention_backend" in result.differences
+            else None
+        )
         if covering:
             result.declared[key] = covering
     return result

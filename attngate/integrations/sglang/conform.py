@@ -55,8 +55,9 @@ def _run_one(index: int) -> CaseResult:
     outcome = sglang_resolve(folder, case.gpu, args)
     model = _STATE["models"][case.model_config]
     if isinstance(model, AttngateError):
-        result = CaseResult(case.name, None, None, sglang_refusal=outcome.refusal,
-                            attngate_refusal="; ".join(map(str, model.problems)))
+        result = CaseResult(
+            case.name, None, None, sglang_refusal=outcome.refusal, attngate_refusal="; ".join(map(str, model.problems))
+        )
         if outcome.refusal is None:
             result.differences[REFUSAL] = (None, result.attngate_refusal)
         return result
@@ -71,8 +72,9 @@ def _load_model(path: Path) -> ModelFacts | AttngateError:
         return err
 
 
-def run_cases(cases: list[Case], rules: RuleSet, *, jobs: int = 1,
-              progress: Callable[[CaseResult], None] | None = None) -> list[CaseResult]:
+def run_cases(
+    cases: list[Case], rules: RuleSet, *, jobs: int = 1, progress: Callable[[CaseResult], None] | None = None
+) -> list[CaseResult]:
     """Run every case through SGLang (needs the sglang extra) and attngate; results in the cases' order.
     Raises SglangMissingError without SGLang."""
     from attngate.integrations.sglang.device import preload
@@ -81,8 +83,12 @@ def run_cases(cases: list[Case], rules: RuleSet, *, jobs: int = 1,
     require_sglang()
     preload()
     with _model_folders(cases) as folders:
-        _STATE.update(cases=cases, folders=folders, rules=rules,
-                      models={p: _load_model(p) for p in {c.model_config for c in cases}})
+        _STATE.update(
+            cases=cases,
+            folders=folders,
+            rules=rules,
+            models={p: _load_model(p) for p in {c.model_config for c in cases}},
+        )
         results: list[CaseResult | None] = [None] * len(cases)
         for index, result in _forked(range(len(cases)), max(jobs, 1), _run_one):
             results[index] = result
@@ -153,5 +159,9 @@ def summarize(results: list[CaseResult]) -> Summary:
             fields.setdefault(name, Counter())[kind] += 1
     undeclared = verdicts[Verdict.DISAGREE.value] + verdicts[Verdict.ONE_REFUSES.value]
     deviations = Counter(i for r in results for i in {i for ids in r.declared.values() for i in ids})
-    return Summary({v.value: verdicts[v.value] for v in Verdict}, {k: dict(v) for k, v in sorted(fields.items())}, undeclared,
-                   dict(sorted(deviations.items())))
+    return Summary(
+        {v.value: verdicts[v.value] for v in Verdict},
+        {k: dict(v) for k, v in sorted(fields.items())},
+        undeclared,
+        dict(sorted(deviations.items())),
+    )

@@ -95,8 +95,13 @@ def fake_gpu(arch: str, *, devices: int = DEVICE_COUNT) -> Iterator[GpuProfile]:
 
     gpu = PROFILES[arch]
     total = gpu.memory_gib << 30
-    properties = types.SimpleNamespace(name=gpu.name, major=gpu.capability[0], minor=gpu.capability[1],
-                                       total_memory=total, multi_processor_count=gpu.sm_count)
+    properties = types.SimpleNamespace(
+        name=gpu.name,
+        major=gpu.capability[0],
+        minor=gpu.capability[1],
+        total_memory=total,
+        multi_processor_count=gpu.sm_count,
+    )
     answers: dict[str, Any] = {
         "torch.cuda.is_available": lambda: True,
         "torch.version.cuda": torch.version.cuda or "12.9",

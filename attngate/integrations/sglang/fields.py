@@ -45,8 +45,10 @@ def _attention_dp(values: Mapping[str, Any]) -> bool:
 
 def _write_piecewise(value: Any, args: Mapping[str, Any]) -> dict[str, Any]:
     if value:
-        raise ValueError("SGLang 0.5.23 has no user-selectable torch.compile piecewise prefill graph (its "
-                         "cuda_graph backends are full, breakable and disabled)")
+        raise ValueError(
+            "SGLang 0.5.23 has no user-selectable torch.compile piecewise prefill graph (its "
+            "cuda_graph backends are full, breakable and disabled)"
+        )
     return {}
 
 
@@ -54,22 +56,34 @@ RENAMED: dict[str, Renamed] = {
     # --enable-dp-attention --dp-size N became --attn-dp-size N: dp_size counts replicas again (SGLang still
     # takes the old spelling and converts it, so it is what attngate writes)
     "enable_dp_attention": Renamed(
-        ("attn_dp_size", "enable_dp_attention"), _attention_dp,
-        lambda value, args: {"enable_dp_attention": value}, "sglang 0.5.23 arg_groups/parallel_hook.py:handle_deprecated_dp_attention"),
+        ("attn_dp_size", "enable_dp_attention"),
+        _attention_dp,
+        lambda value, args: {"enable_dp_attention": value},
+        "sglang 0.5.23 arg_groups/parallel_hook.py:handle_deprecated_dp_attention",
+    ),
     "dp_size": Renamed(
         ("attn_dp_size", "dp_size"),
-        lambda v: int(v.get("attn_dp_size") or 1) if int(v.get("attn_dp_size") or 1) > 1 else int(v.get("dp_size") or 1),
-        lambda value, args: {"dp_size": value}, "sglang 0.5.23 arg_groups/parallel_hook.py:handle_deprecated_dp_attention"),
+        lambda v: (
+            int(v.get("attn_dp_size") or 1) if int(v.get("attn_dp_size") or 1) > 1 else int(v.get("dp_size") or 1)
+        ),
+        lambda value, args: {"dp_size": value},
+        "sglang 0.5.23 arg_groups/parallel_hook.py:handle_deprecated_dp_attention",
+    ),
     # --enable-piecewise-cuda-graph became the prefill phase's cuda_graph backend; the torch.compile
     # piecewise backend that turns FlashInfer's ragged prefill off is internal-only ("tc_piecewise")
     # --disable-cuda-graph folds into the decode phase's cuda_graph backend, which other hooks also turn off
     "disable_cuda_graph": Renamed(
         ("cuda_graph_config", "disable_cuda_graph"),
         lambda v: bool(v.get("disable_cuda_graph")) or _graph_backend(v, "decode") == "disabled",
-        lambda value, args: {"disable_cuda_graph": value}, "sglang 0.5.23 arg_groups/cuda_graph_hook.py:handle_cuda_graph_config"),
+        lambda value, args: {"disable_cuda_graph": value},
+        "sglang 0.5.23 arg_groups/cuda_graph_hook.py:handle_cuda_graph_config",
+    ),
     "enable_piecewise_cuda_graph": Renamed(
-        ("cuda_graph_config",), lambda v: _graph_backend(v, "prefill") == "tc_piecewise",
-        _write_piecewise, "sglang 0.5.23 model_executor/cuda_graph_config.py:Backend.TC_PIECEWISE"),
+        ("cuda_graph_config",),
+        lambda v: _graph_backend(v, "prefill") == "tc_piecewise",
+        _write_piecewise,
+        "sglang 0.5.23 model_executor/cuda_graph_config.py:Backend.TC_PIECEWISE",
+    ),
 }
 
 
@@ -88,8 +102,13 @@ def check_mapping(sglang_fields: frozenset[str]) -> None:
         needed = RENAMED[name].sglang_fields if name in RENAMED else (name,)
         missing = [f for f in needed if f not in sglang_fields]
         if missing:
-            problems.append(Problem(name, f"SGLang's ServerArgs has no {', '.join(missing)}; it was renamed or dropped: "
-                                          "map it in attngate/integrations/sglang/fields.py:RENAMED"))
+            problems.append(
+                Problem(
+                    name,
+                    f"SGLang's ServerArgs has no {', '.join(missing)}; it was renamed or dropped: "
+                    "map it in attngate/integrations/sglang/fields.py:RENAMED",
+                )
+            )
     if problems:
         raise ServerArgsError(problems)
 

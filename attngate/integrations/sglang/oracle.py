@@ -19,8 +19,10 @@ from typing import Any
 from attngate.errors import AttngateError, Problem
 
 SGLANG_VERSION = "0.5.23"
-INSTALL = (f'pip install --no-deps sglang=={SGLANG_VERSION} && pip install "attngate[sglang]"'
-           " (SGLang's own requirements would pull its GPU stack; the extra holds what its resolution imports)")
+INSTALL = (
+    f'pip install --no-deps sglang=={SGLANG_VERSION} && pip install "attngate[sglang]"'
+    " (SGLang's own requirements would pull its GPU stack; the extra holds what its resolution imports)"
+)
 
 
 class SglangMissingError(AttngateError):
@@ -34,10 +36,16 @@ def require_sglang() -> str:
         version = metadata.version("sglang")
         import sglang.srt.server_args  # noqa: F401
     except (metadata.PackageNotFoundError, ImportError) as err:
-        raise SglangMissingError(Problem("sglang", f"cannot import SGLang ({err}); install the sglang extra: {INSTALL}")) from None
+        raise SglangMissingError(
+            Problem("sglang", f"cannot import SGLang ({err}); install the sglang extra: {INSTALL}")
+        ) from None
     if version != SGLANG_VERSION:
-        warnings.warn(f"attngate models SGLang {SGLANG_VERSION}; the installed sglang is {version}, so differences may be "
-                      "SGLang's changes rather than attngate's", UserWarning, stacklevel=2)
+        warnings.warn(
+            f"attngate models SGLang {SGLANG_VERSION}; the installed sglang is {version}, so differences may be "
+            "SGLang's changes rather than attngate's",
+            UserWarning,
+            stacklevel=2,
+        )
     return version
 
 

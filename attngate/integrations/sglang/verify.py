@@ -34,8 +34,15 @@ class SglangMismatchError(AttngateError):
     title = "attngate's plan and SGLang's resolution disagree"
 
 
-def verify(server_args: Any, *, model_config: str | Path | None = None, gpu: str | None = None,
-           kernels: tuple[str, ...] = SGLANG_KERNELS, rules: RuleSet | None = None, strict: bool = True) -> Resolution | None:
+def verify(
+    server_args: Any,
+    *,
+    model_config: str | Path | None = None,
+    gpu: str | None = None,
+    kernels: tuple[str, ...] = SGLANG_KERNELS,
+    rules: RuleSet | None = None,
+    strict: bool = True,
+) -> Resolution | None:
     """Resolve the Plan from the arguments SGLang was given and compare it with SGLang's resolution of them.
 
     Args:
@@ -52,8 +59,12 @@ def verify(server_args: Any, *, model_config: str | Path | None = None, gpu: str
     """
     given = getattr(server_args, "_raw_input", None)
     if not getattr(server_args, "_resolution_finished", False) or given is None:
-        raise UsageError(Problem("server_args", "takes SGLang's ServerArgs after resolve_once() (its resolution "
-                                                "records the arguments as given)"))
+        raise UsageError(
+            Problem(
+                "server_args",
+                "takes SGLang's ServerArgs after resolve_once() (its resolution records the arguments as given)",
+            )
+        )
     rules = rules or load_rules()
     model = ModelFacts.from_hf_config(Path(model_config or server_args.model_path))
     platform = Platform.from_name(gpu, kernels=kernels) if gpu else Platform.detect()
@@ -76,6 +87,10 @@ def _problems(result: CaseResult) -> list[Problem]:
             continue
         origin = result.origins.get(name, "as given")
         why = [a.message for a in result.resolution.adjustments if a.rule == origin] if result.resolution else []
-        problems.append(Problem(name, f"SGLang resolved {sglang!r}; the Plan has {mine!r} ({origin}"
-                                      + (f": {why[0]}" if why else "") + ")"))
+        problems.append(
+            Problem(
+                name,
+                f"SGLang resolved {sglang!r}; the Plan has {mine!r} ({origin}" + (f": {why[0]}" if why else "") + ")",
+            )
+        )
     return problems
