@@ -103,7 +103,7 @@ def test_a_resolve_stopped_by_disagreeing_adjustments_still_counts_the_forbid_ru
     from helpers import MODELS
 
     from attngate import ModelFacts, PlanError, Platform, ServerArgs, resolve
-    from attngate.engine.resolve import OBSERVERS
+    from attngate.engine.index import OBSERVERS
     from attngate.rules.load import load_rules
     from attngate.testing.coverage import RuleCoverage
 

@@ -1,7 +1,7 @@
 """Rule coverage over a set of resolve() calls: which rules fired, which never did, and for each atom
 of each condition (a comparison, a fact or a predicate, the leaves under and/or/not) whether it was
 seen true and seen false. Also which of the file's deviations applied to no configuration. Fed by
-:data:`attngate.engine.resolve.OBSERVERS` and ``DEVIATION_OBSERVERS``; the pytest plugin
+:data:`attngate.engine.index.OBSERVERS` and ``DEVIATION_OBSERVERS``; the pytest plugin
 (attngate.testing.pytest_plugin, ``--rule-coverage``) reports it for a test session.
 """
 

@@ -30,7 +30,7 @@ def pytest_configure(config: pytest.Config) -> None:
     opts = config.option
     if not (opts.rule_coverage or opts.rule_coverage_fail_under is not None or opts.rule_coverage_json):
         return
-    from attngate.engine.resolve import DEVIATION_OBSERVERS, OBSERVERS
+    from attngate.engine.index import DEVIATION_OBSERVERS, OBSERVERS
     from attngate.rules.load import shipped_rules_path
     from attngate.testing.coverage import RuleCoverage
 
@@ -43,7 +43,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     coverage = config.stash.get(_KEY, None)
     if coverage is not None:
-        from attngate.engine.resolve import DEVIATION_OBSERVERS, OBSERVERS
+        from attngate.engine.index import DEVIATION_OBSERVERS, OBSERVERS
 
         OBSERVERS.remove(coverage.observe)
         DEVIATION_OBSERVERS.remove(coverage.observe_deviations)
