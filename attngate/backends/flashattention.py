@@ -21,21 +21,20 @@ from __future__ import annotations
 
 import torch
 
-from attngate.backends.base import (
-    AttentionBackend,
-    captured_graph,
+from attngate.backends.base import AttentionBackend
+from attngate.backends.capabilities import fa_refusals
+from attngate.backends.checks import (
     check_batch,
-    check_capture_mode,
-    check_graph_batch,
     check_pool_page_size,
 )
-from attngate.backends.capabilities import fa_refusals
+from attngate.backends.fa_graphs import FaCudaGraphs
 from attngate.backends.fa_kernels import (
     Fa3Kernel,
     Fa4Kernel,
     FaMetadata,
     fa_window_size,
 )
+from attngate.backends.fa_local import local_decode_in_place, local_virtual_batches
 from attngate.backends.mla import (
     absorb_q,
     absorbed_for_batch,
@@ -44,7 +43,7 @@ from attngate.backends.mla import (
     project_out,
 )
 from attngate.backends.page_ids import page_ids, page_table
-from attngate.errors import BackendRefusal, BatchMetadataError, Problem, UsageError
+from attngate.errors import BackendRefusal, BatchMetadataError, Problem
 from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.plan.schema import Plan
 from attngate.runtime.batch_metadata import BatchLengths, check_page_aligned, host
@@ -52,7 +51,7 @@ from attngate.runtime.forward_batch import ForwardBatch
 from attngate.runtime.layer import AttentionLayer
 
 
-class FlashAttentionBackend(AttentionBackend):
+class FlashAttentionBackend(FaCudaGraphs, AttentionBackend):
     """FA3/FA4 over the paged pool. ``checked=True`` validates every batch before a kernel launch
     (indices inside the pool, lengths inside req_to_token) and raises BatchMetadataError instead of
     an illegal memory access; off by default, no cost when off."""
@@ -127,7 +126,14 @@ class FlashAttentionBackend(AttentionBackend):
         if self._mla is not None:
             self._mla_metadata(lens)
         if self.chunk is not None:
-            self.md.local = self._local_batches(batch.req_pool_indices, lens.seq.tolist(), lens.new.tolist())
+            self.md.local = local_virtual_batches(
+                self.req_to_token,
+                batch.req_pool_indices,
+                lens.seq.tolist(),
+                lens.new.tolist(),
+                self.chunk,
+                self.page_size,
+            )
         if (
             batch.forward_mode == ForwardMode.DECODE
             and self.precompute_scheduler_metadata
@@ -182,7 +188,7 @@ class FlashAttentionBackend(AttentionBackend):
             md.seqused_k.copy_(seqused)
             self._page_table(rows, encoder_lens, None, out=md.page_table)
             if md.local is not None:
-                self._local_decode_in_place(md, rows, seqused)
+                local_decode_in_place(md, self.req_to_token, rows, seqused, self.chunk, self.page_size)
             if encoder_lens is not None:
                 md.encoder_seqused_k.copy_(encoder_lens)
                 self._page_table(rows, None, None, out=md.encoder_page_table)
@@ -241,44 +247,6 @@ class FlashAttentionBackend(AttentionBackend):
             causal=True,
             window=(None, None),
             num_splits=self.num_splits,
-        )
-
-    def _local_batches(self, rows: torch.Tensor, seq: list[int], new: list[int]) -> FaMetadata:
-        """Local virtual batches: request r's queries at positions [seq - new, seq) cut at multiples of the chunk;
-        a piece in chunk c attends causally to keys [c * chunk, its last query]. Host lengths, one copy to the device."""
-        chunk, cu, used, req, start_tok = self.chunk, [0], [], [], []
-        for r, (s, n) in enumerate(zip(seq, new)):
-            pos = s - n
-            while pos < s:
-                c0 = pos // chunk * chunk
-                end = min(s, c0 + chunk)
-                cu.append(cu[-1] + end - pos)
-                used.append(end - c0)
-                req.append(r)
-                start_tok.append(c0)
-                pos = end
-        host = torch.tensor([*cu, *used, *req, *start_tok], dtype=torch.int64)
-        dev = host.to(self.device, non_blocking=True)
-        v = len(used)
-        cu_d, used_d, req_d, start_d = (
-            dev[: v + 1],
-            dev[v + 1 : 2 * v + 1],
-            dev[2 * v + 1 : 3 * v + 1],
-            dev[3 * v + 1 :],
-        )
-        pages = -(-max(used, default=1) // self.page_size)
-        table = page_table(
-            self.req_to_token, rows[req_d], pages, self.page_size, start_d
-        )  # starts are chunk-, hence page-aligned
-        max_q = max((b - a for a, b in zip(cu, cu[1:])), default=1)
-        return FaMetadata(cu_d.to(torch.int32), max_q, used_d.to(torch.int32), table)
-
-    def _local_decode_in_place(self, md: FaMetadata, rows: torch.Tensor, seqused: torch.Tensor) -> None:
-        """DECODE's local batches on the device (one query per request): the same shapes on every replay."""
-        start = (seqused.long() - 1).clamp(min=0) // self.chunk * self.chunk
-        md.local.seqused_k.copy_(seqused - start)
-        page_table(
-            self.req_to_token, rows, md.local.page_table.shape[1], self.page_size, start, out=md.local.page_table
         )
 
     def _page_table(
@@ -344,112 +312,6 @@ class FlashAttentionBackend(AttentionBackend):
             page_table=md.page_table,
             scheduler_metadata=scheduled,
             **common,
-        )
-
-    # ---- CUDA graphs -------------------------------------------------------------------------------
-
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
-        max_pages = self._max_pages
-        self._graph = {
-            "seqused_k": torch.zeros(max_bs, dtype=torch.int32, device=self.device),
-            "page_table": torch.zeros(max_bs, max_pages, dtype=torch.int32, device=self.device),
-        }
-        if any(lay.kind == LayerKind.CROSS_ATTENTION for lay in self.layers):  # graphs of batches with encoder tokens
-            self._graph["encoder_seqused_k"] = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
-            self._graph["encoder_page_table"] = torch.zeros(max_bs, max_pages, dtype=torch.int32, device=self.device)
-        if self.chunk is not None:
-            self._graph["local_seqused_k"] = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
-            self._graph["local_page_table"] = torch.zeros(
-                max_bs, -(-self.chunk // self.page_size), dtype=torch.int32, device=self.device
-            )
-
-    def init_forward_metadata_capture_cuda_graph(
-        self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode
-    ):
-        g = self._graph
-        check_capture_mode(
-            self.plan, bs, forward_mode, None if g is None else g["seqused_k"].shape[0]
-        )  # the plan's table decides
-        per_req = num_tokens // bs
-        if self.chunk is not None and forward_mode != ForwardMode.DECODE:
-            raise UsageError(
-                Problem(
-                    "forward_mode",
-                    f"chunked-local layers replay DECODE graphs only, not {forward_mode.value}: "
-                    "their local batches vary in number",
-                )
-            )
-        self._graph_mla_form(forward_mode)
-        # not refilled at replay: each graph keeps its own (a graph of another mode at this bs has other offsets)
-        cu = torch.arange(0, (bs + 1) * per_req, per_req, device=self.device, dtype=torch.int32)
-        self.md = self._graph_md[(forward_mode, bs)] = FaMetadata(
-            cu, per_req, g["seqused_k"][:bs], g["page_table"][:bs]
-        )
-        if self.chunk is not None:  # one query per request: one local batch each, the request's current chunk
-            self.md.local = FaMetadata(cu, 1, g["local_seqused_k"][:bs], g["local_page_table"][:bs])
-        if encoder_lens is not None:
-            if "encoder_seqused_k" not in g:
-                raise UsageError(
-                    Problem(
-                        "encoder_lens",
-                        "a CUDA graph with encoder tokens needs a cross-attention layer among the backend's layers",
-                    )
-                )
-            self.md.encoder_seqused_k, self.md.encoder_page_table = (
-                g["encoder_seqused_k"][:bs],
-                g["encoder_page_table"][:bs],
-            )
-        self._fill_kv_metadata(self.md, forward_mode, req_pool_indices, seq_lens, per_req, encoder_lens, in_place=True)
-
-    def _graph_mla_form(self, mode: ForwardMode) -> None:
-        """Graph modes read the latent cache absorbed (their shapes are fixed; decompressing a prefix is not)."""
-        if self._mla is None:
-            return
-        if not absorbed_for_batch(self.plan.mode(mode).common.mla_form, True):
-            raise UsageError(
-                Problem(
-                    "forward_mode",
-                    f"the plan runs MLA non-absorbed in {mode.value}; only absorbed modes replay as CUDA graphs",
-                )
-            )
-        self._mla_absorbed, self._mla_kv = True, None
-
-    def init_forward_metadata_replay_cuda_graph(
-        self,
-        bs,
-        req_pool_indices,
-        seq_lens,
-        seq_lens_cpu,
-        encoder_lens,
-        forward_mode,
-        encoder_lens_cpu=None,
-        spec_tree_mask=None,
-    ):
-        md = self.md = captured_graph(self._graph_md, forward_mode, bs)  # eager batches in between replaced self.md
-        self._graph_mla_form(forward_mode)
-        per_req = md.max_seqlen_q
-        self.spec_tree(forward_mode, spec_tree_mask, [per_req] * bs)  # chains only
-        if self.checked:
-            check_graph_batch(
-                self,
-                bs,
-                per_req,
-                req_pool_indices,
-                seq_lens,
-                seq_lens_cpu,
-                encoder_lens,
-                forward_mode,
-                encoder_lens_cpu,
-            )
-        self._fill_kv_metadata(
-            md,
-            forward_mode,
-            req_pool_indices,
-            seq_lens,
-            per_req,
-            encoder_lens,
-            in_place=True,
-            encoder_lens_cpu=encoder_lens_cpu,
         )
 
 

@@ -38,13 +38,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from attngate.backends.base import (
-    AttentionBackend,
-    check_batch,
-    check_pool_page_size,
-    is_fp8,
-)
+from attngate.backends.base import AttentionBackend
 from attngate.backends.capabilities import flashinfer_refusals
+from attngate.backends.checks import check_batch, check_pool_page_size, is_fp8
 from attngate.backends.flashinfer_graphs import CapturedWrappers, FlashInferCudaGraphs
 from attngate.backends.flashinfer_masks import packed_tree_mask, prefix_window_mask
 from attngate.backends.flashinfer_mla import FlashInferMLABackend

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attngate.backends.base import captured_graph, check_capture_mode, check_graph_batch
+from attngate.backends.checks import captured_graph, check_capture_mode, check_graph_batch
 from attngate.backends.page_ids import GraphPageIds
 from attngate.errors import BatchMetadataError, Problem
 from attngate.facts.modes import ForwardMode

@@ -27,15 +27,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from attngate.backends.base import (
-    AttentionBackend,
+from attngate.backends.base import AttentionBackend
+from attngate.backends.capabilities import flashinfer_mla_refusals
+from attngate.backends.checks import (
     captured_graph,
     check_batch,
     check_capture_mode,
     check_graph_batch,
     check_pool_page_size,
 )
-from attngate.backends.capabilities import flashinfer_mla_refusals
 from attngate.backends.mla import (
     absorb_q,
     absorbed_for_batch,

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
-from attngate.backends.base import AttentionBackend, check_batch
+from attngate.backends.base import AttentionBackend
+from attngate.backends.checks import check_batch
 from attngate.backends.mla import (
     absorb_q,
     absorbed_for_batch,

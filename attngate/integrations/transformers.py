@@ -39,7 +39,8 @@ from typing import Any
 
 import torch
 
-from attngate.backends.base import AttentionBackend, kv_storage_dtype
+from attngate.backends.base import AttentionBackend
+from attngate.backends.checks import kv_storage_dtype
 from attngate.backends.plan_backend import PlanBackend
 from attngate.backends.reference import ReferenceBackend
 from attngate.engine.resolve import resolve

@@ -68,7 +68,7 @@ def layers_from_model(
     ``include_encoder=False`` leaves out an encoder-decoder model's encoder layers (each layer keeps its
     ``layer_id``): they attend over the encoder input (Whisper's audio frames), not over the batch's tokens, so a
     paged attention backend does not serve them (SGLang's Whisper runs them with SDPA; see
-    :func:`attngate.backends.base.check_served_layers`).
+    :func:`attngate.backends.checks.check_served_layers`).
 
     ``scaling`` defaults to ``query_pre_attn_scalar ** -0.5`` when the config has it, else
     ``head_dim ** -0.5``. MLA layers carry no ``w_kc`` / ``w_vc`` yet: the caller binds them from

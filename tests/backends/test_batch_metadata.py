@@ -111,7 +111,7 @@ def test_empty_ranges_give_no_page_ids():
 
 
 def test_checked_mode_names_a_host_copy_that_disagrees_with_its_device_tensor():
-    from attngate.backends.base import check_batch
+    from attngate.backends.checks import check_batch
 
     s = _setup([(3, 2), (0, 4)], 1)
     s.batch.seq_lens_cpu = torch.tensor([5, 5], dtype=torch.int32)  # stale: the device says [5, 4]

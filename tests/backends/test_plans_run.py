@@ -37,7 +37,7 @@ from attngate import (  # noqa: E402
     ServerArgs,
     resolve,
 )
-from attngate.backends.base import kv_storage_dtype  # noqa: E402
+from attngate.backends.checks import kv_storage_dtype  # noqa: E402
 from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
 from attngate.backends.plan_backend import KERNEL_BACKENDS, PlanBackend  # noqa: E402
