@@ -51,18 +51,16 @@ from attngate.facts.platform import Platform
 from attngate.facts.server_args import ServerArgs
 from attngate.integrations.transformers_checks import (
     ATTN_IMPLEMENTATION,
+    bind_layers,
+    check_new_tokens,
     check_pool_fits_plan,
     check_runtime_arguments,
+    check_softmax_attention_only,
 )
 from attngate.integrations.transformers_plain import configure, plain_attention  # noqa: F401 - configure is public here
 from attngate.plan.schema import Plan
 from attngate.runtime.forward_batch import ForwardBatch
-from attngate.runtime.kv_cache import (
-    MHATokenToKVPool,
-    MLATokenToKVPool,
-    PageAllocator,
-    ReqToTokenPool,
-)
+from attngate.runtime.kv_cache import PageAllocator, ReqToTokenPool, kv_pool_for
 from attngate.runtime.layer import AttentionLayer, layers_from_model
 
 _EXTEND_MODES = (ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2)
@@ -129,7 +127,7 @@ class AttngateRuntime:
             mode on the one ``plan.backend_for(mode)`` names, FA and FlashInfer), elsewhere the reference backend.
 
     Raises UsageError listing every bad argument (a model not built for attngate, a geometry that does not fit, a
-    page_size other than the server arguments'), before anything is allocated; BatchMetadataError where the backend
+    page_size other than the server arguments'), before anything is allocated; BackendRefusal where the backend
     refuses the plan or the model's layers (on CUDA, a plan naming a backend attngate has no kernels for, say triton:
     resolve with another --attention-backend, or pass ``backend_cls=ReferenceBackend``).
     """
@@ -151,16 +149,7 @@ class AttngateRuntime:
         page_size = check_runtime_arguments(model, server_args, page_size, num_slots, max_requests, max_context_len)
         config = model.config
         self.facts = ModelFacts.from_hf_dict(config.to_dict(), source=type(model).__name__)
-        if self.facts.has_recurrent_layers:
-            raise UsageError(
-                Problem(
-                    "model",
-                    f"{type(model).__name__} has layers without softmax attention (linear attention, "
-                    f"Mamba, convolution) whose recurrent state AttngateRuntime does not keep between "
-                    f"extend and decode; run it with attn_implementation={ATTN_IMPLEMENTATION!r} and "
-                    f"transformers' own cache instead",
-                )
-            )
+        check_softmax_attention_only(model, self.facts)
         if platform is None:
             platform = Platform.detect() if torch.cuda.is_available() else Platform.from_name("sm90")
         args = server_args or ServerArgs(page_size=page_size)
@@ -171,30 +160,12 @@ class AttngateRuntime:
         dtype = next(model.parameters()).dtype
         self.layers: list[AttentionLayer] = layers_from_model(self.facts)
         self._ckv: dict[int, torch.Tensor] = {}
-        self._bind_layers(model)  # before the backend is built: backends copy scaling, sinks and MLA weights
+        bind_layers(
+            model, self.layers, self._ckv_hook
+        )  # before the backend is built: backends copy scaling, sinks and MLA weights
         self.page_size = page_size
         kv_dtype = kv_storage_dtype(self.plan, dtype)  # --kv-cache-dtype fp8_e4m3: an FP8 pool
-        if self.facts.use_mla:
-            self.pool = MLATokenToKVPool(
-                num_slots,
-                page_size,
-                len(self.layers),
-                self.facts.kv_lora_rank,
-                self.facts.qk_rope_head_dim,
-                dtype=kv_dtype,
-                device=device,
-            )
-        else:
-            self.pool = MHATokenToKVPool(
-                num_slots,
-                page_size,
-                len(self.layers),
-                self.facts.num_key_value_heads,
-                self.facts.head_dim,
-                self.facts.v_head_dim,
-                dtype=kv_dtype,
-                device=device,
-            )
+        self.pool = kv_pool_for(self.facts, num_slots, page_size, len(self.layers), kv_dtype, device)
         self.allocator = PageAllocator(num_slots // page_size, page_size, _scattered(num_slots // page_size))
         self.req_to_token_pool = ReqToTokenPool(max_requests, max_context_len, device)
         if backend_cls is None:
@@ -271,7 +242,13 @@ class AttngateRuntime:
     def _forward(self, mode: ForwardMode, new_tokens: dict[int, object]) -> torch.Tensor:
         """One forward; all or nothing: on any error every request keeps its length and pages."""
         new_tokens = self._as_ids(new_tokens)
-        self._check_tokens(new_tokens, mode)
+        check_new_tokens(
+            new_tokens,
+            mode,
+            {req: r.seq_len for req, r in self._requests.items()},
+            getattr(self.model.config, "vocab_size", None),
+            self.req_to_token_pool.req_to_token.shape[1],
+        )
         reqs = [self._requests[r] for r in new_tokens]
         before = [(r.seq_len, len(r.pages)) for r in reqs]
         try:
@@ -282,33 +259,6 @@ class AttngateRuntime:
                 del r.pages[pages:]
                 r.seq_len = seq_len
             raise
-
-    def _check_tokens(self, new_tokens: dict[int, torch.Tensor], mode: ForwardMode) -> None:
-        """BatchMetadataError naming every unknown request, empty input, token id outside the vocabulary and request
-        that would outgrow its row of req_to_token (max_context_len)."""
-        vocab = getattr(self.model.config, "vocab_size", None)
-        width = self.req_to_token_pool.req_to_token.shape[1]
-        problems = []
-        for req, ids in new_tokens.items():
-            where = f"request {req}"
-            if req not in self._requests:
-                problems.append(Problem(where, "unknown request (add_request first)"))
-            elif ids.numel() == 0:
-                problems.append(Problem(where, "no new tokens"))
-            elif mode == ForwardMode.DECODE and ids.numel() != 1:
-                problems.append(Problem(where, f"decode takes one token per request, not {ids.numel()}"))
-            elif vocab and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
-                problems.append(Problem(where, f"token ids must be integers in [0, {vocab})"))
-            elif self._requests[req].seq_len + ids.numel() > width:
-                problems.append(
-                    Problem(
-                        where,
-                        f"{self._requests[req].seq_len} cached + {ids.numel()} new tokens exceed "
-                        f"max_context_len {width}",
-                    )
-                )
-        if problems:
-            raise BatchMetadataError(problems)
 
     def _run(self, mode: ForwardMode, reqs: list[_Request], new_tokens: dict[int, torch.Tensor]) -> torch.Tensor:
         prefix = [r.seq_len for r in reqs]
@@ -357,34 +307,6 @@ class AttngateRuntime:
         )
         r.seq_len = end
         return slots
-
-    def _bind_layers(self, model: torch.nn.Module) -> None:
-        """Copy each attention module's scaling, learned sinks and (MLA) kv_b_proj halves into its layer spec,
-        and hook kv_a_layernorm so the attention call can take the latent ckv."""
-        bound = set()
-        for module in model.modules():
-            idx = getattr(module, "layer_idx", None)
-            if idx is None or not hasattr(module, "scaling") or not 0 <= idx < len(self.layers):
-                continue
-            layer = self.layers[idx]
-            layer.scaling = float(module.scaling)
-            if getattr(module, "sinks", None) is not None:
-                layer.sinks = module.sinks.detach()
-            if layer.is_mla:
-                w = module.kv_b_proj.weight.detach().view(layer.num_q_heads, -1, layer.kv_lora_rank)
-                layer.w_kc = w[:, : layer.qk_nope_head_dim]  # [H, qk_nope, kv_lora_rank]
-                layer.w_vc = w[:, layer.qk_nope_head_dim :].transpose(1, 2)  # [H, kv_lora_rank, v_head_dim]
-                module.kv_a_layernorm.register_forward_hook(self._ckv_hook(idx))
-            bound.add(idx)
-        missing = [i for i in range(len(self.layers)) if i not in bound]
-        if missing:
-            raise UsageError(
-                Problem(
-                    "model",
-                    f"no attention module found for layers {missing} of {type(model).__name__}; "
-                    f"AttngateRuntime cannot bind it",
-                )
-            )
 
     def _ckv_hook(self, idx: int):
         def hook(_module, _inputs, output: torch.Tensor) -> None:

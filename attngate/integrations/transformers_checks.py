@@ -1,13 +1,18 @@
-"""The checks of :class:`attngate.integrations.transformers.AttngateRuntime`'s arguments, each listing every
-problem in one UsageError before anything is allocated."""
+"""The checks of :class:`attngate.integrations.transformers.AttngateRuntime`'s arguments (UsageError, before
+anything is allocated) and of each call's new tokens (BatchMetadataError), each listing every problem."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from attngate.errors import Problem, UsageError
+from attngate.errors import BatchMetadataError, Problem, UsageError
+from attngate.facts.model import ModelFacts
+from attngate.facts.modes import ForwardMode
 from attngate.facts.server_args import ServerArgs
 from attngate.plan.schema import Plan
+from attngate.runtime.layer import AttentionLayer
 
 #: the attn_implementation name attngate registers with transformers
 ATTN_IMPLEMENTATION = "attngate"
@@ -77,3 +82,75 @@ def check_pool_fits_plan(plan: Plan, asked: int | None, num_slots: int) -> int:
     if problems:
         raise UsageError(problems)
     return page_size
+
+
+def check_new_tokens(
+    new_tokens: dict[int, torch.Tensor], mode: ForwardMode, seq_lens: dict[int, int], vocab: int | None, width: int
+) -> None:
+    """BatchMetadataError naming every unknown request, empty input, token id outside the vocabulary and request
+    that would outgrow its row of req_to_token (max_context_len, ``width``). ``seq_lens``: the cached tokens of every
+    known request; ``vocab``: the model's vocab_size, None not to check."""
+    problems = []
+    for req, ids in new_tokens.items():
+        where = f"request {req}"
+        if req not in seq_lens:
+            problems.append(Problem(where, "unknown request (add_request first)"))
+        elif ids.numel() == 0:
+            problems.append(Problem(where, "no new tokens"))
+        elif mode == ForwardMode.DECODE and ids.numel() != 1:
+            problems.append(Problem(where, f"decode takes one token per request, not {ids.numel()}"))
+        elif vocab and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+            problems.append(Problem(where, f"token ids must be integers in [0, {vocab})"))
+        elif seq_lens[req] + ids.numel() > width:
+            problems.append(
+                Problem(
+                    where,
+                    f"{seq_lens[req]} cached + {ids.numel()} new tokens exceed max_context_len {width}",
+                )
+            )
+    if problems:
+        raise BatchMetadataError(problems)
+
+
+def bind_layers(model: torch.nn.Module, layers: list[AttentionLayer], ckv_hook: Callable[[int], Callable]) -> None:
+    """Copy each attention module's scaling, learned sinks and (MLA) kv_b_proj halves into its layer spec,
+    and hook kv_a_layernorm (``ckv_hook(layer index)``) so the attention call can take the latent ckv. UsageError
+    naming the layers no module binds."""
+    bound = set()
+    for module in model.modules():
+        idx = getattr(module, "layer_idx", None)
+        if idx is None or not hasattr(module, "scaling") or not 0 <= idx < len(layers):
+            continue
+        layer = layers[idx]
+        layer.scaling = float(module.scaling)
+        if getattr(module, "sinks", None) is not None:
+            layer.sinks = module.sinks.detach()
+        if layer.is_mla:
+            w = module.kv_b_proj.weight.detach().view(layer.num_q_heads, -1, layer.kv_lora_rank)
+            layer.w_kc = w[:, : layer.qk_nope_head_dim]  # [H, qk_nope, kv_lora_rank]
+            layer.w_vc = w[:, layer.qk_nope_head_dim :].transpose(1, 2)  # [H, kv_lora_rank, v_head_dim]
+            module.kv_a_layernorm.register_forward_hook(ckv_hook(idx))
+        bound.add(idx)
+    missing = [i for i in range(len(layers)) if i not in bound]
+    if missing:
+        raise UsageError(
+            Problem(
+                "model",
+                f"no attention module found for layers {missing} of {type(model).__name__}; "
+                f"AttngateRuntime cannot bind it",
+            )
+        )
+
+
+def check_softmax_attention_only(model: torch.nn.Module, facts: ModelFacts) -> None:
+    """UsageError for a model with layers whose recurrent state AttngateRuntime does not keep."""
+    if facts.has_recurrent_layers:
+        raise UsageError(
+            Problem(
+                "model",
+                f"{type(model).__name__} has layers without softmax attention (linear attention, "
+                f"Mamba, convolution) whose recurrent state AttngateRuntime does not keep between "
+                f"extend and decode; run it with attn_implementation={ATTN_IMPLEMENTATION!r} and "
+                f"transformers' own cache instead",
+            )
+        )

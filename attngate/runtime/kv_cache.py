@@ -11,6 +11,7 @@ from collections import Counter
 import torch
 
 from attngate.errors import BatchMetadataError, KVCacheExhausted, Problem, UsageError
+from attngate.facts.model import ModelFacts
 
 
 class PageAllocator:
@@ -199,3 +200,23 @@ class MLATokenToKVPool(_PoolBase):
         """(K, V) views: K is latent ++ rope, V is the latent."""
         buf = self.kv_buffer[layer_id]
         return buf, buf[..., : self.kv_lora_rank]
+
+
+def kv_pool_for(
+    model: ModelFacts, num_slots: int, page_size: int, num_layers: int, dtype: torch.dtype, device: torch.device | str
+) -> MHATokenToKVPool | MLATokenToKVPool:
+    """The KV pool a model's layers write: the latent cache (ckv ++ kpe) for MLA, else K and V per KV head."""
+    if model.use_mla:
+        return MLATokenToKVPool(
+            num_slots, page_size, num_layers, model.kv_lora_rank, model.qk_rope_head_dim, dtype=dtype, device=device
+        )
+    return MHATokenToKVPool(
+        num_slots,
+        page_size,
+        num_layers,
+        model.num_key_value_heads,
+        model.head_dim,
+        model.v_head_dim,
+        dtype=dtype,
+        device=device,
+    )
