@@ -28,7 +28,8 @@ from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.facts.platform import Platform
 from attngate.facts.server_args import ServerArgs
 from attngate.plan.schema import Plan
-from attngate.rules.load import RuleSet, load_rules
+from attngate.rules.load import load_rules
+from attngate.rules.ruleset import RuleSet
 
 __all__ = [
     "AttngateError",

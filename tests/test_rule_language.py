@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from attngate import PlanError, Platform, RulesError, ServerArgs, resolve
 from attngate.analysis.lint import lint_rules
-from attngate.rules.load import RuleSet, parse_rules
+from attngate.rules.load import parse_rules
+from attngate.rules.ruleset import RuleSet
 
 HEAD = "version: 1\nrules:\n"
 

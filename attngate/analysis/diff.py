@@ -29,7 +29,7 @@ from attngate.analysis.prove import (
     witness_inputs,
 )
 from attngate.plan.registry import GATES
-from attngate.rules.load import Rule, RuleSet
+from attngate.rules.ruleset import Rule, RuleSet
 
 
 @dataclass

@@ -21,7 +21,7 @@ from attngate.facts.catalogue import FACTS, LAYER_FACT, MODE_FACT, FactType
 from attngate.facts.choices import GPU_ARCHS
 from attngate.facts.modes import LayerKind
 from attngate.plan.registry import GATES
-from attngate.rules.load import FactValue, RuleSet
+from attngate.rules.ruleset import FactValue, RuleSet
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ from attngate.analysis.prove import (
     simplest_witness,
     witness_inputs,
 )
-from attngate.rules.load import Rule, RuleSet
+from attngate.rules.ruleset import Rule, RuleSet
 
 
 def lint_rules(rules: RuleSet) -> list[Finding]:

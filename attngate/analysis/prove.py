@@ -25,7 +25,8 @@ import z3
 from attngate.analysis.encoding import Encoder, Finding, find, lit
 from attngate.facts.server_args import ServerArgs
 from attngate.plan.registry import GATES
-from attngate.rules.load import FactValue, Invariant, Rule, RuleSet
+from attngate.rules.load import Invariant
+from attngate.rules.ruleset import FactValue, Rule, RuleSet
 
 
 def prove_invariants(

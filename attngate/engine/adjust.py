@@ -12,7 +12,7 @@ from typing import Any
 from attngate.engine.index import RuleIndex, observe, read_by
 from attngate.engine.result import Adjustment, PlanError, Violation
 from attngate.facts.catalogue import FACTS
-from attngate.rules.load import FactValue, Rule, adjust_value
+from attngate.rules.ruleset import FactValue, Rule, adjust_value
 
 MAX_ADJUST_ROUNDS = 32
 

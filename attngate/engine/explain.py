@@ -11,7 +11,7 @@ from attngate.engine.index import RuleIndex, read_by
 from attngate.engine.result import BackendVerdict, Candidate, GateExplanation, PlanError
 from attngate.facts.choices import CANDIDATE_BACKENDS
 from attngate.plan.registry import GateSpec
-from attngate.rules.load import Rule
+from attngate.rules.ruleset import Rule
 
 _BACKEND_ARGS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
 

@@ -10,7 +10,7 @@ from typing import Any
 from attngate.facts.catalogue import derived_facts
 from attngate.plan.registry import GATES
 from attngate.rules.condition import gate_key
-from attngate.rules.load import Rule, RuleSet
+from attngate.rules.ruleset import Rule, RuleSet
 
 #: Called as ``observer(rules, scope, facts)`` with every evaluation context of every resolve() (scope
 #: "adjust" per adjustment round, "global", then "mode" per forward mode and "layer" per layer kind);

@@ -40,7 +40,8 @@ from attngate.facts.server_args import ServerArgs
 from attngate.plan.schema import LayerGates, LayerTable, ModeGates, ModeTable, Plan
 from attngate.rules.condition import gate_key
 from attngate.rules.deviations import applicable_deviations, refusing_rules
-from attngate.rules.load import RuleSet, load_rules
+from attngate.rules.load import load_rules
+from attngate.rules.ruleset import RuleSet
 from attngate.util.suggest import did_you_mean
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from attngate.engine.result import Violation
 from attngate.plan.registry import GATES, GateSpec
-from attngate.rules.load import Rule
+from attngate.rules.ruleset import Rule
 
 
 def resolve_scope(

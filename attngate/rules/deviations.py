@@ -19,9 +19,10 @@ from attngate.facts.catalogue import FACTS, FactType, base_facts
 from attngate.facts.model import ModelFacts
 from attngate.facts.platform import Platform
 from attngate.facts.server_args import ServerArgs
-from attngate.rules.condition import Condition, ConditionErrors, compile_condition
+from attngate.rules.condition import Condition, compile_condition
 from attngate.rules.entries import validated_entries
 from attngate.rules.spec import DeviationSpec
+from attngate.rules.typecheck import ConditionErrors
 from attngate.util.suggest import did_you_mean
 from attngate.util.yaml_source import YamlDocument
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attngate.rules.condition import _compile
-from attngate.rules.load import Rule, RuleSet
+from attngate.rules.ruleset import Rule, RuleSet
 
 _NO_BUILTINS = {"__builtins__": {}}
 

@@ -18,7 +18,7 @@ from attngate.facts.catalogue import FACTS
 from attngate.facts.choices import GPU_ARCHS, KERNEL_PROVIDERS
 from attngate.facts.server_args import ServerArgs
 from attngate.integrations.sglang.fields import to_sglang_kwargs
-from attngate.rules.load import RuleSet
+from attngate.rules.ruleset import RuleSet
 from attngate.util.inputs import parse_json, read_text
 
 #: What a SGLang install provides: FlashInfer, FA4's flash_attn.cute and FA3 (sgl_kernel's flash_attn).

@@ -25,7 +25,7 @@ from attngate.rules.deviations import (
     matching_deviations,
     refusing_rules,
 )
-from attngate.rules.load import RuleSet
+from attngate.rules.ruleset import RuleSet
 
 #: None in these means "the attention backend's"; both sides are compared with that filled in.
 _EFFECTIVE = _PHASES = ("prefill_attention_backend", "decode_attention_backend")

@@ -24,7 +24,7 @@ from attngate.facts.platform import Platform
 from attngate.integrations.sglang.cases import Case
 from attngate.integrations.sglang.compare import CaseResult, Verdict, compare_case
 from attngate.rules.deviations import REFUSAL
-from attngate.rules.load import RuleSet
+from attngate.rules.ruleset import RuleSet
 
 # What a forked worker reads: set by run_cases before the pool forks.
 _STATE: dict[str, Any] = {}

@@ -25,7 +25,8 @@ from attngate.facts.model import ModelFacts
 from attngate.facts.platform import Platform
 from attngate.integrations.sglang.cases import SGLANG_KERNELS
 from attngate.integrations.sglang.compare import CaseResult, compare_case
-from attngate.rules.load import RuleSet, load_rules
+from attngate.rules.load import load_rules
+from attngate.rules.ruleset import RuleSet
 
 logger = logging.getLogger("attngate.sglang")
 
