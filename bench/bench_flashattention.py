@@ -67,7 +67,7 @@ def backend_and_raw(requests, mode, plan):
             page_table=md.page_table,
             softmax_scale=D**-0.5,
             causal=True,
-            num_splits=plan.flashattention.num_splits,
+            num_splits=plan.fa.num_splits,
         )
 
     return fa, case, layer, step, raw, layer_forward
@@ -76,7 +76,7 @@ def backend_and_raw(requests, mode, plan):
 def main() -> None:
     out: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     plan = plan_for(GPU, page_size=PS)
-    out["plan"] = {"provider": plan.flashattention.provider, "num_splits": plan.flashattention.num_splits}
+    out["plan"] = {"provider": plan.fa.provider, "num_splits": plan.fa.num_splits}
 
     fa, case, _, step, raw, layer_forward = backend_and_raw([(4095, 1)] * 64, ForwardMode.DECODE, plan)
     kv_bytes = 64 * 4096 * HKV * D * 2 * 2

@@ -104,7 +104,7 @@ def main() -> None:
                 "plan": {
                     "prefill": plan_of(ours)[0].plan.prefill_backend,
                     "decode": plan_of(ours)[0].plan.decode_backend,
-                    "provider": plan_of(ours)[0].plan.flashattention.provider,
+                    "provider": plan_of(ours)[0].plan.fa.provider,
                 },
                 "shape": {**SHAPE, "batch": BATCH, "prompt": PROMPT, "steps": STEPS},
                 "decode_step_ms_median": {k: round(v, 3) for k, v in results.items()},

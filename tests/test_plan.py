@@ -52,7 +52,7 @@ def test_plan_is_frozen_and_fingerprint_tracks_content():
     b = resolve_flags("--attention-backend fa3 --enable-deterministic-inference", "Llama-3.1-8B").plan
     assert a.fingerprint != b.fingerprint
     with pytest.raises(Exception):
-        a.flashattention.num_splits = 4  # type: ignore[misc]
+        a.fa.num_splits = 4  # type: ignore[misc]
 
 
 def test_core_never_imports_torch():

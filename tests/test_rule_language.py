@@ -235,7 +235,7 @@ def test_conflicting_set_rules_are_an_error():
       - {id: fill, kind: adjust, summary: s, why: w, source: s, when: attention_backend is None, adjust: {attention_backend: fa3, page_size: 1}, message: m}
     """)
     ok = resolve(ServerArgs(), model("Llama-3.1-8B"), Platform.from_name("sm90"), rs)
-    assert ok.plan.flashattention.num_splits == 1
+    assert ok.plan.fa.num_splits == 1
     with pytest.raises(PlanError) as err:
         resolve(ServerArgs(), model("DeepSeek-V2-Lite"), Platform.from_name("sm90"), rs)
     assert err.value.violations[0].kind == "conflict" and "a sets 1, b sets 2" in err.value.violations[0].message

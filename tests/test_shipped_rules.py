@@ -55,10 +55,10 @@ def test_skip_kv_cache_exhaustive(backend, name):
             assert backend == "fa4" and m.use_mla is False or backend == "fa4", err
             continue
         expected = backend in ("fa3", "fa4") and is_emb and cps == -1 and no_radix and not m.use_mla
-        assert r.plan.flashattention.skip_kv_cache is expected
+        assert r.plan.fa.skip_kv_cache is expected
         assert r.plan.layer(LayerKind.FULL).common.write_kv_cache is not expected  # what every backend reads
         # the read side reads the same decision: EXTEND then reads no cache at all
-        assert (r.plan.mode("extend").flashattention.kv_extent == "none") is expected
+        assert (r.plan.mode("extend").fa.kv_extent == "none") is expected
         e = r.explanation.gates["fa.skip_kv_cache"]
         assert e.origin == ("fa.skip-kv-cache-for-embedding" if expected else "default")
         assert e.facts["use_mla"] is m.use_mla
@@ -70,14 +70,14 @@ def test_embedding_architectures_turn_embedding_mode_on():
     (Qwen3-Embedding, Qwen3ForCausalLM) still needs the flag."""
     fast_path = dict(attention_backend="fa3", chunked_prefill_size=-1, disable_radix_cache=True)
     r = resolve(ServerArgs(**fast_path), model("e5-mistral-7b-instruct"), fa3_gpu())
-    assert r.server_args.is_embedding and r.plan.flashattention.skip_kv_cache
+    assert r.server_args.is_embedding and r.plan.fa.skip_kv_cache
     assert [a.rule for a in r.adjustments if a.field == "is_embedding"] == [
         "embedding.auto-enable-for-embedding-architectures"
     ]
     r = resolve(ServerArgs(**fast_path), model("Qwen3-Embedding-8B"), fa3_gpu())
-    assert not r.server_args.is_embedding and not r.plan.flashattention.skip_kv_cache
+    assert not r.server_args.is_embedding and not r.plan.fa.skip_kv_cache
     r = resolve(ServerArgs(**fast_path, is_embedding=True), model("all-MiniLM-L6-v2"), fa3_gpu())
-    assert r.plan.flashattention.skip_kv_cache and not [a for a in r.adjustments if a.field == "is_embedding"]
+    assert r.plan.fa.skip_kv_cache and not [a for a in r.adjustments if a.field == "is_embedding"]
     # SGLang validates --prefill-only-disable-kv-cache before it turns embedding mode on: still refused without the flag
     with pytest.raises(PlanError) as err:
         resolve(ServerArgs(**fast_path, prefill_only_disable_kv_cache=True), model("all-MiniLM-L6-v2"), fa3_gpu())
@@ -98,16 +98,12 @@ def test_embedding_gemma_is_served_as_a_full_encoder():
         -1,
         True,
     )
-    assert r.plan.prefill_backend == "fa3" and r.plan.flashattention.skip_kv_cache
+    assert r.plan.prefill_backend == "fa3" and r.plan.fa.skip_kv_cache
     for kind in ("sliding_window", "full"):
         assert not r.plan.layer(kind).common.causal
     assert r.plan.layer("sliding_window").common.use_window
     r = resolve(ServerArgs(attention_backend="fa3"), embedding_gemma(), fa3_gpu("sm80"))  # no no-pool path on SM80
-    assert (
-        r.server_args.is_embedding
-        and not r.server_args.prefill_only_disable_kv_cache
-        and r.plan.flashattention.skip_kv_cache
-    )
+    assert r.server_args.is_embedding and not r.server_args.prefill_only_disable_kv_cache and r.plan.fa.skip_kv_cache
     r = resolve(
         ServerArgs(attention_backend="triton"), embedding_gemma(), Platform.from_name("sm90")
     )  # a non-FA backend keeps the pool
@@ -146,12 +142,12 @@ def test_precompute_scheduler_metadata_exhaustive(name):
             enable_prefill_cp=cp,
         )
         r = resolve(args, m, fa3_gpu())
-        assert r.plan.flashattention.precompute_scheduler_metadata is not (dp or cp or m.use_mla)
+        assert r.plan.fa.precompute_scheduler_metadata is not (dp or cp or m.use_mla)
 
 
 def test_dp_attention_without_dp_size_is_switched_off_with_a_warning():
     r = resolve(ServerArgs(attention_backend="fa3", enable_dp_attention=True), model("Llama-3.1-8B"), fa3_gpu())
-    assert r.plan.flashattention.precompute_scheduler_metadata and not r.server_args.enable_dp_attention
+    assert r.plan.fa.precompute_scheduler_metadata and not r.server_args.enable_dp_attention
     assert any("dp-attention.needs-dp-size" in w for w in r.warnings)
 
 
@@ -169,7 +165,7 @@ def test_fa4_takes_no_precomputed_schedule_outside_sm120(gpu, backend, kernels, 
     flash_attn.cute pages no KV cache (fa.cute-pages-on-sm90-and-sm100-only refuses it), so only FA3 precomputes one."""
     platform = Platform.from_name(gpu, kernels=kernels) if kernels else Platform.from_name(gpu)
     r = resolve(ServerArgs(attention_backend=backend), model("Llama-3.1-8B"), platform)
-    assert r.plan.flashattention.precompute_scheduler_metadata is precompute
+    assert r.plan.fa.precompute_scheduler_metadata is precompute
 
 
 # ---- 3. deterministic inference -----------------------------------------------------------------
@@ -213,16 +209,16 @@ def test_deterministic_fa_num_splits(backend, gpu):
             model("Llama-3.1-8B"),
             fa3_gpu(gpu),
         )
-        assert r.plan.flashattention.num_splits == (1 if det else 0)
+        assert r.plan.fa.num_splits == (1 if det else 0)
     for backend, fa3_installed in (("fa4", True), ("fa3", False)):  # FA4's flash_attn.cute cannot split KV on SM90
         r = resolve(
             ServerArgs(attention_backend=backend),
             model("Llama-3.1-8B"),
             Platform.from_name("sm90", has_flash_attn_interface=fa3_installed),
         )
-        assert r.plan.flashattention.num_splits == 1 and r.plan.flashattention.provider == "flash_attn.cute"
+        assert r.plan.fa.num_splits == 1 and r.plan.fa.provider == "flash_attn.cute"
     r = resolve(ServerArgs(attention_backend="fa3"), model("Llama-3.1-8B"), fa3_gpu())
-    assert r.plan.flashattention.provider == "flash_attn_interface"
+    assert r.plan.fa.provider == "flash_attn_interface"
 
 
 def test_fa3_interface_never_serves_a_model_with_sinks():
@@ -235,8 +231,8 @@ def test_fa3_interface_never_serves_a_model_with_sinks():
                 Platform.from_name("sm90", has_flash_attn_interface=installed),
             )
             interface = installed and not model(name).has_attention_sinks
-            assert r.plan.flashattention.provider == ("flash_attn_interface" if interface else "flash_attn.cute")
-            assert r.plan.flashattention.num_splits == (0 if interface else 1)
+            assert r.plan.fa.provider == ("flash_attn_interface" if interface else "flash_attn.cute")
+            assert r.plan.fa.num_splits == (0 if interface else 1)
 
 
 def test_deterministic_rejects_other_backends_and_defaults_by_arch():
@@ -302,10 +298,10 @@ def test_draft_extend_v2_reads_prefix_plus_new(backend, gpu, cuda_graph):
     )
     r = resolve(args, model("Llama-3.1-8B"), Platform.from_name(gpu))
     de = r.plan.mode("draft_extend_v2")
-    assert de.flashattention.kv_extent == "prefix_plus_new"
+    assert de.fa.kv_extent == "prefix_plus_new"
     assert de.common.capture_cuda_graph is cuda_graph  # replay reads the same kv_extent as eager
     assert r.explanation.modes["draft_extend_v2"]["fa.kv_extent"].origin == "fa.draft-extend-v2-reads-prefix-plus-new"
-    assert r.plan.mode("idle").flashattention.kv_extent == "none"
+    assert r.plan.mode("idle").fa.kv_extent == "none"
 
 
 # ---- other shipped rules, end to end -------------------------------------------------------------
@@ -432,7 +428,7 @@ def test_draft_extend_v2_reads_prefix_plus_new(backend, gpu, cuda_graph):
             "--rl-on-policy-target fsdp",
             "Llama-3.1-8B",
             "sm90",
-            lambda r: r.server_args.enable_deterministic_inference and r.plan.flashattention.num_splits == 1,
+            lambda r: r.server_args.enable_deterministic_inference and r.plan.fa.num_splits == 1,
         ),
         (
             "--disaggregation-mode decode",
@@ -1187,8 +1183,8 @@ PREFILL_ONLY = "--is-embedding --prefill-only-disable-kv-cache --chunked-prefill
 
 def test_prefill_only_disable_kv_cache_takes_the_fa_fast_path_on_every_layer():
     r = resolve_flags(PREFILL_ONLY, "Qwen3-Embedding-8B")
-    assert r.plan.prefill_backend == "fa3" and r.plan.flashattention.skip_kv_cache
-    assert not r.plan.layer("full").common.write_kv_cache and r.plan.mode("extend").flashattention.kv_extent == "none"
+    assert r.plan.prefill_backend == "fa3" and r.plan.fa.skip_kv_cache
+    assert not r.plan.layer("full").common.write_kv_cache and r.plan.mode("extend").fa.kv_extent == "none"
 
 
 @pytest.mark.parametrize(

@@ -66,7 +66,7 @@ def mla_reads_what_it_writes(plan: Plan, layers: list[AttentionLayer]) -> list[P
 def fa_refusals(plan: Plan, layers: list[AttentionLayer], sm_major: int | None = None) -> list[Problem]:
     """Why the FA backend cannot serve these layers under this plan (empty: it can). ``sm_major`` None skips
     the architecture checks (CPU stand-ins). Needs no kernel import."""
-    provider, page_size = plan.flashattention.provider, plan.common.page_size
+    provider, page_size = plan.fa.provider, plan.common.page_size
     problems = (
         mla_reads_what_it_writes(plan, layers)
         + chain_verify_only(plan, "FA backend")
@@ -75,7 +75,7 @@ def fa_refusals(plan: Plan, layers: list[AttentionLayer], sm_major: int | None =
     if provider == "flash_attn.cute" and sm_major is not None and sm_major not in (9, 10):
         problems.append(
             Problem(
-                "flashattention.provider",
+                "fa.provider",
                 f"flash_attn.cute reads no paged KV cache on SM{sm_major}x "
                 "(SM90 and SM100 only), and every FA path but the embedding fast path reads one",
             )

@@ -1,10 +1,10 @@
 """The FlashAttention backend (serves ``attention_backend`` fa3 and fa4), taking every decision from the Plan.
 
-Provider (``plan.flashattention.provider``): FA4's ``flash_attn.cute.flash_attn_varlen_func`` with
+Provider (``plan.fa.provider``): FA4's ``flash_attn.cute.flash_attn_varlen_func`` with
 ``cu_seqlens_q``, ``seqused_k`` and ``page_table``, or FA3's ``flash_attn_interface`` where installed.
 
 Per batch (``init_forward_metadata``): ``cu_seqlens_q [bs+1]`` int32, ``seqused_k [bs]`` int32 (what
-``plan.mode(mode).flashattention.kv_extent`` says the kernel reads: post-write ``seq_lens`` for
+``plan.mode(mode).fa.kv_extent`` says the kernel reads: post-write ``seq_lens`` for
 prefix + new tokens, in eager runs and CUDA-graph replay alike), and ``page_table [bs, max_pages]``
 int32 (``req_to_token`` rows, one slot per page, divided by ``page_size``). Per layer: the write and
 the read of the KV cache both follow the layer kind's ``common.write_kv_cache`` (false under the fast path ``fa.skip_kv_cache``);
@@ -67,14 +67,14 @@ class FlashAttentionBackend(FaCudaGraphs, AttentionBackend):
         checked: bool = False,
     ):
         super().__init__(plan, kv_pool, req_to_token, layers, device)
-        fa = plan.flashattention
+        fa = plan.fa
         self.num_splits = fa.num_splits
         self.precompute_scheduler_metadata = fa.precompute_scheduler_metadata
         self.page_size = check_pool_page_size(plan, kv_pool)
         self.kernel = Fa3Kernel() if fa.provider == "flash_attn_interface" else Fa4Kernel()
         self.checked = checked
         self._layer_gates = {kind: plan.layer(kind).common for kind in LayerKind}
-        self._kv_extent = {mode: plan.mode(mode).flashattention.kv_extent for mode in ForwardMode}
+        self._kv_extent = {mode: plan.mode(mode).fa.kv_extent for mode in ForwardMode}
         # the scheduler metadata is planned for full-attention layers; window and cross layers never take it
         self._scheduled = next((lay for lay in layers if lay.kind == LayerKind.FULL and not lay.is_mla), None)
         self._scheduled_ids = {

@@ -11,15 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from attngate.engine.result import GateExplanation, Resolution
+from attngate.plan.registry import GATES
 
-# gate-name prefix -> the backends that read it ("common" gates: every backend)
-_READERS = {"fa": ("fa3", "fa4"), "flashinfer": ("flashinfer",)}
 HINT = "more: --gate NAME (the full why of one gate), --all (every table), --format json; server flags: attngate flags"
 
 
 def _reads(name: str, backends: set[str]) -> bool:
-    readers = _READERS.get(name.split(".", 1)[0])
-    return readers is None or bool(backends & set(readers))
+    readers = GATES[name].read_by
+    return not readers or bool(backends & set(readers))
 
 
 def _facts(facts: dict[str, Any], limit: int = 4, *, backends: bool = False) -> str:

@@ -289,6 +289,6 @@ def _kernel_of(resolution: Resolution, backend: str) -> str | None:
     through flash_attn.cute), ``"flashinfer"`` (its ragged prefill wrapper), or None (float32 torch: a provider
     this path does not call)."""
     plan = resolution.plan
-    if backend in ("fa3", "fa4") and plan.flashattention.provider == "flash_attn.cute":
+    if backend in ("fa3", "fa4") and plan.fa.provider == "flash_attn.cute":
         return "fa"
     return "flashinfer" if backend == "flashinfer" else None

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from attngate.plan.registry import GROUP_PREFIX
 from attngate.plan.schema import Plan
 
 
@@ -25,7 +24,7 @@ def gate_values(plan: Plan) -> dict[str, Any]:
 def _groups(prefix: str, groups: dict[str, dict[str, Any]], out: dict[str, Any]) -> None:
     for group, fields in groups.items():
         for name, value in fields.items():
-            out[f"{prefix}{GROUP_PREFIX[group]}.{name}"] = value
+            out[f"{prefix}{group}.{name}"] = value
 
 
 def differing(a: dict[str, Any], b: dict[str, Any]) -> dict[str, tuple[Any, Any]]:

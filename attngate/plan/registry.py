@@ -18,20 +18,18 @@ from attngate.plan.schema import (
 
 Scope = Literal["global", "mode", "layer"]
 
-#: Rule-file prefix of each consumer group, and the Plan attribute it lives under.
-GROUP_PREFIX = {"flashattention": "fa", "flashinfer": "flashinfer", "common": "common"}
-
 
 @dataclass(frozen=True, slots=True)
 class GateSpec:
     name: str  # e.g. "fa.skip_kv_cache"
     scope: Scope
-    group: str  # Plan attribute: flashattention | flashinfer | common
+    group: str  # the Plan attribute and the rules' prefix: fa | flashinfer | common
     field: str
     type: FactType
     default: Any
     from_fact: str | None
     doc: str
+    read_by: tuple[str, ...]  # the backends that read it (attention_backend names); empty: every backend
 
 
 def _specs(scope: Scope, groups: dict[str, type[BaseModel]]) -> list[GateSpec]:
@@ -41,7 +39,7 @@ def _specs(scope: Scope, groups: dict[str, type[BaseModel]]) -> list[GateSpec]:
             extra = info.json_schema_extra or {}
             out.append(
                 GateSpec(
-                    name=f"{GROUP_PREFIX[group]}.{field}",
+                    name=f"{group}.{field}",
                     scope=scope,
                     group=group,
                     field=field,
@@ -49,6 +47,7 @@ def _specs(scope: Scope, groups: dict[str, type[BaseModel]]) -> list[GateSpec]:
                     default=info.default,
                     from_fact=extra.get("from_fact"),
                     doc=info.description or "",
+                    read_by=model.read_by,
                 )
             )
     return out
@@ -60,9 +59,7 @@ def _group_models(row: type[BaseModel]) -> dict[str, type[BaseModel]]:
 
 def _build() -> dict[str, GateSpec]:
     specs = [
-        *_specs(
-            "global", {"flashattention": FlashAttentionGates, "flashinfer": FlashInferGates, "common": CommonGates}
-        ),
+        *_specs("global", {"fa": FlashAttentionGates, "flashinfer": FlashInferGates, "common": CommonGates}),
         *_specs("mode", _group_models(ModeGates)),
         *_specs("layer", _group_models(LayerGates)),
     ]

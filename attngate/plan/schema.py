@@ -1,6 +1,6 @@
 """The Plan: every attention decision, resolved once at start-up, frozen, typed and fingerprinted.
 
-Gates are grouped by consumer (``plan.flashattention``, ``plan.flashinfer``, ``plan.common``) and by
+Gates are grouped by consumer (``plan.fa``, ``plan.flashinfer``, ``plan.common``: the same names as the rules' gate prefixes) and by
 scope: *global* gates hold for the whole server; *mode* gates form one table per forward mode
 (``plan.mode(ForwardMode.DECODE)``); *layer* gates one table per layer kind
 (``plan.layer(LayerKind.SLIDING_WINDOW)``). A rule names a gate as ``<group>.<field>``, e.g.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
 
 from pydantic import (
     BaseModel,
@@ -38,6 +38,16 @@ def gate(default: Any, doc: str, *, from_fact: str | None = None) -> Any:
 
 class _Group(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+    #: the backends that read this group's gates (``attention_backend`` names); empty: every backend
+    read_by: ClassVar[tuple[str, ...]] = ()
+
+
+class _FaGroup(_Group):
+    read_by: ClassVar[tuple[str, ...]] = ("fa3", "fa4")
+
+
+class _FlashInferGroup(_Group):
+    read_by: ClassVar[tuple[str, ...]] = ("flashinfer",)
 
 
 KvExtent = Literal["prefix_plus_new", "prefix", "none"]
@@ -47,7 +57,7 @@ MlaForm = Literal["absorbed", "non_absorbed", "non_absorbed_without_prefix"]
 # ---- global gates --------------------------------------------------------------------------------
 
 
-class FlashAttentionGates(_Group):
+class FlashAttentionGates(_FaGroup):
     """Read by the FA3/FA4 backend."""
 
     skip_kv_cache: bool = gate(
@@ -64,7 +74,7 @@ class FlashAttentionGates(_Group):
     )
 
 
-class FlashInferGates(_Group):
+class FlashInferGates(_FlashInferGroup):
     """Read by the FlashInfer backend; every wrapper kind (single, sliding window, cross attention) takes the split settings."""
 
     wrapper_dispatch: Literal["single", "sliding_window", "cross_attention"] = gate(
@@ -135,13 +145,13 @@ class CommonGates(_Group):
 # ---- per-forward-mode gates ----------------------------------------------------------------------
 
 
-class FlashAttentionModeGates(_Group):
+class FlashAttentionModeGates(_FaGroup):
     kv_extent: KvExtent = gate(
         "prefix_plus_new", "What seqused_k / cache_seqlens cover, in eager runs and CUDA-graph replay alike."
     )
 
 
-class FlashInferModeGates(_Group):
+class FlashInferModeGates(_FlashInferGroup):
     paged_kv_extent: KvExtent = gate("prefix_plus_new", "What the paged wrapper's kv_indptr covers.")
 
 
@@ -169,7 +179,7 @@ class CommonModeGates(_Group):
 class ModeGates(_Group):
     """The gates of one forward mode."""
 
-    flashattention: FlashAttentionModeGates = FlashAttentionModeGates()
+    fa: FlashAttentionModeGates = FlashAttentionModeGates()
     flashinfer: FlashInferModeGates = FlashInferModeGates()
     common: CommonModeGates = CommonModeGates()
 
@@ -177,7 +187,7 @@ class ModeGates(_Group):
 # ---- per-layer-kind gates ------------------------------------------------------------------------
 
 
-class FlashInferLayerGates(_Group):
+class FlashInferLayerGates(_FlashInferGroup):
     wrapper_index: int = gate(0, "Which wrapper of the set a layer of this kind runs through.")
 
 
@@ -237,7 +247,7 @@ class Plan(ValidatedModel):
 
     prefill_backend: AttentionBackendName
     decode_backend: AttentionBackendName
-    flashattention: FlashAttentionGates = FlashAttentionGates()
+    fa: FlashAttentionGates = FlashAttentionGates()
     flashinfer: FlashInferGates = FlashInferGates()
     common: CommonGates = CommonGates()
     modes: ModeTable = ModeTable()  # type: ignore[valid-type]

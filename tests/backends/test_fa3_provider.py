@@ -199,7 +199,7 @@ def _plan(model: str = "Llama-3.1-8B", page_size: int = 1, **args):
         facts,
         Platform.from_name("sm90", has_flash_attn_interface=True),
     ).plan
-    assert plan.flashattention.provider == "flash_attn_interface"
+    assert plan.fa.provider == "flash_attn_interface"
     return plan
 
 

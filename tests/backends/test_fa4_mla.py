@@ -55,7 +55,7 @@ def _plan(page_size: int, **flags):
         ModelFacts.from_hf_config(MODELS / "DeepSeek-V2-Lite.json"),
         BLACKWELL,
     ).plan
-    assert plan.flashattention.provider == "flash_attn.cute" and plan.common.page_size == page_size
+    assert plan.fa.provider == "flash_attn.cute" and plan.common.page_size == page_size
     return plan
 
 

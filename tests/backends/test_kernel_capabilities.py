@@ -98,7 +98,7 @@ def test_default_backend_for_mla_on_hopper_follows_the_installed_kernels():
         and any("flash_attn_interface" in w for w in without.warnings) is False
     )
     assert any(a.rule == "default-backend.mla-hopper-without-fa3" for a in without.adjustments)
-    assert with_fa3.plan.decode_backend == "fa3" and with_fa3.plan.flashattention.provider == "flash_attn_interface"
+    assert with_fa3.plan.decode_backend == "fa3" and with_fa3.plan.fa.provider == "flash_attn_interface"
 
 
 def test_flashinfer_mla_refuses_another_latent_geometry_in_the_plan_and_in_the_backend():
@@ -128,7 +128,7 @@ def test_a_missing_kernel_package_refuses_its_backend():
     plan = resolve(
         ServerArgs(attention_backend="fa3"), facts, Platform.from_name("sm90", kernels=["flash_attn_interface"])
     ).plan
-    assert plan.flashattention.provider == "flash_attn_interface"  # FA3 alone serves fa3
+    assert plan.fa.provider == "flash_attn_interface"  # FA3 alone serves fa3
 
 
 def test_the_platform_never_probes_behind_an_explicit_gpu():
@@ -205,7 +205,7 @@ def test_flash_attn_cute_limits_refuse_in_the_plan_and_in_the_backend(facts, arg
     layers = layers_from_model(facts)
     if rule is None:
         plan = resolve(ServerArgs(**args), facts, platform).plan
-        assert plan.flashattention.provider == "flash_attn.cute" and not fa_refusals(plan, layers, platform.sm_major)
+        assert plan.fa.provider == "flash_attn.cute" and not fa_refusals(plan, layers, platform.sm_major)
         return
     with pytest.raises(PlanError) as err:
         resolve(ServerArgs(**args), facts, platform)
@@ -233,7 +233,7 @@ def test_a_default_of_fa3_that_flash_attn_cute_would_refuse_goes_to_flashinfer(a
     assert without.plan.prefill_backend == without.plan.decode_backend == "flashinfer"
     assert [a.rule for a in without.adjustments if a.field == "attention_backend"] == [rule]
     with_fa3 = resolve(ServerArgs(**args), facts, Platform.from_name(gpu, kernels=KERNELS["with-fa3"])).plan
-    assert with_fa3.prefill_backend == "fa3" and with_fa3.flashattention.provider == "flash_attn_interface"
+    assert with_fa3.prefill_backend == "fa3" and with_fa3.fa.provider == "flash_attn_interface"
 
 
 def test_a_model_whose_head_dims_flashinfer_does_not_run_defaults_to_triton_off_hopper():

@@ -197,7 +197,7 @@ def test_embedding_fast_path_equals_paged_path_and_writes_nothing():
         facts,
         Platform.from_name("sm90"),
     ).plan
-    assert fast.flashattention.skip_kv_cache
+    assert fast.fa.skip_kv_cache
     requests = [(0, 9), (0, 17), (0, 1)]
     s1, pool1, paged, full_k, full_v, gen = setup(requests, ForwardMode.EXTEND, 16)
     s2, pool2, skip, *_ = setup(requests, ForwardMode.EXTEND, 16, plan=fast)

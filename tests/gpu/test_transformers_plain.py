@@ -321,7 +321,7 @@ def test_cross_attention_models_on_fa_varlen_match_eager(name):
         )
         model = ours
     resolution = configure(model, ServerArgs(attention_backend="fa3"))
-    assert resolution.plan.flashattention.provider == "flash_attn.cute"
+    assert resolution.plan.fa.provider == "flash_attn.cute"
     with torch.no_grad():
         expected, got = ref(**inputs).logits, ours(**inputs).logits
     assert _close(expected, got, torch.ones_like(expected[..., 0], dtype=torch.bool))

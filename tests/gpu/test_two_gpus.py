@@ -107,7 +107,7 @@ def _dp_rank(rank: int) -> str:
     )
     check_plan_consistency(resolution)
     plan = resolution.plan
-    assert plan.common.attn_tp_size == 1 and not plan.flashattention.precompute_scheduler_metadata
+    assert plan.common.attn_tp_size == 1 and not plan.fa.precompute_scheduler_metadata
     layers = layers_from_model(facts, plan)[:1]
     mode = ForwardMode.DECODE if rank == 0 else ForwardMode.IDLE
     s, k, v, q = _full_case(ForwardMode.DECODE, 16)

@@ -265,7 +265,7 @@ def test_mla_embedding_fast_path_flags_still_write_the_latent_cache():
         "--attention-backend fa3 --is-embedding --chunked-prefill-size -1 --disable-radix-cache".split()
     )
     rt = AttngateRuntime(ours, server_args=args, platform=fa3_host, page_size=1, num_slots=64)
-    assert rt.plan.flashattention.skip_kv_cache is False
+    assert rt.plan.fa.skip_kv_cache is False
     req = rt.add_request()
     got = torch.cat(
         [rt.extend({req: ids[:13]}), rt.extend({req: ids[13:]})]

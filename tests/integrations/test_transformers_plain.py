@@ -161,7 +161,7 @@ def test_the_fa_path_runs_chunked_local_layers_as_one_row_per_chunk(monkeypatch)
     ref, ours = _pair(_config(*MODELS_UNDER_TEST["llama4-chunked"][:2]))
     calls = _on_fa_standin(monkeypatch)
     resolution = configure(ours, ServerArgs(), FA_HOST)
-    assert resolution.plan.prefill_backend == "fa3" and resolution.plan.flashattention.provider == "flash_attn.cute"
+    assert resolution.plan.prefill_backend == "fa3" and resolution.plan.fa.provider == "flash_attn.cute"
     ids, mask = _batch()  # 13 tokens; the second row has 4 of left padding, so its chunks start at 4, 8, 12
     with torch.no_grad():
         expected, got = ref(ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits

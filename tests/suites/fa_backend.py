@@ -109,7 +109,7 @@ def test_fa_idle_batch(env):
 def test_fa_embedding_fast_path_equals_paged_path_and_reference(env, page_size):
     fast = plan_for(env, page_size=page_size, is_embedding=True, chunked_prefill_size=-1, disable_radix_cache=True)
     paged = plan_for(env, page_size=page_size)
-    assert fast.flashattention.skip_kv_cache and not paged.flashattention.skip_kv_cache
+    assert fast.fa.skip_kv_cache and not paged.fa.skip_kv_cache
     layer = layer_of(env, LayerKind.FULL)
     case = make_case(env, REQUESTS["extend"], M.EXTEND, page_size)
     before = case.pools[0].k_buffer[0].clone()
@@ -128,7 +128,7 @@ def test_fa_bidirectional_window_matches_reference(env, page_size):
 
     plan = resolve(ServerArgs(attention_backend="fa4", page_size=page_size), embedding_gemma(), env.platform()).plan
     gates = plan.layer(LayerKind.SLIDING_WINDOW).common
-    assert plan.flashattention.skip_kv_cache and not gates.causal and gates.use_window
+    assert plan.fa.skip_kv_cache and not gates.causal and gates.use_window
     layer = layer_of(env, LayerKind.SLIDING_WINDOW, sliding_window_size=64)
     case = make_case(env, REQUESTS["extend"], M.EXTEND, page_size)
     expected = reference_out(env, case, plan, layer)
@@ -141,7 +141,7 @@ def test_fa_bidirectional_window_matches_reference(env, page_size):
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_fa_cuda_graph_replay_equals_eager_and_reference(env, mode, page_size):
     plan = plan_for(env, page_size=page_size, **SPECULATIVE)
-    assert plan.mode(mode).common.capture_cuda_graph and plan.mode(mode).flashattention.kv_extent == "prefix_plus_new"
+    assert plan.mode(mode).common.capture_cuda_graph and plan.mode(mode).fa.kv_extent == "prefix_plus_new"
     layer = layer_of(env, LayerKind.FULL)
     for i, case, replayed in replay_rounds(env, functools.partial(fa_backend, env), plan, layer, mode, page_size):
         expected = reference_out(env, case, plan, layer)
@@ -255,7 +255,7 @@ def test_fa_cuda_graph_replay_with_encoder_tokens(env, kind, page_size):
 @pytest.mark.parametrize("mode", [M.DECODE, M.EXTEND])
 def test_fa_deterministic_batch_invariance(env, mode):
     plan = plan_for(env, page_size=1, enable_deterministic_inference=True)
-    assert plan.flashattention.num_splits == 1
+    assert plan.fa.num_splits == 1
     layer = layer_of(env, LayerKind.FULL)
     long = env.long_prefix
     target = (long * 3 // 8, 1) if mode == M.DECODE else (long // 6, 40)
@@ -295,14 +295,14 @@ def test_fa_scheduler_metadata_precompute_follows_the_plan(env, page_size):
         plan_for(env, page_size=page_size),
         plan_for(env, page_size=page_size, enable_dp_attention=True, dp_size=2, tp_size=2),
     ]
-    assert not any(plan.flashattention.precompute_scheduler_metadata for plan in plans)
+    assert not any(plan.fa.precompute_scheduler_metadata for plan in plans)
     layer = layer_of(env, LayerKind.FULL)
     expected = reference_out(env, make_case(env, REQUESTS["decode"], M.DECODE, page_size), plans[0], layer)
     for plan in plans:
         case = make_case(env, REQUESTS["decode"], M.DECODE, page_size)
         fa = fa_backend(env, plan, case, layer)
         out = run(fa, case, layer)
-        assert (fa.md.scheduler_metadata is not None) is plan.flashattention.precompute_scheduler_metadata
+        assert (fa.md.scheduler_metadata is not None) is plan.fa.precompute_scheduler_metadata
         assert max_diff(out, expected) < env.tol
 
 
