@@ -14,10 +14,11 @@ Nothing here imports torch or a kernel package.
 from __future__ import annotations
 
 from attngate.engine.resolve import resolve
-from attngate.engine.result import PlanError, Resolution
+from attngate.engine.result import Resolution
 from attngate.errors import (
     AttngateError,
     ModelConfigError,
+    PlanError,
     PlatformError,
     RulesError,
     ServerArgsError,

@@ -1,26 +1,34 @@
-"""The project's error types. Every error carries *all* problems found, each with its location."""
+"""Every error type attngate raises. Each carries *all* problems found, each with its location, a stable code
+(for tools that match on errors: the error type's ``code`` unless the problem names its own) and an optional help
+line (what to do about it)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, Sequence
 
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    """One problem: where (``file:line:col``, a flag, a config key, a rule id) and what."""
+    """One problem: where (``file:line:col``, a flag, a config key, a rule id) and what; ``code`` a stable
+    identifier (default: the raising error type's), ``help`` what to do about it."""
 
     where: str | None
     message: str
+    code: str | None = None
+    help: str | None = None
 
     def __str__(self) -> str:
-        return f"{self.where}: {self.message}" if self.where else self.message
+        text = f"{self.where}: {self.message}" if self.where else self.message
+        return f"{text}\n    help: {self.help}" if self.help else text
 
 
 class AttngateError(Exception):
-    """Base of every error attngate raises on bad input. ``problems`` lists every problem found."""
+    """Base of every error attngate raises on bad input. ``problems`` lists every problem found, each with a code."""
 
     title = "attngate error"
+    code = "attngate"  # the code of each problem that names none
     fields: tuple[tuple[str, str], ...] = ()  # (field, message) per problem, where a validated model raised it
 
     def __init__(self, problems: list[Problem] | Problem | str):
@@ -28,7 +36,7 @@ class AttngateError(Exception):
             problems = [Problem(None, problems)]
         elif isinstance(problems, Problem):
             problems = [problems]
-        self.problems: list[Problem] = list(problems)
+        self.problems: list[Problem] = [p if p.code else dataclasses.replace(p, code=self.code) for p in problems]
         super().__init__(self._render())
 
     def _render(self) -> str:
@@ -41,24 +49,28 @@ class ServerArgsError(AttngateError):
     """Unknown or ill-typed server arguments (flags, args files, objects)."""
 
     title = "invalid server arguments"
+    code = "server-args"
 
 
 class ModelConfigError(AttngateError):
     """A Hugging Face config.json that is malformed or describes an unsupported attention layout."""
 
     title = "invalid model config"
+    code = "model-config"
 
 
 class PlatformError(AttngateError):
     """The GPU architecture is unknown or cannot be detected."""
 
     title = "invalid platform"
+    code = "platform"
 
 
 class RulesError(AttngateError):
     """A rules file that does not load or type-check; every problem has ``file:line:col``."""
 
     title = "invalid rules"
+    code = "rules"
 
 
 class UsageError(AttngateError, TypeError, ValueError):
@@ -67,12 +79,14 @@ class UsageError(AttngateError, TypeError, ValueError):
     ValueError, as Python's own argument errors are."""
 
     title = "invalid call"
+    code = "usage"
 
 
 class KVCacheExhausted(AttngateError):
     """The KV pool (or the request table) has no room for an allocation."""
 
     title = "KV cache exhausted"
+    code = "kv-cache-exhausted"
 
 
 class BackendRefusal(AttngateError):
@@ -80,12 +94,72 @@ class BackendRefusal(AttngateError):
     before any kernel runs."""
 
     title = "backend refuses the plan"
+    code = "backend-refusal"
 
 
 class BatchMetadataError(AttngateError):
     """ForwardBatch metadata that would read or write outside the pool or the request table."""
 
     title = "invalid forward batch metadata"
+    code = "batch-metadata"
+
+
+class PlanLoadError(AttngateError):
+    """A plan's JSON that does not load: not a Plan, or a fingerprint that does not match its content."""
+
+    title = "invalid plan"
+    code = "plan-load"
+
+
+class Reason(Protocol):
+    """What PlanError reads of each violation (attngate.engine.result.Violation)."""
+
+    @property
+    def where(self) -> str: ...
+
+    @property
+    def message(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def issue(self) -> str | None: ...
+
+    @property
+    def help(self) -> str | None: ...
+
+
+class PlanError(AttngateError):
+    """The configuration is invalid. ``violations`` holds every reason (each problem's code is ``plan.<kind>``);
+    ``server_args`` the adjusted arguments, ``adjustments`` the rewrites made before, ``deviations`` the rules
+    file's deviations that declare SGLang 0.5.23 accepting this on purpose."""
+
+    title = "invalid configuration"
+    code = "plan"
+
+    def __init__(
+        self,
+        violations: Sequence[Reason],
+        server_args: dict[str, Any] | None = None,
+        adjustments: list[Any] | None = None,
+        deviations: list[Any] | None = None,
+    ):
+        self.violations = list(violations)
+        self.server_args = server_args
+        self.adjustments = adjustments or []
+        self.deviations = deviations or []
+        super().__init__(
+            [
+                Problem(
+                    v.where,
+                    v.message + (f" [{v.issue}]" if v.issue else ""),
+                    f"plan.{getattr(v.kind, 'value', v.kind)}",
+                    v.help,
+                )
+                for v in self.violations
+            ]
+        )
 
 
 def check_arguments(*checks: tuple[str, object, type | tuple[type, ...], str]) -> None:

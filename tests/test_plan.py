@@ -11,7 +11,7 @@ import pytest
 from helpers import ROOT, resolve_flags
 
 from attngate import Plan
-from attngate.plan.schema import PlanLoadError
+from attngate.errors import PlanLoadError
 
 SCRIPT = """
 from attngate import ModelFacts, Platform, ServerArgs, resolve

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from attngate import ModelFacts, ServerArgs
 from attngate.cli import app
-from attngate.errors import AttngateError, ModelConfigError, RulesError, ServerArgsError
-from attngate.plan.schema import Plan, PlanLoadError
+from attngate.errors import AttngateError, ModelConfigError, PlanLoadError, RulesError, ServerArgsError
+from attngate.plan.schema import Plan
 from attngate.rules.load import load_rules, parse_rules
 
 LLAMA = MODELS / "Llama-3.1-8B.json"

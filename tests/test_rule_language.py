@@ -251,7 +251,7 @@ def test_oscillating_adjust_rules_are_named():
     with pytest.raises(PlanError) as err:
         resolve(ServerArgs(attention_backend="fa3"), model("Llama-3.1-8B"), Platform.from_name("sm90"), rs)
     v = err.value.violations[0]
-    assert v.kind == "oscillation" and "to-fa3" in v.rule and "to-triton" in v.rule
+    assert v.kind == "oscillation" and v.source == "rules" and v.rules == ("to-fa3", "to-triton") and v.rule is None
 
 
 def test_adjust_rules_disagreeing_in_one_round_are_a_conflict():

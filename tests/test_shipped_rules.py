@@ -1537,7 +1537,7 @@ def test_each_mode_runs_on_the_backend_sglangs_hybrid_backend_picks(spec_mode):
 def test_sglang_start_up_refusals(flags, model, gpu, rule):
     with pytest.raises(PlanError) as err:
         resolve_flags(flags, model, gpu)
-    assert rule in {v.rule for v in err.value.violations}
+    assert rule in {v.where for v in err.value.violations}
 
 
 def test_mla_prefill_cp_runs_dp_groups_as_attention_dp_and_the_rest_as_attention_cp():

@@ -17,11 +17,12 @@ from typing import Any
 
 import z3
 
-from attngate.facts.catalogue import FACTS, LAYER_FACT, MODE_FACT, FactType
+from attngate.facts.catalogue import FACTS, LAYER_FACT, MODE_FACT
 from attngate.facts.choices import GPU_ARCHS
 from attngate.facts.modes import LayerKind
 from attngate.plan.registry import GATES
 from attngate.rules.ruleset import FactValue, RuleSet
+from attngate.types import FactType
 
 
 @dataclass(frozen=True, slots=True)

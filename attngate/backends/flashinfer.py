@@ -53,6 +53,7 @@ from attngate.runtime.batch_metadata import (
 )
 from attngate.runtime.forward_batch import ForwardBatch
 from attngate.runtime.layer import AttentionLayer
+from attngate.types import BatchPath
 
 
 class FlashInferBackend(FlashInferPlanning, FlashInferCudaGraphs, AttentionBackend):
@@ -165,7 +166,7 @@ class FlashInferBackend(FlashInferPlanning, FlashInferCudaGraphs, AttentionBacke
             )
             for s in self.specs
         ]
-        self._batch_path: str = "none"
+        self._batch_path = BatchPath.NONE
         self._merge_rows: torch.Tensor | None = None
         self._dtype = kv_pool.dtype
         if q_dtype is None and is_fp8(kv_pool.dtype):
@@ -188,21 +189,21 @@ class FlashInferBackend(FlashInferPlanning, FlashInferCudaGraphs, AttentionBacke
         mode = batch.forward_mode
         self._active_decode, self._active_paged, self._graph = self.decode_wrappers, self.paged_wrappers, None
         if mode == ForwardMode.IDLE:
-            self._batch_path = "none"
+            self._batch_path = BatchPath.NONE
             return
         lens = BatchLengths.from_batch(batch)
         if lens.has_encoder:
             check_page_aligned(lens.enc, self.page_size, "encoder_lens", "FlashInfer")
         tree = self.spec_tree(mode, batch.spec_tree_mask, lens.new)
         if mode == ForwardMode.DECODE:
-            self._batch_path = "decode"
+            self._batch_path = BatchPath.DECODE
             for spec, wrapper in zip(self.specs, self.decode_wrappers):
                 self._plan_decode(wrapper, spec, lens)
             return
         has_prefix = lens.has_prefix
         # the mode table decides: under ragged prefill the paged wrapper covers only the cached prefix
         ragged = self.plan.mode(mode).flashinfer.paged_kv_extent == "prefix"
-        self._batch_path = ("ragged_paged" if has_prefix else "ragged") if ragged else "paged"
+        self._batch_path = (BatchPath.RAGGED_PAGED if has_prefix else BatchPath.RAGGED) if ragged else BatchPath.PAGED
         self._merge_rows = self._rows_with_prefix(lens) if ragged and has_prefix else None
         qo_indptr = host(lens.qo_indptr)
         for spec, paged, rag in zip(self.specs, self.paged_wrappers, self.ragged_wrappers):
@@ -253,11 +254,11 @@ class FlashInferBackend(FlashInferPlanning, FlashInferCudaGraphs, AttentionBacke
 
     def forward_extend(self, q, k, v, layer, batch, save_kv_cache):
         i, spec = self._wrapper_of(layer)
-        path = self._batch_path if not spec.cross else "paged"
-        if path == "paged":
+        path = self._batch_path if not spec.cross else BatchPath.PAGED
+        if path == BatchPath.PAGED:
             self._write(layer, batch, k, v, spec, save_kv_cache)
             return self._active_paged[i].run(q, self.paged_kv(layer.layer_id))
-        if path == "ragged":
+        if path == BatchPath.RAGGED:
             out = self.ragged_wrappers[i].run(q, k, v)
         elif not self.layer_gates[layer.kind].common.write_kv_cache:
             raise BatchMetadataError(

@@ -13,6 +13,7 @@ from attngate.backends.page_ids import GraphPageIds
 from attngate.errors import BatchMetadataError, Problem
 from attngate.facts.modes import ForwardMode
 from attngate.runtime.batch_metadata import BatchLengths, check_page_aligned, host
+from attngate.types import BatchPath
 
 
 @dataclass
@@ -172,5 +173,5 @@ class FlashInferCudaGraphs:
             self._active_decode = g.wrappers
         else:
             self._active_paged = g.wrappers
-        self._batch_path = "decode" if decode else "paged"
+        self._batch_path = BatchPath.DECODE if decode else BatchPath.PAGED
         self._graph = g

@@ -41,8 +41,7 @@ def explain(
     flag: attngate flags) and explain it: one screen by default, --gate NAME for one gate, --all for every table."""
     from attngate.cli.report import error_report, resolution_report
     from attngate.engine.resolve import resolve
-    from attngate.engine.result import PlanError
-    from attngate.errors import AttngateError, load_all
+    from attngate.errors import AttngateError, PlanError, load_all
     from attngate.facts.model import ModelFacts
     from attngate.facts.modes import ForwardMode
     from attngate.rules.load import load_rules

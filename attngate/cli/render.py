@@ -10,7 +10,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from attngate.engine.result import GateExplanation, PlanError, Resolution
+from attngate.engine.result import GateExplanation, Resolution
+from attngate.errors import PlanError
 
 if TYPE_CHECKING:
     from attngate.facts.model import ModelFacts
@@ -109,7 +110,8 @@ def render_error(err: PlanError) -> None:
             if v.kind == "known_failure"
             else ""
         )
-        console.print(f"  [red]-[/red] {escape(v.rule)}: {escape(v.message)}{issue}{opt_in}{facts}")
+        help_line = f"\n      help: {escape(v.help)}" if v.help else ""
+        console.print(f"  [red]-[/red] {escape(v.where)}: {escape(v.message)}{issue}{opt_in}{facts}{help_line}")
     for a in err.adjustments:
         console.print(f"  [dim]adjusted {escape(str(a))}[/dim]")
     from attngate.cli.summary import deviation_lines
@@ -138,7 +140,6 @@ def matrix_cells(
     """(backends, rows, reasons): per model config, per candidate backend, (status, text) with status ok | moved | no
     (text ``no: RULE, ...``); ``reasons`` maps each refusing rule id to its message."""
     from attngate.engine.resolve import resolve
-    from attngate.engine.result import PlanError
     from attngate.facts.choices import CANDIDATE_BACKENDS
     from attngate.facts.server_args import ServerArgs
 
@@ -153,8 +154,8 @@ def matrix_cells(
                     ("moved", f"-> {r.plan.prefill_backend}/{r.plan.decode_backend}") if moved else ("ok", "ok")
                 )
             except PlanError as err:
-                cells.append(("no", "no: " + ", ".join(v.rule for v in err.violations)))
-                reasons.update((v.rule, v.message) for v in err.violations if v.rule not in reasons)
+                cells.append(("no", "no: " + ", ".join(v.where for v in err.violations)))
+                reasons.update((v.where, v.message) for v in err.violations if v.where not in reasons)
         rows.append((name, cells))
     return list(CANDIDATE_BACKENDS), rows, reasons
 

@@ -1,11 +1,15 @@
-"""The JSON output contract of ``attngate explain --format json`` (documented in the README)."""
+"""The JSON output contract of ``attngate explain --format json`` (documented in the README; ``version`` moves
+when a key changes)."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-from attngate.engine.result import Adjustment, GateExplanation, PlanError, Resolution
+from attngate.engine.result import Adjustment, GateExplanation, Resolution
+from attngate.errors import PlanError
+
+#: the contract's version: 2 spells the FlashAttention group "fa" in plans and gives each error its source and code
+VERSION = 2
 
 
 def _gate(e: GateExplanation) -> dict[str, Any]:
@@ -38,6 +42,7 @@ def resolution_report(r: Resolution) -> dict[str, Any]:
     """The report of a resolved configuration (``errors`` is empty)."""
     e = r.explanation
     return {
+        "version": VERSION,
         "plan": {
             "prefill_backend": r.plan.prefill_backend,
             "decode_backend": r.plan.decode_backend,
@@ -47,7 +52,7 @@ def resolution_report(r: Resolution) -> dict[str, Any]:
         "gates": {name: _gate(g) for name, g in e.gates.items()},
         "modes": {mode: {name: _gate(g) for name, g in gates.items()} for mode, gates in e.modes.items()},
         "layers": {kind: {name: _gate(g) for name, g in gates.items()} for kind, gates in e.layers.items()},
-        "backends": [dataclasses.asdict(b) for b in e.backends],
+        "backends": [{"backend": b.backend, "status": b.status.value, "reasons": b.reasons} for b in e.backends],
         "adjustments": [_adjustment(a) for a in r.adjustments],
         "warnings": r.warnings,
         "deviations": [_deviation(d) for d in r.deviations],
@@ -58,6 +63,7 @@ def resolution_report(r: Resolution) -> dict[str, Any]:
 def error_report(err: PlanError) -> dict[str, Any]:
     """The report of an invalid configuration: no plan, every reason in ``errors``."""
     return {
+        "version": VERSION,
         "plan": None,
         "server_args": err.server_args,
         "gates": {},
@@ -68,7 +74,17 @@ def error_report(err: PlanError) -> dict[str, Any]:
         "warnings": [str(a) for a in err.adjustments if not a.fills_default],
         "deviations": [_deviation(d) for d in err.deviations],
         "errors": [
-            {"rule": v.rule, "message": v.message, "kind": v.kind, "facts": v.facts, "issue": v.issue}
-            for v in err.violations
+            {
+                "rule": v.rule,
+                "rules": list(v.rules),
+                "source": v.source.value,
+                "code": p.code,
+                "kind": v.kind.value,
+                "message": v.message,
+                "facts": v.facts,
+                "issue": v.issue,
+                "help": v.help,
+            }
+            for v, p in zip(err.violations, err.problems)
         ],
     }

@@ -10,9 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from attngate.engine.index import RuleIndex, observe, read_by
-from attngate.engine.result import Adjustment, PlanError, Violation
+from attngate.engine.result import Adjustment, Violation
+from attngate.errors import PlanError
 from attngate.facts.catalogue import FACTS
 from attngate.rules.ruleset import FactValue, Rule, adjust_value
+from attngate.types import ViolationKind
 
 MAX_ADJUST_ROUNDS = 32
 
@@ -30,11 +32,11 @@ def adjust(state: dict[str, Any], fixed: dict[str, Any], index: RuleIndex) -> tu
                     wanted.setdefault(name, {}).setdefault(adjust_value(value, facts), []).append(rule)
         done = [a for r in rounds for a in r]
         conflicts = [
-            Violation(
-                " vs ".join(r.id for rs in by_value.values() for r in rs),
+            Violation.of_rules(
+                (r.id for rs in by_value.values() for r in rs),
                 f"adjust rules disagree on {name}: "
                 + ", ".join(f"{rs[0].id} wants {v!r}" for v, rs in by_value.items()),
-                kind="conflict",
+                ViolationKind.CONFLICT,
             )
             for name, by_value in wanted.items()
             if len(by_value) > 1
@@ -63,13 +65,12 @@ def adjust(state: dict[str, Any], fixed: dict[str, Any], index: RuleIndex) -> tu
         key = _freeze(state)
         if key in seen:
             cycle = [a for r in rounds[seen[key] :] for a in r]
-            names = ", ".join(sorted({a.rule for a in cycle}))
             raise PlanError(
                 [
-                    Violation(
-                        names,
+                    Violation.of_rules(
+                        sorted({a.rule for a in cycle}),
                         "adjust rules never settle; they rewrite in a cycle: " + "; ".join(map(str, cycle)),
-                        kind="oscillation",
+                        ViolationKind.OSCILLATION,
                     )
                 ],
                 state,
@@ -77,7 +78,13 @@ def adjust(state: dict[str, Any], fixed: dict[str, Any], index: RuleIndex) -> tu
             )
         seen[key] = len(rounds)
     raise PlanError(
-        [Violation("adjust", f"adjust rules did not settle within {MAX_ADJUST_ROUNDS} rounds", kind="oscillation")],
+        [
+            Violation.of_rules(
+                sorted({a.rule for r in rounds for a in r}),
+                f"adjust rules did not settle within {MAX_ADJUST_ROUNDS} rounds",
+                ViolationKind.OSCILLATION,
+            )
+        ],
         state,
         [a for r in rounds for a in r],
     )
@@ -86,10 +93,10 @@ def adjust(state: dict[str, Any], fixed: dict[str, Any], index: RuleIndex) -> tu
 def _out_of_type(rule: Rule, name: str, value: Any) -> Violation:
     source = rule.adjusts[name]
     origin = f" (from {source.fact})" if isinstance(source, FactValue) else ""
-    return Violation(
+    return Violation.of_rule(
         rule.id,
         f"sets {name} to {value!r}{origin}, but {name} is {FACTS[name].type.describe()}",
-        kind="adjust",
+        ViolationKind.OUT_OF_TYPE,
         issue=rule.issue,
     )
 
@@ -100,7 +107,7 @@ def _freeze(state: dict[str, Any]) -> tuple:
 
 def rule_violations(facts: dict[str, Any], index: RuleIndex) -> list[Violation]:
     return [
-        Violation(r.id, r.message or r.summary, kind=r.kind, facts=read_by(r, facts), issue=r.issue)
+        Violation.of_rule(r.id, r.message or r.summary, ViolationKind(r.kind), facts=read_by(r, facts), issue=r.issue)
         for r in index.checks
         if r.matches(facts)
     ]
@@ -111,8 +118,10 @@ def violations(facts: dict[str, Any], index: RuleIndex) -> list[Violation]:
     for side in ("prefill_backend", "decode_backend"):
         if facts[side] is None:
             out.append(
-                Violation(
-                    "attngate", f"no rule chose a {side.replace('_', ' ')}; pass --attention-backend", kind="forbid"
+                Violation.of_engine(
+                    f"no rule chose a {side.replace('_', ' ')}",
+                    ViolationKind.UNRESOLVED,
+                    help="pass --attention-backend",
                 )
             )
     return out

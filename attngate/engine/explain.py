@@ -8,10 +8,12 @@ from typing import Any
 
 from attngate.engine.adjust import adjust
 from attngate.engine.index import RuleIndex, read_by
-from attngate.engine.result import BackendVerdict, Candidate, GateExplanation, PlanError
+from attngate.engine.result import BackendVerdict, Candidate, GateExplanation
+from attngate.errors import PlanError
 from attngate.facts.choices import CANDIDATE_BACKENDS
 from attngate.plan.registry import GateSpec
 from attngate.rules.ruleset import Rule
+from attngate.types import VerdictStatus
 
 _BACKEND_ARGS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
 
@@ -56,11 +58,14 @@ def backend_verdicts(
         try:
             state, adjustments = adjust(state, fixed, index)
         except PlanError as err:
-            reasons = [f"{v.rule}: {v.message}" for v in err.violations]
+            reasons = [f"{v.where}: {v.message}" for v in err.violations]
         else:
             trial = index.facts(fixed, state)
             reasons = [f"{r.id}: {r.message or r.summary}" for r in index.checks if r.matches(trial)]
             reasons += [f"{a.rule}: {a.message}" for a in adjustments if a.field in _BACKEND_ARGS]
-        status = "chosen" if backend in chosen else ("rejected" if reasons else "accepted")
+        if backend in chosen:
+            status = VerdictStatus.CHOSEN
+        else:
+            status = VerdictStatus.REJECTED if reasons else VerdictStatus.ACCEPTED
         verdicts.append(BackendVerdict(backend, status, reasons))
     return verdicts

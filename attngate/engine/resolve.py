@@ -29,9 +29,9 @@ from attngate.engine.index import (
     index_of,
     observe,
 )
-from attngate.engine.result import Explanation, PlanError, Resolution, Violation
+from attngate.engine.result import Explanation, Resolution, Violation
 from attngate.engine.scopes import grouped, resolve_scope
-from attngate.errors import check_arguments
+from attngate.errors import PlanError, check_arguments
 from attngate.facts.catalogue import base_facts
 from attngate.facts.model import ModelFacts
 from attngate.facts.modes import ForwardMode, LayerKind
@@ -42,6 +42,7 @@ from attngate.rules.condition import gate_key
 from attngate.rules.deviations import applicable_deviations, refusing_rules
 from attngate.rules.load import load_rules
 from attngate.rules.ruleset import RuleSet
+from attngate.types import ViolationKind
 from attngate.util.suggest import did_you_mean
 
 
@@ -96,7 +97,7 @@ def resolve(
 
     # 2. refusals
     found = violations(facts, index)
-    opted_in = [v for v in found if v.kind == "known_failure" and v.rule in allowed]
+    opted_in = [v for v in found if v.kind == ViolationKind.KNOWN_FAILURE and v.rule in allowed]
     found = [v for v in found if v not in opted_in]
     if found:
         raise PlanError(found, args_state, adjustments, deviations.refused(found))
@@ -128,7 +129,9 @@ def _check_allowed(rules: RuleSet, ids: Iterable[str]) -> set[str]:
     if unknown:
         raise PlanError(
             [
-                Violation("allow_known_failures", f"{i!r} is not a known_failure rule" + did_you_mean(i, known))
+                Violation.of_argument(
+                    "allow_known_failures", f"{i!r} is not a known_failure rule" + did_you_mean(i, known)
+                )
                 for i in unknown
             ],
             {},

@@ -1,15 +1,16 @@
-"""What resolve() returns besides the Plan: adjustments, violations, and the explanation of every value."""
+"""What resolve() returns besides the Plan: adjustments, violations (raised in attngate.errors.PlanError), and the
+explanation of every value."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
-from attngate.errors import AttngateError, Problem
 from attngate.facts.model import ModelFacts
 from attngate.facts.platform import Platform
 from attngate.facts.server_args import ServerArgs
 from attngate.plan.schema import Plan
+from attngate.types import VerdictStatus, ViolationKind, ViolationSource
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,34 +36,45 @@ class Adjustment:
 
 @dataclass(frozen=True, slots=True)
 class Violation:
-    """Why a configuration cannot be resolved: a forbid / known_failure rule, a conflict, or an oscillation."""
+    """Why a configuration cannot be resolved. ``source`` says who: one rule (``rule`` is its id), several rules
+    together (a conflict or an oscillation: ``rules``), the engine itself, or an argument of resolve()."""
 
-    rule: str
     message: str
-    kind: str = "forbid"
-    facts: dict[str, Any] = field(default_factory=dict)
+    kind: ViolationKind
+    source: ViolationSource
+    rules: tuple[str, ...] = ()  # the rule ids involved; empty for the engine and arguments
+    facts: dict[str, Any] = field(default_factory=dict)  # what the rule's condition read
     issue: str | None = None
+    help: str | None = None
+    argument: str | None = None  # the argument of resolve() at fault (source ARGUMENT)
 
+    @classmethod
+    def of_rule(cls, rule: str, message: str, kind: ViolationKind, **extra: Any) -> Violation:
+        return cls(message, kind, ViolationSource.RULE, (rule,), **extra)
 
-class PlanError(AttngateError):
-    """The configuration is invalid. ``violations`` holds every reason; ``server_args`` the adjusted args."""
+    @classmethod
+    def of_rules(cls, rules: Iterable[str], message: str, kind: ViolationKind) -> Violation:
+        return cls(message, kind, ViolationSource.RULES, tuple(dict.fromkeys(rules)))
 
-    title = "invalid configuration"
+    @classmethod
+    def of_engine(cls, message: str, kind: ViolationKind, help: str | None = None) -> Violation:
+        return cls(message, kind, ViolationSource.ENGINE, help=help)
 
-    def __init__(
-        self,
-        violations: list[Violation],
-        server_args: dict[str, Any] | None = None,
-        adjustments: list[Adjustment] | None = None,
-        deviations: list[Any] | None = None,
-    ):
-        self.violations = violations
-        self.server_args = server_args
-        self.adjustments = adjustments or []
-        self.deviations = (
-            deviations or []
-        )  # rules.deviations.Deviation: SGLang 0.5.23 accepts this, on purpose not attngate
-        super().__init__([Problem(v.rule, v.message + (f" [{v.issue}]" if v.issue else "")) for v in violations])
+    @classmethod
+    def of_argument(cls, argument: str, message: str) -> Violation:
+        return cls(message, ViolationKind.BAD_ARGUMENT, ViolationSource.ARGUMENT, argument=argument)
+
+    @property
+    def rule(self) -> str | None:
+        """The id of the one rule at fault (source RULE), else None."""
+        return self.rules[0] if self.source == ViolationSource.RULE else None
+
+    @property
+    def where(self) -> str:
+        """Its label in messages: the rule ids, ``attngate`` for the engine, or the argument's name."""
+        if self.rules:
+            return " vs ".join(self.rules)
+        return self.argument if self.source == ViolationSource.ARGUMENT and self.argument else "attngate"
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +101,7 @@ class BackendVerdict:
     """A candidate backend evaluated for this configuration: chosen, accepted, or rejected with every reason."""
 
     backend: str
-    status: str  # "chosen" | "accepted" | "rejected"
+    status: VerdictStatus
     reasons: list[str]
 
 

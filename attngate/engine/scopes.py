@@ -8,6 +8,7 @@ from typing import Any
 from attngate.engine.result import Violation
 from attngate.plan.registry import GATES, GateSpec
 from attngate.rules.ruleset import Rule
+from attngate.types import ViolationKind
 
 
 def resolve_scope(
@@ -25,10 +26,10 @@ def resolve_scope(
             values[spec.name] = facts[spec.from_fact] if spec.from_fact else spec.default
             if not spec.type.accepts(values[spec.name]):
                 violations.append(
-                    Violation(
-                        "attngate",
+                    Violation.of_engine(
                         f"gate {spec.name} takes its value from {spec.from_fact}, which is "
                         f"{values[spec.name]!r}; no rule filled it ({spec.type.describe()} needed)",
+                        ViolationKind.UNRESOLVED,
                     )
                 )
             continue
@@ -37,11 +38,11 @@ def resolve_scope(
             where = f" for forward_mode={facts['forward_mode']}" if "forward_mode" in facts else ""
             where += f" for layer_kind={facts['layer_kind']}" if "layer_kind" in facts else ""
             violations.append(
-                Violation(
-                    " vs ".join(r.id for r in matched),
+                Violation.of_rules(
+                    (r.id for r in matched),
                     f"set rules disagree on {spec.name}{where}: "
                     + ", ".join(f"{r.id} sets {r.sets[spec.name]!r}" for r in matched),
-                    kind="conflict",
+                    ViolationKind.CONFLICT,
                 )
             )
         values[spec.name] = matched[0].sets[spec.name]

@@ -8,76 +8,15 @@ also read ``forward_mode`` / ``layer_kind``.
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 from dataclasses import dataclass
-from typing import Any, Literal, Optional, get_args, get_origin
+from typing import Any, Literal, Optional
 
 from attngate.facts.choices import ATTENTION_BACKENDS, GPU_ARCHS
 from attngate.facts.model import ModelFacts
 from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.facts.platform import Platform
 from attngate.facts.server_args import ServerArgs
-
-Base = Literal["bool", "int", "float", "str"]
-
-
-@dataclass(frozen=True, slots=True)
-class FactType:
-    """The type of a fact or gate: a base type, optional choices (an enum), and whether None is allowed."""
-
-    base: Base
-    choices: tuple[Any, ...] | None = None
-    optional: bool = False
-    minimum: float | None = None  # inclusive bounds of an int or float fact (ServerArgs' ge/le; counts are >= 1)
-    maximum: float | None = None
-
-    def accepts(self, value: Any) -> bool:
-        if value is None:
-            return self.optional
-        if self.base == "bool":
-            ok = isinstance(value, bool)
-        elif self.base == "int":
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        elif self.base == "float":
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        else:
-            ok = isinstance(value, str)
-        if not ok or (self.choices is not None and value not in self.choices):
-            return False
-        if self.base in ("int", "float"):
-            return (self.minimum is None or value >= self.minimum) and (self.maximum is None or value <= self.maximum)
-        return True
-
-    def describe(self) -> str:
-        text = f"one of {list(self.choices)}" if self.choices else self.base
-        if self.minimum is not None or self.maximum is not None:
-            text += f" in [{'-inf' if self.minimum is None else self.minimum}, {'inf' if self.maximum is None else self.maximum}]"
-        return f"{text} or None" if self.optional else text
-
-    @classmethod
-    def from_annotation(cls, annotation: Any) -> "FactType":
-        """FactType of ``bool``, ``int``, ``float``, ``str``, ``Literal[...]`` or ``Optional`` of them."""
-        optional = False
-        origin = get_origin(annotation)
-        if origin in (typing.Union, types.UnionType):
-            inner = [a for a in get_args(annotation) if a is not type(None)]
-            optional = len(inner) != len(get_args(annotation))
-            (annotation,) = inner
-            origin = get_origin(annotation)
-        if origin is Literal:
-            choices = get_args(annotation)
-            base: Base = "str" if isinstance(choices[0], str) else "int"
-            return cls(base, choices, optional)
-        names = {bool: "bool", int: "int", float: "float", str: "str"}
-        return cls(names[annotation], None, optional)  # type: ignore[arg-type]
-
-    @classmethod
-    def from_field(cls, field: Any) -> "FactType":
-        """FactType of a pydantic field, with its ``ge`` / ``le`` bounds."""
-        t = cls.from_annotation(field.annotation)
-        bounds = {name: getattr(m, name) for m in field.metadata for name in ("ge", "le") if hasattr(m, name)}
-        return dataclasses.replace(t, minimum=bounds.get("ge"), maximum=bounds.get("le"))
+from attngate.types import FactType
 
 
 @dataclass(frozen=True, slots=True)

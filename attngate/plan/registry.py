@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel
 
-from attngate.facts.catalogue import FactType
 from attngate.plan.schema import (
     CommonGates,
     FlashAttentionGates,
@@ -15,8 +14,7 @@ from attngate.plan.schema import (
     LayerGates,
     ModeGates,
 )
-
-Scope = Literal["global", "mode", "layer"]
+from attngate.types import FactType, Scope
 
 
 @dataclass(frozen=True, slots=True)

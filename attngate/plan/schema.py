@@ -22,7 +22,7 @@ from pydantic import (
     computed_field,
 )
 
-from attngate.errors import AttngateError, Problem, UsageError
+from attngate.errors import PlanLoadError, Problem, UsageError
 from attngate.facts.choices import AttentionBackendName
 from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.util.inputs import parse_json
@@ -216,10 +216,6 @@ def _table(name: str, keys: list[str], row: type[BaseModel]) -> type[BaseModel]:
 
 ModeTable = _table("ModeTable", [m.value for m in ForwardMode], ModeGates)
 LayerTable = _table("LayerTable", [k.value for k in LayerKind], LayerGates)
-
-
-class PlanLoadError(AttngateError):
-    title = "invalid plan"
 
 
 def _member(enum: type[ForwardMode] | type[LayerKind], value: object, parameter: str) -> Any:

@@ -9,14 +9,15 @@ from typing import Any
 from pydantic import ValidationError
 
 from attngate.errors import Problem
-from attngate.facts.catalogue import FACTS, LAYER_FACT, MODE_FACT, FactType
+from attngate.facts.catalogue import FACTS, LAYER_FACT, MODE_FACT
 from attngate.facts.server_args import ServerArgs
-from attngate.plan.registry import GATES, Scope
+from attngate.plan.registry import GATES
 from attngate.rules.condition import Condition, compile_condition
 from attngate.rules.entries import pydantic_problems
 from attngate.rules.ruleset import FactValue, Predicate, Rule
 from attngate.rules.spec import RuleFileSpec, RuleSpec
 from attngate.rules.typecheck import ConditionErrors
+from attngate.types import FactType, Scope
 from attngate.util.suggest import did_you_mean
 from attngate.util.yaml_source import YamlDocument
 

@@ -16,8 +16,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from attngate.facts.catalogue import FactType
 from attngate.rules.typecheck import ConditionError, ConditionErrors, TypeChecker, not_none_when
+from attngate.types import FactType
 
 _NO_BUILTINS: dict[str, Any] = {"__builtins__": {}}
 _GATE_PREFIX = "__gate__"

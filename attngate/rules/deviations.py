@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attngate.errors import Problem
-from attngate.facts.catalogue import FACTS, FactType, base_facts
+from attngate.facts.catalogue import FACTS, base_facts
 from attngate.facts.model import ModelFacts
 from attngate.facts.platform import Platform
 from attngate.facts.server_args import ServerArgs
@@ -23,6 +23,7 @@ from attngate.rules.condition import Condition, compile_condition
 from attngate.rules.entries import validated_entries
 from attngate.rules.spec import DeviationSpec
 from attngate.rules.typecheck import ConditionErrors
+from attngate.types import FactType
 from attngate.util.suggest import did_you_mean
 from attngate.util.yaml_source import YamlDocument
 
@@ -93,9 +94,10 @@ def given_facts(rules: Any, args: ServerArgs, model: ModelFacts, platform: Platf
 
 def refusing_rules(violations: list[Any]) -> frozenset[str]:
     """The rules a refusal is declared by: its violations' rules, less adjust conflicts where a forbid rule also
-    matched (the conflict follows from what the forbid rule refuses)."""
+    matched (the conflict follows from what the forbid rule refuses). A violation no rule makes (the engine's, an
+    argument's) counts under its label, which no deviation names: such a refusal is never declared."""
     causes = [v for v in violations if v.kind != "conflict"] or violations
-    return frozenset(v.rule for v in causes)
+    return frozenset(r for v in causes for r in (v.rules or (v.where,)))
 
 
 def applicable_deviations(

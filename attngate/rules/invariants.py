@@ -6,12 +6,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from attngate.errors import Problem
-from attngate.facts.catalogue import FACTS, LAYER_FACT, MODE_FACT, FactType
+from attngate.facts.catalogue import FACTS, LAYER_FACT, MODE_FACT
 from attngate.plan.registry import GATES
 from attngate.rules.condition import Condition, compile_condition
 from attngate.rules.entries import validated_entries
 from attngate.rules.spec import InvariantSpec
 from attngate.rules.typecheck import ConditionErrors
+from attngate.types import FactType
 from attngate.util.yaml_source import YamlDocument
 
 _ALL_GATE_TYPES = {name: g.type for name, g in GATES.items()}

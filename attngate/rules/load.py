@@ -8,11 +8,11 @@ from importlib import resources
 from pathlib import Path
 
 from attngate.errors import Problem, RulesError, check_arguments
-from attngate.facts.catalogue import FactType
 from attngate.rules.check import check_document
 from attngate.rules.deviations import Deviation, check_deviations
 from attngate.rules.invariants import Invariant, check_invariants
 from attngate.rules.ruleset import Predicate, Rule, RuleSet
+from attngate.types import FactType
 from attngate.util.inputs import read_text
 from attngate.util.suggest import did_you_mean
 from attngate.util.yaml_source import load_yaml

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from attngate.errors import Problem, RulesError
-from attngate.plan.registry import Scope
 from attngate.rules.condition import Condition
 from attngate.rules.deviations import Deviation
 from attngate.rules.invariants import Invariant
 from attngate.rules.spec import RuleKind
+from attngate.types import Scope
 
 
 @dataclass(frozen=True, slots=True)

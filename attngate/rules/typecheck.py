@@ -8,7 +8,7 @@ import ast
 from dataclasses import replace
 from typing import Any
 
-from attngate.facts.catalogue import FactType
+from attngate.types import FactType
 from attngate.util.suggest import did_you_mean
 
 _ORDER_OPS = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)

@@ -58,7 +58,7 @@ def known_failures(request: pytest.FixtureRequest):
 
     def check(server_args, model, platform, rules=None) -> list[str]:
         from attngate.engine.resolve import resolve
-        from attngate.engine.result import PlanError
+        from attngate.errors import PlanError
 
         try:
             resolve(server_args, model, platform, rules)

@@ -14,8 +14,7 @@ from enum import Enum
 from typing import Any
 
 from attngate.engine.resolve import resolve
-from attngate.engine.result import PlanError
-from attngate.errors import AttngateError
+from attngate.errors import AttngateError, PlanError
 from attngate.facts.model import ModelFacts
 from attngate.facts.platform import Platform
 from attngate.integrations.sglang.fields import attngate_values
@@ -137,7 +136,7 @@ def compare_case(
         args = ServerArgs.from_mapping(attngate_values(given), source="sglang")
         resolution = resolve(args, model, platform, rules)
     except PlanError as err:
-        result.attngate_refusal = "; ".join(f"{v.rule}: {v.message}" for v in err.violations)
+        result.attngate_refusal = "; ".join(f"{v.where}: {v.message}" for v in err.violations)
         refused_by = refusing_rules(err.violations)
     except AttngateError as err:
         result.attngate_refusal = "; ".join(str(p) for p in err.problems)
