@@ -16,13 +16,13 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from backend_cases import GPU, layer_of, make_case, plan_for  # noqa: E402
 from flash_attn.cute import flash_attn_varlen_func  # noqa: E402
 
 from attngate import ForwardMode, LayerKind  # noqa: E402
 from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
+from tests.support.backend_cases import GPU, layer_of, make_case, plan_for  # noqa: E402
 
 H, HKV, D = GPU.heads
 from common import cuda_ms, host_us, paired_ms  # noqa: E402

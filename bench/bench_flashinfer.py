@@ -18,12 +18,11 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
-
-from backend_cases import GPU, layer_of, make_case, plan_for  # noqa: E402
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from attngate import ForwardMode, LayerKind  # noqa: E402
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
+from tests.support.backend_cases import GPU, layer_of, make_case, plan_for  # noqa: E402
 
 H, HKV, D = GPU.heads
 from common import paired_ms  # noqa: E402

@@ -32,9 +32,8 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from backend_cases import GPU, make_case, plan_for, with_gate  # noqa: E402
 from bench_flashattention import backend_and_raw as fa_backend_and_raw  # noqa: E402
 from bench_flashinfer import decode_plan_args, host_length_work  # noqa: E402
 from bench_flashinfer import setup as flashinfer_setup
@@ -44,6 +43,7 @@ from attngate import ForwardMode  # noqa: E402
 from attngate.backends import page_ids as page_id_ops  # noqa: E402
 from attngate.backends.page_ids import page_ids  # noqa: E402
 from attngate.runtime.batch_metadata import BatchLengths, host  # noqa: E402
+from tests.support.backend_cases import GPU, make_case, plan_for, with_gate  # noqa: E402
 
 H, HKV, D = GPU.heads
 CACHED = 2047

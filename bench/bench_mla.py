@@ -17,15 +17,15 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "gpu"), str(ROOT / "bench")]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from backend_cases import GPU, plan_for  # noqa: E402
 from common import cuda_ms, paired_ms  # noqa: E402
-from test_mla_and_local import MLA_MODELS, RANK, ROPE, mla_case, mla_layer  # noqa: E402
 
 from attngate import ForwardMode  # noqa: E402
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
 from attngate.backends.mla import absorb_q, decompress, project_out  # noqa: E402
+from tests.gpu.test_mla_and_local import MLA_MODELS, RANK, ROPE, mla_case, mla_layer  # noqa: E402
+from tests.support.backend_cases import GPU, plan_for  # noqa: E402
 
 PS = 64
 

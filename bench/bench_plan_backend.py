@@ -16,13 +16,13 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from backend_cases import GPU, layer_of, make_case, plan_for  # noqa: E402
 from common import paired_host_us  # noqa: E402
 
 from attngate import ForwardMode, LayerKind  # noqa: E402
 from attngate.backends.plan_backend import PlanBackend  # noqa: E402
+from tests.support.backend_cases import GPU, layer_of, make_case, plan_for  # noqa: E402
 
 PS = 128
 

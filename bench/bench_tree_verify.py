@@ -18,9 +18,15 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from backend_cases import (  # noqa: E402
+from common import cuda_ms, paired_host_us, paired_ms  # noqa: E402
+
+from attngate import ForwardMode, LayerKind  # noqa: E402
+from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
+from attngate.backends.page_ids import page_ids  # noqa: E402
+from attngate.runtime.batch_metadata import BatchLengths, host  # noqa: E402
+from tests.support.backend_cases import (  # noqa: E402
     GPU,
     SPECULATIVE_TREE,
     layer_of,
@@ -28,12 +34,6 @@ from backend_cases import (  # noqa: E402
     plan_for,
     random_tree,
 )
-from common import cuda_ms, paired_host_us, paired_ms  # noqa: E402
-
-from attngate import ForwardMode, LayerKind  # noqa: E402
-from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
-from attngate.backends.page_ids import page_ids  # noqa: E402
-from attngate.runtime.batch_metadata import BatchLengths, host  # noqa: E402
 
 PS, DRAFT, PREFIX = 16, 8, 4088
 CHAIN = dict(

@@ -9,7 +9,7 @@ about the same length. ``excess`` is ``(work then plan) - work - plan``. If the 
 ``plan()`` as much, the excess is the price of running ``plan()`` after any C-extension work (caches and branch
 predictors no longer hot), which every real server step pays, not work of ours that could be removed.
 
-With CUDA and FlashInfer it times the real wrapper (run on the device); elsewhere the CPU stand-in of tests/standins,
+With CUDA and FlashInfer it times the real wrapper (run on the device); elsewhere the CPU stand-in of tests/support/standins,
 whose ``plan()`` is Python and torch CPU ops too: an analog that runs on a CPU machine.
 ``python3 bench/context_effect.py parts`` times each part of the length work alone and then ``plan()``;
 ``python3 bench/context_effect.py loop NAME CALLS`` runs one of the timed calls only, for an instruction count under
@@ -28,14 +28,14 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from backend_cases import CPU, GPU, layer_of, make_case, plan_for  # noqa: E402
 from bench_flashinfer import decode_plan_args, host_length_work  # noqa: E402
 from common import paired_host_us  # noqa: E402
 
 from attngate import ForwardMode, LayerKind  # noqa: E402
 from attngate.runtime.batch_metadata import BatchLengths, host  # noqa: E402
+from tests.support.backend_cases import CPU, GPU, layer_of, make_case, plan_for  # noqa: E402
 
 PS = 16
 
@@ -54,7 +54,7 @@ def _backend(bs: int, real: bool):
     """The FlashInfer backend over ``bs`` decode requests of 2048 tokens (CPU stand-in: 512), its batch and the raw
     plan() call with prebuilt arguments."""
     if not real:
-        from standins import flashinfer
+        from tests.support.standins import flashinfer
 
         sys.modules["flashinfer"] = flashinfer.module()
     from attngate.backends.flashinfer import FlashInferBackend
@@ -183,7 +183,7 @@ def loop(name: str, calls: int, bs: int = 64) -> None:
 def main() -> None:
     real = _real_kernels()
     out: dict = {
-        "kernels": "flashinfer" if real else "CPU stand-in (tests/standins)",
+        "kernels": "flashinfer" if real else "CPU stand-in (tests/support/standins)",
         "machine": torch.cuda.get_device_name() if real else platform.processor() or platform.machine(),
         "python": platform.python_version(),
         "torch": torch.__version__,

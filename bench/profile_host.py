@@ -12,14 +12,14 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from backend_cases import GPU, layer_of, make_case, plan_for  # noqa: E402
 from common import decode_graph_replay  # noqa: E402
 
 from attngate import ForwardMode, LayerKind  # noqa: E402
 from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
+from tests.support.backend_cases import GPU, layer_of, make_case, plan_for  # noqa: E402
 
 
 def decode_case(bs: int, ps: int):

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import model
 from typer.testing import CliRunner
 
 from attngate import PlanError, Platform, ServerArgs, resolve
 from attngate.cli import app
 from attngate.errors import BackendRefusal, Problem, ServerArgsError
 from attngate.rules.load import parse_rules
+from tests.support.helpers import model
 
 
 def test_a_problem_takes_its_error_types_code_unless_it_names_its_own():

@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 import shlex
 
-from helpers import ROOT
 from typer.testing import CliRunner
 
 from attngate.cli import app
+from tests.support.helpers import ROOT
 
 BLOCK = re.compile(r"<!-- matrix: attngate (?P<cmd>[^>]*) -->\n(?P<body>.*?)\n<!-- /matrix -->", re.S)
 

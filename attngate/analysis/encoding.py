@@ -104,7 +104,7 @@ class Encoder:
         apart from ``axioms`` because their integer division makes queries slower: a query runs without them
         first (no model then means none with them either) and again with them only when it found one, so that
         a finding's witness is an input that exists (not speculative_chain_draft_tokens None beside
-        speculative_num_steps 0). tests/test_rule_language.py checks them against derived_facts()."""
+        speculative_num_steps 0). tests/rules/test_rule_language.py checks them against derived_facts()."""
         v = lambda name: self.var(name)[0]  # noqa: E731
         none = lambda name: self.var(name)[1]  # noqa: E731
         at_least_one = lambda x: z3.If(x >= 1, x, 1)  # noqa: E731

@@ -16,22 +16,21 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from backend_cases import (  # noqa: E402
-    assert_mla_matches_reference,
-    assert_mla_replays_match_reference,
-    mla_cpu_batch,
-    mla_cpu_layer,
-)
-from helpers import MODELS  # noqa: E402
-from standins.graphs import RECORDER  # noqa: E402
-from standins.kernel_math import attend, request_mask  # noqa: E402
-
 from attngate import ForwardMode, LayerKind, ModelFacts, Platform, ServerArgs, resolve  # noqa: E402
 from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
 from attngate.runtime.batch_builder import build_batch  # noqa: E402
 from attngate.runtime.kv_cache import MHATokenToKVPool  # noqa: E402
 from attngate.runtime.layer import AttentionLayer  # noqa: E402
+from tests.support.backend_cases import (  # noqa: E402
+    assert_mla_matches_reference,
+    assert_mla_replays_match_reference,
+    mla_cpu_batch,
+    mla_cpu_layer,
+)
+from tests.support.helpers import MODELS  # noqa: E402
+from tests.support.standins.graphs import RECORDER  # noqa: E402
+from tests.support.standins.kernel_math import attend, request_mask  # noqa: E402
 
 H, HKV, D = 8, 2, 16
 REQUESTS = [(0, 5), (17, 3), (40, 1), (3, 9)]

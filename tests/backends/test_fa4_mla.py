@@ -1,4 +1,4 @@
-"""FA4 (``flash_attn.cute``) MLA on SM100, on the CPU through the flash_attn.cute stand-in (tests/standins).
+"""FA4 (``flash_attn.cute``) MLA on SM100, on the CPU through the flash_attn.cute stand-in (tests/support/standins).
 
 The lent GPUs are Hopper, where flash_attn.cute runs no absorbed MLA (the plan refuses FA for MLA there), so
 this is the only test of the SM100 path: absorbed decode and verify as ``q_rope`` against kpe plus ``qv``
@@ -14,17 +14,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from backend_cases import (  # noqa: E402
+from attngate import ForwardMode, ModelFacts, Platform, ServerArgs, resolve  # noqa: E402
+from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
+from tests.support.backend_cases import (  # noqa: E402
     assert_mla_matches_reference,
     assert_mla_replays_match_reference,
     mla_cpu_batch,
     mla_cpu_layer,
 )
-from helpers import MODELS  # noqa: E402
-from standins import flash_attn_cute  # noqa: E402
-
-from attngate import ForwardMode, ModelFacts, Platform, ServerArgs, resolve  # noqa: E402
-from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
+from tests.support.helpers import MODELS  # noqa: E402
+from tests.support.standins import flash_attn_cute  # noqa: E402
 
 H, RANK, ROPE, NOPE, VDIM = 8, 32, 8, 16, 12
 REQUESTS = [(0, 5), (17, 3), (40, 1), (3, 9)]

@@ -1,4 +1,4 @@
-"""FlashInfer MLA backend metadata on the CPU, through the FlashInfer stand-in (tests/standins).
+"""FlashInfer MLA backend metadata on the CPU, through the FlashInfer stand-in (tests/support/standins).
 
 Its ``plan()`` checks its arguments as FlashInfer does (monotone indptr starting at 0, page indices
 inside the cache, kv_len within each request's pages, the DeepSeek latent geometry) and keeps
@@ -14,14 +14,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from backend_cases import (  # noqa: E402
-    assert_mla_replays_match_reference,
-    mla_cpu_batch,
-    mla_cpu_layer,
-)
-from helpers import MODELS  # noqa: E402
-from standins import flashinfer as standin  # noqa: E402
-
 from attngate import ForwardMode, ModelFacts, Platform, ServerArgs, resolve  # noqa: E402
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
 from attngate.backends.flashinfer_mla import FlashInferMLABackend  # noqa: E402
@@ -29,6 +21,13 @@ from attngate.backends.reference import ReferenceBackend  # noqa: E402
 from attngate.errors import BackendRefusal, BatchMetadataError  # noqa: E402
 from attngate.runtime.kv_cache import MLATokenToKVPool  # noqa: E402
 from attngate.runtime.layer import AttentionLayer  # noqa: E402
+from tests.support.backend_cases import (  # noqa: E402
+    assert_mla_replays_match_reference,
+    mla_cpu_batch,
+    mla_cpu_layer,
+)
+from tests.support.helpers import MODELS  # noqa: E402
+from tests.support.standins import flashinfer as standin  # noqa: E402
 
 H, RANK, ROPE, NOPE, VDIM = 4, 512, 64, 128, 128  # DeepSeek geometry: the fa3 ragged kernel runs 192/128 only
 REQUESTS = {

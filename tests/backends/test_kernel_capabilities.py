@@ -16,14 +16,13 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from helpers import MODELS, embedding_gemma, field_values  # noqa: E402
-
 from attngate import ModelFacts, PlanError, Platform, ServerArgs, resolve  # noqa: E402
 from attngate.backends.capabilities import REFUSALS, fa_refusals, flashinfer_refusals  # noqa: E402
 from attngate.backends.capabilities import refusals as backend_refusals  # noqa: E402
 from attngate.errors import ServerArgsError  # noqa: E402
 from attngate.facts.choices import CANDIDATE_BACKENDS  # noqa: E402
 from attngate.runtime.layer import layers_from_model  # noqa: E402
+from tests.support.helpers import MODELS, embedding_gemma, field_values  # noqa: E402
 
 KERNELS = {
     "gpu-extra": ["flashinfer", "flash_attn.cute"],

@@ -5,9 +5,9 @@ from __future__ import annotations
 import ast
 
 import pytest
-from helpers import MODELS, ROOT
 
 from attngate import ForwardMode, ModelFacts, Platform, ServerArgs, resolve
+from tests.support.helpers import MODELS, ROOT
 
 BACKENDS = ROOT / "attngate" / "backends"
 

@@ -21,12 +21,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from backend_cases import CPU, SPECULATIVE_TREE, Graph, random_tree  # noqa: E402
-from backend_cases import SPECULATIVE as SPECULATIVE_CHAIN
-from helpers import MODELS  # noqa: E402
 from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
 from hypothesis import strategies as st
-from standins import flash_attn_cute, flashinfer  # noqa: E402
 
 from attngate import (  # noqa: E402
     ForwardMode,
@@ -46,6 +42,10 @@ from attngate.errors import BatchMetadataError  # noqa: E402
 from attngate.runtime.batch_builder import build_batch  # noqa: E402
 from attngate.runtime.kv_cache import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
 from attngate.runtime.layer import layers_from_model  # noqa: E402
+from tests.support.backend_cases import CPU, SPECULATIVE_TREE, Graph, random_tree  # noqa: E402
+from tests.support.backend_cases import SPECULATIVE as SPECULATIVE_CHAIN
+from tests.support.helpers import MODELS  # noqa: E402
+from tests.support.standins import flash_attn_cute, flashinfer  # noqa: E402
 
 M = ForwardMode
 CONFIGS = {path.stem: ModelFacts.from_hf_config(path) for path in sorted(MODELS.glob("*.json"))}

@@ -10,8 +10,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from helpers import MODELS  # noqa: E402
-
 from attngate import ForwardMode, LayerKind, ModelFacts, Platform, ServerArgs, resolve  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
 from attngate.errors import BatchMetadataError, KVCacheExhausted  # noqa: E402
@@ -23,6 +21,7 @@ from attngate.runtime.kv_cache import (  # noqa: E402
     ReqToTokenPool,
 )
 from attngate.runtime.layer import AttentionLayer  # noqa: E402
+from tests.support.helpers import MODELS  # noqa: E402
 
 H, HKV, D = 8, 2, 16
 PLAN = resolve(

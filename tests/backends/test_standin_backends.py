@@ -1,4 +1,4 @@
-"""The GPU backend suites (tests/suites) on the CPU, through the kernel stand-ins (tests/standins):
+"""The GPU backend suites (tests/support/suites) on the CPU, through the kernel stand-ins (tests/support/standins):
 FlashInfer's and FA's metadata code, CUDA-graph replay (emulated), split-KV batch invariance."""
 
 from __future__ import annotations
@@ -9,16 +9,15 @@ import pytest
 
 pytest.importorskip("torch")
 
-from backend_cases import CPU, layer_of, make_case, plan_for  # noqa: E402
-from standins import flash_attn_cute, flashinfer  # noqa: E402
-from suites.dp_padding import *  # noqa: E402,F401,F403
-from suites.fa_backend import *  # noqa: E402,F401,F403
-from suites.flashinfer_backend import *  # noqa: E402,F401,F403
-from suites.plan_backend import *  # noqa: E402,F401,F403
-
 from attngate import ForwardMode, LayerKind  # noqa: E402
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
 from attngate.errors import BackendRefusal  # noqa: E402
+from tests.support.backend_cases import CPU, layer_of, make_case, plan_for  # noqa: E402
+from tests.support.standins import flash_attn_cute, flashinfer  # noqa: E402
+from tests.support.suites.dp_padding import DpPaddingSuite  # noqa: E402
+from tests.support.suites.fa_backend import FaBackendSuite  # noqa: E402
+from tests.support.suites.flashinfer_backend import FlashInferBackendSuite  # noqa: E402
+from tests.support.suites.plan_backend import PlanBackendSuite  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -48,3 +47,19 @@ def test_fi_refuses_a_fast_replan_plan_on_a_flashinfer_without_fast_decode_plan(
         )
     assert [p.where for p in err.value.problems] == ["flashinfer.graph_decode_replan", "flashinfer.eager_decode_replan"]
     assert "does not export" in str(err.value)
+
+
+class TestDpPaddingOnStandins(DpPaddingSuite):
+    pass
+
+
+class TestFaOnStandins(FaBackendSuite):
+    pass
+
+
+class TestFlashInferOnStandins(FlashInferBackendSuite):
+    pass
+
+
+class TestPlanBackendOnStandins(PlanBackendSuite):
+    pass

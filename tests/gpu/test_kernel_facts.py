@@ -13,9 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 cute = pytest.importorskip("flash_attn.cute")
 
-from helpers import MODELS  # noqa: E402
-
 from attngate import ModelFacts, PlanError, Platform, ServerArgs, resolve  # noqa: E402
+from tests.support.helpers import MODELS  # noqa: E402
 
 PAGE = 16
 HEADS, KV_HEADS, PAGES_PER_REQ, BS = 8, 2, 4, 3
@@ -68,7 +67,7 @@ def _kernel_runs(head_dim: int, kv_dtype: torch.dtype, kernel=None) -> bool:
 
 def _standin_runs(head_dim: int, kv_dtype: torch.dtype) -> bool:
     """The same call through the CPU suite's stand-in, holding it to this GPU's limits."""
-    from standins import flash_attn_cute
+    from tests.support.standins import flash_attn_cute
 
     flash_attn_cute.ARCH = torch.cuda.get_device_capability()[0]
     try:

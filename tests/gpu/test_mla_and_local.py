@@ -1,4 +1,4 @@
-"""MLA on FlashInfer against the reference backend on the GPU (chunked-local attention on FA: tests/suites/fa_backend.py).
+"""MLA on FlashInfer against the reference backend on the GPU (chunked-local attention on FA: tests/support/suites/fa_backend.py).
 
 MLA at DeepSeek's latent geometry (kv_lora_rank 512 + qk_rope 64 cached per token; q/k 192, v 128)
 with 16 heads (DeepSeek-V2-Lite) and 128 heads (DeepSeek-V3).
@@ -12,8 +12,6 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("flashinfer")
 
-from backend_cases import GPU, MODE_OF, plan_for, rel_err, requests_around_page  # noqa: E402
-
 from attngate import ForwardMode  # noqa: E402
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
 from attngate.backends.flashinfer_mla import FlashInferMLABackend  # noqa: E402
@@ -22,6 +20,7 @@ from attngate.runtime.batch_builder import build_batch  # noqa: E402
 from attngate.runtime.forward_batch import ForwardBatch  # noqa: E402
 from attngate.runtime.kv_cache import MLATokenToKVPool  # noqa: E402
 from attngate.runtime.layer import AttentionLayer  # noqa: E402
+from tests.support.backend_cases import GPU, MODE_OF, plan_for, rel_err, requests_around_page  # noqa: E402
 
 M = ForwardMode
 RANK, ROPE, NOPE, VDIM = 512, 64, 128, 128

@@ -1,5 +1,5 @@
 """PlanBackend on the GPU (FA through flash_attn.cute for prefill, FlashInfer for decode, bf16, GQA 32/8, head_dim 128):
-tests/suites/plan_backend.py on the real kernels (the CPU suite runs it on the stand-ins)."""
+tests/support/suites/plan_backend.py on the real kernels (the CPU suite runs it on the stand-ins)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,14 @@ pytest.importorskip("torch")
 pytest.importorskip("flashinfer")
 pytest.importorskip("flash_attn.cute")
 
-from backend_cases import GPU  # noqa: E402
-from suites.plan_backend import *  # noqa: E402,F401,F403
+from tests.support.backend_cases import GPU  # noqa: E402
+from tests.support.suites.plan_backend import PlanBackendSuite  # noqa: E402
 
 
 @pytest.fixture
 def env():
     return GPU
+
+
+class TestPlanBackendOnKernels(PlanBackendSuite):
+    pass

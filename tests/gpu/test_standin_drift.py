@@ -1,4 +1,4 @@
-"""The CPU stand-ins (tests/standins) against the real kernels, on the same cases: outputs agree, and
+"""The CPU stand-ins (tests/support/standins) against the real kernels, on the same cases: outputs agree, and
 an argument the real kernel rejects is rejected by the stand-in too. Keeps the CPU suite honest."""
 
 from __future__ import annotations
@@ -13,7 +13,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("flashinfer")
 pytest.importorskip("flash_attn.cute")
 
-from backend_cases import (  # noqa: E402
+from attngate import ForwardMode, LayerKind  # noqa: E402
+from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
+from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
+from tests.support.backend_cases import (  # noqa: E402
     GPU,
     MODE_OF,
     layer_of,
@@ -23,11 +26,7 @@ from backend_cases import (  # noqa: E402
     requests_around_page,
     run,
 )
-from standins import flash_attn_cute, flashinfer  # noqa: E402
-
-from attngate import ForwardMode, LayerKind  # noqa: E402
-from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
-from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
+from tests.support.standins import flash_attn_cute, flashinfer  # noqa: E402
 
 NAMES = ("flashinfer", "flash_attn", "flash_attn.cute", "flash_attn.cute.interface")
 KINDS = {

@@ -13,11 +13,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("flash_attn.cute")
 
-from integrations.test_transformers_differential import _config  # noqa: E402
-
 import attngate.integrations.transformers  # noqa: E402,F401 - registers "attngate"
 from attngate import ServerArgs  # noqa: E402
 from attngate.integrations.transformers_plain import configure, plan_of  # noqa: E402
+from tests.support.transformers_models import config_of  # noqa: E402
 
 GPU_SHAPE = {
     "hidden_size": 512,
@@ -89,9 +88,9 @@ EAGER_ONLY = {"gemma2-softcap-swa", "gpt-oss-sinks"}  # transformers has no sdpa
 TOL = 3e-2  # bf16, relative to the largest logit
 
 
-def _pair(name, server_args=None):
+def model_pair(name, server_args=None):
     file, overrides = MODELS[name]
-    cfg = _config(file, {**GPU_SHAPE, **overrides})
+    cfg = config_of(file, {**GPU_SHAPE, **overrides})
     torch.manual_seed(0)
     reference = "eager" if name in EAGER_ONLY else "sdpa"
     ref = (
@@ -122,7 +121,7 @@ def _close(a, b, valid) -> bool:
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_prefill_and_decode_on_the_plans_kernels_match_sdpa(name, cache):
-    _prefill_and_decode_match(*_pair(name), cache)
+    _prefill_and_decode_match(*model_pair(name), cache)
 
 
 # torch.compile: inductor around FA4's varlen calls; FlashInfer's path through dynamo only (aot_eager). Each attention
@@ -135,7 +134,7 @@ def test_prefill_and_decode_on_the_plans_kernels_match_sdpa(name, cache):
 def test_a_compiled_model_on_the_plans_kernels_matches_sdpa(server_args, compiler):
     if server_args is not None:
         pytest.importorskip("flashinfer")
-    ref, ours = _pair("llama", server_args)
+    ref, ours = model_pair("llama", server_args)
     torch._dynamo.reset()
     if server_args is None:
         configure(ours)  # a never-configured model resolves its plan outside the graph, which fullgraph=True refuses
@@ -148,7 +147,7 @@ def test_a_compiled_model_on_the_plans_kernels_matches_sdpa(server_args, compile
 @pytest.mark.parametrize("name", ["llama", "mistral-swa"])
 def test_prefill_and_decode_on_flashinfer_match_sdpa(name):
     pytest.importorskip("flashinfer")
-    ref, ours = _pair(name, ServerArgs(attention_backend="flashinfer"))
+    ref, ours = model_pair(name, ServerArgs(attention_backend="flashinfer"))
     assert plan_of(ours)[0].plan.decode_backend == "flashinfer"
     _prefill_and_decode_match(ref, ours, "dynamic")
 
@@ -238,7 +237,7 @@ def test_a_bidirectional_decoder_on_fa_varlen_matches_eager():
         "query_pre_attn_scalar": 128,
         "architectures": ["Gemma3TextModel"],
     }
-    cfg = _config("gemma-3-1b-it", overrides)
+    cfg = config_of("gemma-3-1b-it", overrides)
     torch.manual_seed(0)
     ref = (
         transformers.AutoModel.from_config(copy.deepcopy(cfg), attn_implementation="eager", dtype=torch.bfloat16)

@@ -20,7 +20,6 @@ if torch.cuda.device_count() < 2:
 
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
-from helpers import MODELS  # noqa: E402
 
 from attngate import ForwardMode, ModelFacts, Platform, ServerArgs, resolve  # noqa: E402
 from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
@@ -31,6 +30,7 @@ from attngate.runtime.batch_builder import build_batch  # noqa: E402
 from attngate.runtime.dp_padding import pad_decode_batch  # noqa: E402
 from attngate.runtime.kv_cache import MHATokenToKVPool  # noqa: E402
 from attngate.runtime.layer import layers_from_model  # noqa: E402
+from tests.support.helpers import MODELS  # noqa: E402
 
 H, HKV, D, DTYPE = 32, 8, 128, torch.bfloat16
 REQUESTS = {ForwardMode.EXTEND: [(0, 37), (300, 20), (17, 1)], ForwardMode.DECODE: [(900, 1), (5, 1), (130, 1), (0, 1)]}

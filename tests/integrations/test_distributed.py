@@ -11,7 +11,6 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
-from helpers import MODELS  # noqa: E402
 
 from attngate import (  # noqa: E402
     ForwardMode,  # noqa: E402
@@ -30,6 +29,7 @@ from attngate.runtime.batch_builder import build_batch  # noqa: E402
 from attngate.runtime.dp_padding import pad_decode_batch  # noqa: E402
 from attngate.runtime.kv_cache import MHATokenToKVPool  # noqa: E402
 from attngate.runtime.layer import layers_from_model  # noqa: E402
+from tests.support.helpers import MODELS  # noqa: E402
 
 
 def _rank(rank: int, init: str, page_sizes: tuple[int, int], results) -> None:

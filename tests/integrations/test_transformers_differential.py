@@ -10,15 +10,11 @@ differences are about 1e-6).
 
 from __future__ import annotations
 
-import copy
-import json
-
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from helpers import MODELS  # noqa: E402
 
 from attngate import Platform, ServerArgs  # noqa: E402
 from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
@@ -27,121 +23,13 @@ from attngate.backends.flashinfer_mla import FlashInferMLABackend  # noqa: E402
 from attngate.backends.plan_backend import PlanBackend  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
 from attngate.facts.modes import ForwardMode, LayerKind  # noqa: E402
-from attngate.integrations.transformers import AttngateRuntime, register  # noqa: E402
+from attngate.integrations.transformers import AttngateRuntime  # noqa: E402
 from attngate.runtime.kv_cache import MLATokenToKVPool  # noqa: E402
+from tests.support.transformers_models import MLA, MODELS_UNDER_TEST, config_of, model_pair  # noqa: E402
 
 ATOL = 2e-4
-SMALL = {
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "vocab_size": 96,
-    "num_hidden_layers": 2,
-}
-MLA = {
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "kv_lora_rank": 512,
-    "qk_nope_head_dim": 128,
-    "qk_rope_head_dim": 64,
-    "v_head_dim": 128,
-    "n_routed_experts": 4,
-    "num_experts_per_tok": 2,
-    "moe_intermediate_size": 32,
-    "n_shared_experts": 1,
-    "head_dim": None,
-}
-# name: (config file, overrides on top of SMALL, layer kinds the truncated model must have)
-MODELS_UNDER_TEST = {
-    "llama": ("Llama-3.1-8B", {}, {LayerKind.FULL}),
-    "qwen3": ("Qwen3-8B", {}, {LayerKind.FULL}),
-    "mistral-swa": ("Mistral-7B-v0.1", {"sliding_window": 5}, {LayerKind.SLIDING_WINDOW}),
-    "gemma2-softcap-swa": (
-        "gemma-2-9b",
-        {
-            "num_hidden_layers": 4,
-            "sliding_window": 5,
-            "query_pre_attn_scalar": 12,
-            "head_dim": 16,
-            "num_attention_heads": 4,
-        },
-        {LayerKind.SLIDING_WINDOW, LayerKind.FULL},
-    ),
-    "gemma3-pattern": (
-        "gemma-3-1b-it",
-        {
-            "num_hidden_layers": 4,
-            "sliding_window": 4,
-            "sliding_window_pattern": 2,
-            "num_key_value_heads": 1,
-            "query_pre_attn_scalar": 8,
-        },
-        {LayerKind.SLIDING_WINDOW, LayerKind.FULL},
-    ),
-    "gpt-oss-sinks": (
-        "gpt-oss-20b",
-        {
-            "num_hidden_layers": 4,
-            "sliding_window": 5,
-            "num_local_experts": 4,
-            "num_experts_per_tok": 2,
-            "experts_per_token": 2,
-            "quantization_config": None,
-            "layer_types": ["sliding_attention", "full_attention"] * 2,
-        },
-        {LayerKind.SLIDING_WINDOW, LayerKind.FULL},
-    ),
-    # MLA at the real latent geometry (kv_lora_rank 512 + qk_rope 64 = 576 cached values per token), fewer heads
-    # Llama 4's text model: chunked local attention (iRoPE) on three layers of four, chunks of 4 tokens so that
-    # prefill, the cached prefix and decode all cross chunk boundaries
-    "llama4-chunked": (
-        "Llama-4-Scout-17B-16E-Instruct",
-        {
-            "num_hidden_layers": 4,
-            "attention_chunk_size": 4,
-            "num_local_experts": 2,
-            "num_experts_per_tok": 1,
-            "intermediate_size_mlp": 96,
-        },
-        {LayerKind.CHUNKED_LOCAL, LayerKind.FULL},
-    ),
-    "deepseek-v2-mla": ("DeepSeek-V2-Lite", MLA, {LayerKind.FULL}),
-    "deepseek-v3-mla": (
-        "DeepSeek-V3",
-        {
-            **MLA,
-            "q_lora_rank": 32,
-            "n_group": 2,
-            "topk_group": 1,
-            "first_k_dense_replace": 1,
-            "quantization_config": None,
-        },
-        {LayerKind.FULL},
-    ),
-}
 PROMPTS = (23, 17)  # tokens of the two requests
 CHUNKS = (9, 6)  # first EXTEND, second EXTEND (over the cached prefix); the rest is decoded
-
-
-def _config(file: str, overrides: dict):
-    raw = json.loads((MODELS / f"{file}.json").read_text())
-    raw = raw.get("text_config", raw)  # a multimodal checkpoint: its text model
-    raw.update(SMALL)
-    raw.update(overrides)
-    raw = {k: v for k, v in raw.items() if v is not None and k not in ("auto_map", "torch_dtype", "dtype")}
-    raw["pad_token_id"] = raw["bos_token_id"] = raw["eos_token_id"] = 0
-    return transformers.AutoConfig.for_model(**raw)
-
-
-def _pair(cfg, auto=transformers.AutoModelForCausalLM):
-    register()
-    torch.manual_seed(0)
-    ref = auto.from_config(copy.deepcopy(cfg), attn_implementation="eager", dtype=torch.float32).eval()
-    ours = auto.from_config(copy.deepcopy(cfg), attn_implementation="attngate", dtype=torch.float32).eval()
-    ours.load_state_dict(ref.state_dict())
-    return ref, ours
 
 
 def _run_and_compare(
@@ -155,7 +43,7 @@ def _run_and_compare(
     """``after_build``: runs once the models are built (installs the kernel stand-ins, which transformers' import
     probes at model build must not see). ``head_dim``: instead of the shrunk model's (FlashInfer runs 64, 128, 256)."""
     file, overrides, kinds = MODELS_UNDER_TEST[name]
-    ref, ours = _pair(_config(file, {**overrides, **({"head_dim": head_dim} if head_dim else {})}))
+    ref, ours = model_pair(config_of(file, {**overrides, **({"head_dim": head_dim} if head_dim else {})}))
     after_build()
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(1, 96, (n,), generator=gen) for n in PROMPTS]
@@ -218,7 +106,7 @@ def test_the_runtime_on_the_plans_kernel_backends_matches_transformers(name, fla
     decode on the backends the plan names (prefill and decode apart where it splits them) match eager attention."""
     import sys
 
-    from standins import flash_attn_cute, flashinfer
+    from tests.support.standins import flash_attn_cute, flashinfer
 
     def kernels():
         monkeypatch.setitem(sys.modules, "flashinfer", flashinfer.module())
@@ -256,7 +144,7 @@ def test_mla_latent_cache_matches_transformers(name, page_size, flags, extend_fo
 
 def test_mla_embedding_fast_path_flags_still_write_the_latent_cache():
     """Seed 000: an MLA embedding model with the fast-path flags keeps its cache, and reads back what it wrote."""
-    ref, ours = _pair(_config("DeepSeek-V2-Lite", MLA))
+    ref, ours = model_pair(config_of("DeepSeek-V2-Lite", MLA))
     ids = torch.randint(1, 96, (21,), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         expected = ref(ids[None]).logits[0]
@@ -276,7 +164,7 @@ def test_mla_embedding_fast_path_flags_still_write_the_latent_cache():
 
 
 def test_runtime_refuses_a_model_built_without_attngate_attention():
-    ref, _ = _pair(_config("Llama-3.1-8B", {}))
+    ref, _ = model_pair(config_of("Llama-3.1-8B", {}))
     with pytest.raises(ValueError, match="attn_implementation"):
         AttngateRuntime(ref)
 
@@ -284,7 +172,7 @@ def test_runtime_refuses_a_model_built_without_attngate_attention():
 def test_runtime_arguments_are_checked_together_and_the_pool_pages_as_the_plan():
     from attngate.errors import BatchMetadataError, UsageError
 
-    ref, ours = _pair(_config("Llama-3.1-8B", {}))
+    ref, ours = model_pair(config_of("Llama-3.1-8B", {}))
     with pytest.raises(UsageError) as bad:  # every problem at once, nothing allocated
         AttngateRuntime(
             ref, server_args={"page_size": 16}, page_size=0, num_slots=0, max_requests=-1, max_context_len=2.5
@@ -333,8 +221,8 @@ def test_runtime_arguments_are_checked_together_and_the_pool_pages_as_the_plan()
 
 
 def test_encoder_only_embedding_model_matches_transformers():
-    cfg = _config("all-MiniLM-L6-v2", {"num_key_value_heads": None, "head_dim": None, "intermediate_size": 128})
-    ref, ours = _pair(cfg, transformers.AutoModel)
+    cfg = config_of("all-MiniLM-L6-v2", {"num_key_value_heads": None, "head_dim": None, "intermediate_size": 128})
+    ref, ours = model_pair(cfg, transformers.AutoModel)
     ids = torch.randint(1, 96, (19,), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         expected = ref(ids[None]).last_hidden_state[0]
@@ -351,7 +239,7 @@ def test_a_failed_forward_leaves_every_request_as_it_was():
     model rolls every request back, so the next decode still matches transformers."""
     from attngate.errors import BatchMetadataError, UsageError
 
-    ref, ours = _pair(_config("Llama-3.1-8B", {}))
+    ref, ours = model_pair(config_of("Llama-3.1-8B", {}))
     rt = AttngateRuntime(ours, page_size=4, num_slots=256)
     req = rt.add_request()
     prompt = torch.arange(1, 8)
@@ -402,7 +290,7 @@ def test_embedding_gemma_runs_as_an_embedding_server_on_the_paged_path(page_size
         "query_pre_attn_scalar": 8,
         "architectures": ["Gemma3TextModel"],
     }
-    ref, ours = _pair(_config("gemma-3-1b-it", overrides), auto=transformers.AutoModel)
+    ref, ours = model_pair(config_of("gemma-3-1b-it", overrides), auto=transformers.AutoModel)
     rt = AttngateRuntime(ours, page_size=page_size, num_slots=256, platform=Platform.from_name("sm90"))
     args = rt.resolution.server_args
     assert (
@@ -426,8 +314,8 @@ def test_embedding_gemma_runs_as_an_embedding_server_on_the_paged_path(page_size
 def test_an_fp8_kv_cache_flag_builds_an_fp8_pool_and_stays_close_to_eager():
     """--kv-cache-dtype fp8_e4m3: the runtime's pool stores what the plan says (common.kv_cache_dtype), so every cached
     K/V is rounded to FP8, and the logits stay close to eager's (not to 1e-4: that is what FP8 costs)."""
-    ref, ours = _pair(
-        _config("Llama-3.1-8B", {"head_dim": 64})
+    ref, ours = model_pair(
+        config_of("Llama-3.1-8B", {"head_dim": 64})
     )  # the default for FP8 on Hopper: FlashInfer, which runs 64
     prompt = torch.randint(1, 96, (20,), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():

@@ -15,11 +15,7 @@ transformers = pytest.importorskip("transformers")
 from attngate import Platform, ServerArgs  # noqa: E402
 from attngate.integrations.transformers import AttngateRuntime, configure  # noqa: E402
 from attngate.integrations.transformers_plain import plan_of  # noqa: E402
-from integrations.test_transformers_differential import (  # noqa: E402
-    MODELS_UNDER_TEST,
-    _config,
-    _pair,
-)
+from tests.support.transformers_models import MODELS_UNDER_TEST, config_of, model_pair
 
 ATOL = 1e-4
 FA_HOST = Platform.from_name("sm90", kernels=["flash_attn.cute"])  # the plan runs FA through flash_attn.cute
@@ -35,7 +31,7 @@ def _batch():
 @pytest.mark.parametrize("name", sorted(MODELS_UNDER_TEST))
 def test_forward_and_generate_match_eager(name):
     file, overrides, _ = MODELS_UNDER_TEST[name]
-    ref, ours = _pair(_config(file, overrides))
+    ref, ours = model_pair(config_of(file, overrides))
     ids, mask = _batch()
     with torch.no_grad():
         expected, got = ref(ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits
@@ -53,7 +49,7 @@ def test_forward_and_generate_match_eager(name):
 
 def test_the_plans_window_is_what_the_layers_attend_with():
     """The window comes from the plan's layer spec, not from transformers' mask: narrowing it changes the output."""
-    ref, ours = _pair(_config(*MODELS_UNDER_TEST["mistral-swa"][:2]))
+    ref, ours = model_pair(config_of(*MODELS_UNDER_TEST["mistral-swa"][:2]))
     ids, mask = _batch()
     resolution = configure(ours, ServerArgs(page_size=16))
     assert resolution.server_args.page_size == 16
@@ -68,7 +64,7 @@ def test_the_plans_window_is_what_the_layers_attend_with():
 
 
 def test_from_pretrained_finds_attngate_by_name(tmp_path):
-    ref, _ = _pair(_config(*MODELS_UNDER_TEST["llama"][:2]))
+    ref, _ = model_pair(config_of(*MODELS_UNDER_TEST["llama"][:2]))
     ref.save_pretrained(tmp_path)
     model = transformers.AutoModelForCausalLM.from_pretrained(
         tmp_path, attn_implementation="attngate", dtype=torch.float32
@@ -87,17 +83,16 @@ def test_the_flashinfer_path_unpads_plans_once_per_forward_and_matches_eager(nam
     rows of a left-padded batch, prefill and cached decode; one plan() per forward and layer spec."""
     import sys
 
-    from standins import flashinfer as fi_standin
-
     from attngate.backends import varlen
     from attngate.integrations import transformers_plain
+    from tests.support.standins import flashinfer as fi_standin
 
     module = fi_standin.module()
     monkeypatch.setitem(sys.modules, "flashinfer", module)
     monkeypatch.setattr(transformers_plain, "_on_gpu", lambda t: True)
     monkeypatch.setattr(varlen, "_RAGGED", {})
     file, overrides, _ = MODELS_UNDER_TEST[name]
-    ref, ours = _pair(_config(file, {**overrides, "head_dim": 64}))  # the smallest head dim FlashInfer runs
+    ref, ours = model_pair(config_of(file, {**overrides, "head_dim": 64}))  # the smallest head dim FlashInfer runs
     resolution = configure(ours, ServerArgs(attention_backend="flashinfer"))
     assert resolution.plan.prefill_backend == resolution.plan.decode_backend == "flashinfer"
     plans = []
@@ -125,7 +120,7 @@ def test_the_kernel_path_finds_a_masks_valid_positions_once_per_forward(name, pe
     from attngate.integrations import transformers_rows
 
     file, overrides, _ = MODELS_UNDER_TEST[name]
-    ref, ours = _pair(_config(file, overrides))
+    ref, ours = model_pair(config_of(file, overrides))
     _on_fa_standin(monkeypatch)
     configure(ours, ServerArgs(), FA_HOST)
     found, original = [], transformers_rows._ValidPositions
@@ -158,7 +153,7 @@ def test_the_fa_path_runs_chunked_local_layers_as_one_row_per_chunk(monkeypatch)
     request. A plan whose chunk is narrower than the model's is refused, naming the layer."""
     from attngate.errors import BatchMetadataError
 
-    ref, ours = _pair(_config(*MODELS_UNDER_TEST["llama4-chunked"][:2]))
+    ref, ours = model_pair(config_of(*MODELS_UNDER_TEST["llama4-chunked"][:2]))
     calls = _on_fa_standin(monkeypatch)
     resolution = configure(ours, ServerArgs(), FA_HOST)
     assert resolution.plan.prefill_backend == "fa3" and resolution.plan.fa.provider == "flash_attn.cute"
@@ -188,9 +183,8 @@ def _on_fa_standin(monkeypatch) -> list[tuple[list[int], list[int], bool]]:
     (transformers probes flash_attn's import spec there)."""
     import sys
 
-    from standins import flash_attn_cute
-
     from attngate.integrations import transformers_plain
+    from tests.support.standins import flash_attn_cute
 
     modules = flash_attn_cute.modules()
     for name, module in modules.items():
@@ -346,7 +340,7 @@ def test_an_encoder_decoder_places_each_attention_module_in_the_plan(path, monke
         eos_token_id=2,
         decoder_start_token_id=1,
     )
-    ref, ours = _pair(cfg, auto=transformers.AutoModelForSpeechSeq2Seq)
+    ref, ours = model_pair(cfg, auto=transformers.AutoModelForSpeechSeq2Seq)
     if path == "fa_varlen":
         calls = _on_fa_standin(monkeypatch)
         configure(ours, ServerArgs(), FA_HOST)
@@ -390,7 +384,7 @@ def test_a_hybrid_model_attends_by_its_attention_layers_plan():
         bos_token_id=0,
         eos_token_id=0,
     )
-    ref, ours = _pair(cfg)
+    ref, ours = model_pair(cfg)
     ids, mask = _batch()
     with torch.no_grad():
         expected, got = ref(ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits
@@ -416,7 +410,7 @@ def test_a_bidirectional_decoder_matches_eager():
         "query_pre_attn_scalar": 8,
         "architectures": ["Gemma3TextModel"],
     }
-    ref, ours = _pair(_config("gemma-3-1b-it", overrides), auto=transformers.AutoModel)
+    ref, ours = model_pair(config_of("gemma-3-1b-it", overrides), auto=transformers.AutoModel)
     ids, mask = _batch()
     with torch.no_grad():
         expected, got = (
@@ -448,7 +442,7 @@ def test_torch_compile_traces_the_plans_attention_in_one_graph(name):
     would raise), prefill and static-cache decode match eager; the graph reads the module's decisions, and configure()
     after a config edit retraces it (the graph guards on them), so no stale decision outlives a new plan."""
     file, overrides, _ = MODELS_UNDER_TEST[name]
-    ref, ours = _pair(_config(file, overrides))
+    ref, ours = model_pair(config_of(file, overrides))
     configure(ours)
     ids, mask = _batch()
     graphs, backend = _graph_counter()
@@ -479,13 +473,13 @@ def test_torch_compile_traces_the_plans_attention_in_one_graph(name):
 def test_torch_compile_of_a_model_never_configured_resolves_its_plan_outside_the_graph():
     """A model compiled before any configure() or eager call: fullgraph=True refuses it, naming configure(); without
     fullgraph the first trace resolves the plan outside the graph and the model matches eager."""
-    ref, ours = _pair(_config(*MODELS_UNDER_TEST["llama"][:2]))
+    ref, ours = model_pair(config_of(*MODELS_UNDER_TEST["llama"][:2]))
     ids, mask = _batch()
     torch._dynamo.reset()
     strict = torch.compile(ours.forward, backend=_graph_counter()[1], fullgraph=True)
     with torch.no_grad(), pytest.raises(Exception, match=r"configure\(model\) before torch.compile"):
         strict(ids, attention_mask=mask)
-    ref, ours = _pair(_config(*MODELS_UNDER_TEST["llama"][:2]))
+    ref, ours = model_pair(config_of(*MODELS_UNDER_TEST["llama"][:2]))
     torch._dynamo.reset()
     ours.forward = torch.compile(ours.forward, backend=_graph_counter()[1])
     with torch.no_grad():
@@ -498,7 +492,7 @@ def test_torch_compile_of_a_model_never_configured_resolves_its_plan_outside_the
 def test_torch_compile_breaks_the_graph_only_where_a_chunked_local_mask_is_checked():
     """Llama 4's chunked-local layers check transformers' mask on the host (a graph break); compiled without fullgraph
     the model still matches eager, prefill and static-cache decode."""
-    ref, ours = _pair(_config(*MODELS_UNDER_TEST["llama4-chunked"][:2]))
+    ref, ours = model_pair(config_of(*MODELS_UNDER_TEST["llama4-chunked"][:2]))
     ids, mask = _batch()
     graphs, backend = _graph_counter()
     torch._dynamo.reset()
@@ -515,7 +509,7 @@ def test_torch_compile_breaks_the_graph_only_where_a_chunked_local_mask_is_check
 def test_a_compiled_model_runs_eagerly_inside_the_runtime():
     """AttngateRuntime over a model whose forward is torch.compile'd: the runtime's forwards run it eagerly, so its
     attention goes through the runtime's paged cache and matches eager transformers (prefill, then decode)."""
-    ref, ours = _pair(_config(*MODELS_UNDER_TEST["llama"][:2]))
+    ref, ours = model_pair(config_of(*MODELS_UNDER_TEST["llama"][:2]))
     graphs, backend = _graph_counter()
     torch._dynamo.reset()
     ours.forward = torch.compile(ours.forward, backend=backend, fullgraph=True)
@@ -534,7 +528,7 @@ def test_torch_compile_keeps_the_fa_path_as_one_op_of_the_graph(monkeypatch):
     """On a GPU kernel (here FA's varlen call, the flash_attn.cute stand-in) each attention call is one opaque op
     (``attngate::plain_kernel_attention``) of a single graph, ``fullgraph=True``, and the compiled model matches eager,
     prefill and static-cache decode."""
-    ref, ours = _pair(_config(*MODELS_UNDER_TEST["llama"][:2]))
+    ref, ours = model_pair(config_of(*MODELS_UNDER_TEST["llama"][:2]))
     calls = _on_fa_standin(monkeypatch)
     configure(ours, ServerArgs(), FA_HOST)
     ids, mask = _batch()

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from unittest import mock
 
 import torch
-from helpers import MODELS
 
 from attngate import ForwardMode, LayerKind, ModelFacts, Platform, ServerArgs, resolve
 from attngate.backends.reference import ReferenceBackend
@@ -18,6 +17,7 @@ from attngate.runtime.batch_builder import BatchSetup, build_batch
 from attngate.runtime.forward_batch import ForwardBatch
 from attngate.runtime.kv_cache import MHATokenToKVPool
 from attngate.runtime.layer import AttentionLayer
+from tests.support.helpers import MODELS
 
 
 @dataclass(frozen=True)
@@ -388,7 +388,7 @@ def assert_mla_replays_match_reference(backend_cls, plan, layer: AttentionLayer,
     replayed for three rounds of other lengths whose requests sit in other rows of req_to_token (handed to the replay
     as a new tensor), each within 1e-4 of the reference backend. ``make_batch(requests, mode, seed)`` returns
     ``(setup, (pool, reference_pool), q, latent)``."""
-    from standins.graphs import RECORDER
+    from tests.support.standins.graphs import RECORDER
 
     per_req = 1 if mode == ForwardMode.DECODE else 3
     rounds = [[(5, per_req), (40, per_req)], [(70, per_req), (0, per_req)], [(16, per_req), (100, per_req)]]
@@ -473,7 +473,7 @@ class Graph:
             with torch.cuda.graph(self.graph):
                 self.out = fn()
         else:
-            from standins.graphs import RECORDER
+            from tests.support.standins.graphs import RECORDER
 
             self.recorder = RECORDER
             with RECORDER.capture(self.name):

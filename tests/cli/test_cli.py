@@ -6,10 +6,10 @@ import json
 import re
 
 import pytest
-from helpers import MODELS
 from typer.testing import CliRunner
 
 from attngate.cli import app
+from tests.support.helpers import MODELS
 
 runner = CliRunner(env={"COLUMNS": "240"})
 EMBED = [
@@ -297,7 +297,7 @@ def test_explain_fits_one_screen_in_plain_text(config, backend):
 def test_explain_of_embedding_gemma_fits_one_screen_and_names_its_adjustments(tmp_path):
     """R33's adjustments each once, the FlashInfer refusal with its reason, and triton accepted (its verdict is what
     asking for it gives: no KV-pool adjustment for a non-FA backend)."""
-    from helpers import EMBEDDING_GEMMA
+    from tests.support.helpers import EMBEDDING_GEMMA
 
     config = tmp_path / "config.json"
     config.write_text(json.dumps(EMBEDDING_GEMMA))
@@ -386,7 +386,7 @@ def test_explain_shows_where_sglang_differs_on_purpose():
 
 
 def test_conform_without_sglang_names_the_extra_and_the_install_command():
-    try:  # the main CI venv has no SGLang (tests/sglang_conformance runs where it is)
+    try:  # the main CI venv has no SGLang (tests/integrations/sglang runs where it is)
         import sglang  # noqa: F401
 
         pytest.skip(

@@ -6,10 +6,10 @@ import json
 from collections import Counter
 
 import pytest
-from helpers import MODELS
 
 from attngate import ModelConfigError, ModelFacts
 from attngate.facts.modes import LayerKind as K
+from tests.support.helpers import MODELS
 
 # name: (arch, q heads, kv heads, head_dim, v_head_dim, window, chunk, layer kind counts, sinks, softcap, enc-dec)
 EXPECTED = {
@@ -172,7 +172,7 @@ def test_exaone4_letter_pattern_repeats_local_and_global_layers():
 def test_a_bidirectional_decoder_keeps_its_layer_kinds_and_halves_its_window():
     """EmbeddingGemma (use_bidirectional_attention): the sliding/global pattern stays, the window is transformers'
     |q - k| < sliding_window // 2 + 1 (so sliding_window_size 256 on each side); a non-bool flag is an error."""
-    from helpers import embedding_gemma
+    from tests.support.helpers import embedding_gemma
 
     m = embedding_gemma()
     assert m.use_bidirectional_attention and m.sliding_window == 257 and m.is_hybrid_swa and not m.is_encoder_only

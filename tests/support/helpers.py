@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from attngate import ModelFacts, Platform, ServerArgs, resolve
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "examples" / "models"
 
 

@@ -13,8 +13,8 @@ import types
 
 import torch
 
-from standins.graphs import RECORDER
-from standins.kernel_math import attend, heuristic_chunk, request_mask
+from tests.support.standins.graphs import RECORDER
+from tests.support.standins.kernel_math import attend, heuristic_chunk, request_mask
 
 BLOCK_N = 128  # keys per tile: splits cut at tile boundaries
 #: The compute capability major the stand-in runs as (the real kernel reads the GPU's, or FLASH_ATTENTION_ARCH): its

@@ -11,7 +11,6 @@ import random
 
 import pytest
 import z3
-from helpers import MODELS, fa3_gpu, model, resolve_flags
 
 from attngate import (
     ForwardMode,
@@ -27,6 +26,7 @@ from attngate.analysis.lint import lint_rules
 from attngate.facts.catalogue import FACTS, base_facts
 from attngate.plan.registry import GATES
 from attngate.rules.condition import gate_key
+from tests.support.helpers import MODELS, fa3_gpu, model, resolve_flags
 
 FA_GPU = {"fa3": "sm90", "fa4": "sm100", "flashinfer": "sm90"}
 
@@ -88,7 +88,7 @@ def test_embedding_gemma_is_served_as_a_full_encoder():
     """R33: EmbeddingGemma becomes an embedding server without radix cache or chunked prefill (the FA fast path's
     preconditions); on SM90/SM100 with an FA or unset prefill backend, without a KV pool. Its layers are not causal
     and its sliding-window layers keep their window, which FlashInfer cannot bound after a query: refused."""
-    from helpers import embedding_gemma
+    from tests.support.helpers import embedding_gemma
 
     r = resolve(ServerArgs(), embedding_gemma(), Platform.from_name("sm90"))
     a = r.server_args
@@ -1418,7 +1418,7 @@ def test_explain_backend_verdicts_are_what_asking_for_each_backend_gives(gpu):
     """explain's per-backend verdict is the outcome of asking for that backend with the same other arguments:
     accepted (or chosen) exactly when resolve() with --attention-backend B keeps B for both phases. EmbeddingGemma
     included: its no-KV-pool adjustment (R33) is made only for an FA or unset backend, so triton stays accepted."""
-    from helpers import MODELS, embedding_gemma
+    from tests.support.helpers import MODELS, embedding_gemma
 
     configs = [model(p.stem) for p in sorted(MODELS.glob("*.json"))] + [embedding_gemma()]
     explained = 0

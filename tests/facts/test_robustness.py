@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import MODELS, SERVER_ARGS
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -19,6 +18,7 @@ from attngate.cli import app
 from attngate.errors import AttngateError, ModelConfigError, PlanLoadError, RulesError, ServerArgsError
 from attngate.plan.schema import Plan
 from attngate.rules.load import load_rules, parse_rules
+from tests.support.helpers import MODELS, SERVER_ARGS
 
 LLAMA = MODELS / "Llama-3.1-8B.json"
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
@@ -76,7 +76,7 @@ def test_a_device_is_refused_before_it_is_read():
 def test_a_fifo_is_refused_at_once_instead_of_blocking_until_a_writer_comes(tmp_path, command):
     import os
 
-    from helpers import MODELS
+    from tests.support.helpers import MODELS
 
     fifo = tmp_path / "pipe.json"
     os.mkfifo(fifo)

@@ -8,10 +8,10 @@ import subprocess
 import sys
 
 import pytest
-from helpers import ROOT, resolve_flags
 
 from attngate import Plan
 from attngate.errors import PlanLoadError
+from tests.support.helpers import ROOT, resolve_flags
 
 SCRIPT = """
 from attngate import ModelFacts, Platform, ServerArgs, resolve

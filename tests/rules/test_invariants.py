@@ -7,7 +7,6 @@ import itertools
 import json
 
 import pytest
-from helpers import MODELS, SERVER_ARGS, model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +18,7 @@ from attngate.facts.catalogue import base_facts
 from attngate.plan.registry import GATES
 from attngate.rules.condition import gate_key
 from attngate.rules.load import load_rules, parse_rules, shipped_rules_path
+from tests.support.helpers import MODELS, SERVER_ARGS, model
 
 SHIPPED = shipped_rules_path().read_text()
 

@@ -25,7 +25,7 @@ from attngate.integrations.sglang.conform import run_cases, summarize  # noqa: E
 from attngate.integrations.sglang.fields import check_mapping, sglang_field_names  # noqa: E402
 from attngate.integrations.sglang.verify import SglangMismatchError, verify  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MODELS = ROOT / "examples" / "models"
 SEEDS = Path(__file__).with_name("seed_cases.json")
 

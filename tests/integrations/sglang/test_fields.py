@@ -17,7 +17,7 @@ from attngate.integrations.sglang.fields import (
 from attngate.rules.deviations import matching_deviations
 from attngate.rules.load import parse_rules, shipped_rules_path
 
-MODELS = Path(__file__).resolve().parents[2] / "examples" / "models"
+MODELS = Path(__file__).resolve().parents[3] / "examples" / "models"
 
 
 def sglang_values(**overrides) -> dict:

@@ -22,8 +22,8 @@ import types
 
 import torch
 
-from standins.graphs import RECORDER
-from standins.kernel_math import attend, heuristic_chunk, request_mask
+from tests.support.standins.graphs import RECORDER
+from tests.support.standins.kernel_math import attend, heuristic_chunk, request_mask
 
 FAMILIES = ("auto", "fa2", "fa3")
 MIN_CHUNK_TOKENS = 128

@@ -7,7 +7,6 @@ import textwrap
 
 import pytest
 import yaml
-from helpers import ROOT, model, resolve_flags
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +14,7 @@ from attngate import PlanError, Platform, RulesError, ServerArgs, resolve
 from attngate.analysis.lint import lint_rules
 from attngate.rules.load import parse_rules
 from attngate.rules.ruleset import RuleSet
+from tests.support.helpers import ROOT, model, resolve_flags
 
 HEAD = "version: 1\nrules:\n"
 

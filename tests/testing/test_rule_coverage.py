@@ -16,7 +16,7 @@ def test_one_resolve():
 
 
 def _inner(pytester, *args):
-    from helpers import MODELS
+    from tests.support.helpers import MODELS
 
     pytester.makepyfile(helpers_path=f"LLAMA = {str(MODELS / 'Llama-3.1-8B.json')!r}", test_inner=INNER)
     return pytester.runpytest_inprocess("-p", "no:cacheprovider", *args)
@@ -88,7 +88,7 @@ def test_a_config_without_known_failures(known_failures):
 
 
 def test_known_failures_fixture_makes_strict_xfails(pytester):
-    from helpers import MODELS
+    from tests.support.helpers import MODELS
 
     pytester.makepyfile(helpers_path=f"LLAMA = {str(MODELS / 'Llama-3.1-8B.json')!r}", test_known=KNOWN)
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-rxX")
@@ -100,12 +100,12 @@ def test_a_resolve_stopped_by_disagreeing_adjustments_still_counts_the_forbid_ru
     """fa4 prefill wants 128-token pages and flashmla decode 64: resolve stops in the adjust phase, reporting the
     matching forbid rule too, and coverage sees that rule fire."""
     import pytest
-    from helpers import MODELS
 
     from attngate import ModelFacts, PlanError, Platform, ServerArgs, resolve
     from attngate.engine.index import OBSERVERS
     from attngate.rules.load import load_rules
     from attngate.testing.coverage import RuleCoverage
+    from tests.support.helpers import MODELS
 
     rules = load_rules()
     coverage = RuleCoverage(rules.filename)

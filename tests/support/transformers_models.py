@@ -1,0 +1,128 @@
+"""Small models built from the real configs of ``examples/models/`` (2-4 layers, a small width, random weights),
+shared by the transformers differential tests on the CPU and on the GPU."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import torch
+import transformers
+
+from attngate.facts.modes import LayerKind
+from attngate.integrations.transformers import register
+from tests.support.helpers import MODELS
+
+SMALL = {
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "vocab_size": 96,
+    "num_hidden_layers": 2,
+}
+MLA = {
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "n_shared_experts": 1,
+    "head_dim": None,
+}
+# name: (config file, overrides on top of SMALL, layer kinds the truncated model must have)
+MODELS_UNDER_TEST = {
+    "llama": ("Llama-3.1-8B", {}, {LayerKind.FULL}),
+    "qwen3": ("Qwen3-8B", {}, {LayerKind.FULL}),
+    "mistral-swa": ("Mistral-7B-v0.1", {"sliding_window": 5}, {LayerKind.SLIDING_WINDOW}),
+    "gemma2-softcap-swa": (
+        "gemma-2-9b",
+        {
+            "num_hidden_layers": 4,
+            "sliding_window": 5,
+            "query_pre_attn_scalar": 12,
+            "head_dim": 16,
+            "num_attention_heads": 4,
+        },
+        {LayerKind.SLIDING_WINDOW, LayerKind.FULL},
+    ),
+    "gemma3-pattern": (
+        "gemma-3-1b-it",
+        {
+            "num_hidden_layers": 4,
+            "sliding_window": 4,
+            "sliding_window_pattern": 2,
+            "num_key_value_heads": 1,
+            "query_pre_attn_scalar": 8,
+        },
+        {LayerKind.SLIDING_WINDOW, LayerKind.FULL},
+    ),
+    "gpt-oss-sinks": (
+        "gpt-oss-20b",
+        {
+            "num_hidden_layers": 4,
+            "sliding_window": 5,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "experts_per_token": 2,
+            "quantization_config": None,
+            "layer_types": ["sliding_attention", "full_attention"] * 2,
+        },
+        {LayerKind.SLIDING_WINDOW, LayerKind.FULL},
+    ),
+    # MLA at the real latent geometry (kv_lora_rank 512 + qk_rope 64 = 576 cached values per token), fewer heads
+    # Llama 4's text model: chunked local attention (iRoPE) on three layers of four, chunks of 4 tokens so that
+    # prefill, the cached prefix and decode all cross chunk boundaries
+    "llama4-chunked": (
+        "Llama-4-Scout-17B-16E-Instruct",
+        {
+            "num_hidden_layers": 4,
+            "attention_chunk_size": 4,
+            "num_local_experts": 2,
+            "num_experts_per_tok": 1,
+            "intermediate_size_mlp": 96,
+        },
+        {LayerKind.CHUNKED_LOCAL, LayerKind.FULL},
+    ),
+    "deepseek-v2-mla": ("DeepSeek-V2-Lite", MLA, {LayerKind.FULL}),
+    "deepseek-v3-mla": (
+        "DeepSeek-V3",
+        {
+            **MLA,
+            "q_lora_rank": 32,
+            "n_group": 2,
+            "topk_group": 1,
+            "first_k_dense_replace": 1,
+            "quantization_config": None,
+        },
+        {LayerKind.FULL},
+    ),
+}
+
+
+def config_of(file: str, overrides: dict):
+    """A small transformers config of ``examples/models/<file>.json`` (its text model), ``SMALL`` and ``overrides``
+    applied."""
+    raw = json.loads((MODELS / f"{file}.json").read_text())
+    raw = raw.get("text_config", raw)  # a multimodal checkpoint: its text model
+    raw.update(SMALL)
+    raw.update(overrides)
+    raw = {k: v for k, v in raw.items() if v is not None and k not in ("auto_map", "torch_dtype", "dtype")}
+    raw["pad_token_id"] = raw["bos_token_id"] = raw["eos_token_id"] = 0
+    return transformers.AutoConfig.for_model(**raw)
+
+
+def model_pair(cfg, auto=None):
+    """The same random weights twice: transformers' eager attention and attngate's (float32, seeded)."""
+    auto = auto or transformers.AutoModelForCausalLM
+    register()
+    torch.manual_seed(0)
+    ref = auto.from_config(copy.deepcopy(cfg), attn_implementation="eager", dtype=torch.float32).eval()
+    ours = auto.from_config(copy.deepcopy(cfg), attn_implementation="attngate", dtype=torch.float32).eval()
+    ours.load_state_dict(ref.state_dict())
+    return ref, ours
