@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("flashinfer")
 pytest.importorskip("flash_attn.cute")
 
-from gpu.test_transformers_plain import TOL, _pair  # noqa: E402
+from tests.gpu.test_transformers_plain import TOL, model_pair  # noqa: E402
 
 from attngate import ForwardMode, ServerArgs  # noqa: E402
 from attngate.backends.plan_backend import PlanBackend  # noqa: E402
@@ -39,7 +39,7 @@ PROMPTS, CHUNK, DECODED = (40, 27), 16, 8  # prompt tokens; the first EXTEND; to
     ids=[f"{n}-{f.replace(' ', '') or 'default'}-{p}" for n, f, p, _ in CASES],
 )
 def test_the_runtime_on_the_plans_kernels_matches_sdpa(name, flags, page_size, backends):
-    ref, ours = _pair(name)
+    ref, ours = model_pair(name)
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(1, 512, (n,), generator=gen).cuda() for n in PROMPTS]
     with torch.no_grad():
