@@ -13,11 +13,10 @@ pytest.importorskip("transformers")
 pytest.importorskip("flashinfer")
 pytest.importorskip("flash_attn.cute")
 
-from tests.gpu.test_transformers_plain import TOL, model_pair  # noqa: E402
-
 from attngate import ForwardMode, ServerArgs  # noqa: E402
 from attngate.backends.plan_backend import PlanBackend  # noqa: E402
 from attngate.integrations.transformers import AttngateRuntime  # noqa: E402
+from tests.gpu.test_transformers_plain import TOL, model_pair  # noqa: E402
 
 # (model, flags, page_size, backend of EXTEND / DECODE); FA's paged calls on SM90 take pages of 1 or 128 tokens
 CASES = [

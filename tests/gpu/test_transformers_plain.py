@@ -271,12 +271,12 @@ def test_cross_attention_models_on_fa_varlen_match_eager(name):
     """Mllama (two images per request, text between them seeing only the first, one request seeing one tile of its
     second) and Whisper (encoder, decoder self and cross attention) in bf16, every attention layer through FA4's
     varlen kernel: a cross layer as one non-causal row per run of queries that see the same keys."""
-    from integrations.test_transformers_plain import _mllama_pair, _two_images
+    from tests.support.transformers_models import mllama_pair, two_images
 
     if name == "mllama":
-        ref, ours, _ = _mllama_pair(hidden_size=512)
+        ref, ours, _ = mllama_pair(hidden_size=512)
         ref, ours = (m.to("cuda", torch.bfloat16) for m in (ref, ours))
-        inputs = {k: v.cuda() for k, v in _two_images().items()}
+        inputs = {k: v.cuda() for k, v in two_images().items()}
         inputs["pixel_values"] = inputs["pixel_values"].to(torch.bfloat16)
         model = ours.model.language_model
     else:

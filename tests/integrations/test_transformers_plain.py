@@ -4,7 +4,6 @@ transformers' DynamicCache and static cache, greedy and sampled decoding."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
@@ -15,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 from attngate import Platform, ServerArgs  # noqa: E402
 from attngate.integrations.transformers import AttngateRuntime, configure  # noqa: E402
 from attngate.integrations.transformers_plain import plan_of  # noqa: E402
-from tests.support.transformers_models import MODELS_UNDER_TEST, config_of, model_pair
+from tests.support.transformers_models import MODELS_UNDER_TEST, config_of, mllama_pair, model_pair, two_images
 
 ATOL = 1e-4
 FA_HOST = Platform.from_name("sm90", kernels=["flash_attn.cute"])  # the plan runs FA through flash_attn.cute
@@ -200,81 +199,16 @@ def _on_fa_standin(monkeypatch) -> list[tuple[list[int], list[int], bool]]:
     return calls
 
 
-def _mllama_pair(hidden_size: int = 64):
-    """A small Mllama (Llama 3.2 Vision) with its cross-attention gates open (transformers initialises them to 0, which
-    would hide the cross layers' output); the vision tower on eager, the language model on attngate."""
-    vision = dict(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_global_layers=1,
-        num_attention_heads=2,
-        image_size=28,
-        patch_size=14,
-        max_num_tiles=2,
-        intermediate_layers_indices=[0],
-        vision_output_dim=64,
-        supported_aspect_ratios=[[1, 1], [1, 2], [2, 1]],
-    )
-    text = dict(
-        vocab_size=128,
-        hidden_size=hidden_size,
-        intermediate_size=96,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        cross_attention_layers=[1, 3],
-        rope_scaling=None,
-        pad_token_id=0,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    cfg = transformers.MllamaConfig(vision_config=vision, text_config=text, image_token_index=127)
-    torch.manual_seed(0)
-    ref = transformers.MllamaForConditionalGeneration._from_config(
-        copy.deepcopy(cfg), attn_implementation="eager", dtype=torch.float32
-    )
-    with torch.no_grad():
-        for name, param in ref.named_parameters():
-            if "gate" in name and param.numel() == 1:
-                param.fill_(1.0)
-    ours = transformers.MllamaForConditionalGeneration._from_config(
-        copy.deepcopy(cfg),
-        attn_implementation={"text_config": "attngate", "vision_config": "eager", "": "eager"},
-        dtype=torch.float32,
-    )
-    ours.load_state_dict(ref.state_dict())
-    return ref.eval(), ours.eval(), cfg
-
-
-def _two_images():
-    """Two requests with two images each (image tokens at 3 and 7, two tiles each): text between them sees the first
-    image, text after the second only the second; the second request sees one tile of its second image."""
-    ids = torch.randint(1, 120, (2, 12), generator=torch.Generator().manual_seed(0))
-    ids[:, [3, 7]] = 127
-    cross = torch.zeros(2, 12, 2, 2, dtype=torch.long)
-    cross[:, 3:7, 0] = 1
-    cross[:, 7:, 1] = 1
-    cross[1, 7:, 1, 1] = 0
-    return dict(
-        input_ids=ids,
-        pixel_values=torch.randn(2, 2, 2, 3, 28, 28, generator=torch.Generator().manual_seed(2)),
-        aspect_ratio_ids=torch.tensor([[2, 2], [2, 2]]),
-        aspect_ratio_mask=torch.ones(2, 2, 2, dtype=torch.long),
-        cross_attention_mask=cross,
-    )
-
-
 @pytest.mark.parametrize("path", ["torch", "fa_varlen"])
 def test_cross_attention_keeps_each_querys_images(path, monkeypatch):
     """Mllama's cross-attention layers: which image tiles a text token sees is request data in transformers' mask, kept
     per query (not the union over a request's queries, which showed every token the tiles any token sees). Through FA's
     varlen call (the stand-in) each run of queries that see the same tiles is one non-causal row over those tiles."""
-    ref, ours, _ = _mllama_pair()
+    ref, ours, _ = mllama_pair()
     if path == "fa_varlen":
         calls = _on_fa_standin(monkeypatch)
         configure(ours.model.language_model, ServerArgs(), FA_HOST)
-    inputs = _two_images()
+    inputs = two_images()
     with torch.no_grad():
         expected, got = ref(**inputs).logits, ours(**inputs).logits
         assert (expected - got).abs().max().item() < ATOL
@@ -291,7 +225,7 @@ def test_a_vision_towers_attention_is_refused_naming_its_sub_config():
     for language models: a ModelConfigError that says how to give the tower its own implementation."""
     from attngate.errors import ModelConfigError
 
-    _, _, cfg = _mllama_pair()
+    _, _, cfg = mllama_pair()
     model = transformers.MllamaForConditionalGeneration._from_config(
         cfg, attn_implementation="attngate", dtype=torch.float32
     ).eval()
@@ -299,7 +233,7 @@ def test_a_vision_towers_attention_is_refused_naming_its_sub_config():
         ModelConfigError, match="attn_implementation=\\{'text_config': 'attngate', 'vision_config': 'sdpa'\\}"
     ):
         with torch.no_grad():
-            model(**_two_images())
+            model(**two_images())
 
 
 def test_configure_names_a_bad_argument():

@@ -126,3 +126,68 @@ def model_pair(cfg, auto=None):
     ours = auto.from_config(copy.deepcopy(cfg), attn_implementation="attngate", dtype=torch.float32).eval()
     ours.load_state_dict(ref.state_dict())
     return ref, ours
+
+
+def mllama_pair(hidden_size: int = 64):
+    """A small Mllama (Llama 3.2 Vision) with its cross-attention gates open (transformers initialises them to 0, which
+    would hide the cross layers' output); the vision tower on eager, the language model on attngate."""
+    vision = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_global_layers=1,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=14,
+        max_num_tiles=2,
+        intermediate_layers_indices=[0],
+        vision_output_dim=64,
+        supported_aspect_ratios=[[1, 1], [1, 2], [2, 1]],
+    )
+    text = dict(
+        vocab_size=128,
+        hidden_size=hidden_size,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        cross_attention_layers=[1, 3],
+        rope_scaling=None,
+        pad_token_id=0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    cfg = transformers.MllamaConfig(vision_config=vision, text_config=text, image_token_index=127)
+    torch.manual_seed(0)
+    ref = transformers.MllamaForConditionalGeneration._from_config(
+        copy.deepcopy(cfg), attn_implementation="eager", dtype=torch.float32
+    )
+    with torch.no_grad():
+        for name, param in ref.named_parameters():
+            if "gate" in name and param.numel() == 1:
+                param.fill_(1.0)
+    ours = transformers.MllamaForConditionalGeneration._from_config(
+        copy.deepcopy(cfg),
+        attn_implementation={"text_config": "attngate", "vision_config": "eager", "": "eager"},
+        dtype=torch.float32,
+    )
+    ours.load_state_dict(ref.state_dict())
+    return ref.eval(), ours.eval(), cfg
+
+
+def two_images():
+    """Two requests with two images each (image tokens at 3 and 7, two tiles each): text between them sees the first
+    image, text after the second only the second; the second request sees one tile of its second image."""
+    ids = torch.randint(1, 120, (2, 12), generator=torch.Generator().manual_seed(0))
+    ids[:, [3, 7]] = 127
+    cross = torch.zeros(2, 12, 2, 2, dtype=torch.long)
+    cross[:, 3:7, 0] = 1
+    cross[:, 7:, 1] = 1
+    cross[1, 7:, 1, 1] = 0
+    return dict(
+        input_ids=ids,
+        pixel_values=torch.randn(2, 2, 2, 3, 28, 28, generator=torch.Generator().manual_seed(2)),
+        aspect_ratio_ids=torch.tensor([[2, 2], [2, 2]]),
+        aspect_ratio_mask=torch.ones(2, 2, 2, dtype=torch.long),
+        cross_attention_mask=cross,
+    )
