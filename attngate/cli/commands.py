@@ -110,12 +110,18 @@ def _server_args(flags: list[str], args_file: Path | None):
 @app.command()
 def lint(file: Optional[Path] = typer.Argument(None, help="rules file (default: the shipped rules.yaml)")) -> None:
     """Report every load, schema and type error of a rules file, then its static findings (conflicts, dead rules)."""
-    from attngate.errors import RulesError
+    from attngate.errors import RulesError, UsageError
     from attngate.rules.load import load_rules
 
     try:
         rule_set = load_rules(file)
     except RulesError as err:
+        raise fail(err) from None
+    from attngate.analysis import require_z3
+
+    try:
+        require_z3()
+    except UsageError as err:
         raise fail(err) from None
     from attngate.analysis.lint import lint_rules
 
@@ -138,14 +144,17 @@ def diff(
     """For every gate of every scope (and acceptance and adjustments): does some input make OLD and NEW resolve it
     differently? Each difference with a witness input and the rules responsible on each side.
     Exit 0 equivalent, 1 different, 2 bad input."""
-    from attngate.analysis.diff import diff_rules
+    from attngate.analysis import require_z3
     from attngate.errors import AttngateError, load_all
     from attngate.rules.load import load_rules
 
     try:
         loaded = load_all(lambda: load_rules(old), lambda: load_rules(new))
+        require_z3()
     except AttngateError as err:
         raise fail(err) from None
+    from attngate.analysis.diff import diff_rules
+
     differences = diff_rules(*loaded)
     if output is OutputFormat.json:
         import dataclasses

@@ -399,3 +399,12 @@ def test_conform_without_sglang_names_the_extra_and_the_install_command():
     assert "attngate[sglang]" in res.output and "pip install --no-deps sglang==0.5.23" in res.output
     bad = runner.invoke(app, ["conform"])
     assert bad.exit_code == 2 and "give exactly one of them" in bad.output
+
+
+def test_lint_without_z3_names_the_extra_to_install(monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "z3" else find_spec(name, *a))
+    res = CliRunner().invoke(app, ["lint"])
+    assert res.exit_code == 2 and "needs z3-solver" in res.output and "attngate[analysis]" in res.output

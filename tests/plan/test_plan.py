@@ -55,6 +55,15 @@ def test_plan_is_frozen_and_fingerprint_tracks_content():
         a.fa.num_splits = 4  # type: ignore[misc]
 
 
+def test_resolve_and_explain_never_import_z3():
+    code = (
+        "import sys; from typer.testing import CliRunner; from attngate.cli import app; "
+        "r = CliRunner().invoke(app, ['explain', '--model', 'examples/models/Llama-3.1-8B.json', '--gpu', 'sm90']); "
+        "assert r.exit_code == 0, r.output; assert 'z3' not in sys.modules, 'z3 imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
 def test_core_never_imports_torch():
     code = "import sys, attngate, attngate.cli, attngate.analysis.lint; import attngate.cli.render; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
