@@ -408,3 +408,10 @@ def test_lint_without_z3_names_the_extra_to_install(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "z3" else find_spec(name, *a))
     res = CliRunner().invoke(app, ["lint"])
     assert res.exit_code == 2 and "needs z3-solver" in res.output and "attngate[analysis]" in res.output
+
+
+def test_version_prints_the_installed_version():
+    from importlib.metadata import version
+
+    res = CliRunner().invoke(app, ["--version"])
+    assert res.exit_code == 0 and res.output.strip() == f"attngate {version('attngate')}"
