@@ -1,6 +1,6 @@
 """The FA backend's CUDA graphs: static seqused_k and page_table buffers (and the encoder's and the local
 batches' where the layers have them), one FaMetadata per captured (forward mode, batch size), refilled in place at
-replay. A mixin of :class:`attngate.backends.fa.FlashAttentionBackend`, whose metadata fill it calls."""
+replay. A mixin of :class:`attngate.backends.flashattention.FlashAttentionBackend`, whose metadata fill it calls."""
 
 from __future__ import annotations
 
