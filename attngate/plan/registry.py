@@ -41,7 +41,7 @@ def _specs(scope: Scope, groups: dict[str, type[BaseModel]]) -> list[GateSpec]:
                     scope=scope,
                     group=group,
                     field=field,
-                    type=FactType.from_annotation(info.annotation),
+                    type=FactType.from_field(info),  # with its domain (ge/le)
                     default=info.default,
                     from_fact=extra.get("from_fact"),
                     doc=info.description or "",

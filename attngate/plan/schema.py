@@ -30,10 +30,12 @@ from attngate.util.suggest import did_you_mean
 from attngate.util.validated import ValidatedModel
 
 
-def gate(default: Any, doc: str, *, from_fact: str | None = None) -> Any:
-    """Declare a gate: its default, what it means, and (``from_fact``) a fact that supplies the default."""
+def gate(default: Any, doc: str, *, from_fact: str | None = None, ge: int | None = None, le: int | None = None) -> Any:
+    """Declare a gate: its default, what it means, (``from_fact``) a fact that supplies the default, and the domain
+    of a number (``ge``/``le``, inclusive): a rule setting a value outside it does not load, a plan holding one does
+    not validate."""
     extra = {"from_fact": from_fact} if from_fact else None
-    return Field(default, description=doc, json_schema_extra=extra)
+    return Field(default, description=doc, json_schema_extra=extra, ge=ge, le=le)
 
 
 class _Group(BaseModel):
@@ -67,7 +69,7 @@ class FlashAttentionGates(_FaGroup):
     precompute_scheduler_metadata: bool = gate(
         True, "Compute FA3 scheduler_metadata once per decode batch (and at CUDA-graph capture/replay)."
     )
-    num_splits: int = gate(0, "split-KV count passed to every FA call; 0 = the kernel chooses.")
+    num_splits: int = gate(0, "split-KV count passed to every FA call; 0 = the kernel chooses.", ge=0)
     provider: Literal["flash_attn.cute", "flash_attn_interface"] = gate(
         "flash_attn.cute",
         "The FlashAttention package the backend calls: FA4 (flash_attn.cute) or FA3 (flash_attn_interface).",
@@ -85,14 +87,14 @@ class FlashInferGates(_FlashInferGroup):
         "EXTEND: new tokens through the ragged wrapper, cached prefix through the paged wrapper, merged with merge_state.",
     )
     prefill_fixed_split_size: Optional[int] = gate(
-        None, "fixed_split_size (tokens) of every prefill plan; None = FlashInfer chooses."
+        None, "fixed_split_size (tokens) of every prefill plan; None = FlashInfer chooses.", ge=1
     )
     decode_fixed_split_size: Optional[int] = gate(
-        None, "fixed_split_size (tokens) of every eager decode plan; None = FlashInfer chooses."
+        None, "fixed_split_size (tokens) of every eager decode plan; None = FlashInfer chooses.", ge=1
     )
     cuda_graph_disable_split_kv: bool = gate(False, "disable_split_kv of every CUDA-graph decode plan.")
     decode_use_tensor_cores: bool = gate(False, "use_tensor_cores of every decode wrapper.")
-    workspace_size_mb: int = gate(384, "float workspace buffer, MiB.")
+    workspace_size_mb: int = gate(384, "float workspace buffer, MiB.", ge=1)
     prefill_kernel_family: Literal["fa2", "fa3"] = gate(
         "fa2", "Kernel family of the prefill (ragged and paged) wrappers."
     )
@@ -120,15 +122,18 @@ class FlashInferGates(_FlashInferGroup):
 class CommonGates(_Group):
     """Read by every backend."""
 
-    page_size: int = gate(1, "tokens per KV page", from_fact="page_size")
+    page_size: int = gate(1, "tokens per KV page", from_fact="page_size", ge=1)
     attn_tp_size: int = gate(
-        1, "ranks one attention layer's heads are split over (attention TP)", from_fact="attn_tp_size"
+        1, "ranks one attention layer's heads are split over (attention TP)", from_fact="attn_tp_size", ge=1
     )
     num_q_heads_per_rank: int = gate(
-        1, "query heads of one attention TP rank: what a backend's layers carry", from_fact="num_q_heads_per_rank"
+        1,
+        "query heads of one attention TP rank: what a backend's layers carry",
+        from_fact="num_q_heads_per_rank",
+        ge=1,
     )
     num_kv_heads_per_rank: int = gate(
-        1, "KV heads of one rank (replicated beyond the model's KV heads)", from_fact="num_kv_heads_per_rank"
+        1, "KV heads of one rank (replicated beyond the model's KV heads)", from_fact="num_kv_heads_per_rank", ge=1
     )
     kv_cache_dtype: str = gate("auto", "KV cache storage dtype", from_fact="kv_cache_dtype")
     cuda_graph: bool = gate(True, "CUDA graphs are captured at all.")
@@ -188,7 +193,9 @@ class ModeGates(_Group):
 
 
 class FlashInferLayerGates(_FlashInferGroup):
-    wrapper_index: int = gate(0, "Which wrapper of the set a layer of this kind runs through.")
+    wrapper_index: int = gate(
+        0, "Which wrapper of the set (of at most two) a layer of this kind runs through.", ge=0, le=1
+    )
 
 
 class CommonLayerGates(_Group):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -45,6 +46,18 @@ def test_json_round_trip_and_tamper_detection():
         Plan.from_json(tampered)
     with pytest.raises(PlanLoadError, match="prefill_backend"):
         Plan.from_json('{"decode_backend": "fa3"}')
+
+
+def test_a_plan_outside_its_gates_domains_does_not_load():
+    """Gate domains (page_size >= 1, split counts >= 0, workspace > 0, ...) hold for a plan loaded without a
+    fingerprint too: every value outside one is named."""
+    body = json.loads(resolve_flags("--attention-backend fa3", "Llama-3.1-8B").plan.to_json())
+    del body["fingerprint"]
+    body["common"]["page_size"], body["fa"]["num_splits"], body["flashinfer"]["workspace_size_mb"] = 0, -5, 0
+    with pytest.raises(PlanLoadError) as err:
+        Plan.from_json(json.dumps(body))
+    text = str(err.value)
+    assert "page_size" in text and "num_splits" in text and "workspace_size_mb" in text
 
 
 def test_plan_is_frozen_and_fingerprint_tracks_content():

@@ -63,6 +63,19 @@ def test_condition_errors_have_locations(when, expected):
     assert any(expected in p for p in found), found
 
 
+@pytest.mark.parametrize(
+    "gate, value, expected",
+    [
+        ("common.page_size", 0, "common.page_size is int in [1, inf], got 0"),
+        ("fa.num_splits", -5, "fa.num_splits is int in [0, inf], got -5"),
+        ("flashinfer.prefill_fixed_split_size", 0, "flashinfer.prefill_fixed_split_size is int in [1, inf] or None"),
+    ],
+)
+def test_a_rule_setting_a_gate_outside_its_domain_does_not_load(gate, value, expected):
+    found = problems(HEAD + rule(when="True", set={gate: value}))
+    assert any(p.startswith("rules.yaml:") and expected in p for p in found), found
+
+
 def test_every_error_of_a_file_in_one_run():
     text = (
         HEAD
