@@ -4,6 +4,8 @@ the gate registry, every problem collected with ``file:line:col``."""
 from __future__ import annotations
 
 import dataclasses
+import keyword
+import re
 from typing import Any
 
 from pydantic import ValidationError
@@ -21,6 +23,7 @@ from attngate.types import FactType, Scope
 from attngate.util.suggest import did_you_mean
 from attngate.util.yaml_source import YamlDocument
 
+_PREDICATE_NAME = re.compile(r"[a-z_][a-z0-9_]*")
 _GLOBAL_FACT_TYPES = {name: spec.type for name, spec in FACTS.items()}
 _ADJUSTABLE = {name: FACTS[name].type for name in ServerArgs.model_fields}
 _GLOBAL_GATE_TYPES = {name: g.type for name, g in GATES.items() if g.scope == "global"}
@@ -78,8 +81,14 @@ def _check_predicates(raw: Any, doc: YamlDocument, problems: list[Problem]) -> l
     readable = dict(_GLOBAL_FACT_TYPES)
     for name, text in raw.items():
         path = ("predicates", name)
-        if not isinstance(name, str) or not name.isidentifier():
-            problems.append(Problem(doc.where(path), f"predicate name {name!r} must be an identifier"))
+        if not isinstance(name, str) or not _PREDICATE_NAME.fullmatch(name) or keyword.iskeyword(name):
+            # ASCII only: Python reads identifiers NFKC-normalised, so a fullwidth name would read the fact it spells
+            problems.append(
+                Problem(
+                    doc.where(path),
+                    f"predicate name {name!r} must be a lower-case ASCII identifier (a-z, 0-9, _) and no keyword",
+                )
+            )
             continue
         if name in readable:
             problems.append(Problem(doc.where(path), f"predicate {name!r} shadows a fact or an earlier predicate"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator
 
 from attngate.facts.choices import AttentionBackendName
 
@@ -24,7 +24,7 @@ class RuleSpec(BaseModel):
     summary: str = Field(min_length=1, description="one line: what the rule decides")
     when: Union[StrictStr, StrictBool] = Field(description="condition over facts, a safe Python expression subset")
     backends: Optional[list[AttentionBackendName]] = Field(
-        None, description="applies only when the prefill or the decode backend is one of these"
+        None, min_length=1, description="applies only when the prefill or the decode backend is one of these"
     )
     set_: Optional[dict[str, Any]] = Field(None, alias="set", description="kind set: {gate: value}")
     adjust: Optional[dict[str, Any]] = Field(None, description="kind adjust: {server_arg: value}")
@@ -57,7 +57,7 @@ class RuleFileSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    version: Literal[1]
+    version: Literal[1] = Field(description="the rule language's version: the integer 1")
     predicates: dict[str, str] = Field(
         default_factory=dict,
         description="named boolean conditions that rules read like facts; each may read earlier ones",
@@ -69,6 +69,13 @@ class RuleFileSpec(BaseModel):
     deviations: list["DeviationSpec"] = Field(
         default_factory=list, description="deliberate differences from SGLang's resolution (`attngate conform`)"
     )
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version_is_an_integer(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # a bool is an int in Python: Literal[1] alone would take `true`
+            raise ValueError("version is the integer 1, not a bool")
+        return value
 
 
 class DeviationSpec(BaseModel):

@@ -76,6 +76,23 @@ def test_a_rule_setting_a_gate_outside_its_domain_does_not_load(gate, value, exp
     assert any(p.startswith("rules.yaml:") and expected in p for p in found), found
 
 
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("version: true\nrules: []\n", "rules.yaml:1:10: version: Value error, version is the integer 1, not a bool"),
+        (HEAD + rule(when="True", backends=[], set={"fa.num_splits": 1}), "backends: List should have at least 1 item"),
+        (  # fullwidth letters: Python would read the fact use_mla under this name
+            "version: 1\npredicates:\n  \uff55\uff53\uff45_\uff4d\uff4c\uff41: 'True'\nrules: []\n",
+            "must be a lower-case ASCII identifier",
+        ),
+        ("version: 1\npredicates:\n  lambda: 'True'\nrules: []\n", "predicate name 'lambda' must be"),
+    ],
+)
+def test_the_rule_language_closes_its_loopholes(text, expected):
+    found = problems(text)
+    assert any(expected in p for p in found), found
+
+
 def test_every_error_of_a_file_in_one_run():
     text = (
         HEAD
@@ -113,7 +130,7 @@ def test_every_error_of_the_predicates_and_invariants_in_one_run():
         rules:
         """) + rule(id="r", kind="forbid", when="use_mla", message="m", set={"fa.num_splits": 1})
     assert problems(text) == [
-        "rules.yaml:3:9: predicate name '1bad' must be an identifier",
+        "rules.yaml:3:9: predicate name '1bad' must be a lower-case ASCII identifier (a-z, 0-9, _) and no keyword",
         "rules.yaml:4:12: predicate 'use_mla' shadows a fact or an earlier predicate",
         "rules.yaml:5:15: predicate 'unfinished': syntax error: invalid syntax",
         "rules.yaml:20:7: rule 'r': 'set' does not belong to kind forbid",
