@@ -79,3 +79,19 @@ def test_the_json_report_gives_each_error_its_source_and_code(tmp_path):
         assert (e["rule"] is not None) == (e["source"] == "rule") and (e["rules"] == [e["rule"]]) == (
             e["source"] == "rule"
         )
+
+
+@pytest.mark.parametrize("value", [None, b"{}", {}, ["x"]])
+def test_a_library_call_given_the_wrong_type_names_the_parameter(value):
+    from attngate import ModelFacts, Plan, UsageError
+
+    for call, parameter in [
+        (lambda: Plan.from_json(value), "text"),
+        (lambda: parse_rules(value), "text"),
+        (lambda: ModelFacts.from_hf_dict(value), "raw"),
+    ]:
+        if parameter == "raw" and isinstance(value, dict):
+            continue  # a mapping is what from_hf_dict takes
+        with pytest.raises(UsageError) as err:
+            call()
+        assert err.value.problems[0].where == parameter

@@ -16,7 +16,9 @@ def explain(
     ctx: typer.Context,
     model: Path = typer.Option(..., "--model", help="config.json of the model, or its folder"),
     gpu: Optional[str] = typer.Option(
-        None, "--gpu", help="GPU architecture: sm80, sm90, sm100, sm120 (default: detect via torch)"
+        None,
+        "--gpu",
+        help="GPU: an architecture (sm80, sm90, sm100, 9.0, ...) or a product name (H100, B200, ...); default: detect via torch",
     ),
     kernels: Optional[str] = typer.Option(
         None,
@@ -171,7 +173,7 @@ def diff(
 @app.command()
 def matrix(
     models: list[Path] = typer.Argument(..., help="config.json files (or folders of them)"),
-    gpu: str = typer.Option(..., "--gpu", help="GPU architecture"),
+    gpu: str = typer.Option(..., "--gpu", help="GPU: an architecture (sm90, 9.0) or a product name (H100)"),
     kernels: Optional[str] = typer.Option(
         None,
         "--kernels",

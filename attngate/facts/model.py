@@ -174,7 +174,12 @@ class ModelFacts(ValidatedModel):
 
     @classmethod
     def from_hf_dict(cls, raw: dict[str, Any], *, source: str = "<config>") -> "ModelFacts":
-        """Build facts from a config mapping; every problem is collected into one ModelConfigError."""
+        """Build facts from a config mapping; every problem is collected into one ModelConfigError (UsageError for a
+        ``raw`` that is no mapping)."""
+        check_arguments(
+            ("raw", raw, dict, "a config.json's mapping; a path goes to ModelFacts.from_hf_config"),
+            ("source", source, str, "the name problems are reported under"),
+        )
         reader = ConfigReader(raw, source)
         fields = reader.read()
         if fields is None or reader.problems:  # keys read while building the fields add problems too

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
 from typing import get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -19,6 +20,35 @@ from attngate.util.suggest import did_you_mean
 
 #: What ``pip install attngate[gpu]`` installs: FlashInfer and FA4's flash_attn.cute (no FA3 wheel on PyPI).
 DEFAULT_PROVIDERS: tuple[str, ...] = ("flashinfer", "flash_attn.cute")
+
+#: data-center and workstation GPUs by product name (lower case, no spaces or dashes) -> their architecture
+GPU_PRODUCTS: dict[str, str] = {
+    "a100": "sm80", "a800": "sm80", "a30": "sm80",
+    "a10": "sm86", "a10g": "sm86", "a40": "sm86", "a6000": "sm86", "rtx3090": "sm86",
+    "l4": "sm89", "l40": "sm89", "l40s": "sm89", "rtx4090": "sm89", "rtx6000ada": "sm89",
+    "h100": "sm90", "h800": "sm90", "h200": "sm90", "h20": "sm90", "gh200": "sm90",
+    "b200": "sm100", "gb200": "sm100",
+    "b300": "sm103", "gb300": "sm103",
+    "rtx5090": "sm120", "rtxpro6000": "sm120",
+    "gb10": "sm121", "dgxspark": "sm121",
+}  # fmt: skip
+_ARCH = re.compile(r"(?:sm_?)?(\d{2,3})|(\d{1,2})\.(\d)")
+
+
+def _arch_of(name: str) -> str:
+    """``sm90``, ``SM90``, ``sm_90``, ``90`` or ``9.0`` (compute capability), or a product name (``H100``,
+    ``RTX 5090``) -> ``sm90``; anything else comes back as typed, for the caller to refuse."""
+    text = name.strip().lower()
+    product = GPU_PRODUCTS.get(text.replace(" ", "").replace("-", "").replace("_", "").removeprefix("nvidia"))
+    if product is not None:
+        return product
+    match = _ARCH.fullmatch(text)
+    if match is None:
+        return text
+    digits = match.group(1) or match.group(2) + match.group(3)
+    return f"sm{digits}"
+
+
 _PROVIDER_FIELD = {
     "flashinfer": "has_flashinfer",
     "flash_attn.cute": "has_flash_attn_cute",
@@ -64,15 +94,14 @@ class Platform(BaseModel):
             ("name", name, str, "e.g. 'sm90'"),
             ("kernels", kernels, (list, tuple, type(None)), "a list of provider names, e.g. ['flashinfer']"),
         )
-        text = name.strip().lower().removeprefix("sm_").removeprefix("sm").replace(".", "")
-        arch = f"sm{text}"
+        arch = _arch_of(name)
         problems = []
         if arch not in GPU_ARCHS:
             problems.append(
                 Problem(
                     "--gpu",
-                    f"unknown GPU architecture {name!r}; one of {', '.join(GPU_ARCHS)}"
-                    + did_you_mean(arch, get_args(GpuArch)),
+                    f"unknown GPU {name!r}; an architecture ({', '.join(GPU_ARCHS)}) or a product name "
+                    f"({', '.join(sorted(GPU_PRODUCTS))})" + did_you_mean(arch, [*get_args(GpuArch), *GPU_PRODUCTS]),
                 )
             )
         providers = dict.fromkeys(_PROVIDER_FIELD.values(), False)

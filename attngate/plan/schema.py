@@ -22,7 +22,7 @@ from pydantic import (
     computed_field,
 )
 
-from attngate.errors import PlanLoadError, Problem, UsageError
+from attngate.errors import PlanLoadError, Problem, UsageError, check_arguments
 from attngate.facts.choices import AttentionBackendName
 from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.util.inputs import parse_json
@@ -294,7 +294,9 @@ class Plan(ValidatedModel):
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
-        """Load a plan; a ``fingerprint`` in the JSON must match its content. Raises PlanLoadError."""
+        """Load a plan from its JSON text; a ``fingerprint`` in the JSON must match its content. Raises
+        PlanLoadError (UsageError for text that is no string)."""
+        check_arguments(("text", text, str, "the plan's JSON text; a mapping goes to Plan.model_validate"))
         data = parse_json(text, "plan", PlanLoadError)
         try:
             claimed = data.pop("fingerprint", None) if isinstance(data, dict) else None

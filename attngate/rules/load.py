@@ -44,7 +44,12 @@ def load_rules(path: str | Path | None = None) -> RuleSet:
 
 
 def parse_rules(text: str, filename: str = "rules.yaml") -> RuleSet:
-    """Parse and type-check rules from text. Raises RulesError listing every problem."""
+    """Parse and type-check rules from text. Raises RulesError listing every problem (UsageError for arguments that
+    are no strings)."""
+    check_arguments(
+        ("text", text, str, "the rules file's text; a path goes to load_rules"),
+        ("filename", filename, str, "the name problems are reported under"),
+    )
     doc, problems = load_yaml(text, filename)
     rules: list[Rule] = []
     predicates: list[Predicate] = []

@@ -138,7 +138,7 @@ def test_warnings_still_exit_0():
     "args, needle",
     [
         (["--model", "nope.json", "--gpu", "sm90"], "cannot read"),
-        (["--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm95"], "unknown GPU architecture"),
+        (["--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm95"], "unknown GPU 'sm95'"),
         (
             ["--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm90", "--attention-backnd", "fa3"],
             "did you mean '--attention-backend'",
@@ -167,7 +167,7 @@ def test_every_bad_input_reported_at_once(tmp_path):
     """Flags, model config, GPU and rules file all bad: one run names all four, not only the first."""
     res = explain("--model", str(tmp_path / "nope.json"), "--tp-size", "x", "--gpu", "sm99", "--rules", str(tmp_path))
     assert res.exit_code == 2
-    for needle in ("--tp-size", "nope.json: cannot read", "--gpu: unknown GPU architecture", "is a directory"):
+    for needle in ("--tp-size", "nope.json: cannot read", "--gpu: unknown GPU ", "is a directory"):
         assert needle in res.output, needle
 
 
@@ -178,7 +178,7 @@ def test_matrix_reports_every_bad_config(tmp_path):
         app, ["matrix", str(tmp_path / "nope.json"), str(bad), str(MODELS / "Qwen3-8B.json"), "--gpu", "sm91"]
     )
     assert res.exit_code == 2
-    for needle in ("nope.json: cannot read", f"{bad}:1:2: not JSON", "unknown GPU architecture 'sm91'"):
+    for needle in ("nope.json: cannot read", f"{bad}:1:2: not JSON", "unknown GPU 'sm91'"):
         assert needle in res.output, needle
 
 
