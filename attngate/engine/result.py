@@ -3,6 +3,7 @@ explanation of every value."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -140,3 +141,20 @@ class Resolution:
     @property
     def explanation(self) -> Explanation:
         return self._explain()
+
+    def __reduce__(self) -> tuple:
+        """Pickles with its explanation built (the builder is a closure over the engine's state): a Resolution
+        travels to another process (a server's scheduler or TP workers) whole."""
+        fields = [getattr(self, f.name) for f in dataclasses.fields(self)]
+        fields[[f.name for f in dataclasses.fields(self)].index("_explain")] = _Built(self.explanation)
+        return (type(self), tuple(fields))
+
+
+@dataclass(frozen=True)
+class _Built:
+    """An explanation already built, standing in for the builder after unpickling."""
+
+    explanation: Explanation
+
+    def __call__(self) -> Explanation:
+        return self.explanation
