@@ -4,6 +4,7 @@ reported with ``file:line:col``."""
 from __future__ import annotations
 
 import functools
+import threading
 from importlib import resources
 from pathlib import Path
 
@@ -26,6 +27,9 @@ def shipped_rules_path() -> Path:
     return Path(__file__).resolve().parents[2] / "rules.yaml"
 
 
+_LOADING = threading.Lock()
+
+
 @functools.lru_cache(maxsize=8)
 def _load_cached(path: str, mtime_ns: int) -> RuleSet:
     return parse_rules(read_text(path, RulesError, "rules file"), path)
@@ -40,7 +44,8 @@ def load_rules(path: str | Path | None = None) -> RuleSet:
         stat = path.stat()
     except OSError as exc:
         raise RulesError(Problem(str(path), f"cannot read rules file: {exc.strerror}")) from None
-    return _load_cached(str(path), stat.st_mtime_ns)
+    with _LOADING:  # threads resolving at a cold start wait for one parse instead of each parsing the file
+        return _load_cached(str(path), stat.st_mtime_ns)
 
 
 def parse_rules(text: str, filename: str = "rules.yaml") -> RuleSet:

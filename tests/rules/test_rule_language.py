@@ -472,3 +472,21 @@ def test_the_provers_derived_fact_definitions_agree_with_derived_facts(
 def test_a_condition_that_is_a_bare_number_is_an_error(when):
     found = problems(HEAD + rule(when=when, set={"fa.skip_kv_cache": True}))
     assert any("when: Input should be a valid boolean" in p for p in found), found
+
+
+def test_threads_loading_the_rules_at_a_cold_start_parse_them_once(monkeypatch):
+    import threading
+
+    from attngate.rules import load
+
+    parsed = []
+    real = load.parse_rules
+    monkeypatch.setattr(load, "parse_rules", lambda *a: parsed.append(a) or real(*a))
+    load._load_cached.cache_clear()
+    threads = [threading.Thread(target=load.load_rules) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    load._load_cached.cache_clear()  # the other tests' rules come from the real parse_rules again
+    assert len(parsed) == 1
