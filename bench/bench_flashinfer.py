@@ -49,7 +49,7 @@ def decode_plan_args(fi: FlashInferBackend, batch):
     """The page ranges of a decode batch and the positional plan() arguments the backend's wrapper 0 gets for it,
     prebuilt: what the benches call the raw ``plan()`` with."""
     from attngate.backends.page_ids import page_ids
-    from attngate.runtime.batch_metadata import BatchLengths, host
+    from attngate.backends.runtime.batch_metadata import BatchLengths, host
 
     rng = BatchLengths.from_batch(batch).kv_pages(fi.page_size)
     ids = page_ids(fi.req_to_token, batch.req_pool_indices, rng, fi.page_size)
@@ -58,7 +58,7 @@ def decode_plan_args(fi: FlashInferBackend, batch):
 
 def host_length_work(batch, page_size: int):
     """The backend's host-side work before a decode plan(): lengths, page ranges, the host tensors plan() gets."""
-    from attngate.runtime.batch_metadata import BatchLengths, host
+    from attngate.backends.runtime.batch_metadata import BatchLengths, host
 
     r = BatchLengths.from_batch(batch).kv_pages(page_size)
     return host(r.indptr), host(r.last_page_len)

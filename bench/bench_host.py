@@ -42,7 +42,7 @@ from common import decode_graph_replay, host_us, paired_host_us, paired_ms  # no
 from attngate import ForwardMode  # noqa: E402
 from attngate.backends import page_ids as page_id_ops  # noqa: E402
 from attngate.backends.page_ids import page_ids  # noqa: E402
-from attngate.runtime.batch_metadata import BatchLengths, host  # noqa: E402
+from attngate.backends.runtime.batch_metadata import BatchLengths, host  # noqa: E402
 from tests.support.backend_cases import GPU, make_case, plan_for, with_gate  # noqa: E402
 
 H, HKV, D = GPU.heads

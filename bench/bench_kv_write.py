@@ -18,7 +18,7 @@ sys.path[:0] = [str(ROOT)]
 
 from common import cuda_ms  # noqa: E402
 
-from attngate.runtime.kv_cache import MHATokenToKVPool  # noqa: E402
+from attngate.backends.runtime.kv_cache import MHATokenToKVPool  # noqa: E402
 
 HKV, D = 8, 128
 

@@ -25,7 +25,7 @@ from common import cuda_ms, paired_host_us, paired_ms  # noqa: E402
 from attngate import ForwardMode, LayerKind  # noqa: E402
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
 from attngate.backends.page_ids import page_ids  # noqa: E402
-from attngate.runtime.batch_metadata import BatchLengths, host  # noqa: E402
+from attngate.backends.runtime.batch_metadata import BatchLengths, host  # noqa: E402
 from tests.support.backend_cases import (  # noqa: E402
     GPU,
     SPECULATIVE_TREE,

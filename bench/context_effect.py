@@ -34,7 +34,7 @@ from bench_flashinfer import decode_plan_args, host_length_work  # noqa: E402
 from common import paired_host_us  # noqa: E402
 
 from attngate import ForwardMode, LayerKind  # noqa: E402
-from attngate.runtime.batch_metadata import BatchLengths, host  # noqa: E402
+from attngate.backends.runtime.batch_metadata import BatchLengths, host  # noqa: E402
 from tests.support.backend_cases import CPU, GPU, layer_of, make_case, plan_for  # noqa: E402
 
 PS = 16

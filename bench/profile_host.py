@@ -53,7 +53,7 @@ def parts(bs: int = 64) -> None:
     from common import host_us
 
     from attngate.backends import page_ids as pid
-    from attngate.runtime import batch_metadata as bm
+    from attngate.backends.runtime import batch_metadata as bm
 
     case = decode_case(bs, 16)
     batch, rtt = case.setup.batch, case.setup.req_to_token_pool.req_to_token
@@ -90,7 +90,7 @@ def launch_cost() -> None:
 
     from attngate.backends import page_ids as pid
     from attngate.backends import page_ids_triton as pt
-    from attngate.runtime import batch_metadata as bm
+    from attngate.backends.runtime import batch_metadata as bm
 
     out = {}
     for bs in (1, 64, 256):

@@ -8,11 +8,11 @@ from collections.abc import Sequence
 import torch
 
 from attngate.backends.checks import check_heads_per_rank, check_pool_dtype, check_served_layers, tree_mask_of
+from attngate.backends.runtime.forward_batch import ForwardBatch
+from attngate.backends.runtime.layer import AttentionLayer
 from attngate.errors import BackendRefusal, Problem
 from attngate.facts.modes import ForwardMode
 from attngate.plan.schema import Plan
-from attngate.runtime.forward_batch import ForwardBatch
-from attngate.runtime.layer import AttentionLayer
 
 
 class AttentionBackend(ABC):

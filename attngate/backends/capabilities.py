@@ -16,7 +16,7 @@ from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.plan.schema import Plan
 
 if TYPE_CHECKING:
-    from attngate.runtime.layer import AttentionLayer
+    from attngate.backends.runtime.layer import AttentionLayer
 
 #: KV cache dtypes stored in 16 bits ("auto": the model's, bf16 or fp16)
 SIXTEEN_BIT_KV = ("auto", "bf16", "bfloat16")

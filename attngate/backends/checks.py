@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 
+from attngate.backends.runtime.forward_batch import ForwardBatch
+from attngate.backends.runtime.layer import AttentionLayer
 from attngate.errors import BackendRefusal, BatchMetadataError, Problem, UsageError
 from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.plan.schema import Plan
-from attngate.runtime.forward_batch import ForwardBatch
-from attngate.runtime.layer import AttentionLayer
 
 
 def tree_mask_of(
@@ -146,7 +146,7 @@ def check_graph_batch(
 def check_capture_mode(plan: Plan, bs: int, mode: ForwardMode, max_bs: int | None) -> None:
     """UsageError unless a backend may capture a CUDA graph of ``bs`` requests in ``mode``: the plan's
     ``capture_cuda_graph`` table is the one source; an IDLE batch replays the DECODE graph, padded to its batch
-    size (:func:`attngate.runtime.dp_padding.pad_decode_batch`, as SGLang does), so it has no graph of its own.
+    size (:func:`attngate.backends.runtime.dp_padding.pad_decode_batch`, as SGLang does), so it has no graph of its own.
     ``max_bs``: what ``init_cuda_graph_state`` sized the static buffers for (None: it was not called); a larger
     batch would read slices of them shorter than itself."""
     if mode == ForwardMode.IDLE:
@@ -154,7 +154,7 @@ def check_capture_mode(plan: Plan, bs: int, mode: ForwardMode, max_bs: int | Non
             Problem(
                 "forward_mode",
                 "IDLE batches replay the DECODE graph padded to its batch size "
-                "(attngate.runtime.dp_padding.pad_decode_batch); capture DECODE",
+                "(attngate.backends.runtime.dp_padding.pad_decode_batch); capture DECODE",
             )
         )
     if not plan.mode(mode).common.capture_cuda_graph:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attngate.runtime.layer import AttentionLayer
+from attngate.backends.runtime.layer import AttentionLayer
 
 
 def fa_window_size(window_left: int | None, causal: bool) -> tuple[int | None, int | None]:

@@ -43,12 +43,12 @@ from attngate.backends.mla import (
     project_out,
 )
 from attngate.backends.page_ids import page_ids, page_table
+from attngate.backends.runtime.batch_metadata import BatchLengths, check_page_aligned, host
+from attngate.backends.runtime.forward_batch import ForwardBatch
+from attngate.backends.runtime.layer import AttentionLayer
 from attngate.errors import BackendRefusal, BatchMetadataError, Problem
 from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.plan.schema import Plan
-from attngate.runtime.batch_metadata import BatchLengths, check_page_aligned, host
-from attngate.runtime.forward_batch import ForwardBatch
-from attngate.runtime.layer import AttentionLayer
 
 
 class FlashAttentionBackend(FaCudaGraphs, AttentionBackend):

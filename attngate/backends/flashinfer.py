@@ -43,16 +43,16 @@ from attngate.backends.checks import check_batch, check_pool_page_size, is_fp8
 from attngate.backends.flashinfer_graphs import CapturedWrappers, FlashInferCudaGraphs
 from attngate.backends.flashinfer_mla import FlashInferMLABackend
 from attngate.backends.flashinfer_plans import FlashInferPlanning, WrapperSpec
-from attngate.errors import BackendRefusal, BatchMetadataError, Problem, UsageError
-from attngate.facts.modes import ForwardMode, LayerKind
-from attngate.plan.schema import Plan
-from attngate.runtime.batch_metadata import (
+from attngate.backends.runtime.batch_metadata import (
     BatchLengths,
     check_page_aligned,
     host,
 )
-from attngate.runtime.forward_batch import ForwardBatch
-from attngate.runtime.layer import AttentionLayer
+from attngate.backends.runtime.forward_batch import ForwardBatch
+from attngate.backends.runtime.layer import AttentionLayer
+from attngate.errors import BackendRefusal, BatchMetadataError, Problem, UsageError
+from attngate.facts.modes import ForwardMode, LayerKind
+from attngate.plan.schema import Plan
 from attngate.types import BatchPath
 
 

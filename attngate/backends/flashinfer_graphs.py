@@ -10,9 +10,9 @@ import torch
 
 from attngate.backends.checks import captured_graph, check_capture_mode, check_graph_batch
 from attngate.backends.page_ids import GraphPageIds
+from attngate.backends.runtime.batch_metadata import BatchLengths, check_page_aligned, host
 from attngate.errors import BatchMetadataError, Problem
 from attngate.facts.modes import ForwardMode
-from attngate.runtime.batch_metadata import BatchLengths, check_page_aligned, host
 from attngate.types import BatchPath
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from attngate.runtime.batch_metadata import BatchLengths, PageRange, host
+from attngate.backends.runtime.batch_metadata import BatchLengths, PageRange, host
 
 
 def prefix_window_mask(window_left: int, rng: PageRange, lens: BatchLengths, device: torch.device) -> torch.Tensor:

@@ -44,12 +44,12 @@ from attngate.backends.mla import (
     project_out,
 )
 from attngate.backends.page_ids import GraphPageIds, page_ids
+from attngate.backends.runtime.batch_metadata import BatchLengths, host
+from attngate.backends.runtime.forward_batch import ForwardBatch
+from attngate.backends.runtime.layer import AttentionLayer
 from attngate.errors import BackendRefusal, Problem, UsageError
 from attngate.facts.modes import ForwardMode
 from attngate.plan.schema import Plan
-from attngate.runtime.batch_metadata import BatchLengths, host
-from attngate.runtime.forward_batch import ForwardBatch
-from attngate.runtime.layer import AttentionLayer
 
 
 @dataclass

@@ -12,9 +12,9 @@ import torch
 from attngate.backends.flashinfer_graphs import CapturedWrappers
 from attngate.backends.flashinfer_masks import packed_tree_mask, prefix_window_mask
 from attngate.backends.page_ids import device_ranges, page_ids
+from attngate.backends.runtime.batch_metadata import BatchLengths, PageRange, host
 from attngate.errors import Problem, UsageError
 from attngate.facts.modes import LayerKind
-from attngate.runtime.batch_metadata import BatchLengths, PageRange, host
 
 
 @dataclass

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from attngate.backends.runtime.layer import AttentionLayer
 from attngate.errors import BatchMetadataError, Problem
-from attngate.runtime.layer import AttentionLayer
 
 
 def check_mla_weights(layer: AttentionLayer) -> None:

@@ -1,7 +1,7 @@
 """Page ids on the device, gathered from ``req_to_token`` with no host sync: kv_indices (FlashInfer's flat
 layout), page_table (FlashAttention's padded one), and the static buffers a CUDA graph rebuilds them in.
 
-The ranges come from :meth:`attngate.runtime.batch_metadata.BatchLengths.kv_pages` on the host; on CUDA with
+The ranges come from :meth:`attngate.backends.runtime.batch_metadata.BatchLengths.kv_pages` on the host; on CUDA with
 Triton installed one kernel gathers them (:mod:`attngate.backends.page_ids_triton`), elsewhere torch ops.
 """
 
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from attngate.backends.runtime.batch_metadata import PageRange, host
 from attngate.errors import BatchMetadataError, Problem
-from attngate.runtime.batch_metadata import PageRange, host
 
 
 def page_ids(

@@ -17,11 +17,11 @@ from attngate.backends.base import AttentionBackend
 from attngate.backends.capabilities import kernel_backend_refusals
 from attngate.backends.flashattention import FlashAttentionBackend
 from attngate.backends.flashinfer import FlashInferBackend
+from attngate.backends.runtime.forward_batch import ForwardBatch
+from attngate.backends.runtime.layer import AttentionLayer
 from attngate.errors import BackendRefusal
 from attngate.facts.modes import ForwardMode
 from attngate.plan.schema import Plan
-from attngate.runtime.forward_batch import ForwardBatch
-from attngate.runtime.layer import AttentionLayer
 
 #: The backend names attngate runs on GPU kernels, and the class that runs each.
 KERNEL_BACKENDS: dict[str, type[AttentionBackend]] = {

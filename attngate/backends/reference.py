@@ -38,11 +38,11 @@ from attngate.backends.mla import (
     decompress,
     project_out,
 )
+from attngate.backends.runtime.batch_metadata import BatchLengths
+from attngate.backends.runtime.forward_batch import ForwardBatch
+from attngate.backends.runtime.layer import AttentionLayer
 from attngate.errors import BatchMetadataError, Problem
 from attngate.facts.modes import LayerKind
-from attngate.runtime.batch_metadata import BatchLengths
-from attngate.runtime.forward_batch import ForwardBatch
-from attngate.runtime.layer import AttentionLayer
 
 
 @dataclass

@@ -66,7 +66,7 @@ def check_plan_consistency(plan_or_resolution: Plan | Resolution, group: Any = N
 
 def dp_max_batch_size(batch_size: int, group: Any = None) -> int:
     """The largest decode batch size of any rank of ``group`` (one all-reduce of one integer): what every DP-attention
-    rank pads its batch to with :func:`attngate.runtime.dp_padding.pad_decode_batch`, so that all ranks run the
+    rank pads its batch to with :func:`attngate.backends.runtime.dp_padding.pad_decode_batch`, so that all ranks run the
     same number of tokens and replay the same CUDA graph. An IDLE rank passes 0. Works over gloo and NCCL (NCCL
     reduces on the current CUDA device). Raises RuntimeError when torch.distributed is not initialized."""
     import torch

@@ -43,6 +43,9 @@ from attngate.backends.base import AttentionBackend
 from attngate.backends.checks import kv_storage_dtype
 from attngate.backends.plan_backend import PlanBackend
 from attngate.backends.reference import ReferenceBackend
+from attngate.backends.runtime.forward_batch import ForwardBatch
+from attngate.backends.runtime.kv_cache import PageAllocator, ReqToTokenPool, kv_pool_for
+from attngate.backends.runtime.layer import AttentionLayer, layers_from_model
 from attngate.engine.resolve import resolve
 from attngate.errors import BatchMetadataError, Problem, UsageError
 from attngate.facts.model import ModelFacts
@@ -59,9 +62,6 @@ from attngate.integrations.transformers_checks import (
 )
 from attngate.integrations.transformers_plain import configure, plain_attention  # noqa: F401 - configure is public here
 from attngate.plan.schema import Plan
-from attngate.runtime.forward_batch import ForwardBatch
-from attngate.runtime.kv_cache import PageAllocator, ReqToTokenPool, kv_pool_for
-from attngate.runtime.layer import AttentionLayer, layers_from_model
 
 _EXTEND_MODES = (ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2)
 _ACTIVE: contextvars.ContextVar["AttngateRuntime | None"] = contextvars.ContextVar("attngate_runtime", default=None)

@@ -7,12 +7,12 @@ from collections.abc import Callable
 
 import torch
 
+from attngate.backends.runtime.layer import AttentionLayer
 from attngate.errors import BatchMetadataError, Problem, UsageError
 from attngate.facts.model import ModelFacts
 from attngate.facts.modes import ForwardMode
 from attngate.facts.server_args import ServerArgs
 from attngate.plan.schema import Plan
-from attngate.runtime.layer import AttentionLayer
 
 #: the attn_implementation name attngate registers with transformers
 ATTN_IMPLEMENTATION = "attngate"

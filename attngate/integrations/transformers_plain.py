@@ -24,6 +24,7 @@ import torch
 
 from attngate.backends import varlen
 from attngate.backends.reference import visible_keys
+from attngate.backends.runtime.layer import AttentionLayer, layers_from_model
 from attngate.engine.resolve import resolve
 from attngate.engine.result import Resolution
 from attngate.errors import BatchMetadataError, ModelConfigError, Problem, UsageError
@@ -37,7 +38,6 @@ from attngate.integrations.transformers_rows import (
     unpad,
     visible_mask,
 )
-from attngate.runtime.layer import AttentionLayer, layers_from_model
 
 # per config object (kept off the config itself, which transformers serializes and copies)
 _PLANS: dict[int, tuple[Resolution, list[AttentionLayer]]] = {}

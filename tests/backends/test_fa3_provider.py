@@ -19,9 +19,9 @@ torch = pytest.importorskip("torch")
 from attngate import ForwardMode, LayerKind, ModelFacts, Platform, ServerArgs, resolve  # noqa: E402
 from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
-from attngate.runtime.batch_builder import build_batch  # noqa: E402
-from attngate.runtime.kv_cache import MHATokenToKVPool  # noqa: E402
-from attngate.runtime.layer import AttentionLayer  # noqa: E402
+from attngate.backends.runtime.batch_builder import build_batch  # noqa: E402
+from attngate.backends.runtime.kv_cache import MHATokenToKVPool  # noqa: E402
+from attngate.backends.runtime.layer import AttentionLayer  # noqa: E402
 from tests.support.backend_cases import (  # noqa: E402
     assert_mla_matches_reference,
     assert_mla_replays_match_reference,

@@ -18,9 +18,9 @@ from attngate import ForwardMode, ModelFacts, Platform, ServerArgs, resolve  # n
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
 from attngate.backends.flashinfer_mla import FlashInferMLABackend  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
+from attngate.backends.runtime.kv_cache import MLATokenToKVPool  # noqa: E402
+from attngate.backends.runtime.layer import AttentionLayer  # noqa: E402
 from attngate.errors import BackendRefusal, BatchMetadataError  # noqa: E402
-from attngate.runtime.kv_cache import MLATokenToKVPool  # noqa: E402
-from attngate.runtime.layer import AttentionLayer  # noqa: E402
 from tests.support.backend_cases import (  # noqa: E402
     assert_mla_replays_match_reference,
     mla_cpu_batch,

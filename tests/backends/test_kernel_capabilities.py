@@ -19,9 +19,9 @@ torch = pytest.importorskip("torch")
 from attngate import ModelFacts, PlanError, Platform, ServerArgs, resolve  # noqa: E402
 from attngate.backends.capabilities import REFUSALS, fa_refusals, flashinfer_refusals  # noqa: E402
 from attngate.backends.capabilities import refusals as backend_refusals  # noqa: E402
+from attngate.backends.runtime.layer import layers_from_model  # noqa: E402
 from attngate.errors import ServerArgsError  # noqa: E402
 from attngate.facts.choices import CANDIDATE_BACKENDS  # noqa: E402
-from attngate.runtime.layer import layers_from_model  # noqa: E402
 from tests.support.helpers import MODELS, embedding_gemma, field_values  # noqa: E402
 
 KERNELS = {
@@ -164,8 +164,8 @@ def test_every_attngate_backend_refuses_a_plan_over_the_unified_memory_pool():
     """Under --enable-unified-memory SGLang reads page ids through its index translator; attngate's backends read
     their own pool's ids, so they refuse such a plan at construction (reference backend included)."""
     from attngate.backends.reference import ReferenceBackend
+    from attngate.backends.runtime.kv_cache import MHATokenToKVPool
     from attngate.errors import BackendRefusal
-    from attngate.runtime.kv_cache import MHATokenToKVPool
 
     facts = ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json")
     plan = resolve(ServerArgs(enable_unified_memory=True), facts, Platform.from_name("sm90")).plan

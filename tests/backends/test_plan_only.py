@@ -97,9 +97,9 @@ def test_heads_that_do_not_split_evenly_are_refused():
 def test_backends_take_each_ranks_heads_from_the_plan():
     torch = pytest.importorskip("torch")
     from attngate.backends.reference import ReferenceBackend
+    from attngate.backends.runtime.kv_cache import MHATokenToKVPool
+    from attngate.backends.runtime.layer import layers_from_model
     from attngate.errors import BatchMetadataError
-    from attngate.runtime.kv_cache import MHATokenToKVPool
-    from attngate.runtime.layer import layers_from_model
 
     facts = ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json")
     plan = resolve(ServerArgs(attention_backend="fa3", tp_size=4), facts, Platform.from_name("sm90")).plan

@@ -38,10 +38,10 @@ from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
 from attngate.backends.plan_backend import KERNEL_BACKENDS, PlanBackend  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
+from attngate.backends.runtime.batch_builder import build_batch  # noqa: E402
+from attngate.backends.runtime.kv_cache import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
+from attngate.backends.runtime.layer import layers_from_model  # noqa: E402
 from attngate.errors import BatchMetadataError  # noqa: E402
-from attngate.runtime.batch_builder import build_batch  # noqa: E402
-from attngate.runtime.kv_cache import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
-from attngate.runtime.layer import layers_from_model  # noqa: E402
 from tests.support.backend_cases import CPU, SPECULATIVE_TREE, Graph, random_tree  # noqa: E402
 from tests.support.backend_cases import SPECULATIVE as SPECULATIVE_CHAIN
 from tests.support.helpers import MODELS  # noqa: E402

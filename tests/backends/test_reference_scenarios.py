@@ -12,15 +12,15 @@ torch = pytest.importorskip("torch")
 
 from attngate import ForwardMode, LayerKind, ModelFacts, Platform, ServerArgs, resolve  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
-from attngate.errors import BatchMetadataError, KVCacheExhausted  # noqa: E402
-from attngate.runtime.batch_builder import build_batch  # noqa: E402
-from attngate.runtime.kv_cache import (  # noqa: E402
+from attngate.backends.runtime.batch_builder import build_batch  # noqa: E402
+from attngate.backends.runtime.kv_cache import (  # noqa: E402
     MHATokenToKVPool,
     MLATokenToKVPool,
     PageAllocator,
     ReqToTokenPool,
 )
-from attngate.runtime.layer import AttentionLayer  # noqa: E402
+from attngate.backends.runtime.layer import AttentionLayer  # noqa: E402
+from attngate.errors import BatchMetadataError, KVCacheExhausted  # noqa: E402
 from tests.support.helpers import MODELS  # noqa: E402
 
 H, HKV, D = 8, 2, 16

@@ -410,8 +410,8 @@ def test_a_plan_changed_in_place_is_refused_by_every_backend():
     torch = pytest.importorskip("torch")
     from attngate import ModelFacts, Platform, resolve
     from attngate.backends.reference import ReferenceBackend
-    from attngate.runtime.kv_cache import MHATokenToKVPool
-    from attngate.runtime.layer import layers_from_model
+    from attngate.backends.runtime.kv_cache import MHATokenToKVPool
+    from attngate.backends.runtime.layer import layers_from_model
 
     facts = ModelFacts.from_hf_config(LLAMA)
     plan = resolve(ServerArgs(), facts, Platform.from_name("sm90")).plan

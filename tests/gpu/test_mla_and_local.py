@@ -16,10 +16,10 @@ from attngate import ForwardMode  # noqa: E402
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
 from attngate.backends.flashinfer_mla import FlashInferMLABackend  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
-from attngate.runtime.batch_builder import build_batch  # noqa: E402
-from attngate.runtime.forward_batch import ForwardBatch  # noqa: E402
-from attngate.runtime.kv_cache import MLATokenToKVPool  # noqa: E402
-from attngate.runtime.layer import AttentionLayer  # noqa: E402
+from attngate.backends.runtime.batch_builder import build_batch  # noqa: E402
+from attngate.backends.runtime.forward_batch import ForwardBatch  # noqa: E402
+from attngate.backends.runtime.kv_cache import MLATokenToKVPool  # noqa: E402
+from attngate.backends.runtime.layer import AttentionLayer  # noqa: E402
 from tests.support.backend_cases import GPU, MODE_OF, plan_for, rel_err, requests_around_page  # noqa: E402
 
 M = ForwardMode

@@ -12,8 +12,8 @@ pytest.importorskip("triton")
 from attngate import ForwardMode  # noqa: E402
 from attngate.backends import page_ids as page_id_ops  # noqa: E402
 from attngate.backends.page_ids import page_ids, page_table  # noqa: E402
-from attngate.runtime.batch_builder import build_batch  # noqa: E402
-from attngate.runtime.batch_metadata import BatchLengths  # noqa: E402
+from attngate.backends.runtime.batch_builder import build_batch  # noqa: E402
+from attngate.backends.runtime.batch_metadata import BatchLengths  # noqa: E402
 
 
 @pytest.mark.parametrize("page_size", [1, 16])

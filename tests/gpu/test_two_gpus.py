@@ -25,11 +25,11 @@ from attngate import ForwardMode, ModelFacts, Platform, ServerArgs, resolve  # n
 from attngate.backends.flashattention import FlashAttentionBackend  # noqa: E402
 from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
+from attngate.backends.runtime.batch_builder import build_batch  # noqa: E402
+from attngate.backends.runtime.dp_padding import pad_decode_batch  # noqa: E402
+from attngate.backends.runtime.kv_cache import MHATokenToKVPool  # noqa: E402
+from attngate.backends.runtime.layer import layers_from_model  # noqa: E402
 from attngate.integrations.distributed import check_plan_consistency, dp_max_batch_size  # noqa: E402
-from attngate.runtime.batch_builder import build_batch  # noqa: E402
-from attngate.runtime.dp_padding import pad_decode_batch  # noqa: E402
-from attngate.runtime.kv_cache import MHATokenToKVPool  # noqa: E402
-from attngate.runtime.layer import layers_from_model  # noqa: E402
 from tests.support.helpers import MODELS  # noqa: E402
 
 H, HKV, D, DTYPE = 32, 8, 128, torch.bfloat16

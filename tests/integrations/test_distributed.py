@@ -20,15 +20,15 @@ from attngate import (  # noqa: E402
     resolve,
 )
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
+from attngate.backends.runtime.batch_builder import build_batch  # noqa: E402
+from attngate.backends.runtime.dp_padding import pad_decode_batch  # noqa: E402
+from attngate.backends.runtime.kv_cache import MHATokenToKVPool  # noqa: E402
+from attngate.backends.runtime.layer import layers_from_model  # noqa: E402
 from attngate.integrations.distributed import (  # noqa: E402
     PlanMismatchError,
     check_plan_consistency,
     dp_max_batch_size,
 )
-from attngate.runtime.batch_builder import build_batch  # noqa: E402
-from attngate.runtime.dp_padding import pad_decode_batch  # noqa: E402
-from attngate.runtime.kv_cache import MHATokenToKVPool  # noqa: E402
-from attngate.runtime.layer import layers_from_model  # noqa: E402
 from tests.support.helpers import MODELS  # noqa: E402
 
 

@@ -22,9 +22,9 @@ from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
 from attngate.backends.flashinfer_mla import FlashInferMLABackend  # noqa: E402
 from attngate.backends.plan_backend import PlanBackend  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
+from attngate.backends.runtime.kv_cache import MLATokenToKVPool  # noqa: E402
 from attngate.facts.modes import ForwardMode, LayerKind  # noqa: E402
 from attngate.integrations.transformers import AttngateRuntime  # noqa: E402
-from attngate.runtime.kv_cache import MLATokenToKVPool  # noqa: E402
 from tests.support.transformers_models import MLA, MODELS_UNDER_TEST, config_of, model_pair  # noqa: E402
 
 ATOL = 2e-4

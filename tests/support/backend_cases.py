@@ -13,10 +13,10 @@ import torch
 
 from attngate import ForwardMode, LayerKind, ModelFacts, Platform, ServerArgs, resolve
 from attngate.backends.reference import ReferenceBackend
-from attngate.runtime.batch_builder import BatchSetup, build_batch
-from attngate.runtime.forward_batch import ForwardBatch
-from attngate.runtime.kv_cache import MHATokenToKVPool
-from attngate.runtime.layer import AttentionLayer
+from attngate.backends.runtime.batch_builder import BatchSetup, build_batch
+from attngate.backends.runtime.forward_batch import ForwardBatch
+from attngate.backends.runtime.kv_cache import MHATokenToKVPool
+from attngate.backends.runtime.layer import AttentionLayer
 from tests.support.helpers import MODELS
 
 
@@ -357,7 +357,7 @@ def mla_cpu_batch(
 ):
     """A CPU batch (float32) whose prefixes' latent (``rank + rope`` per token) is cached in two identical MLA pools:
     ``(setup, pools, q [T, heads, nope + rope], latent [T, 1, rank + rope])``."""
-    from attngate.runtime.kv_cache import MLATokenToKVPool
+    from attngate.backends.runtime.kv_cache import MLATokenToKVPool
 
     s = build_batch(requests, mode, page_size=page_size, num_slots=num_slots, max_context_len=256, seed=seed)
     pools = [MLATokenToKVPool(num_slots, page_size, 1, rank, rope, dtype=torch.float32) for _ in range(2)]

@@ -1,4 +1,4 @@
-"""DP-attention padding (attngate.runtime.dp_padding) through the FA and FlashInfer backends against the reference:
+"""DP-attention padding (attngate.backends.runtime.dp_padding) through the FA and FlashInfer backends against the reference:
 a padded decode batch keeps its own rows and writes only the padding slot; an IDLE rank's padded batch runs."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import torch
 from attngate import ForwardMode, LayerKind
 from attngate.backends.flashattention import FlashAttentionBackend
 from attngate.backends.flashinfer import FlashInferBackend
+from attngate.backends.runtime.batch_builder import build_batch
+from attngate.backends.runtime.dp_padding import pad_decode_batch
 from attngate.errors import BatchMetadataError
-from attngate.runtime.batch_builder import build_batch
-from attngate.runtime.dp_padding import pad_decode_batch
 from tests.support.backend_cases import layer_of, make_case, plan_for, reference_out
 
 BACKENDS = {"fa4": FlashAttentionBackend, "flashinfer": FlashInferBackend}

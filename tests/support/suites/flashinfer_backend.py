@@ -10,9 +10,9 @@ import torch
 
 from attngate import ForwardMode, LayerKind
 from attngate.backends.flashinfer import FlashInferBackend
+from attngate.backends.runtime.kv_cache import MHATokenToKVPool
+from attngate.backends.runtime.layer import AttentionLayer
 from attngate.errors import BatchMetadataError, UsageError
-from attngate.runtime.kv_cache import MHATokenToKVPool
-from attngate.runtime.layer import AttentionLayer
 from tests.support.backend_cases import (
     ENCODER_PAGES,
     MODE_OF,

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
+from attngate.backends.runtime.forward_batch import ForwardBatch
+from attngate.backends.runtime.kv_cache import PageAllocator, ReqToTokenPool
 from attngate.errors import Problem, UsageError
 from attngate.facts.modes import ForwardMode
-from attngate.runtime.forward_batch import ForwardBatch
-from attngate.runtime.kv_cache import PageAllocator, ReqToTokenPool
 
 
 @dataclass

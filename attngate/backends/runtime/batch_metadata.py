@@ -20,9 +20,9 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from attngate.backends.runtime.forward_batch import ForwardBatch
 from attngate.errors import BatchMetadataError, Problem
 from attngate.facts.modes import ForwardMode
-from attngate.runtime.forward_batch import ForwardBatch
 
 
 def indptr_of(counts: np.ndarray) -> np.ndarray:

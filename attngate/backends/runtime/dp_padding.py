@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
+from attngate.backends.runtime.forward_batch import ForwardBatch
 from attngate.errors import BatchMetadataError, Problem
 from attngate.facts.modes import ForwardMode
-from attngate.runtime.forward_batch import ForwardBatch
 
 
 def pad_decode_batch(batch: ForwardBatch, batch_size: int, *, padding_row: int, padding_slot: int) -> ForwardBatch:

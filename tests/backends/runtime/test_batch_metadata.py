@@ -1,4 +1,4 @@
-"""The shared per-batch metadata (attngate.runtime.batch_metadata): host lengths from the batch's CPU
+"""The shared per-batch metadata (attngate.backends.runtime.batch_metadata): host lengths from the batch's CPU
 copies, KV page ranges and page ids, against a per-request brute-force definition."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 
 from attngate import ForwardMode  # noqa: E402
 from attngate.backends.page_ids import page_ids  # noqa: E402
-from attngate.errors import BatchMetadataError  # noqa: E402
-from attngate.runtime.batch_builder import build_batch  # noqa: E402
-from attngate.runtime.batch_metadata import (
+from attngate.backends.runtime.batch_builder import build_batch  # noqa: E402
+from attngate.backends.runtime.batch_metadata import (
     BatchLengths,  # noqa: E402
     check_page_aligned,  # noqa: E402
 )
+from attngate.errors import BatchMetadataError  # noqa: E402
 
 requests_st = st.lists(st.tuples(st.integers(0, 70), st.integers(1, 20)), min_size=1, max_size=5)
 
