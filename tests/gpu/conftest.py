@@ -10,6 +10,8 @@ from stage c), cold:
 - test_flashinfer.py (and test_transformers_plain.py's two cross-attention cases): 81 passed in 6:54;
 - test_flashattention.py, test_plan_backend.py, test_page_ids.py, test_mla_and_local.py, test_standin_drift.py and
   test_kernel_facts.py: 190 passed in 3:45.
+On the current layout (runtime/ under backends/), on one H200: test_page_ids.py with test_mla_and_local.py 41 passed
+in 1:37, test_flashattention.py with test_plan_backend.py 95 passed in 2:42.
 test_two_gpus.py needs two GPUs (skipped on one): 5 passed on 2 x H200, 2:11 cold, before the layout move.
 The FP8 KV cache variants: FlashInfer 0.7.2's SM90 (fa3) prefill module does not compile for an FP8 cache, so the plan
 keeps FP8 caches on fa2 (rule flashinfer.prefill-fa3-on-hopper); test_flashinfer.py -k "fp8 or kv_cache_dtype" builds them.
