@@ -73,7 +73,9 @@ def test_the_json_report_gives_each_error_its_source_and_code(tmp_path):
         ],
     )
     out = json.loads(res.stdout)
-    assert out["version"] == 2 and out["plan"] is None and out["errors"]
+    assert out["version"] == 3 and out["plan"] is None and out["errors"]
+    assert set(out["rules"]) >= {e["rule"] for e in out["errors"] if e["rule"]}  # each refusing rule's why and source
+    assert all(r["why"] and r["source"] and ":" in r["where"] for r in out["rules"].values())
     for e in out["errors"]:
         assert e["source"] in ("rule", "rules", "engine", "argument") and e["code"] == f"plan.{e['kind']}"
         assert (e["rule"] is not None) == (e["source"] == "rule") and (e["rules"] == [e["rule"]]) == (

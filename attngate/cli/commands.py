@@ -29,7 +29,7 @@ def explain(
         None, "--args-file", help="YAML/JSON mapping of server arguments; flags override it"
     ),
     rules: Optional[Path] = typer.Option(None, "--rules", help="rules file (default: the shipped rules.yaml)"),
-    mode: Optional[str] = typer.Option(None, "--mode", help="with --all: show only this forward mode's table"),
+    mode: Optional[str] = typer.Option(None, "--mode", help="show only this forward mode's per-mode values (any view)"),
     gate: Optional[str] = typer.Option(
         None, "--gate", help="the full why of one gate, e.g. fa.precompute_scheduler_metadata"
     ),
@@ -65,18 +65,24 @@ def explain(
         resolution = resolve(args, facts, platform, rule_set, allow_known_failures=allow_known_failure)
     except PlanError as err:
         if output is OutputFormat.json:
-            typer.echo(json.dumps(error_report(err), indent=2, default=str))
+            typer.echo(json.dumps(error_report(err, rule_set), indent=2, default=str))
         else:
             from attngate.cli.render import render_error
 
             render_error(err)
         raise typer.Exit(EXIT_INVALID_CONFIG) from None
-    report = resolution_report(resolution)
+    occurring = [m.value for m in resolution.forward_modes]
+    if mode is not None and mode not in occurring:
+        raise typer.BadParameter(
+            f"forward mode {mode} does not occur for this model and these flags; it runs {', '.join(occurring)}",
+            param_hint="--mode",
+        )
+    report = resolution_report(resolution, rule_set)
     if output is OutputFormat.json:
         if mode:
             report["modes"] = {mode: report["modes"][mode]}
         typer.echo(json.dumps(report, indent=2, default=str))
-    elif show_all or mode:
+    elif show_all:
         from attngate.cli.render import render_resolution
 
         render_resolution(resolution, mode)
@@ -84,7 +90,7 @@ def explain(
         from attngate.cli.render import print_lines
         from attngate.cli.summary import gate_lines, summary_lines
 
-        lines = summary_lines(resolution) if gate is None else gate_lines(resolution, gate)
+        lines = summary_lines(resolution, mode) if gate is None else gate_lines(resolution, gate, rule_set)
         if lines is None:
             from attngate.util.suggest import did_you_mean
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,15 +47,28 @@ def _gate_table(title: str, gates: dict[str, GateExplanation]) -> Table:
     return table
 
 
-def print_lines(lines: list[str]) -> None:
-    """Plain text, wrapped at the console width (never cut); no markup, no ANSI codes in a pipe."""
-    console = _console()
+def wrap_lines(lines: list[str], width: int) -> list[str]:
+    """Each line wrapped at ``width`` columns, never cut; continuation lines start two columns right of the line's own
+    text, so that a wrapped entry reads as one. Words break at spaces only (rule ids and gate names stay whole)."""
+    out = []
     for line in lines:
-        console.print(Text(line), overflow="fold")
+        indent = " " * (len(line) - len(line.lstrip(" ")))
+        # textwrap keeps a paragraph's leading spaces on its first line
+        out += textwrap.wrap(line, width=max(width, 20), subsequent_indent=indent + "  ", break_on_hyphens=False) or [
+            ""
+        ]
+    return out
+
+
+def print_lines(lines: list[str]) -> None:
+    """Plain text wrapped at the console width (never cut, see wrap_lines); no markup, no ANSI codes in a pipe."""
+    console = _console()
+    for line in wrap_lines(lines, console.width):
+        console.print(Text(line), overflow="fold", crop=False)
 
 
 def render_resolution(r: Resolution, mode: str | None) -> None:
-    """Every table (``--all``, ``--mode M``): rich tables on a terminal of 120 columns or more (four columns of rule
+    """Every table (``--all``; ``mode``: only that forward mode's) of the modes and layer kinds that occur: rich tables on a terminal of 120 columns or more (four columns of rule
     ids and conditions need them), else plain lines."""
     console = _console()
     if not console.is_terminal or console.width < 120:
@@ -68,11 +82,11 @@ def render_resolution(r: Resolution, mode: str | None) -> None:
         f"  prefill_backend=[bold]{plan.prefill_backend}[/bold]  decode_backend=[bold]{plan.decode_backend}[/bold]  fingerprint={plan.fingerprint[:16]}"
     )
     console.print(_gate_table("global gates", e.gates))
-    for m, gates in e.modes.items():
-        if mode in (None, m):
-            console.print(_gate_table(f"forward mode {m}", gates))
-    if mode is None:
-        for kind, gates in e.layers.items():
+    for m in r.forward_modes:
+        if mode in (None, m.value):
+            console.print(_gate_table(f"forward mode {m.value}", e.modes[m.value]))
+    for kind, gates in e.layers.items():
+        if kind in {k.value for k in r.model.layer_kinds}:
             console.print(_gate_table(f"layer kind {kind}", gates))
     if r.adjustments:
         table = Table(title="adjustments", title_justify="left")

@@ -8,12 +8,29 @@ set them, and only for the layer kinds the model has. Plain lines: the caller wr
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from attngate.engine.result import GateExplanation, Resolution
+from attngate.facts.model import ModelFacts
 from attngate.plan.registry import GATES
+from attngate.rules.ruleset import RuleSet
 
-HINT = "more: --gate NAME (the full why of one gate), --all (every table), --format json; server flags: attngate flags"
+HINT = (
+    "more: --gate NAME (one gate's rules, why and source), --all (every table and message), --mode M, "
+    "--format json; server flags: attngate flags"
+)
+
+#: who serves each backend's kernels where the plan does not say (fa3/fa4: the plan's fa.provider)
+_PROVIDERS = {
+    "flashinfer": "flashinfer",
+    "trtllm_mha": "flashinfer (trtllm-gen kernels)",
+    "trtllm_mla": "flashinfer (trtllm-gen kernels)",
+    "triton": "SGLang's triton kernels",
+    "torch_native": "torch SDPA",
+    "flashmla": "flash_mla",
+    "cutlass_mla": "sgl_kernel",
+}
 
 
 def _reads(name: str, backends: set[str]) -> bool:
@@ -21,42 +38,95 @@ def _reads(name: str, backends: set[str]) -> bool:
     return not readers or bool(backends & set(readers))
 
 
-def _facts(facts: dict[str, Any], limit: int = 4, *, backends: bool = False) -> str:
+def _facts(facts: dict[str, Any], limit: int = 3, *, backends: bool = False) -> str:
     # ``backends`` False: the section's title names the backends, the facts that name them would repeat it
     items = [f"{k}={v!r}" for k, v in facts.items() if backends or k not in ("prefill_backend", "decode_backend")]
     more = f", +{len(items) - limit} more" if len(items) > limit else ""
     return ", ".join(items[:limit]) + more
 
 
-def _decided(e: GateExplanation) -> bool:
-    return e.origin != "default"
+def provider(r: Resolution, backend: str) -> str:
+    """The kernel package that serves ``backend`` in this plan, e.g. ``flash_attn.cute (FA4 kernels)`` for fa3."""
+    if backend in ("fa3", "fa4"):
+        kernels = "FA4" if r.plan.fa.provider == "flash_attn.cute" else "FA3"
+        return f"{r.plan.fa.provider} ({kernels} kernels)"
+    return _PROVIDERS.get(backend, "SGLang's own kernels")
 
 
-def summary_lines(r: Resolution) -> list[str]:
+def model_line(m: ModelFacts) -> str:
+    """One line of the facts read from config.json, so that a reader can check them: architecture, layer kinds and
+    counts, heads (GQA), head dims, window, chunk, soft-cap, sinks, MLA ranks, dtype."""
+    kinds = Counter(k.value for k in m.layer_kinds)
+    parts = [", ".join(m.architectures) or m.model_type, " + ".join(f"{n} {kind}" for kind, n in kinds.items())]
+    if m.attention_arch == "mla":
+        parts.append(
+            f"MLA {m.num_attention_heads} heads, kv_lora_rank {m.kv_lora_rank}, qk_rope_head_dim {m.qk_rope_head_dim},"
+            f" qk head_dim {m.head_dim}, v_head_dim {m.v_head_dim}"
+        )
+    else:
+        dims = f"{m.head_dim}" if m.head_dim == m.v_head_dim else f"{m.head_dim}/v {m.v_head_dim}"
+        group = m.num_attention_heads // max(m.num_key_value_heads, 1)
+        parts.append(f"{m.num_attention_heads}/{m.num_key_value_heads} q/kv heads (GQA {group}) x {dims}")
+    extras = [
+        (m.sliding_window is not None, f"window {m.sliding_window}"),
+        (m.attention_chunk_size is not None, f"chunk {m.attention_chunk_size}"),
+        (m.attn_logit_softcapping is not None, f"soft-cap {m.attn_logit_softcapping}"),
+        (m.has_attention_sinks, "sinks"),
+        (m.use_bidirectional_attention, "bidirectional"),
+        (m.is_multimodal, "multimodal"),
+        (m.is_encoder_decoder, "encoder-decoder"),
+        (m.torch_dtype is not None, str(m.torch_dtype)),
+    ]
+    return "model: " + "; ".join(parts + [text for on, text in extras if on])
+
+
+def _backend_title(r: Resolution) -> str:
+    plan = r.plan
+    if plan.prefill_backend == plan.decode_backend:
+        return f"backend {plan.prefill_backend} via {provider(r, plan.prefill_backend)}"
+    return (
+        f"prefill {plan.prefill_backend} via {provider(r, plan.prefill_backend)}, "
+        f"decode {plan.decode_backend} via {provider(r, plan.decode_backend)}"
+    )
+
+
+def summary_lines(r: Resolution, mode: str | None = None) -> list[str]:
+    """The default screen (``mode``: only that forward mode's per-mode values)."""
     plan, e = r.plan, r.explanation
     chosen = {plan.prefill_backend, plan.decode_backend}
-    backends = (
-        f"prefill {plan.prefill_backend}, decode {plan.decode_backend}"
-        if len(chosen) > 1
-        else f"backend {plan.prefill_backend}"
-    )
-    lines = [f"{r.model.source} on {r.platform.gpu_arch}: {backends} (plan {plan.fingerprint[:16]})", "", "backends:"]
-    lines += _backend_lines(r)
-    lines += _adjustment_lines(r) + deviation_lines(r.deviations)
+    lines = [f"{r.model.source} on {r.platform.gpu_arch}: {_backend_title(r)} (plan {plan.fingerprint[:16]})"]
+    lines += [model_line(r.model), "", "backends:"] + _backend_summary(r)
+    lines += _adjustment_lines(r, brief=True) + deviation_lines(r.deviations, brief=True)
     adjusted = {a.field for a in r.adjustments}
     others = [w for w in r.warnings if w.split(":", 1)[0] not in adjusted]
     if others:
         lines += ["", "warnings:"] + [f"  {w}" for w in others]
     relevant = {name: g for name, g in e.gates.items() if _reads(name, chosen)}
-    decided = {name: g for name, g in relevant.items() if _decided(g)}
-    lines += ["", f"gates read by {', '.join(sorted(chosen))} ({len(relevant) - len(decided)} more at their defaults):"]
+    decided = {name: g for name, g in relevant.items() if g.rules}
+    copied = sum(g.origin.startswith("fact:") for g in relevant.values())
+    rest = len(relevant) - len(decided) - copied
+    lines += ["", f"gates rules set for {', '.join(sorted(chosen))} ({rest} at defaults, {copied} copied from facts):"]
     for name, g in decided.items():
         why = f" <- {g.origin}" + (f" ({_facts(g.facts)})" if g.facts else "")
         lines.append(f"  {name} = {g.value!r}{why}")
-    lines += _table_lines("per forward mode", e.modes, chosen, set(e.modes))
+    modes = {m.value for m in r.forward_modes if mode in (None, m.value)}
+    lines += _table_lines("per forward mode", e.modes, chosen, modes)
     lines += _table_lines("per layer kind", e.layers, chosen, {k.value for k in r.model.layer_kinds})
     lines += ["", HINT]
     return lines
+
+
+def _backend_summary(r: Resolution) -> list[str]:
+    """Backends with the same verdict and the same rules grouped on one line, rules by id (``--all``: messages)."""
+    groups: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for b in r.explanation.backends:
+        label = b.status.value + (f" via {provider(r, b.backend)}" if b.status.value == "chosen" else "")
+        ids = tuple(dict.fromkeys(reason.split(": ", 1)[0] for reason in b.reasons))
+        groups.setdefault((label, ids), []).append(b.backend)
+    return [
+        f"  {', '.join(names):<12} {label}" + (f": {', '.join(ids)}" if ids else "")
+        for (label, ids), names in groups.items()
+    ]
 
 
 def _table_lines(
@@ -79,15 +149,24 @@ def _table_lines(
     return lines
 
 
-def gate_lines(r: Resolution, name: str) -> list[str] | None:
-    """The full why of one gate in every table that has it; None when no gate has that name."""
+def gate_lines(r: Resolution, name: str, rules: RuleSet | None = None) -> list[str] | None:
+    """The full why of one gate in every table that has it (``rules``: each deciding rule's summary, why, source and
+    file:line); None when no gate has that name."""
     e = r.explanation
-    places = [("global", e.gates)] + [(f"forward mode {m}", g) for m, g in e.modes.items()]
+    places = [("global", e.gates)] + [(f"forward mode {m.value}", e.modes[m.value]) for m in r.forward_modes]
     places += [(f"layer kind {k}", g) for k, g in e.layers.items() if k in {kind.value for kind in r.model.layer_kinds}]
     found = [(where, gates[name]) for where, gates in places if name in gates]
     if not found:
         return None
-    return [line for where, g in found for line in _why_lines(f"{name} [{where}]", g)]
+    lines = [line for where, g in found for line in _why_lines(f"{name} [{where}]", g)]
+    cited = dict.fromkeys(rule for _, g in found for rule in g.rules)
+    if rules is not None and cited:
+        lines += ["", "rules:"]
+        for rule_id in cited:
+            rule = rules.by_id(rule_id)
+            lines += [f"  {rule.id} ({rule.where}): {rule.summary}", f"    why: {' '.join(rule.why.split())}"]
+            lines.append(f"    source: {' '.join(rule.source.split())}")
+    return lines
 
 
 def _why_lines(label: str, g: GateExplanation, indent: str = "") -> list[str]:
@@ -106,8 +185,11 @@ def all_lines(r: Resolution, mode: str | None) -> list[str]:
         f"attention plan: {r.model.source} on {r.platform.gpu_arch}: prefill {plan.prefill_backend}, "
         f"decode {plan.decode_backend} (plan {plan.fingerprint[:16]})"
     ]
-    tables = [("global gates", e.gates)] + [(f"forward mode {m}", g) for m, g in e.modes.items() if mode in (None, m)]
-    tables += [(f"layer kind {k}", g) for k, g in e.layers.items()] if mode is None else []
+    tables = [("global gates", e.gates)] + [
+        (f"forward mode {m.value}", e.modes[m.value]) for m in r.forward_modes if mode in (None, m.value)
+    ]
+    kinds = {k.value for k in r.model.layer_kinds}
+    tables += [(f"layer kind {k}", g) for k, g in e.layers.items() if k in kinds]
     for title, gates in tables:
         lines += ["", f"{title}:"] + [line for name, g in gates.items() for line in _why_lines(name, g, "  ")]
     lines += _adjustment_lines(r) + deviation_lines(r.deviations)
@@ -124,19 +206,23 @@ def _backend_lines(r: Resolution) -> list[str]:
     return lines
 
 
-def _adjustment_lines(r: Resolution) -> list[str]:
+def _adjustment_lines(r: Resolution, *, brief: bool = False) -> list[str]:
     if not r.adjustments:
         return []
     return ["", "adjustments:"] + [
-        f"  {a.field}: {a.old!r} -> {a.new!r} ({a.rule}: {a.message})" for a in r.adjustments
+        f"  {a.field}: {a.old!r} -> {a.new!r} ({a.rule}" + (")" if brief else f": {a.message})") for a in r.adjustments
     ]
 
 
-def deviation_lines(deviations: list[Any]) -> list[str]:
-    """The rules file's deviations that apply: where SGLang 0.5.23 resolves this configuration otherwise, on purpose."""
+def deviation_lines(deviations: list[Any], *, brief: bool = False) -> list[str]:
+    """The rules file's deviations that apply: where SGLang 0.5.23 resolves this configuration otherwise, on purpose
+    (``brief``: ids and fields only)."""
     if not deviations:
         return []
     lines = ["", "differs from SGLang 0.5.23 on purpose (deviations: in the rules file):"]
     for d in deviations:
-        lines += [f"  {d.id} ({', '.join(d.fields)}): {' '.join(d.reason.split())}", f"    source: {d.source}"]
+        if brief:
+            lines.append(f"  {d.id} ({', '.join(d.fields)})")
+        else:
+            lines += [f"  {d.id} ({', '.join(d.fields)}): {' '.join(d.reason.split())}", f"    source: {d.source}"]
     return lines

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from attngate.facts.model import ModelFacts
+from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.facts.platform import Platform
 from attngate.facts.server_args import ServerArgs
 from attngate.plan.schema import Plan
@@ -141,6 +142,21 @@ class Resolution:
     @property
     def explanation(self) -> Explanation:
         return self._explain()
+
+    @property
+    def forward_modes(self) -> tuple[ForwardMode, ...]:
+        """The forward modes this server can run (the Plan's tables hold every mode): EXTEND always; DECODE unless
+        it serves embeddings or the model only encodes; IDLE under DP attention (a rank without requests pads);
+        TARGET_VERIFY and DRAFT_EXTEND_V2 with speculative decoding."""
+        args, kinds = self.server_args, set(self.model.layer_kinds)
+        modes = [ForwardMode.EXTEND]
+        if not args.is_embedding and kinds != {LayerKind.ENCODER_ONLY}:
+            modes.append(ForwardMode.DECODE)
+        if args.speculative_algorithm is not None:
+            modes += [ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2]
+        if args.enable_dp_attention:
+            modes.append(ForwardMode.IDLE)
+        return tuple(modes)
 
     def __reduce__(self) -> tuple:
         """Pickles with its explanation built (the builder is a closure over the engine's state): a Resolution

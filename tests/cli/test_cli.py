@@ -91,10 +91,25 @@ def test_kernels_flag_names_unknown_providers():
 
 
 def test_table_output_and_mode_filter():
-    res = explain("--model", str(MODELS / "Qwen3-Embedding-8B.json"), *EMBED, "--mode", "decode")
+    res = explain("--model", str(MODELS / "Qwen3-Embedding-8B.json"), *EMBED, "--all", "--mode", "extend")
     assert res.exit_code == 0, res.output
-    assert "fa.skip-kv-cache-for-embedding" in res.stdout and "forward mode decode" in res.stdout
-    assert "forward mode extend" not in res.stdout and "candidate backends" in res.stdout
+    assert "fa.skip-kv-cache-for-embedding" in res.stdout and "forward mode extend" in res.stdout
+    assert "forward mode decode" not in res.stdout and "candidate backends" in res.stdout
+
+
+def test_only_modes_that_occur_are_shown_and_asked_for():
+    """An embedding server runs EXTEND only: no decode values on any screen, and --mode decode is a usage error
+    naming the modes it runs; speculative decoding brings target_verify in."""
+    res = explain("--model", str(MODELS / "Qwen3-Embedding-8B.json"), *EMBED, "--all")
+    assert res.exit_code == 0 and "forward mode extend" in res.stdout
+    assert not any(f"forward mode {m}" in res.stdout for m in ("decode", "target_verify", "draft_extend_v2", "idle"))
+    res = explain("--model", str(MODELS / "Qwen3-Embedding-8B.json"), *EMBED, "--mode", "decode")
+    assert res.exit_code == 2 and "does not occur" in res.output and "runs extend" in res.output
+    llama = ["--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm90", "--format", "json"]
+    assert json.loads(explain(*llama).stdout)["forward_modes"] == ["extend", "decode"]
+    spec = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1"]
+    modes = json.loads(explain(*llama, *spec, "--speculative-num-draft-tokens", "4").stdout)["forward_modes"]
+    assert modes == ["extend", "decode", "target_verify", "draft_extend_v2"]
 
 
 def test_invalid_configuration_exit_1_json_still_printed():
@@ -306,7 +321,8 @@ def test_explain_of_embedding_gemma_fits_one_screen_and_names_its_adjustments(tm
     lines = res.output.splitlines()
     assert len(lines) <= 60 and all(len(line) <= 80 for line in lines)
     text = " ".join(res.output.split())
-    assert "flashinfer rejected: flashinfer.no-bidirectional-window" in text and "triton accepted" in text
+    assert "flashinfer rejected: flashinfer.no-bidirectional-window" in text and "bidirectional" in text
+    assert any(line.endswith(" accepted") and "triton" in line for line in lines)
     for field in ("is_embedding", "disable_radix_cache", "chunked_prefill_size", "prefill_only_disable_kv_cache"):
         assert text.count(f"{field}: ") == 1, field
 
@@ -328,7 +344,8 @@ def test_explain_gate_gives_the_full_why_of_one_gate():
 
 def test_explain_all_keeps_every_table_and_flags_lists_the_server_flags():
     res = explain("--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm90", "--all")
-    assert res.exit_code == 0 and "layer kind encoder_only" in res.output and "forward mode decode" in res.output
+    assert res.exit_code == 0 and "layer kind full" in res.output and "forward mode decode" in res.output
+    assert "layer kind encoder_only" not in res.output and "forward mode target_verify" not in res.output
     # in a pipe at 80 columns: plain lines, wrapped and never cut, every gate name whole with its full why
     narrow = CliRunner(env={"COLUMNS": "80"}).invoke(
         app,
@@ -347,10 +364,11 @@ def test_explain_all_keeps_every_table_and_flags_lists_the_server_flags():
     assert all(len(line) <= 80 for line in narrow.output.splitlines())
     assert "  fa.precompute_scheduler_metadata = False, from fa.fa4-no-scheduler-precompute" in narrow.output
     assert "candidate fa.fa4-sm90-single-split did not match, false: sm_major == 9" in " ".join(narrow.output.split())
-    only_decode = CliRunner(env={"COLUMNS": "80"}).invoke(
-        app, ["explain", "--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm90", "--mode", "decode"]
-    )
+    llama = ["explain", "--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm90", "--mode", "decode"]
+    only_decode = CliRunner(env={"COLUMNS": "80"}).invoke(app, [*llama, "--all"])
     assert "forward mode decode:" in only_decode.output and "forward mode extend:" not in only_decode.output
+    screen = CliRunner(env={"COLUMNS": "80"}).invoke(app, llama)  # --mode filters the default screen too
+    assert len(screen.output.splitlines()) <= 60 and "common.capture_cuda_graph: decode = True" in screen.output
     flags = runner.invoke(app, ["flags"])
     assert "--page-size  (" in flags.output and "--enable-deterministic-inference" in flags.output
     assert "attngate flags" in runner.invoke(app, ["explain", "--help"]).output
