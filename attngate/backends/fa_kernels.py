@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from attngate.backends.runtime.layer import AttentionLayer
+from attngate.facts.platform import installed_kernel_modules
 
 
 def fa_window_size(window_left: int | None, causal: bool) -> tuple[int | None, int | None]:
@@ -109,10 +110,12 @@ class Fa4Kernel:
 
 
 class Fa3Kernel:
-    """``flash_attn_interface`` (FlashAttention-3): paged reads through ``flash_attn_with_kvcache``."""
+    """FlashAttention-3's interface (``flash_attn_interface``, or sgl_kernel's build of it under SGLang: see
+    attngate.facts.platform.KERNEL_MODULES): paged reads through ``flash_attn_with_kvcache``."""
 
     def __init__(self) -> None:
-        self.fa3 = importlib.import_module("flash_attn_interface")
+        modules = installed_kernel_modules()
+        self.fa3 = importlib.import_module(modules.get("flash_attn_interface", "flash_attn_interface"))
 
     def scheduler_metadata(
         self,

@@ -6,11 +6,41 @@ problem in rules that load); 2 bad usage, a bad rules file, bad server arguments
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+
+import typer
+
 from attngate.cli import commands, conform  # noqa: F401  (each registers its commands on the app)
-from attngate.cli.app import app
+from attngate.cli.app import ClickException, app, error_json
 
 __all__ = ["app", "main"]
 
 
-def main() -> None:
-    app(prog_name="attngate")
+def _wants_json(argv: list[str]) -> bool:
+    own = argv[: argv.index("--")] if "--" in argv else argv  # a pasted launch line's own flags do not count
+    return "--format=json" in own or any(a == "--format" and b == "json" for a, b in zip(own, own[1:]))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The ``attngate`` program: under ``--format json`` usage errors and bad input are JSON on stdout too (same exit
+    codes); a closed pipe (``attngate flags | head``) ends it quietly."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        code = app(args=argv, prog_name="attngate", standalone_mode=False)
+    except ClickException as err:
+        if _wants_json(argv) and not type(err).__name__ == "NoArgsIsHelpError":
+            from attngate.cli.report import VERSION
+
+            typer.echo(json.dumps({"version": VERSION, **error_json(err)}, indent=2, default=str))
+        else:
+            err.show()
+        code = err.exit_code
+    except typer.Abort:
+        code = 1
+    except BrokenPipeError:
+        # the reader went away: send what is left in the buffers nowhere, so that the flush at exit cannot fail
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 1
+    sys.exit(code or 0)

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from enum import Enum
+from typing import Any
 
 import typer
+
+#: click's base of usage errors, as the installed typer raises them (typer >= 0.20 vendors click as typer._click)
+ClickException: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 app = typer.Typer(
     add_completion=False,
@@ -25,11 +29,36 @@ class OutputFormat(str, Enum):
 class MatrixFormat(str, Enum):
     table = "table"
     markdown = "markdown"
+    json = "json"
 
 
-def fail(err: Exception, code: int = EXIT_BAD_INPUT) -> "typer.Exit":
-    typer.echo(str(err), err=True)
-    return typer.Exit(code)
+class Failure(ClickException):  # type: ignore[misc, valid-type]
+    """A command's bad input (an AttngateError, every problem in it) on its way out: printed as is on stderr, or as
+    JSON on stdout where the command line asked for ``--format json`` (attngate.cli.main)."""
+
+    def __init__(self, err: Exception, code: int) -> None:
+        super().__init__(str(err))
+        self.exit_code = code
+        self.problems = getattr(err, "problems", [])
+        self.error_type = type(err).__name__
+
+    def show(self, file: Any = None) -> None:
+        typer.echo(self.message, err=True)
+
+
+def fail(err: Exception, code: int = EXIT_BAD_INPUT) -> Failure:
+    return Failure(err, code)
+
+
+def error_json(err: Any) -> dict[str, Any]:
+    """A usage error or bad input as the JSON commands print under ``--format json`` (``plan`` null, ``errors``)."""
+    if isinstance(err, Failure) and err.problems:
+        errors = [{"where": p.where, "message": p.message, "code": p.code, "help": p.help} for p in err.problems]
+    else:
+        hint = err.param_hint if isinstance(err, typer.BadParameter) else None
+        where = hint if isinstance(hint, str) or hint is None else " / ".join(hint)
+        errors = [{"where": where, "message": err.format_message(), "code": "usage", "help": None}]
+    return {"plan": None, "exit_code": err.exit_code, "errors": errors}
 
 
 def _print_version(value: bool) -> None:

@@ -14,7 +14,9 @@ from attngate.cli.app import EXIT_INVALID_CONFIG, MatrixFormat, OutputFormat, ap
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def explain(
     ctx: typer.Context,
-    model: Path = typer.Option(..., "--model", help="config.json of the model, or its folder"),
+    model: Optional[str] = typer.Option(
+        None, "--model", help="config.json, its folder, or a hub id (org/name); or SGLang's --model-path in the flags"
+    ),
     gpu: Optional[str] = typer.Option(
         None,
         "--gpu",
@@ -39,8 +41,11 @@ def explain(
     show_all: bool = typer.Option(False, "--all", help="every gate table (global, per forward mode, per layer kind)"),
     output: OutputFormat = typer.Option(OutputFormat.table, "--format", help="table or json"),
 ) -> None:
-    """Resolve the attention plan for SGLang server flags (e.g. --attention-backend fa3 --page-size 16; every
-    flag: attngate flags) and explain it: one screen by default, --gate NAME for one gate, --all for every table."""
+    """Resolve the attention plan for an SGLang launch line and explain it: one screen by default, --gate NAME for one
+    gate, --all for every table. SGLang's flags as SGLang parses them (aliases, prefixes such as --tp, --config
+    server.yaml), or a whole pasted command after --: attngate explain --gpu H100 -- python -m
+    sglang.launch_server --model-path org/name --tp 2 ...; flags no rule reads are listed, not refused. The flags
+    the rules read, with their values: attngate flags."""
     from attngate.cli.report import error_report, resolution_report
     from attngate.engine.resolve import resolve
     from attngate.errors import AttngateError, PlanError, load_all
@@ -52,10 +57,22 @@ def explain(
         raise typer.BadParameter(
             f"{mode!r} is not a forward mode: {', '.join(m.value for m in ForwardMode)}", param_hint="--mode"
         )
+    from attngate.facts.hub import config_path
+    from attngate.facts.launch import parse_launch_line
+
+    line = parse_launch_line(ctx.args)
+    for warning in line.warnings:
+        typer.echo(f"warning: {warning}", err=True)
+    if model and line.model_path and Path(model) != Path(line.model_path):
+        raise typer.BadParameter(f"{model} and --model-path {line.model_path} name two models", param_hint="--model")
+    if not (model or line.model_path):
+        raise typer.BadParameter(
+            "name the model: --model PATH|ORG/NAME, or SGLang's --model-path", param_hint="--model"
+        )
     try:  # every bad input at once, not only the first
         args, facts, platform, rule_set = load_all(
-            lambda: _server_args(ctx.args, args_file),
-            lambda: ModelFacts.from_hf_config(model),
+            lambda: _server_args(line, args_file),
+            lambda: ModelFacts.from_hf_config(config_path(model or line.model_path)),
             lambda: _platform(gpu, kernels),
             lambda: load_rules(rules),
         )
@@ -65,7 +82,7 @@ def explain(
         resolution = resolve(args, facts, platform, rule_set, allow_known_failures=allow_known_failure)
     except PlanError as err:
         if output is OutputFormat.json:
-            typer.echo(json.dumps(error_report(err, rule_set), indent=2, default=str))
+            typer.echo(json.dumps(error_report(err, rule_set) | {"not_read": line.not_read}, indent=2, default=str))
         else:
             from attngate.cli.render import render_error
 
@@ -77,7 +94,7 @@ def explain(
             f"forward mode {mode} does not occur for this model and these flags; it runs {', '.join(occurring)}",
             param_hint="--mode",
         )
-    report = resolution_report(resolution, rule_set)
+    report = resolution_report(resolution, rule_set) | {"not_read": line.not_read}
     if output is OutputFormat.json:
         if mode:
             report["modes"] = {mode: report["modes"][mode]}
@@ -91,6 +108,8 @@ def explain(
         from attngate.cli.summary import gate_lines, summary_lines
 
         lines = summary_lines(resolution, mode) if gate is None else gate_lines(resolution, gate, rule_set)
+        if line.not_read and lines is not None and gate is None:
+            lines[2:2] = [f"not read by any rule: {' '.join(line.not_read)}"]
         if lines is None:
             from attngate.util.suggest import did_you_mean
 
@@ -103,20 +122,18 @@ def explain(
         print_lines(lines)
 
 
-def _server_args(flags: list[str], args_file: Path | None):
-    from attngate.facts.flags import parse_flags
+def _server_args(line, args_file: Path | None):
     from attngate.facts.server_args import ServerArgs
 
     base = ServerArgs.from_file(args_file).model_dump(exclude_unset=True) if args_file is not None else {}
-    warnings: list = []
-    values, problems = parse_flags(flags, ServerArgs.model_fields, warnings=warnings)
-    for warning in warnings:
-        typer.echo(f"warning: {warning}", err=True)
-    return ServerArgs._validate({**base, **values}, problems, lambda n: "--" + n.replace("_", "-"))
+    return ServerArgs._validate({**base, **line.values}, line.problems, lambda n: "--" + n.replace("_", "-"))
 
 
 @app.command()
-def lint(file: Optional[Path] = typer.Argument(None, help="rules file (default: the shipped rules.yaml)")) -> None:
+def lint(
+    file: Optional[Path] = typer.Argument(None, help="rules file (default: the shipped rules.yaml)"),
+    output: OutputFormat = typer.Option(OutputFormat.table, "--format", help="table or json"),
+) -> None:
     """Report every load, schema and type error of a rules file, then its static findings (conflicts, dead rules)."""
     from attngate.errors import RulesError, UsageError
     from attngate.rules.load import load_rules
@@ -134,11 +151,21 @@ def lint(file: Optional[Path] = typer.Argument(None, help="rules file (default: 
     from attngate.analysis.lint import lint_rules
 
     findings = lint_rules(rule_set)
-    for finding in findings:
-        typer.echo(str(finding))
-    typer.echo(
-        f"{rule_set.filename}: {len(rule_set.rules)} rules, {len(rule_set.predicates)} predicates, {len(rule_set.invariants)} invariants, {len(findings)} finding(s)"
-    )
+    counts = {
+        "rules": len(rule_set.rules),
+        "predicates": len(rule_set.predicates),
+        "invariants": len(rule_set.invariants),
+        "deviations": len(rule_set.deviations),
+    }
+    if output is OutputFormat.json:
+        typer.echo(json.dumps({"file": rule_set.filename, **counts, "findings": [str(f) for f in findings]}, indent=2))
+    else:
+        for finding in findings:
+            typer.echo(str(finding))
+        typer.echo(
+            f"{rule_set.filename}: {counts['rules']} rules, {counts['predicates']} predicates, "
+            f"{counts['invariants']} invariants, {len(findings)} finding(s)"
+        )
     if findings:
         raise typer.Exit(EXIT_INVALID_CONFIG)
 
@@ -176,8 +203,9 @@ def diff(
         raise typer.Exit(EXIT_INVALID_CONFIG)
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def matrix(
+    ctx: typer.Context,
     models: list[Path] = typer.Argument(..., help="config.json files (or folders of them)"),
     gpu: str = typer.Option(..., "--gpu", help="GPU: an architecture (sm90, 9.0) or a product name (H100)"),
     kernels: Optional[str] = typer.Option(
@@ -187,24 +215,42 @@ def matrix(
     ),
     rules: Optional[Path] = typer.Option(None, "--rules", help="rules file"),
     output: MatrixFormat = typer.Option(
-        MatrixFormat.table, "--format", help="table or markdown (the README's table is generated with markdown)"
+        MatrixFormat.table, "--format", help="table, markdown (the README's table is generated with it) or json"
     ),
 ) -> None:
-    """Print the support matrix: which candidate backend each model can run on this GPU, and why not."""
-    from attngate.cli.render import load_model_configs, matrix_markdown, render_matrix
+    """Print the support matrix: which candidate backend each model can run on this GPU, and why not. SGLang flags
+    after the models (or after --) apply to every cell, e.g. --tp 2 --enable-deterministic-inference."""
+    from attngate.cli.render import load_model_configs, matrix_cells, matrix_markdown, render_matrix
     from attngate.errors import AttngateError, load_all
+    from attngate.facts.launch import parse_launch_line
     from attngate.rules.load import load_rules
 
+    # click hands flags it does not know to the variadic MODELS: they start the launch line
+    first_flag = next((i for i, m in enumerate(models) if str(m).startswith("-")), len(models))
+    line = parse_launch_line([str(m) for m in models[first_flag:]] + ctx.args)
+    models = models[:first_flag]
     try:  # every bad input at once, not only the first
-        configs, platform, rule_set = load_all(
-            lambda: load_model_configs(models), lambda: _platform(gpu, kernels), lambda: load_rules(rules)
+        args, configs, platform, rule_set = load_all(
+            lambda: _server_args(line, None),
+            lambda: load_model_configs(models),
+            lambda: _platform(gpu, kernels),
+            lambda: load_rules(rules),
         )
     except AttngateError as err:
         raise fail(err) from None
+    given = args.model_dump(exclude_unset=True)
     if output is MatrixFormat.markdown:
-        typer.echo(matrix_markdown(configs, platform, rule_set))
+        typer.echo(matrix_markdown(configs, platform, rule_set, given))
+    elif output is MatrixFormat.json:
+        backends, rows, reasons = matrix_cells(configs, platform, rule_set, given)
+        cells = [
+            {"model": name, "cells": {b: {"status": st, "text": text} for b, (st, text) in zip(backends, row)}}
+            for name, row in rows
+        ]
+        report = {"gpu": platform.gpu_arch, "args": given, "backends": backends, "rows": cells, "reasons": reasons}
+        typer.echo(json.dumps(report | {"not_read": line.not_read}, indent=2, default=str))
     else:
-        render_matrix(configs, platform, rule_set)
+        render_matrix(configs, platform, rule_set, given)
 
 
 def _platform(gpu: str | None, kernels: str | None):
@@ -219,14 +265,18 @@ def _platform(gpu: str | None, kernels: str | None):
 
 
 @app.command()
-def flags() -> None:
-    """List the server flags that explain takes (SGLang's names, types and defaults)."""
-    from attngate.facts.server_args import ServerArgs
+def flags(output: OutputFormat = typer.Option(OutputFormat.table, "--format", help="table or json")) -> None:
+    """List the server flags the rules read: SGLang's spellings (aliases; unambiguous prefixes work too), the values
+    each takes and its default. Every other SGLang flag is accepted by explain and listed as not read."""
+    from attngate.facts.launch import flag_catalogue
 
-    for name, field in ServerArgs.model_fields.items():
-        kind = getattr(field.annotation, "__name__", None) or str(field.annotation).replace("typing.", "")
-        doc = f"  {field.description}" if field.description else ""
-        typer.echo(f"--{name.replace('_', '-')}  ({kind}, default {field.default!r}){doc}")
+    rows = flag_catalogue()
+    if output is OutputFormat.json:
+        typer.echo(json.dumps(rows, indent=2, default=str))
+        return
+    for row in rows:
+        doc = f"  {row['description']}" if row["description"] else ""
+        typer.echo(f"{'  '.join(row['flags'])}  ({row['takes']}, default {row['default']!r}){doc}")
 
 
 @app.command()

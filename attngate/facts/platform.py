@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 import re
 from typing import get_args
 
@@ -139,13 +140,33 @@ class Platform(BaseModel):
         return cls.from_name(f"{major}{minor}", kernels=installed_kernel_providers())
 
 
-def installed_kernel_providers() -> tuple[str, ...]:
-    """The kernel providers importable here (found without importing them)."""
+#: the modules that provide each kernel family, in the order they are looked for. sgl_kernel (installed with SGLang)
+#: ships FlashAttention-3 under FA3's own interface (flash_attn_with_kvcache, flash_attn_varlen_func,
+#: get_scheduler_metadata): in an SGLang process that is where fa3 comes from (sglang 0.5.23
+#: layers/attention/flashattention_backend.py imports sgl_kernel.flash_attn).
+KERNEL_MODULES: dict[str, tuple[str, ...]] = {
+    "flashinfer": ("flashinfer",),
+    "flash_attn.cute": ("flash_attn.cute",),
+    "flash_attn_interface": ("flash_attn_interface", "sgl_kernel.flash_attn"),
+}
+
+
+def installed_kernel_modules() -> dict[str, str]:
+    """Each kernel family importable here and the module that provides it (found without importing the module;
+    a submodule's package is imported to look inside it)."""
 
     def found(module: str) -> bool:
+        if sys.modules.get(module) is not None:  # imported already (or put there, as a test stand-in is)
+            return True
         try:
             return importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):  # a parent package missing or broken
+        except Exception:  # noqa: BLE001 - a parent package missing, broken, or failing to load its libraries
             return False
 
-    return tuple(p for p in KERNEL_PROVIDERS if found(p))
+    modules = {family: next((m for m in candidates if found(m)), None) for family, candidates in KERNEL_MODULES.items()}
+    return {family: module for family, module in modules.items() if module is not None}
+
+
+def installed_kernel_providers() -> tuple[str, ...]:
+    """The kernel families importable here (see installed_kernel_modules)."""
+    return tuple(p for p in KERNEL_PROVIDERS if p in installed_kernel_modules())

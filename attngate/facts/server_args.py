@@ -133,12 +133,12 @@ class ServerArgs(ValidatedModel):
 
     @classmethod
     def from_flags(cls, argv: list[str]) -> "ServerArgs":
-        """Parse SGLang-style flags: ``--attention-backend fa3 --enable-dp-attention ...``.
-
-        Boolean fields are switches (``--flag``, or ``--flag=false``); others take one value.
+        """Parse an SGLang launch line as SGLang 0.5.23 does (attngate.facts.launch): ``['--tp', '2',
+        '--attention-backend', 'fa3']``, aliases and unambiguous prefixes, ``--config server.yaml``, a pasted
+        ``python -m sglang.launch_server`` head. Flags no rule reads (and --model-path) are accepted and not kept.
         Raises ServerArgsError listing every unknown flag, missing value and bad value.
         """
-        from attngate.facts.flags import parse_flags
+        from attngate.facts.launch import parse_launch_line
 
         if isinstance(argv, (str, bytes)) or not isinstance(argv, (list, tuple)):
             raise UsageError(
@@ -155,8 +155,8 @@ class ServerArgs(ValidatedModel):
         ]
         if not_str:
             raise UsageError([Problem("argv", message) for message in not_str])
-        values, problems = parse_flags(list(argv), cls.model_fields)
-        return cls._validate(values, problems, lambda n: "--" + n.replace("_", "-"))
+        line = parse_launch_line(list(argv))
+        return cls._validate(line.values, line.problems, lambda n: "--" + n.replace("_", "-"))
 
     @classmethod
     def from_file(cls, path: str | Path) -> "ServerArgs":

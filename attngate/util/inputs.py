@@ -27,6 +27,15 @@ def is_directory(path: Path) -> bool:
         return False
 
 
+def exists(path: Path) -> bool:
+    """Whether anything is at ``path``; False where it cannot be examined (a name too long...)."""
+    try:
+        path.stat()
+    except OSError:
+        return False
+    return True
+
+
 def read_text(path: str | Path, error: type[AttngateError], what: str) -> str:
     """The UTF-8 text of ``path``; ``error`` naming the path for a missing, unreadable, oversized or undecodable file,
     a directory, or anything but a regular file (FIFOs, devices, sockets), and for every OSError (a name too long)."""

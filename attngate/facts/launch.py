@@ -1,0 +1,261 @@
+"""An SGLang launch line read as SGLang 0.5.23 reads it: its argument table (``sglang_flags.json``, taken from SGLang's
+own parser by ``attngate.integrations.sglang.flag_table``), aliases and unambiguous prefixes of long options,
+``--no-X`` spellings, ``--config server.yaml`` and a pasted command head (``python -m sglang.launch_server``, ``sglang
+serve MODEL``). Flags the rules read become attngate ServerArgs values; every other SGLang flag is accepted and
+listed as not read by any rule.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+from attngate.errors import Problem, ServerArgsError
+from attngate.facts.server_args import ServerArgs
+from attngate.facts.sglang_names import READ_BY_RENAMED, RENAMED
+from attngate.util.inputs import read_text
+from attngate.util.suggest import did_you_mean
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+#: what a pasted command starts with before SGLang's own arguments
+_PROGRAMS = ("sglang.launch_server", "launch_server.py")
+
+
+@dataclass(frozen=True)
+class Action:
+    """One long option of SGLang's parser (a row of sglang_flags.json)."""
+
+    dest: str
+    options: tuple[str, ...]
+    nargs: int | str  # 0, 1, "?", "*" or "+", as argparse counts them
+    kind: str  # store, store_true, store_false, store_const or boolean_optional
+
+
+@dataclass
+class LaunchLine:
+    """What a launch line asks for: ``values`` holds attngate ServerArgs fields (strings as given, for pydantic to
+    validate), ``model_path`` SGLang's --model-path, ``not_read`` the other SGLang flags given (in order, once)."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    model_path: str | None = None
+    not_read: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+
+
+@cache
+def _table() -> tuple[dict[str, Action], str]:
+    raw = json.loads(resources.files("attngate.facts").joinpath("sglang_flags.json").read_text())
+    actions = [Action(a["dest"], tuple(a["options"]), a["nargs"], a["kind"]) for a in raw["actions"]]
+    known = {a.dest for a in actions}
+    for name, info in ServerArgs.model_fields.items():  # a field SGLang no longer has as a flag keeps attngate's
+        if name not in known:
+            actions.append(Action(name, ("--" + name.replace("_", "-"),), 0 if info.annotation is bool else 1, ""))
+    return {option: a for a in actions for option in a.options}, raw["source"]
+
+
+def _lookup(flag: str, by_option: dict[str, Action]) -> tuple[Action | None, str]:
+    """The action an option names: exactly, else by unambiguous prefix (argparse's allow_abbrev); else None and
+    why."""
+    if flag in by_option:
+        return by_option[flag], ""
+    matches = {by_option[o].dest: o for o in by_option if o.startswith(flag)}
+    if len(matches) == 1:
+        return by_option[next(iter(matches.values()))], ""
+    if matches:
+        return None, f"ambiguous abbreviation: could be {', '.join(sorted(matches.values()))}"
+    return None, "unknown SGLang server argument" + did_you_mean(flag, list(by_option))
+
+
+def _strip_command(argv: list[str]) -> list[str]:
+    """Drop a pasted command head: environment assignments, ``python -m sglang.launch_server``, ``sglang serve``
+    (whose positional model becomes --model-path, as sglang/cli/serve.py does)."""
+    for i, token in enumerate(argv):
+        if token.endswith(_PROGRAMS):
+            return argv[i + 1 :]
+        if token == "serve" and i > 0 and Path(argv[i - 1]).name == "sglang":
+            rest = argv[i + 1 :]
+            return ["--model-path", *rest] if rest and not rest[0].startswith("-") else rest
+    return argv
+
+
+def _config_args(path: str, by_option: dict[str, Action], problems: list[Problem]) -> list[str]:
+    """SGLang's ``--config FILE``: a YAML mapping of flag names (any long spelling, - or _) to values, turned into flags
+    that come before the command line's own (the command line wins), as SGLang's ConfigArgumentMerger does."""
+    from attngate.util.yaml_source import load_yaml
+
+    if Path(path).suffix.lower() not in (".yaml", ".yml"):
+        problems.append(Problem(f"--config {path}", "SGLang reads only .yaml/.yml config files"))
+        return []
+    try:
+        text = read_text(Path(path), ServerArgsError, "--config file")
+    except ServerArgsError as err:
+        problems.extend(err.problems)
+        return []
+    doc, yaml_problems = load_yaml(text, path)
+    if yaml_problems or not isinstance(doc.data, (dict, type(None))):
+        problems.extend(yaml_problems or [Problem(path, "a config file holds a mapping of flag names to values")])
+        return []
+    by_dest = {a.dest: a for a in by_option.values()}
+    out: list[str] = []
+    for key, value in (doc.data or {}).items():
+        where, norm = f"{doc.where((key,))}: {key}", str(key).replace("-", "_")
+        action = by_option.get("--" + norm.replace("_", "-")) or by_dest.get(norm)
+        if action is None:
+            names = [o[2:].replace("-", "_") for o in by_option]
+            problems.append(Problem(where, "unknown SGLang server argument" + did_you_mean(norm, names)))
+            continue
+        flag = action.options[0]
+        if action.kind == "boolean_optional":  # ConfigArgumentMerger refuses every action but store/store_true
+            problems.append(Problem(where, f"SGLang's --config does not take {flag} (a --{key}/--no-{key} switch)"))
+        elif isinstance(value, bool) and action.kind == "store_true":
+            out += [flag] if value else []
+        elif isinstance(value, bool):
+            out.append(f"{flag}={str(value).lower()}")
+        elif isinstance(value, list):
+            out += [flag, *map(str, value)] if value else []
+        else:
+            out += [flag, json.dumps(value) if isinstance(value, dict) else str(value)]
+    return out
+
+
+def _is_value(token: str) -> bool:
+    return not token.startswith("-") or token[1:2].isdigit() or token[1:2] == "."  # -1 is a value, as in argparse
+
+
+def parse_launch_line(argv: list[str]) -> LaunchLine:
+    """Read ``argv`` (a launch line split into words) against SGLang's table. Every problem is collected (unknown or ambiguous flags with a suggestion, missing values, a bad
+    --config file); a flag given twice with different values warns once and the last wins, as in argparse."""
+    by_option, _ = _table()
+    line = LaunchLine()
+    argv = _strip_command(list(argv))
+    if "--config" in argv:
+        at = argv.index("--config")
+        config = argv[at + 1] if at + 1 < len(argv) else None
+        if config is None:
+            line.problems.append(Problem("--config", "expects a YAML file"))
+            argv = argv[:at]
+        else:
+            argv = _config_args(config, by_option, line.problems) + argv[:at] + argv[at + 2 :]
+    given: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        token, i = argv[i], i + 1
+        if not token.startswith("--"):
+            line.problems.append(Problem(token, "unexpected argument: server arguments are --flag [value]"))
+            continue
+        flag, eq, inline = token.partition("=")
+        action, why = _lookup(flag, by_option)
+        if action is None:
+            line.problems.append(Problem(flag, why))
+            i += 0 if eq or i >= len(argv) or not _is_value(argv[i]) else 1  # its value: no second report
+            continue
+        values: list[str] = [inline] if eq else []
+        if not eq and action.nargs not in (0,):
+            while i < len(argv) and _is_value(argv[i]) and (action.nargs in ("*", "+") or not values):
+                values.append(argv[i])
+                i += 1
+        value = _value(action, flag, values, bool(eq), line.problems)
+        if value is _BAD:
+            continue
+        if action.dest in given and given[action.dest] != value:
+            line.warnings.append(Problem(flag, f"given twice, {given[action.dest]!r} then {value!r}; the last wins"))
+        given[action.dest] = value
+        read = action.dest in ServerArgs.model_fields or action.dest in READ_BY_RENAMED or action.dest == "model_path"
+        if not read and action.options[0] not in line.not_read:
+            line.not_read.append(action.options[0])
+    line.model_path = given.pop("model_path", None)
+    _to_fields(given, line)
+    return line
+
+
+_BAD = object()
+
+
+def _value(action: Action, flag: str, values: list[str], inline: bool, problems: list[Problem]) -> Any:
+    if action.kind == "boolean_optional":
+        return not flag.startswith("--no-") if not inline else _BAD
+    if action.nargs == 0:
+        if not inline:
+            return action.kind != "store_false"
+        if values[0].lower() in _TRUE | _FALSE and not action.kind:  # attngate's own switches take =true/false
+            return values[0].lower() in _TRUE
+        problems.append(Problem(flag, f"a switch takes no value, got {values[0]!r}"))
+        return _BAD
+    if not values and action.nargs in (1, "+"):
+        problems.append(Problem(flag, "expects a value"))
+        return _BAD
+    if action.nargs in ("*", "+"):
+        return values
+    value = values[0] if values else None
+    return None if value == "None" else value
+
+
+def _to_fields(given: dict[str, Any], line: LaunchLine) -> None:
+    """SGLang's values as given -> attngate's fields: same-named ones directly, renamed ones through RENAMED."""
+    if isinstance(given.get("cuda_graph_config"), str):  # its argparse type parses JSON
+        try:
+            given["cuda_graph_config"] = json.loads(given["cuda_graph_config"])
+        except json.JSONDecodeError as err:
+            line.problems.append(Problem("--cuda-graph-config", f"not JSON: {err}"))
+            given.pop("cuda_graph_config")
+    for name in ServerArgs.model_fields:
+        renamed = RENAMED.get(name)
+        if renamed is None or name in given and name not in renamed.sglang_fields:  # attngate's own spelling
+            if name in given:
+                line.values[name] = given[name]
+        elif set(renamed.sglang_fields + renamed.launch_fields) & set(given):
+            try:
+                line.values[name] = renamed.read(given)
+            except (TypeError, ValueError) as err:
+                flags = ", ".join("--" + f.replace("_", "-") for f in renamed.sglang_fields if f in given)
+                problem = Problem(flags, f"bad value: {err}")
+                if problem not in line.problems:  # two fields read from one flag: one report
+                    line.problems.append(problem)
+
+
+def table_source() -> str:
+    """Where sglang_flags.json comes from (SGLang's version and parser)."""
+    return _table()[1]
+
+
+def _takes(annotation: Any) -> str:
+    """What a field's flag takes, in words: ``one of fa3, fa4, ...``, ``int``, ``switch``; None allowed: ``or None``."""
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    optional = len(args) < len(get_args(annotation))
+    if annotation is bool:
+        return "switch"
+    inner = args[0] if optional and len(args) == 1 else annotation
+    if get_origin(inner) is Literal:
+        text = "one of " + ", ".join(map(str, get_args(inner)))
+    else:
+        text = getattr(inner, "__name__", str(inner).replace("typing.", ""))
+    return text + (" or None" if optional else "")
+
+
+def flag_catalogue() -> list[dict[str, Any]]:
+    """One row per attngate ServerArgs field: the SGLang flags that set it (aliases, and the SGLang flags a renamed
+    field is read from), what it takes, its default and description."""
+    by_option, _ = _table()
+    spellings: dict[str, list[str]] = {}
+    for option, action in by_option.items():
+        spellings.setdefault(action.dest, []).append(option)
+    rows = []
+    for name, info in ServerArgs.model_fields.items():
+        sources = RENAMED[name].sglang_fields + RENAMED[name].launch_fields if name in RENAMED else ()
+        flags = spellings.get(name, []) + [o for f in sources if f != name for o in spellings.get(f, [])]
+        rows.append(
+            {
+                "field": name,
+                "flags": flags,
+                "takes": _takes(info.annotation),
+                "default": info.default,
+                "description": info.description or (f"also read from: {RENAMED[name].source}" if sources else ""),
+            }
+        )
+    return rows
