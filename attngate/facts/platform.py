@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
 import re
+import sys
 from typing import get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError
