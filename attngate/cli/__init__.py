@@ -13,7 +13,7 @@ import sys
 import typer
 
 from attngate.cli import commands, conform  # noqa: F401  (each registers its commands on the app)
-from attngate.cli.app import ClickException, app, error_json
+from attngate.cli.app import JSON_ERRORS, ClickException, app, error_json
 
 __all__ = ["app", "main"]
 
@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     """The ``attngate`` program: under ``--format json`` usage errors and bad input are JSON on stdout too (same exit
     codes); a closed pipe (``attngate flags | head``) ends it quietly."""
     argv = sys.argv[1:] if argv is None else argv
+    JSON_ERRORS.set(_wants_json(argv))
     try:
         code = app(args=argv, prog_name="attngate", standalone_mode=False)
     except ClickException as err:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from contextvars import ContextVar
 from enum import Enum
 from typing import Any
 
 import typer
+
+from attngate.errors import Problem
 
 #: click's base of usage errors, as the installed typer raises them (typer >= 0.20 vendors click as typer._click)
 ClickException: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
@@ -32,32 +36,29 @@ class MatrixFormat(str, Enum):
     json = "json"
 
 
-class Failure(ClickException):  # type: ignore[misc, valid-type]
-    """A command's bad input (an AttngateError, every problem in it) on its way out: printed as is on stderr, or as
-    JSON on stdout where the command line asked for ``--format json`` (attngate.cli.main)."""
-
-    def __init__(self, err: Exception, code: int) -> None:
-        super().__init__(str(err))
-        self.exit_code = code
-        self.problems = getattr(err, "problems", [])
-        self.error_type = type(err).__name__
-
-    def show(self, file: Any = None) -> None:
-        typer.echo(self.message, err=True)
+#: set by attngate.cli.main when the command line asks for ``--format json``: errors go to stdout as JSON
+JSON_ERRORS: ContextVar[bool] = ContextVar("attngate_json_errors", default=False)
 
 
-def fail(err: Exception, code: int = EXIT_BAD_INPUT) -> Failure:
-    return Failure(err, code)
+def fail(err: Exception, code: int = EXIT_BAD_INPUT) -> "typer.Exit":
+    """Report a command's bad input (an AttngateError, every problem in it): on stderr as is, or as JSON on stdout
+    under ``--format json``; returns the Exit to raise."""
+    if JSON_ERRORS.get():
+        from attngate.cli.report import VERSION
+
+        problems = getattr(err, "problems", None) or [Problem(None, str(err))]
+        errors = [{"where": p.where, "message": p.message, "code": p.code, "help": p.help} for p in problems]
+        typer.echo(json.dumps({"version": VERSION, "plan": None, "exit_code": code, "errors": errors}, indent=2))
+    else:
+        typer.echo(str(err), err=True)
+    return typer.Exit(code)
 
 
 def error_json(err: Any) -> dict[str, Any]:
-    """A usage error or bad input as the JSON commands print under ``--format json`` (``plan`` null, ``errors``)."""
-    if isinstance(err, Failure) and err.problems:
-        errors = [{"where": p.where, "message": p.message, "code": p.code, "help": p.help} for p in err.problems]
-    else:
-        hint = err.param_hint if isinstance(err, typer.BadParameter) else None
-        where = hint if isinstance(hint, str) or hint is None else " / ".join(hint)
-        errors = [{"where": where, "message": err.format_message(), "code": "usage", "help": None}]
+    """A usage error (click's) as the JSON commands print under ``--format json`` (``plan`` null, ``errors``)."""
+    hint = err.param_hint if isinstance(err, typer.BadParameter) else None
+    where = hint if isinstance(hint, str) or hint is None else " / ".join(hint)
+    errors = [{"where": where, "message": err.format_message(), "code": "usage", "help": None}]
     return {"plan": None, "exit_code": err.exit_code, "errors": errors}
 
 

@@ -59,8 +59,9 @@ def explain(
         )
     from attngate.facts.hub import config_path
     from attngate.facts.launch import parse_launch_line
+    from attngate.facts.server_args import ServerArgs
 
-    line = parse_launch_line(ctx.args)
+    line = parse_launch_line(ctx.args, ServerArgs.model_fields)
     for warning in line.warnings:
         typer.echo(f"warning: {warning}", err=True)
     if model and line.model_path and Path(model) != Path(line.model_path):
@@ -223,11 +224,12 @@ def matrix(
     from attngate.cli.render import load_model_configs, matrix_cells, matrix_markdown, render_matrix
     from attngate.errors import AttngateError, load_all
     from attngate.facts.launch import parse_launch_line
+    from attngate.facts.server_args import ServerArgs
     from attngate.rules.load import load_rules
 
     # click hands flags it does not know to the variadic MODELS: they start the launch line
     first_flag = next((i for i, m in enumerate(models) if str(m).startswith("-")), len(models))
-    line = parse_launch_line([str(m) for m in models[first_flag:]] + ctx.args)
+    line = parse_launch_line([str(m) for m in models[first_flag:]] + ctx.args, ServerArgs.model_fields)
     models = models[:first_flag]
     try:  # every bad input at once, not only the first
         args, configs, platform, rule_set = load_all(
@@ -269,8 +271,9 @@ def flags(output: OutputFormat = typer.Option(OutputFormat.table, "--format", he
     """List the server flags the rules read: SGLang's spellings (aliases; unambiguous prefixes work too), the values
     each takes and its default. Every other SGLang flag is accepted by explain and listed as not read."""
     from attngate.facts.launch import flag_catalogue
+    from attngate.facts.server_args import ServerArgs
 
-    rows = flag_catalogue()
+    rows = flag_catalogue(ServerArgs.model_fields)
     if output is OutputFormat.json:
         typer.echo(json.dumps(rows, indent=2, default=str))
         return

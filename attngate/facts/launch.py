@@ -8,14 +8,16 @@ listed as not read by any rule.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
+from pydantic.fields import FieldInfo
+
 from attngate.errors import Problem, ServerArgsError
-from attngate.facts.server_args import ServerArgs
 from attngate.facts.sglang_names import READ_BY_RENAMED, RENAMED
 from attngate.util.inputs import read_text
 from attngate.util.suggest import did_you_mean
@@ -49,14 +51,19 @@ class LaunchLine:
 
 
 @cache
-def _table() -> tuple[dict[str, Action], str]:
+def _sglang_table() -> tuple[tuple[Action, ...], str]:
     raw = json.loads(resources.files("attngate.facts").joinpath("sglang_flags.json").read_text())
-    actions = [Action(a["dest"], tuple(a["options"]), a["nargs"], a["kind"]) for a in raw["actions"]]
+    return tuple(Action(a["dest"], tuple(a["options"]), a["nargs"], a["kind"]) for a in raw["actions"]), raw["source"]
+
+
+def _table(fields: Mapping[str, FieldInfo]) -> dict[str, Action]:
+    """Every option: SGLang's, and attngate's own spelling of a field SGLang no longer has as a flag."""
+    actions = list(_sglang_table()[0])
     known = {a.dest for a in actions}
-    for name, info in ServerArgs.model_fields.items():  # a field SGLang no longer has as a flag keeps attngate's
+    for name, info in fields.items():
         if name not in known:
             actions.append(Action(name, ("--" + name.replace("_", "-"),), 0 if info.annotation is bool else 1, ""))
-    return {option: a for a in actions for option in a.options}, raw["source"]
+    return {option: a for a in actions for option in a.options}
 
 
 def _lookup(flag: str, by_option: dict[str, Action]) -> tuple[Action | None, str]:
@@ -128,10 +135,11 @@ def _is_value(token: str) -> bool:
     return not token.startswith("-") or token[1:2].isdigit() or token[1:2] == "."  # -1 is a value, as in argparse
 
 
-def parse_launch_line(argv: list[str]) -> LaunchLine:
-    """Read ``argv`` (a launch line split into words) against SGLang's table. Every problem is collected (unknown or ambiguous flags with a suggestion, missing values, a bad
+def parse_launch_line(argv: list[str], fields: Mapping[str, FieldInfo]) -> LaunchLine:
+    """Read ``argv`` (a launch line split into words) against SGLang's table; ``fields``: attngate's ServerArgs
+    fields (``ServerArgs.model_fields``). Every problem is collected (unknown or ambiguous flags with a suggestion, missing values, a bad
     --config file); a flag given twice with different values warns once and the last wins, as in argparse."""
-    by_option, _ = _table()
+    by_option = _table(fields)
     line = LaunchLine()
     argv = _strip_command(list(argv))
     if "--config" in argv:
@@ -166,11 +174,11 @@ def parse_launch_line(argv: list[str]) -> LaunchLine:
         if action.dest in given and given[action.dest] != value:
             line.warnings.append(Problem(flag, f"given twice, {given[action.dest]!r} then {value!r}; the last wins"))
         given[action.dest] = value
-        read = action.dest in ServerArgs.model_fields or action.dest in READ_BY_RENAMED or action.dest == "model_path"
+        read = action.dest in fields or action.dest in READ_BY_RENAMED or action.dest == "model_path"
         if not read and action.options[0] not in line.not_read:
             line.not_read.append(action.options[0])
     line.model_path = given.pop("model_path", None)
-    _to_fields(given, line)
+    _to_fields(given, fields, line)
     return line
 
 
@@ -196,7 +204,7 @@ def _value(action: Action, flag: str, values: list[str], inline: bool, problems:
     return None if value == "None" else value
 
 
-def _to_fields(given: dict[str, Any], line: LaunchLine) -> None:
+def _to_fields(given: dict[str, Any], fields: Mapping[str, FieldInfo], line: LaunchLine) -> None:
     """SGLang's values as given -> attngate's fields: same-named ones directly, renamed ones through RENAMED."""
     if isinstance(given.get("cuda_graph_config"), str):  # its argparse type parses JSON
         try:
@@ -204,7 +212,7 @@ def _to_fields(given: dict[str, Any], line: LaunchLine) -> None:
         except json.JSONDecodeError as err:
             line.problems.append(Problem("--cuda-graph-config", f"not JSON: {err}"))
             given.pop("cuda_graph_config")
-    for name in ServerArgs.model_fields:
+    for name in fields:
         renamed = RENAMED.get(name)
         if renamed is None or name in given and name not in renamed.sglang_fields:  # attngate's own spelling
             if name in given:
@@ -221,7 +229,7 @@ def _to_fields(given: dict[str, Any], line: LaunchLine) -> None:
 
 def table_source() -> str:
     """Where sglang_flags.json comes from (SGLang's version and parser)."""
-    return _table()[1]
+    return _sglang_table()[1]
 
 
 def _takes(annotation: Any) -> str:
@@ -238,15 +246,15 @@ def _takes(annotation: Any) -> str:
     return text + (" or None" if optional else "")
 
 
-def flag_catalogue() -> list[dict[str, Any]]:
+def flag_catalogue(fields: Mapping[str, FieldInfo]) -> list[dict[str, Any]]:
     """One row per attngate ServerArgs field: the SGLang flags that set it (aliases, and the SGLang flags a renamed
     field is read from), what it takes, its default and description."""
-    by_option, _ = _table()
+    by_option = _table(fields)
     spellings: dict[str, list[str]] = {}
     for option, action in by_option.items():
         spellings.setdefault(action.dest, []).append(option)
     rows = []
-    for name, info in ServerArgs.model_fields.items():
+    for name, info in fields.items():
         sources = RENAMED[name].sglang_fields + RENAMED[name].launch_fields if name in RENAMED else ()
         flags = spellings.get(name, []) + [o for f in sources if f != name for o in spellings.get(f, [])]
         rows.append(

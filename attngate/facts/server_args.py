@@ -155,7 +155,7 @@ class ServerArgs(ValidatedModel):
         ]
         if not_str:
             raise UsageError([Problem("argv", message) for message in not_str])
-        line = parse_launch_line(list(argv))
+        line = parse_launch_line(list(argv), cls.model_fields)
         return cls._validate(line.values, line.problems, lambda n: "--" + n.replace("_", "-"))
 
     @classmethod

@@ -44,7 +44,9 @@ class YamlDocument:
         return f"{self.filename}:{mark.line}:{col}"
 
 
-MAX_VALUES = 100_000  # values after alias expansion: bounds alias bombs ("billion laughs")
+#: values after alias expansion beyond one per character of the text: bounds alias bombs ("billion laughs"), whose
+#: expansion outgrows their text, while a document without aliases (it holds fewer values than characters) never hits it
+MAX_VALUES = 100_000
 MAX_DEPTH = 64  # nesting, counted after alias expansion: bounds self-referencing anchors too
 
 
@@ -55,7 +57,7 @@ class _TooLarge(Exception):
 def load_yaml(text: str, filename: str) -> tuple[YamlDocument | None, list[Problem]]:
     """Parse ``text``; returns the document (None when it does not parse) and every problem found.
 
-    Bounded: more than MAX_VALUES values or MAX_DEPTH levels after alias expansion is a problem,
+    Bounded: more than MAX_VALUES + len(text) values or MAX_DEPTH levels after alias expansion is a problem,
     not a hang or a RecursionError."""
     problems: list[Problem] = []
     loader = None
@@ -78,7 +80,7 @@ def load_yaml(text: str, filename: str) -> tuple[YamlDocument | None, list[Probl
     if node is None:
         return doc, problems
     try:
-        doc.data = _walk(node, (), doc, loader, problems, [0])
+        doc.data = _walk(node, (), doc, loader, problems, [-len(text)])  # counts up to MAX_VALUES past the text
     except _TooLarge as exc:
         return None, [Problem(doc.where(exc.args[0]), exc.args[1])]
     return doc, problems
@@ -95,7 +97,7 @@ def _walk(
 ) -> Any:
     count[0] += 1
     if count[0] > MAX_VALUES:
-        raise _TooLarge(path, f"more than {MAX_VALUES} values after alias expansion")
+        raise _TooLarge(path, f"more than {MAX_VALUES} values after alias expansion beyond the text's own size")
     if len(path) > MAX_DEPTH:
         raise _TooLarge(path, f"nested more than {MAX_DEPTH} levels deep (after alias expansion; a recursive anchor?)")
     start = node.start_mark

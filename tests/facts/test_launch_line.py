@@ -16,7 +16,7 @@ from tests.support.helpers import MODELS
 
 
 def read(line: str):
-    return parse_launch_line(line.split())
+    return parse_launch_line(line.split(), ServerArgs.model_fields)
 
 
 def test_aliases_and_unambiguous_prefixes_read_as_sglang_reads_them():
@@ -51,7 +51,9 @@ def test_renamed_fields_follow_sglangs_hooks():
     assert read("--disable-decode-cuda-graph").values["disable_cuda_graph"] is True
     graphs = read("--disable-decode-cuda-graph --cuda-graph-backend-decode full").values  # the backend flag wins
     assert graphs["disable_cuda_graph"] is False
-    config = parse_launch_line(["--cuda-graph-config", json.dumps({"decode": {"backend": "disabled"}})])
+    config = parse_launch_line(
+        ["--cuda-graph-config", json.dumps({"decode": {"backend": "disabled"}})], ServerArgs.model_fields
+    )
     assert config.values["disable_cuda_graph"] is True
     bad = read("--attn-dp-size two")
     assert [p.where for p in bad.problems] == ["--attn-dp-size"]
@@ -86,7 +88,7 @@ def test_config_yaml_merges_under_the_command_line(tmp_path):
 
 
 def test_flags_lists_spellings_and_allowed_values():
-    rows = {row["field"]: row for row in flag_catalogue()}
+    rows = {row["field"]: row for row in flag_catalogue(ServerArgs.model_fields)}
     assert rows["tp_size"]["flags"] == ["--tp-size", "--tensor-parallel-size"] and rows["tp_size"]["takes"] == "int"
     assert "--attn-dp-size" in rows["enable_dp_attention"]["flags"]
     assert (

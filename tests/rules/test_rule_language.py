@@ -353,11 +353,20 @@ def test_lint_reasons_about_two_facts_compared_with_each_other():
       - {id: more-tp, summary: s, why: w, source: s, when: tp_size > dp_size, set: {fa.num_splits: 3}}
     """)
     found = [str(f) for f in lint_rules(rs)]
-    assert not any("'same' and 'split'" in f for f in found), found
-    assert any("'same' and 'more-tp' can both match" in f for f in found), found
-    assert any(
-        "'more-tp' and 'split' can both match" in f or "'split' and 'more-tp' can both match" in f for f in found
-    ), found
+    assert len(found) == 1, found  # one finding per gate, listing every pair
+    assert "2 pairs of set rules can both match and disagree on gate fa.num_splits" in found[0]
+    assert "same / more-tp" in found[0] and "split / more-tp" in found[0] and "same / split" not in found[0]
+
+
+def test_lint_reports_every_conflict_of_one_gate_in_one_finding():
+    """Forty rules that all match together: 780 conflicting pairs, each named, one witness, one finding."""
+    rules = "".join(
+        f"  - {{id: r{i}, summary: s, why: w, source: s, when: tp_size >= 2, set: {{fa.num_splits: {i}}}}}\n"
+        for i in range(40)
+    )
+    found = [str(f) for f in lint_rules(_mini(rules))]
+    assert len(found) == 1 and found[0].split(": ", 1)[1].startswith("780 pairs of set rules"), found
+    assert all(f"r{i} / r{j}" in found[0] for i in range(40) for j in range(i + 1, 40))
 
 
 @pytest.mark.parametrize(
