@@ -133,7 +133,8 @@ class Reason(Protocol):
 class PlanError(AttngateError):
     """The configuration is invalid. ``violations`` holds every reason (each problem's code is ``plan.<kind>``);
     ``server_args`` the adjusted arguments, ``adjustments`` the rewrites made before, ``deviations`` the rules
-    file's deviations that declare SGLang 0.5.23 accepting this on purpose."""
+    file's deviations that declare SGLang 0.5.23 accepting this on purpose, ``candidates`` each candidate backend
+    with the rules that refuse it (empty: it runs) where the backend is at issue."""
 
     title = "invalid configuration"
     code = "plan"
@@ -144,11 +145,15 @@ class PlanError(AttngateError):
         server_args: dict[str, Any] | None = None,
         adjustments: list[Any] | None = None,
         deviations: list[Any] | None = None,
+        *,
+        candidates: dict[str, list[str]] | None = None,
     ):
         self.violations = list(violations)
         self.server_args = server_args
         self.adjustments = adjustments or []
         self.deviations = deviations or []
+        #: each candidate backend and the rules that refuse it here ([]: it runs), where the backend is what fails
+        self.candidates = candidates or {}
         super().__init__(
             [
                 Problem(
@@ -160,6 +165,20 @@ class PlanError(AttngateError):
                 for v in self.violations
             ]
         )
+
+    def _render(self) -> str:
+        text = super()._render()
+        runs = [b for b, rules in self.candidates.items() if not rules]
+        if not self.candidates:
+            return text
+        lines = [text, "candidate backends (--attention-backend, ServerArgs.attention_backend):"]
+        lines += [
+            f"  {b}: " + ("runs this" if not rules else "refused by " + ", ".join(rules))
+            for b, rules in self.candidates.items()
+        ]
+        if runs:
+            lines.append(f"  e.g. --attention-backend {runs[0]}, or ServerArgs(attention_backend={runs[0]!r})")
+        return "\n".join(lines)
 
 
 def check_arguments(*checks: tuple[str, object, type | tuple[type, ...], str]) -> None:

@@ -128,6 +128,11 @@ def render_error(err: PlanError) -> None:
         console.print(f"  [red]-[/red] {escape(v.where)}: {escape(v.message)}{issue}{opt_in}{facts}{help_line}")
     for a in err.adjustments:
         console.print(f"  [dim]adjusted {escape(str(a))}[/dim]")
+    if err.candidates:
+        console.print("candidate backends (--attention-backend, ServerArgs.attention_backend):")
+        for backend, rules in err.candidates.items():
+            verdict = "[green]runs this[/green]" if not rules else f"refused by {escape(', '.join(rules))}"
+            console.print(f"  {backend:<12} {verdict}")
     from attngate.cli.summary import deviation_lines
 
     for line in deviation_lines(err.deviations):

@@ -11,7 +11,8 @@ from attngate.errors import PlanError
 from attngate.rules.ruleset import RuleSet
 
 #: the contract's version: 3 adds ``forward_modes`` (the modes that can occur), ``providers`` (the kernel package of
-#: each chosen backend) and ``rules`` (summary, why, source and file:line of every rule the report cites)
+#: each chosen backend), ``rules`` (summary, why, source and file:line of every rule the report cites) and, on a
+#: refusal where the backend is at issue, ``candidates`` (each candidate backend and the rules refusing it; [] runs)
 VERSION = 3
 
 
@@ -82,6 +83,7 @@ def resolution_report(r: Resolution, rule_set: RuleSet | None = None) -> dict[st
         "warnings": r.warnings,
         "deviations": [_deviation(d) for d in r.deviations],
         "rules": _rules(rule_set, cited),
+        "candidates": {},
         "errors": [],
     }
 
@@ -104,6 +106,7 @@ def error_report(err: PlanError, rule_set: RuleSet | None = None) -> dict[str, A
         "warnings": [str(a) for a in err.adjustments if not a.fills_default],
         "deviations": [_deviation(d) for d in err.deviations],
         "rules": _rules(rule_set, cited),
+        "candidates": err.candidates,
         "errors": [
             {
                 "rule": v.rule,

@@ -10,6 +10,9 @@ Semantics (DESIGN.md, "Resolution semantics"), one stage per step of :func:`reso
    different values: a conflict), else its default; global gates first, then the per-mode and per-layer tables,
    whose rules may read the resolved global gates.
 4. build: the frozen Plan, and a Resolution whose explanation (:mod:`attngate.engine.explain`) is built on first use.
+
+Where the backend the default chain chose is refused, :mod:`attngate.engine.fallback` resolves with the first
+candidate that runs; a refusal where the backend is at issue lists every candidate.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any, Collection, Iterable
 
 from attngate.engine.adjust import adjust, violations
 from attngate.engine.explain import backend_verdicts, explain_scope
+from attngate.engine.fallback import fall_back
 from attngate.engine.index import (
     DEVIATION_OBSERVERS,
     GLOBAL_SPECS,
@@ -81,8 +85,21 @@ def resolve(
         ),
     )
     rules = rules or load_rules()
-    index = index_of(rules)
     allowed = _check_allowed(rules, allow_known_failures)
+    once = functools.partial(_resolve_once, model=model, platform=platform, rules=rules, allowed=allowed)
+    try:
+        return once(server_args)
+    except PlanError as err:
+        if not err.adjustments and err.server_args == {}:  # an argument of the call at fault: no backend helps
+            raise
+        return fall_back(server_args, err, once)
+
+
+def _resolve_once(
+    server_args: ServerArgs, *, model: ModelFacts, platform: Platform, rules: RuleSet, allowed: set[str]
+) -> Resolution:
+    """The four stages for one set of arguments (the module doc); no fallback."""
+    index = index_of(rules)
     fixed = base_facts(server_args, model, platform)
     deviations = _Deviations(rules, rules.with_predicates(fixed) if rules.deviations else {})
 

@@ -130,6 +130,9 @@ class Resolution:
     deviations: list[Any] = field(
         default_factory=list
     )  # rules.deviations.Deviation: where SGLang 0.5.23 differs on purpose
+    #: (backend, violations) where the default backend the rules chose was refused and resolve() fell back to the
+    #: first candidate that runs (attngate.engine.fallback); None otherwise
+    default_refusal: tuple[str, tuple[Violation, ...]] | None = None
 
     @property
     def warnings(self) -> list[str]:

@@ -120,7 +120,8 @@ class AttngateRuntime:
         model: a transformers model built with ``attn_implementation="attngate"``.
         server_args: resolved with the model's facts into the Plan (default: SGLang's defaults).
         platform: the plan's GPU; default: detected when CUDA is present, else sm90 (the reference
-            backend's semantics do not depend on it).
+            backend's semantics do not depend on it). A default backend that the rules refuse for this model
+            falls back to the first candidate that runs it (attngate.engine.fallback).
         page_size, num_slots, max_requests, max_context_len: KV pool geometry (tokens); page_size defaults to
             the plan's (``server_args.page_size`` as the rules resolve it) and must equal it, num_slots a multiple of it.
         backend_cls: the backend to run. Default: on CUDA the plan's own backends (:class:`PlanBackend`: each forward

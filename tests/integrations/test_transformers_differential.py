@@ -142,6 +142,16 @@ def test_mla_latent_cache_matches_transformers(name, page_size, flags, extend_fo
     )  # SM90 without FA3: FlashInfer MLA (the plan names a backend that runs)
 
 
+def test_a_small_mla_model_runs_on_the_cpu_where_the_default_backend_cannot():
+    """kv_lora_rank 48 / qk_rope_head_dim 16: the default (FlashInfer MLA on SM90 without FA3) is refused by its
+    kernels' limits, the plan falls back to triton and says why, and the reference backend matches transformers."""
+    rt = _run_and_compare("deepseek-v2-small-mla", 16)
+    assert rt.plan.prefill_backend == rt.plan.decode_backend == "triton"
+    fallback = rt.resolution.adjustments[0]
+    assert fallback.rule == "default-backend.fallback" and "flashinfer.mla-head-dims" in fallback.message
+    assert rt.resolution.default_refusal[0] == "flashinfer"
+
+
 def test_mla_embedding_fast_path_flags_still_write_the_latent_cache():
     """Seed 000: an MLA embedding model with the fast-path flags keeps its cache, and reads back what it wrote."""
     ref, ours = model_pair(config_of("DeepSeek-V2-Lite", MLA))

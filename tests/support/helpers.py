@@ -8,6 +8,7 @@ from pathlib import Path
 from hypothesis import strategies as st
 
 from attngate import ModelFacts, Platform, ServerArgs, resolve
+from attngate.errors import PlanError
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "examples" / "models"
@@ -69,3 +70,13 @@ def field_values(field) -> st.SearchStrategy:
 
 #: Any subset of ServerArgs's fields, each at a value its type allows (hypothesis; ServerArgs may still refuse the mix).
 SERVER_ARGS = st.fixed_dictionaries({}, optional={name: field_values(f) for name, f in ServerArgs.model_fields.items()})
+
+
+def refusing_rules_of(call) -> set[str]:
+    """The rules (and engine labels) that refuse ``call()``'s configuration: its PlanError's, or, where resolve() fell
+    back from a default backend the rules refused (attngate.engine.fallback), the ones that refused that default."""
+    try:
+        resolution = call()
+    except PlanError as err:
+        return {v.where for v in err.violations}
+    return {v.where for v in resolution.default_refusal[1]} if resolution.default_refusal else set()

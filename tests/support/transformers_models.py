@@ -90,6 +90,13 @@ MODELS_UNDER_TEST = {
         {LayerKind.CHUNKED_LOCAL, LayerKind.FULL},
     ),
     "deepseek-v2-mla": ("DeepSeek-V2-Lite", MLA, {LayerKind.FULL}),
+    # MLA at dims no FlashInfer or FA kernel runs (kv_lora_rank 48, qk_rope_head_dim 16): the default backend falls
+    # back to the first candidate that runs (attngate.engine.fallback), the reference backend computes it
+    "deepseek-v2-small-mla": (
+        "DeepSeek-V2-Lite",
+        {**MLA, "kv_lora_rank": 48, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32},
+        {LayerKind.FULL},
+    ),
     "deepseek-v3-mla": (
         "DeepSeek-V3",
         {

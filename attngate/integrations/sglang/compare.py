@@ -135,6 +135,10 @@ def compare_case(
     try:
         args = ServerArgs.from_mapping(attngate_values(given), source="sglang")
         resolution = resolve(args, model, platform, rules)
+        if resolution.default_refusal is not None:
+            # SGLang keeps its default backend, which attngate refuses (and then runs another): compared as the
+            # refusal of that default, which the refusal deviations declare
+            raise PlanError(list(resolution.default_refusal[1]))
     except PlanError as err:
         result.attngate_refusal = "; ".join(f"{v.where}: {v.message}" for v in err.violations)
         refused_by = refusing_rules(err.violations)
