@@ -30,6 +30,7 @@ class _RuleRecord:
     atoms: list[_Atom]
     fired: int = 0
     evaluated: int = 0
+    fired_in: set[str] = field(default_factory=set)  # the tests (pytest node ids) in which it fired
 
 
 def _atoms(node: ast.expr) -> list[ast.expr]:
@@ -47,6 +48,7 @@ class RuleCoverage:
         self.filename = filename
         self.records: dict[str, _RuleRecord] = {}
         self.deviations_applied: set[str] = set()
+        self.current_test: str | None = None  # set by the pytest plugin around each test
 
     def observe_deviations(self, rules: RuleSet, applied: list[Any]) -> None:
         """Record the deviations that applied to one resolved (or refused) configuration."""
@@ -66,6 +68,8 @@ class RuleCoverage:
                 continue
             record.evaluated += 1
             record.fired += bool(fired)
+            if fired and self.current_test is not None:
+                record.fired_in.add(self.current_test)
             for atom in record.atoms:
                 try:
                     atom.seen.add(bool(eval(atom.code, _NO_BUILTINS, facts)))  # noqa: S307 - the rule's own whitelisted AST
@@ -103,6 +107,7 @@ class RuleCoverage:
             "deviations_never_applied": [
                 {"deviation": d.id, "where": d.where} for d in rules.deviations if d.id not in self.deviations_applied
             ],
+            "fired_in": {r.rule.id: sorted(r.fired_in) for r in records if r.fired_in},
             "atoms_not_seen_both_ways": [
                 {"rule": r.rule.id, "atom": a.text, "seen": sorted(a.seen)}
                 for r in records

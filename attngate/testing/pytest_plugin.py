@@ -5,7 +5,8 @@ and the ``known_failures`` fixture.
 which atoms of their conditions were not seen both true and false, and which deviations (``deviations:``,
 where attngate differs from SGLang on purpose) no resolved configuration exercised;
 ``--rule-coverage-fail-under=PCT`` fails the session below PCT percent (rules fired plus atom
-outcomes seen, over rules plus twice the atoms); ``--rule-coverage-json=PATH`` writes the full report.
+outcomes seen, over rules plus twice the atoms); ``--rule-coverage-json=PATH`` writes the full report, with the
+tests in which each rule fired (``fired_in``).
 """
 
 from __future__ import annotations
@@ -47,6 +48,19 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
         OBSERVERS.remove(coverage.observe)
         DEVIATION_OBSERVERS.remove(coverage.observe_deviations)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """Attribute the rules that fire during a test to it (the report's ``fired_in``; the docs' gate pages list them)."""
+    coverage = item.config.stash.get(_KEY, None)
+    if coverage is not None:
+        coverage.current_test = item.nodeid
+    try:
+        return (yield)
+    finally:
+        if coverage is not None:
+            coverage.current_test = None
 
 
 @pytest.fixture

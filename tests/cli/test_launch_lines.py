@@ -1,4 +1,4 @@
-"""The README's SGLang launch lines, each on every example model named by a hub id (served from a test hub cache):
+"""The SGLang launch lines of docs/cli.md, each on every example model named by a hub id (served from a test hub cache):
 exit 0 or a refusal (1), never a usage error for a flag SGLang accepts, and one screen of at most 60 lines."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from tests.support.readme import launch_lines
 LINES = launch_lines()
 
 
-def test_the_readme_gives_at_least_ten_launch_lines():
+def test_the_docs_give_at_least_ten_launch_lines():
     assert len(LINES) >= 10 and all(line.split()[0] in ("python", "sglang") for line in LINES)
 
 
@@ -39,8 +39,8 @@ def hub_cache(tmp_path_factory):
 
 
 @pytest.mark.parametrize("config", sorted(MODELS.glob("*.json")), ids=lambda p: p.stem)
-def test_every_readme_launch_line_explains_on_every_example_model(config, hub_cache, monkeypatch):
-    monkeypatch.chdir(ROOT)  # --config examples/server.yaml is relative to the repository, as in the README
+def test_every_launch_line_explains_on_every_example_model(config, hub_cache, monkeypatch):
+    monkeypatch.chdir(ROOT)  # --config examples/server.yaml is relative to the repository, as in docs/cli.md
     runner = CliRunner(env={"COLUMNS": "80"})
     for line in LINES:
         argv = shlex.split(line.replace("MODEL", f"examples/{config.stem}"))

@@ -1,22 +1,16 @@
 """GPU tests: every test here carries the ``gpu`` marker and is skipped where CUDA is absent.
 
-A cold run on one GPU takes about 17 minutes, most of it FlashInfer JIT-building its kernel variants (fa3 prefill
-variants 70 to 100 s each, decode and fa2 variants 10 to 20 s; FA4 2 to 3 s each): more than the 10 minutes of one
-device call, so run it in three calls on one host (stage c, transformers, installed with stage b). Last full run,
-2026-11-25, one H200 host (torch 2.11.0+cu130, flashinfer-python 0.7.2.post1, flash-attn-4 4.0.0b36, transformers
-from stage c), cold:
-- test_transformers_plain.py with test_runtime_on_kernels.py: 32 passed in 6:38 (two of them after their support
-  imports were fixed, with test_flashinfer.py below);
-- test_flashinfer.py (and test_transformers_plain.py's two cross-attention cases): 81 passed in 6:54;
-- test_flashattention.py, test_plan_backend.py, test_page_ids.py, test_mla_and_local.py, test_standin_drift.py and
-  test_kernel_facts.py: 190 passed in 3:45.
-On the current layout (runtime/ under backends/), on one H200: test_page_ids.py with test_mla_and_local.py 41 passed
-in 1:37, test_flashattention.py with test_plan_backend.py 95 passed in 2:42.
-test_two_gpus.py needs two GPUs (skipped on one): 5 passed on 2 x H200, 2:11 cold, before the layout move.
-The FP8 KV cache variants: FlashInfer 0.7.2's SM90 (fa3) prefill module does not compile for an FP8 cache, so the plan
-keeps FP8 caches on fa2 (rule flashinfer.prefill-fa3-on-hopper); test_flashinfer.py -k "fp8 or kv_cache_dtype" builds them.
-Tests share variants where they can (the same head dim, dtype and mask modes), so that a new test adds as few builds as
-possible.
+Needs: a CUDA GPU (FA4's paged paths: SM90 or SM100), torch with CUDA, the ``gpu`` extra's kernels
+(flashinfer-python 0.7.2.post1, flash-attn-4 4.0.0b36), transformers for test_transformers_plain.py and
+test_runtime_on_kernels.py; test_two_gpus.py needs two GPUs (NCCL) and skips on one.
+
+Run: ``python -m pytest -m gpu tests/gpu``. FlashInfer JIT-builds each kernel variant on first use (an SM90 fa3
+prefill variant 70 to 100 s, decode and fa2 variants 10 to 20 s; FA4 2 to 3 s), so a cold run of the folder takes
+about 17 minutes; where one command may run 10 minutes, run it in three groups on one host: test_transformers_plain.py
+with test_runtime_on_kernels.py; test_flashinfer.py; the rest. The FP8 KV cache variants (FlashInfer's SM90 prefill
+module does not compile for an FP8 cache, so the plan keeps FP8 caches on fa2) build with
+``test_flashinfer.py -k "fp8 or kv_cache_dtype"``. Tests share variants (head dim, dtype, mask modes) where they can,
+so that a new test adds as few builds as possible.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The README's SGLang launch lines (its ``<!-- launch lines -->`` block); no imports beyond the standard library, so
-that the sglang venv's tests read them too."""
+"""The SGLang launch lines of docs/cli.md (its ``<!-- launch lines -->`` block); no imports beyond the standard
+library, so that the sglang venv's tests read them too."""
 
 from __future__ import annotations
 
@@ -11,4 +11,4 @@ _BLOCK = re.compile(r"<!-- launch lines: .*? -->\n```bash\n(.*?)```", re.S)
 
 
 def launch_lines() -> list[str]:
-    return _BLOCK.search((ROOT / "README.md").read_text()).group(1).splitlines()
+    return _BLOCK.search((ROOT / "docs" / "cli.md").read_text()).group(1).splitlines()

@@ -1,5 +1,5 @@
 """attngate's launch-line parser against SGLang 0.5.23's own: the shipped argument table is the one SGLang's parser
-builds, and every README launch line reads to the same value of every field the rules read."""
+builds, and every launch line of docs/cli.md reads to the same value of every field the rules read."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def _sglang_reads(argv: list[str]) -> dict:
 
 
 @pytest.mark.parametrize("line", launch_lines())
-def test_every_readme_line_reads_as_sglang_reads_it(line, monkeypatch):
+def test_every_launch_line_reads_as_sglang_reads_it(line, monkeypatch):
     monkeypatch.chdir(ROOT)
     argv = _strip_command(shlex.split(line.replace("MODEL", str(MODELS / "Llama-3.1-8B.json"))))
     ours = ServerArgs.from_flags(argv).model_dump()

@@ -1,0 +1,171 @@
+"""Generate the docs' reference pages from what drives the code, before ``mkdocs build``:
+
+- ``docs/reference/gates/``: one page per gate of the registry (attngate.plan.registry.GATES): type, default, scope,
+  the rules that set it or read it (condition, why, source), the backend and integration code that reads it (file:line,
+  found in the source with ``ast``), the invariants that mention it, and the tests in which its rules fired (from
+  the rule-coverage report, ``pytest --rule-coverage-json PATH``);
+- ``docs/reference/cli.md``: the CLI reference, typer's own ``utils docs`` over the app;
+- ``docs/benchmarks/``: bench/RESULTS.md and its plots.
+
+The generated folders are not committed (.gitignore), so no page can be stale: CI generates them and builds with
+``mkdocs build --strict``. Usage::
+
+    python docs/generate.py [--coverage build/rule-coverage.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from attngate.plan.registry import GATES, GateSpec  # noqa: E402
+from attngate.rules.load import load_rules  # noqa: E402
+from attngate.rules.ruleset import Rule, RuleSet  # noqa: E402
+
+DOCS = ROOT / "docs"
+CODE_DIRS = ("attngate/backends", "attngate/integrations")
+
+
+def code_reads() -> dict[str, list[str]]:
+    """``{gate: ["path:line", ...]}``: each ``<...>.<group>.<field>`` attribute read in the backends and
+    integrations (``plan.fa.num_splits``, ``gates.common.use_window``), and each ``.<field>`` read of a field name
+    that only one gate has (``gates.use_window`` after ``gates = plan.layer(kind).common``)."""
+    by_field: dict[str, list[str]] = {}
+    for name, spec in GATES.items():
+        by_field.setdefault(spec.field, []).append(name)
+    out: dict[str, list[str]] = {name: [] for name in GATES}
+    for folder in CODE_DIRS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                if not isinstance(node, ast.Attribute) or node.attr not in by_field:
+                    continue
+                where = f"{path.relative_to(ROOT)}:{node.lineno}"
+                group = node.value.attr if isinstance(node.value, ast.Attribute) else None
+                named = f"{group}.{node.attr}"
+                if named in GATES:
+                    out[named].append(where)
+                elif len(by_field[node.attr]) == 1 and not isinstance(node.ctx, ast.Store):
+                    out[by_field[node.attr][0]].append(where)
+    return {
+        name: sorted(set(places), key=lambda w: (w.split(":")[0], int(w.split(":")[1]))) for name, places in out.items()
+    }
+
+
+def _rule_block(rule: Rule, fired_in: dict[str, list[str]]) -> list[str]:
+    lines = [f"### `{rule.id}` ({rule.kind})", "", rule.summary, ""]
+    lines += [f"- when: `{' '.join(rule.condition.text.split())}`"]
+    if rule.sets:
+        lines.append("- sets: " + ", ".join(f"`{k} = {v!r}`" for k, v in rule.sets.items()))
+    lines += [f"- why: {' '.join(rule.why.split())}", f"- source: {' '.join(rule.source.split())}"]
+    lines += [f"- defined at: `{Path(rule.where).name}`"]
+    tests = fired_in.get(rule.id, [])
+    lines.append(f"- fired in {len(tests)} test(s)" + (": " + ", ".join(f"`{t}`" for t in tests[:5]) if tests else ""))
+    return lines + [""]
+
+
+def gate_page(spec: GateSpec, rules: RuleSet, reads: list[str], fired_in: dict[str, list[str]] | None) -> str:
+    setters = [r for r in rules.rules if spec.name in r.sets]
+    readers = [r for r in rules.rules if spec.name in r.condition.reads and r not in setters]
+    invariants = [i for i in rules.invariants if spec.name in i.condition.reads]
+    lines = [f"# `{spec.name}`", "", spec.doc or "(no description)", ""]
+    lines += [
+        "| type | default | scope | filled from | read by backends |",
+        "|---|---|---|---|---|",
+        f"| {spec.type.describe()} | `{spec.default!r}` | {spec.scope} | {spec.from_fact or '-'} | "
+        f"{', '.join(spec.read_by) or 'every backend'} |",
+        "",
+        f"## Rules that set it ({len(setters)})",
+        "",
+    ]
+    for rule in setters:
+        lines += _rule_block(rule, fired_in or {})
+    if not setters:
+        lines += ["None: it takes its default" + (f" or the fact {spec.from_fact}" if spec.from_fact else "") + ".", ""]
+    lines += [f"## Rules whose condition reads it ({len(readers)})", ""]
+    lines += [f"- `{r.id}` ({r.kind}): {r.summary}" for r in readers] or ["None."]
+    lines += ["", f"## Code that reads it ({len(reads)})", ""]
+    lines += [f"- `{w}`" for w in reads] or ["No backend or integration code reads it by name."]
+    lines += ["", f"## Invariants that mention it ({len(invariants)})", ""]
+    lines += [f"- `{i.id}`: {i.summary} (`{' '.join(i.condition.text.split())}`)" for i in invariants] or ["None."]
+    lines += ["", "## Tests", ""]
+    if fired_in is None:
+        lines.append(
+            "Generated without a rule-coverage report (pytest --rule-coverage-json PATH; docs/generate.py --coverage PATH)."
+        )
+    else:
+        tests = sorted({t for r in setters + readers for t in fired_in.get(r.id, [])})
+        lines.append(f"Its rules fired in {len(tests)} test(s) of the suite:")
+        lines += (
+            [""] + [f"- `{t}`" for t in tests[:40]] + ([f"- ... and {len(tests) - 40} more"] if len(tests) > 40 else [])
+        )
+    return "\n".join(lines) + "\n"
+
+
+def gate_pages(out: Path, fired_in: dict[str, list[str]] | None) -> list[str]:
+    rules = load_rules()
+    reads = code_reads()
+    out.mkdir(parents=True, exist_ok=True)
+    index = [
+        "# Gate reference",
+        "",
+        "Every gate of the Plan, generated from rules.yaml, the registry and the code.",
+        "",
+    ]
+    index += ["| gate | scope | type | default | rules | code reads | invariants |", "|---|---|---|---|---|---|---|"]
+    names = []
+    for name, spec in GATES.items():
+        page = f"{name}.md"
+        (out / page).write_text(gate_page(spec, rules, reads[name], fired_in))
+        setters = sum(name in r.sets for r in rules.rules)
+        invariants = sum(name in i.condition.reads for i in rules.invariants)
+        index.append(
+            f"| [`{name}`]({page}) | {spec.scope} | {spec.type.describe()} | `{spec.default!r}` | {setters} | "
+            f"{len(reads[name])} | {invariants} |"
+        )
+        names.append(name)
+    (out / "index.md").write_text("\n".join(index) + "\n")
+    return names
+
+
+def cli_page(out: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "typer", "attngate.cli", "utils", "docs", "--name", "attngate", "--output", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode:
+        raise SystemExit(f"typer utils docs failed: {done.stderr}")
+
+
+def benchmarks(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    text = (ROOT / "bench" / "RESULTS.md").read_text()
+    (out / "index.md").write_text(text)
+    for png in (ROOT / "bench").glob("*.png"):
+        shutil.copy(png, out / png.name)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--coverage", type=Path, help="rule-coverage JSON of a test run (pytest --rule-coverage-json)")
+    opts = parser.parse_args()
+    fired_in = json.loads(opts.coverage.read_text())["fired_in"] if opts.coverage else None
+    shutil.rmtree(DOCS / "reference", ignore_errors=True)
+    names = gate_pages(DOCS / "reference" / "gates", fired_in)
+    cli_page(DOCS / "reference" / "cli.md")
+    benchmarks(DOCS / "benchmarks")
+    print(f"{len(names)} gate pages, the CLI reference and the benchmarks written under {DOCS}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""The docs' generated gate reference (docs/generate.py): a page per gate of the registry with its type, default and
+scope, the rules that set it, the code that reads it (found in the source), its invariants and its tests."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from attngate.plan.registry import GATES
+from tests.support.helpers import ROOT
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("docs_generate", ROOT / "docs" / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_gate_has_a_page_with_its_rules_code_invariants_and_tests(tmp_path):
+    gen = _generator()
+    fired_in = {"fa.no-precompute-under-dp-attention": ["tests/x.py::test_dp"]}
+    names = gen.gate_pages(tmp_path, fired_in)
+    assert sorted(names) == sorted(GATES)
+    for name in GATES:
+        page = (tmp_path / f"{name}.md").read_text()
+        for section in ("| type | default | scope |", "## Rules that set it", "## Code that reads it", "## Invariants"):
+            assert section in page, (name, section)
+        assert "## Tests" in page
+    dp = (tmp_path / "fa.precompute_scheduler_metadata.md").read_text()
+    assert "`fa.no-precompute-under-dp-attention` (set)" in dp and "tests/x.py::test_dp" in dp
+    assert "attngate/backends/" in dp  # the FA backend reads it: found in the source, file:line
+    assert "`no-scheduler-precompute-under-dp-attention-or-prefill-cp`" in dp  # the invariant that guards it
+    index = (tmp_path / "index.md").read_text()
+    assert all(f"[`{name}`]({name}.md)" in index for name in GATES)
+
+
+def test_code_reads_are_real_lines_of_the_named_files():
+    for name, places in _generator().code_reads().items():
+        for place in places:
+            path, line = place.rsplit(":", 1)
+            source = (ROOT / path).read_text().splitlines()[int(line) - 1]
+            assert GATES[name].field in source, (name, place, source)
