@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     """The ``attngate`` program: under ``--format json`` usage errors and bad input are JSON on stdout too (same exit
     codes); a closed pipe (``attngate flags | head``) ends it quietly."""
     argv = sys.argv[1:] if argv is None else argv
-    JSON_ERRORS.set(_wants_json(argv))
+    token = JSON_ERRORS.set(_wants_json(argv))
     try:
         code = app(args=argv, prog_name="attngate", standalone_mode=False)
     except ClickException as err:
@@ -44,4 +44,6 @@ def main(argv: list[str] | None = None) -> None:
         # the reader went away: send what is left in the buffers nowhere, so that the flush at exit cannot fail
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = 1
+    finally:
+        JSON_ERRORS.reset(token)  # main() called in-process (tests) must leave the next call's errors as text
     sys.exit(code or 0)

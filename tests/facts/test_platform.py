@@ -39,21 +39,17 @@ def test_anything_else_is_refused_naming_the_accepted_forms(name):
     assert f"unknown GPU {name!r}" in str(err.value) and "h100" in str(err.value)
 
 
-def test_sgl_kernels_fa3_counts_as_the_fa3_interface(tmp_path, monkeypatch):
+def test_sgl_kernels_fa3_counts_as_the_fa3_interface(monkeypatch):
     """In an SGLang process FA3 comes from sgl_kernel.flash_attn: detection finds it and names the module."""
+    import types
+
     from attngate.facts.platform import installed_kernel_modules, installed_kernel_providers
 
-    package = tmp_path / "sgl_kernel"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "flash_attn.py").write_text("def flash_attn_with_kvcache(*a, **k): ...\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    try:
-        modules = installed_kernel_modules()
-    finally:  # the lookup imported the package: no later test may find it
-        for name in ("sgl_kernel", "sgl_kernel.flash_attn"):
-            sys.modules.pop(name, None)
-    if "flash_attn_interface" in modules and modules["flash_attn_interface"] == "flash_attn_interface":
+    monkeypatch.setitem(sys.modules, "sgl_kernel", types.ModuleType("sgl_kernel"))
+    monkeypatch.setitem(sys.modules, "sgl_kernel.flash_attn", types.ModuleType("sgl_kernel.flash_attn"))
+    monkeypatch.delitem(sys.modules, "flash_attn_interface", raising=False)
+    modules = installed_kernel_modules()
+    if modules["flash_attn_interface"] == "flash_attn_interface":
         pytest.skip("FlashAttention-3's own package is installed here and found first")
     assert modules["flash_attn_interface"] == "sgl_kernel.flash_attn"
     assert "flash_attn_interface" in installed_kernel_providers()
