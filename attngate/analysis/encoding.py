@@ -42,8 +42,9 @@ _LAYER_KIND_FACTS = {
 
 
 class Encoder:
-    def __init__(self, rules: RuleSet, *, all_gates: bool = False, gate_prefix: str = ""):
+    def __init__(self, rules: RuleSet, *, all_gates: bool = False, gate_prefix: str = "", state_prefix: str = ""):
         self.gate_prefix = gate_prefix  # distinct gate variables for a second rule file over the same facts (diff)
+        self.state_prefix = state_prefix  # distinct variables of every name: a second state (lint's adjust cycles)
         self.types: dict[str, FactType] = {n: f.type for n, f in FACTS.items()}
         self.types[MODE_FACT.name] = MODE_FACT.type
         self.types[LAYER_FACT.name] = LAYER_FACT.type
@@ -64,7 +65,7 @@ class Encoder:
         if name not in self.vars:
             t = self.types[name]
             make = {"bool": z3.Bool, "int": z3.Int, "float": z3.Real, "str": z3.String}[t.base]
-            symbol = self.gate_prefix + name if name in GATES else name
+            symbol = self.state_prefix + (self.gate_prefix + name if name in GATES else name)
             value = make(symbol)
             none = z3.Bool(f"{symbol}?none") if t.optional else z3.BoolVal(False)
             if t.choices:

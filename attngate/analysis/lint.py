@@ -25,14 +25,15 @@ from typing import Any
 
 import z3
 
-from attngate.analysis.encoding import Encoder, Finding, can_hold, find
+from attngate.analysis.encoding import Encoder, Finding, can_hold, find, satisfiable
 from attngate.analysis.prove import (
     inputs_read,
     prove_invariants,
     simplest_witness,
     witness_inputs,
 )
-from attngate.rules.ruleset import Rule, RuleSet
+from attngate.facts.catalogue import FACTS
+from attngate.rules.ruleset import FactValue, Rule, RuleSet
 
 
 def lint_rules(rules: RuleSet) -> list[Finding]:
@@ -81,7 +82,75 @@ def lint_rules(rules: RuleSet) -> list[Finding]:
                 )
             findings.append(Finding(b.where, message))
 
+    findings += _adjust_cycles(rules, enc, cond)
     return findings + _lint_deviations(rules, enc, solver) + prove_invariants(rules, encoded=(enc, cond))
+
+
+def _adjust_cycles(rules: RuleSet, enc: Encoder, cond: dict[str, Any]) -> list[Finding]:
+    """Two adjust rules that undo each other: A writes argument x to a where B's condition holds once x is a, and B
+    writes x back to b where A's holds once x is b; resolve() would rewrite forever (it stops with an
+    oscillation). One query per pair of rules giving one argument different constant values, over two states that
+    agree on every input but x (a second encoding of the facts, derived facts recomputed in each state)."""
+    writers: dict[str, list[Rule]] = {}
+    for r in rules.rules:
+        for name, value in r.adjusts.items():
+            if not isinstance(value, FactValue):
+                writers.setdefault(name, []).append(r)
+    forbids = [z3.Not(cond[r.id]) for r in rules.rules if r.kind in ("forbid", "known_failure") and not r.adjusts]
+    given, later = z3.Solver(), z3.Solver()  # one state alone, the cheap filter: as given (not refused), any
+    given.add(*enc.axioms, *forbids)
+    later.add(*enc.axioms)
+    fires: dict[tuple[int, str, str, str], bool] = {}
+
+    def can_fire(solver: z3.Solver, rule: Rule, name: str, value: Any) -> bool:
+        """Whether ``rule`` can match while argument ``name`` holds ``value``."""
+        key = (id(solver), rule.id, name, repr(value))
+        if key not in fires:
+            fires[key] = satisfiable(solver, cond[rule.id], enc.equals(name, value))
+        return fires[key]
+
+    pairs = [
+        (name, a, b)
+        for name, rs in writers.items()
+        for x, y in combinations(rs, 2)
+        if x.adjusts[name] != y.adjusts[name]
+        for a, b in ((x, y), (y, x))
+        if can_fire(given, a, name, b.adjusts[name]) and can_fire(later, b, name, a.adjusts[name])
+    ]
+    if not pairs:
+        return []
+    after = Encoder(rules, all_gates=True, state_prefix="after:")
+    cond_after = {r.id: after.encode(r.condition.tree.body) for r in rules.rules if r.adjusts}
+    inputs = [n for n, f in FACTS.items() if f.origin in ("server_args", "model", "platform")]
+    solver = z3.Solver()  # the state a user gives is one resolve() does not refuse outright (as for conflicts)
+    solver.add(*enc.axioms, *after.axioms, *forbids)
+    findings, found = [], set()
+    for name, a, b in pairs:
+        if (name, frozenset((a.id, b.id))) in found:  # one finding per pair, whichever way it turns
+            continue
+        # state 1: x == b (B's value), A fires and B does not; state 2: x == a (A's value), B fires and A does not
+        same = [z3.And(enc.var(n)[0] == after.var(n)[0], enc.var(n)[1] == after.var(n)[1]) for n in inputs if n != name]
+        claim = z3.And(
+            enc.equals(name, b.adjusts[name]),
+            after.equals(name, a.adjusts[name]),
+            cond[a.id],
+            z3.Not(cond[b.id]),
+            cond_after[b.id],
+            z3.Not(cond_after[a.id]),
+            *same,
+        )
+        _, model = find(solver, claim, enc.links + after.links)
+        if model is not None:
+            found.add((name, frozenset((a.id, b.id))))
+            findings.append(
+                Finding(
+                    b.where,
+                    f"adjust rules {a.id!r} and {b.id!r} undo each other: {a.id} sets {name} to "
+                    f"{a.adjusts[name]!r} where {b.id} then sets it back to {b.adjusts[name]!r}, and so on "
+                    "(resolve() stops with an oscillation)",
+                )
+            )
+    return findings
 
 
 def _lint_deviations(rules: RuleSet, enc: Encoder, solver: z3.Solver) -> list[Finding]:

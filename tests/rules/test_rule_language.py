@@ -499,3 +499,24 @@ def test_threads_loading_the_rules_at_a_cold_start_parse_them_once(monkeypatch):
         thread.join()
     load._load_cached.cache_clear()  # the other tests' rules come from the real parse_rules again
     assert len(parsed) == 1
+
+
+def test_lint_finds_adjust_rules_that_undo_each_other_and_resolve_stops_them():
+    """A turns torch.compile off where B turned it on, and B the reverse: lint names the pair statically (over
+    two states of the inputs), resolve() stops with an oscillation naming both; rules that settle are no finding."""
+    cycle = """\
+      - {id: turn-off, kind: adjust, summary: s, why: w, source: s, message: m, when: page_size == 16 and enable_torch_compile, adjust: {enable_torch_compile: false}}
+      - {id: turn-on, kind: adjust, summary: s, why: w, source: s, message: m, when: page_size == 16 and not enable_torch_compile, adjust: {enable_torch_compile: true}}
+      - {id: fill, kind: adjust, summary: s, why: w, source: s, message: m, when: attention_backend is None, adjust: {attention_backend: fa3}}
+    """
+    rs = _mini(cycle)
+    found = [str(f) for f in lint_rules(rs)]
+    assert len(found) == 1 and "'turn-off' and 'turn-on' undo each other" in found[0], found
+    with pytest.raises(PlanError) as err:
+        resolve(ServerArgs(page_size=16), model("Llama-3.1-8B"), Platform.from_name("sm90"), rs)
+    assert {v.kind for v in err.value.violations} == {"oscillation"}
+    assert set(err.value.violations[0].rules) == {"turn-off", "turn-on"}
+    settles = cycle.replace(
+        "page_size == 16 and not enable_torch_compile", "page_size == 32 and not enable_torch_compile"
+    )
+    assert not [str(f) for f in lint_rules(_mini(settles))]
