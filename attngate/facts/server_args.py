@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
-from attngate.errors import Problem, ServerArgsError, UsageError
+from attngate.errors import Problem, ServerArgsError, UsageError, check_arguments
 from attngate.facts.choices import (
     AttentionBackendName,
     DisaggregationMode,
@@ -116,7 +116,9 @@ class ServerArgs(ValidatedModel):
         cls, data: dict[str, Any], *, source: str = "args", locate: Callable[[Any], str] | None = None
     ) -> "ServerArgs":
         """Validate a mapping (keys in snake_case or kebab-case). Raises ServerArgsError naming each key
-        (``locate(key)``, default ``"{source}: {key}"``); one argument spelled twice is an error."""
+        (``locate(key)``, default ``"{source}: {key}"``); one argument spelled twice is an error. UsageError for a
+        ``data`` that is no mapping."""
+        check_arguments(("data", data, Mapping, "a mapping of argument names to values; flags go to from_flags"))
         locate = locate or (lambda key: f"{source}: {key}")
         problems: list[Problem] = []
         clean: dict[str, Any] = {}
