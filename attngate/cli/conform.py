@@ -22,7 +22,9 @@ from attngate.cli.app import (
 @app.command()
 def conform(
     cases: Optional[Path] = typer.Option(
-        None, "--cases", help='JSON list of {"name", "model_config", "gpu", "args": {SGLang ServerArgs field: value}}'
+        None,
+        "--cases",
+        help='JSON list of {"name", "model_config", "gpu", "args": {SGLang ServerArgs field: value} or a launch line}',
     ),
     generate: Optional[Path] = typer.Option(
         None,

@@ -79,7 +79,7 @@ def _lookup(flag: str, by_option: dict[str, Action]) -> tuple[Action | None, str
     return None, "unknown SGLang server argument" + did_you_mean(flag, list(by_option))
 
 
-def _strip_command(argv: list[str]) -> list[str]:
+def strip_command(argv: list[str]) -> list[str]:
     """Drop a pasted command head: environment assignments, ``python -m sglang.launch_server``, ``sglang serve``
     (whose positional model becomes --model-path, as sglang/cli/serve.py does)."""
     for i, token in enumerate(argv):
@@ -141,7 +141,7 @@ def parse_launch_line(argv: list[str], fields: Mapping[str, FieldInfo]) -> Launc
     --config file); a flag given twice with different values warns once and the last wins, as in argparse."""
     by_option = _table(fields)
     line = LaunchLine()
-    argv = _strip_command(list(argv))
+    argv = strip_command(list(argv))
     if "--config" in argv:
         at = argv.index("--config")
         config = argv[at + 1] if at + 1 < len(argv) else None

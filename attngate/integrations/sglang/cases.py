@@ -47,6 +47,32 @@ class Case:
         }
 
 
+def launch_line_kwargs(line: str) -> dict[str, Any]:
+    """SGLang's ServerArgs keyword arguments for a launch line (``--tp 2 --attention-backend fa3``, a pasted
+    ``python -m sglang.launch_server ...`` head dropped), as SGLang 0.5.23's own parser reads it: every value that
+    differs from the parser's default. Raises ValueError with argparse's message for a line SGLang refuses."""
+    import argparse
+    import contextlib
+    import io
+    import shlex
+
+    from sglang.srt.server_args import ServerArgs as SglangServerArgs
+
+    from attngate.facts.launch import strip_command
+
+    parser = argparse.ArgumentParser(prog="sglang serve", exit_on_error=False)
+    SglangServerArgs.add_cli_args(parser)
+    argv = strip_command(shlex.split(line))
+    messages = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(messages):
+            namespace = parser.parse_args(["--model-path", "{model}", *argv] if "--model-path" not in argv else argv)
+    except (argparse.ArgumentError, SystemExit) as err:
+        raise ValueError(str(err) if isinstance(err, argparse.ArgumentError) else messages.getvalue().strip()) from None
+    values = vars(namespace)
+    return {k: v for k, v in values.items() if k != "model_path" and v != parser.get_default(k)}
+
+
 def load_cases(path: str | Path, sglang_fields: frozenset[str]) -> list[Case]:
     """Read a JSON list of cases. Raises CaseFileError with every problem, each naming the case's index."""
     path = Path(path)
@@ -74,8 +100,14 @@ def load_cases(path: str | Path, sglang_fields: frozenset[str]) -> list[Case]:
         if gpu not in GPU_ARCHS:
             problems.append(Problem(where, f"gpu: {gpu!r} is not one of {', '.join(GPU_ARCHS)}"))
         args = raw.get("args", {})
+        if isinstance(args, str):  # a launch line: read by SGLang's own parser
+            try:
+                args = launch_line_kwargs(args)
+            except ValueError as err:
+                problems.append(Problem(where, f"args: {err}"))
+                args = {}
         if not isinstance(args, dict):
-            problems.append(Problem(where, "args: a mapping of SGLang ServerArgs fields to values"))
+            problems.append(Problem(where, "args: a mapping of SGLang ServerArgs fields to values, or a launch line"))
             args = {}
         for key in args:
             if key not in sglang_fields:

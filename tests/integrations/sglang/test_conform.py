@@ -138,3 +138,23 @@ def test_another_sglang_version_is_warned_about(monkeypatch: pytest.MonkeyPatch)
         warnings.simplefilter("always")
         oracle.require_sglang()
     assert any("0.0.1" in str(w.message) for w in caught)
+
+
+def test_a_case_takes_a_launch_line_read_by_sglangs_own_parser(tmp_path: Path):
+    shutil.copyfile(MODELS / "Llama-3.1-8B.json", tmp_path / "llama.json")
+    line = (
+        "python -m sglang.launch_server --model-path x --tp 2 --attention-backend flashinfer --mem-fraction-static 0.8"
+    )
+    (tmp_path / "cases.json").write_text(
+        json.dumps([{"name": "pasted", "model_config": "llama.json", "gpu": "sm90", "args": line}])
+    )
+    (case,) = load_cases(tmp_path / "cases.json", sglang_field_names())
+    assert case.args["tp_size"] == 2 and case.args["attention_backend"] == "flashinfer"
+    (result,) = run_cases([case], load_rules(), jobs=1)
+    assert result.verdict.value == "agree", result
+    (tmp_path / "bad.json").write_text(
+        json.dumps([{"model_config": "llama.json", "gpu": "sm90", "args": "--tp two --attention-backnd fa3"}])
+    )
+    with pytest.raises(CaseFileError) as err:
+        load_cases(tmp_path / "bad.json", sglang_field_names())
+    assert "case 0: args:" in str(err.value)

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("sglang.srt.server_args", reason="needs the sglang extra (SGLang 0.5.23)")
 
-from attngate.facts.launch import _strip_command  # noqa: E402
+from attngate.facts.launch import strip_command  # noqa: E402
 from attngate.facts.server_args import ServerArgs  # noqa: E402
 from attngate.facts.sglang_names import RENAMED  # noqa: E402
 from attngate.integrations.sglang.flag_table import dumps, sglang_flag_table  # noqa: E402
@@ -46,7 +46,7 @@ def _sglang_reads(argv: list[str]) -> dict:
 @pytest.mark.parametrize("line", launch_lines())
 def test_every_launch_line_reads_as_sglang_reads_it(line, monkeypatch):
     monkeypatch.chdir(ROOT)
-    argv = _strip_command(shlex.split(line.replace("MODEL", str(MODELS / "Llama-3.1-8B.json"))))
+    argv = strip_command(shlex.split(line.replace("MODEL", str(MODELS / "Llama-3.1-8B.json"))))
     ours = ServerArgs.from_flags(argv).model_dump()
     theirs = ServerArgs.from_mapping(_sglang_reads(argv)).model_dump()
     differ = {n: (ours[n], theirs[n]) for n in ServerArgs.model_fields if ours[n] != theirs[n]}
