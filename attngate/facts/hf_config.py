@@ -83,14 +83,15 @@ class ConfigReader:
     def where(self, key: str) -> str:
         return self.prefix + key if self.text.get(key) is not None else key
 
-    def int_(self, key: str, *, required: bool = False, default: int | None = None) -> int | None:
+    def int_(self, key: str, *, required: bool = False, default: int | None = None, minimum: int = 1) -> int | None:
         value = self.get(key, default)
         if value is None:
             if required:
                 self._bad(key, "missing (required for attention)")
             return None
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            self._bad(self.where(key), f"must be a positive integer, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+            self._bad(self.where(key), f"must be {what}, got {value!r}")
             return None
         limit = _INT_LIMITS.get(key, _DEFAULT_INT_LIMIT)
         if value > limit:  # checked before anything is sized by it
@@ -106,7 +107,9 @@ class ConfigReader:
             return None
         return value
 
-    def float_(self, key: str) -> float | None:
+    def positive_float(self, key: str) -> float | None:
+        """A scale or a soft-cap: absent (null) means none, as transformers reads it; otherwise a finite number above
+        0 (a soft-cap of 0 divides by zero in tanh(x / cap), a negative scale makes the softmax scale complex)."""
         value = self.get(key)
         if value is None:
             return None
@@ -114,9 +117,9 @@ class ConfigReader:
             isinstance(value, bool)
             or not isinstance(value, (int, float))
             or not math.isfinite(value)
-            or abs(value) > 1e9
+            or not 0 < value <= 1e9
         ):
-            self._bad(self.where(key), f"must be a finite number, got {value!r}")
+            self._bad(self.where(key), f"must be a finite number above 0 (or null for none), got {value!r}")
             return None
         return float(value)
 
@@ -154,6 +157,13 @@ class ConfigReader:
         if heads and kv_heads and heads % kv_heads:
             self._bad(self.where(kv_key), f"{kv_heads} does not divide num_attention_heads={heads}")
         layer_kinds, window, chunk = self._layer_kinds(model_type, is_enc_dec)
+        for kind, size, key in (
+            (LayerKind.SLIDING_WINDOW, window, "sliding_window"),
+            (LayerKind.CHUNKED_LOCAL, chunk, "attention_chunk_size"),
+        ):
+            # a layer kind needs its size (no plan with a window of -1); a bad value is reported where it is read
+            if kind in layer_kinds and size is None and self.get(key) is None:
+                self._bad(key, f"missing: the config has {kind.value} layers, which need it (tokens)")
         dtype = self._dtype()
         if self.problems:
             return None
@@ -175,9 +185,9 @@ class ConfigReader:
             is_encoder_decoder=is_enc_dec,
             # a tower's config is an object; null (or false) means none, as transformers reads it
             is_multimodal=isinstance(raw.get("vision_config"), dict) or isinstance(raw.get("audio_config"), dict),
-            attn_logit_softcapping=self.float_("attn_logit_softcapping"),
-            final_logit_softcapping=self.float_("final_logit_softcapping"),
-            query_pre_attn_scalar=self.float_("query_pre_attn_scalar"),
+            attn_logit_softcapping=self.positive_float("attn_logit_softcapping"),
+            final_logit_softcapping=self.positive_float("final_logit_softcapping"),
+            query_pre_attn_scalar=self.positive_float("query_pre_attn_scalar"),
             has_attention_sinks=model_type in _SINK_MODEL_TYPES,
             has_dual_chunk_attention=isinstance(self.get("dual_chunk_attention_config"), dict),
             has_dsa_indexer=self.int_("index_topk") is not None,  # SGLang sizes the indexer's top-k by it
@@ -247,7 +257,8 @@ class ConfigReader:
                 None,
             )
         if use_sliding_window is True:
-            first = self.int_("max_window_layers", default=0) or 0
+            # transformers' Qwen2: layer i slides where i >= max_window_layers; 0 makes every layer slide
+            first = self.int_("max_window_layers", default=0, minimum=0) or 0
             return tuple(LayerKind.SLIDING_WINDOW if i >= first else LayerKind.FULL for i in range(n)), window, None
         return (LayerKind.SLIDING_WINDOW,) * n, window, None  # Mistral-style global window
 

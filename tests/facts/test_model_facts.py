@@ -238,3 +238,32 @@ def test_a_feature_key_of_the_wrong_type_is_an_error_naming_it(model, edit, need
 def test_a_null_or_false_feature_config_means_no_such_feature(edit):
     facts = ModelFacts.from_hf_dict({**json.loads((MODELS / "Qwen2.5-7B-Instruct.json").read_text()), **edit})
     assert not facts.is_multimodal and not facts.has_dual_chunk_attention
+
+
+@pytest.mark.parametrize(
+    "file, change, key",
+    [
+        ("Llama-3.1-8B", {"layer_types": ["sliding_attention"] * 32}, "sliding_window: missing"),
+        ("Llama-3.1-8B", {"layer_types": ["chunked_attention"] * 32}, "attention_chunk_size: missing"),
+        ("gemma-2-9b", {"query_pre_attn_scalar": -256}, "query_pre_attn_scalar: must be a finite number above 0"),
+        ("gemma-2-9b", {"attn_logit_softcapping": 0}, "attn_logit_softcapping: must be a finite number above 0"),
+        ("gemma-2-9b", {"final_logit_softcapping": -30.0}, "final_logit_softcapping"),
+    ],
+)
+def test_a_layer_kind_needs_its_size_and_scales_are_positive(file, change, key):
+    raw = {**json.loads((MODELS / f"{file}.json").read_text()), **change}
+    with pytest.raises(ModelConfigError) as err:
+        ModelFacts.from_hf_dict(raw)
+    assert key in str(err.value)
+
+
+def test_max_window_layers_0_makes_every_layer_slide():
+    """transformers' Qwen2: layer i slides where i >= max_window_layers, so 0 is valid and slides them all."""
+    raw = json.loads((MODELS / "Qwen2.5-7B-Instruct.json").read_text())
+    raw.pop("layer_types", None)
+    facts = ModelFacts.from_hf_dict({**raw, "use_sliding_window": True, "max_window_layers": 0, "sliding_window": 4096})
+    assert set(facts.layer_kinds) == {K.SLIDING_WINDOW}
+    null = ModelFacts.from_hf_dict(
+        {**json.loads((MODELS / "gemma-2-9b.json").read_text()), "attn_logit_softcapping": None}
+    )
+    assert null.attn_logit_softcapping is None  # null: no soft-cap, as transformers reads it
