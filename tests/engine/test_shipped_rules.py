@@ -1567,3 +1567,12 @@ def test_deviations_apply_where_sglang_resolves_otherwise(flags, name, gpu, devi
     except PlanError as err:
         applied = err.deviations
     assert deviation in [d.id for d in applied]
+
+
+def test_speculative_settings_without_an_algorithm_never_change_the_plan():
+    """--speculative-eagle-topk 4 alone: no tree is ever verified (no target_verify occurs), so FlashInfer keeps its
+    fa3 prefill family and the plan is the one without the flag (issue 42)."""
+    plain = resolve_flags("--attention-backend flashinfer", "Llama-3.1-8B")
+    topk = resolve_flags("--attention-backend flashinfer --speculative-eagle-topk 4", "Llama-3.1-8B")
+    assert topk.plan.flashinfer.prefill_kernel_family == plain.plan.flashinfer.prefill_kernel_family == "fa3"
+    assert topk.plan.fingerprint == plain.plan.fingerprint
