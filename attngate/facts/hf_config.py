@@ -133,13 +133,19 @@ class ConfigReader:
         if not isinstance(model_type, str):
             self._bad("model_type", f"missing or not a string ({model_type!r})")
             model_type = ""
-        is_enc_dec = bool(raw.get("is_encoder_decoder", False))
+        is_enc_dec = self.bool_("is_encoder_decoder") is True  # "false" (a string) is refused, not taken as true
         if is_enc_dec:
             heads_key, kv_key, hidden_key = "decoder_attention_heads", "decoder_attention_heads", "d_model"
         else:
             heads_key, kv_key, hidden_key = "num_attention_heads", "num_key_value_heads", "hidden_size"
         heads = self.int_(heads_key, required=True)
         kv_heads = self.int_(kv_key, default=heads)
+        encoder_heads = self.int_("encoder_attention_heads", default=heads) if is_enc_dec else heads
+        if heads and encoder_heads and encoder_heads != heads:  # one head count per model: no encoder built wrong
+            self._bad(
+                self.where("encoder_attention_heads"),
+                f"{encoder_heads} differs from decoder_attention_heads={heads}; attngate plans one head count per model",
+            )
         hidden = self.int_(hidden_key)
         kv_lora_rank = self.int_("kv_lora_rank")
         qk_rope = self.int_("qk_rope_head_dim")

@@ -267,3 +267,13 @@ def test_max_window_layers_0_makes_every_layer_slide():
         {**json.loads((MODELS / "gemma-2-9b.json").read_text()), "attn_logit_softcapping": None}
     )
     assert null.attn_logit_softcapping is None  # null: no soft-cap, as transformers reads it
+
+
+def test_an_encoder_with_its_own_head_count_is_refused_not_built_with_the_decoders():
+    whisper = json.loads((MODELS / "whisper-large-v3-turbo.json").read_text())
+    with pytest.raises(ModelConfigError) as err:
+        ModelFacts.from_hf_dict({**whisper, "encoder_attention_heads": 8})
+    assert "encoder_attention_heads: 8 differs from decoder_attention_heads=20" in str(err.value)
+    with pytest.raises(ModelConfigError) as err:
+        ModelFacts.from_hf_dict({**whisper, "is_encoder_decoder": "false"})
+    assert "is_encoder_decoder: must be true or false" in str(err.value)
