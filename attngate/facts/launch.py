@@ -186,8 +186,8 @@ _BAD = object()
 
 
 def _value(action: Action, flag: str, values: list[str], inline: bool, problems: list[Problem]) -> Any:
-    if action.kind == "boolean_optional":
-        return not flag.startswith("--no-") if not inline else _BAD
+    if action.nargs == 0 and action.kind == "boolean_optional" and not inline:
+        return not flag.startswith("--no-")
     if action.nargs == 0:
         if not inline:
             return action.kind != "store_false"
