@@ -13,7 +13,7 @@ import sys
 import typer
 
 from attngate.cli import commands, conform  # noqa: F401  (each registers its commands on the app)
-from attngate.cli.app import JSON_ERRORS, ClickException, app, error_json
+from attngate.cli.app import JSON_ERRORS, ClickException, app, error_document, usage_problem
 
 __all__ = ["app", "main"]
 
@@ -32,9 +32,7 @@ def main(argv: list[str] | None = None) -> None:
         code = app(args=argv, prog_name="attngate", standalone_mode=False)
     except ClickException as err:
         if _wants_json(argv) and not type(err).__name__ == "NoArgsIsHelpError":
-            from attngate.cli.report import VERSION
-
-            typer.echo(json.dumps({"version": VERSION, **error_json(err)}, indent=2, default=str))
+            typer.echo(json.dumps(error_document([usage_problem(err)], err.exit_code), indent=2, default=str))
         else:
             err.show()
         code = err.exit_code

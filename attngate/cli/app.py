@@ -44,22 +44,26 @@ def fail(err: Exception, code: int = EXIT_BAD_INPUT) -> "typer.Exit":
     """Report a command's bad input (an AttngateError, every problem in it): on stderr as is, or as JSON on stdout
     under ``--format json``; returns the Exit to raise."""
     if JSON_ERRORS.get():
-        from attngate.cli.report import VERSION
-
         problems = getattr(err, "problems", None) or [Problem(None, str(err))]
-        errors = [{"where": p.where, "message": p.message, "code": p.code, "help": p.help} for p in problems]
-        typer.echo(json.dumps({"version": VERSION, "plan": None, "exit_code": code, "errors": errors}, indent=2))
+        typer.echo(json.dumps(error_document(problems, code), indent=2, default=str))
     else:
         typer.echo(str(err), err=True)
     return typer.Exit(code)
 
 
-def error_json(err: Any) -> dict[str, Any]:
-    """A usage error (click's) as the JSON commands print under ``--format json`` (``plan`` null, ``errors``)."""
+def error_document(problems: list[Problem], code: int) -> dict[str, Any]:
+    """Bad input or a usage error as the JSON commands print under ``--format json``: ``plan`` null, ``errors``."""
+    from attngate.cli.report import VERSION
+
+    errors = [{"where": p.where, "message": p.message, "code": p.code, "help": p.help} for p in problems]
+    return {"version": VERSION, "plan": None, "exit_code": code, "errors": errors}
+
+
+def usage_problem(err: Any) -> Problem:
+    """A click usage error (a bad option value, an unknown option) as a Problem naming the option."""
     hint = err.param_hint if isinstance(err, typer.BadParameter) else None
     where = hint if isinstance(hint, str) or hint is None else " / ".join(hint)
-    errors = [{"where": where, "message": err.format_message(), "code": "usage", "help": None}]
-    return {"plan": None, "exit_code": err.exit_code, "errors": errors}
+    return Problem(where, err.format_message(), "usage")
 
 
 def _print_version(value: bool) -> None:
