@@ -109,19 +109,36 @@ def _adjust_cycles(rules: RuleSet, enc: Encoder, cond: dict[str, Any]) -> list[F
             fires[key] = satisfiable(solver, cond[rule.id], enc.equals(name, value))
         return fires[key]
 
+    predicates = {p.name: p.condition.reads for p in rules.predicates}
+
+    def may_read(rule: Rule, name: str) -> bool:
+        """Whether ``rule``'s condition can depend on argument ``name`` (through predicates; a derived fact counts as
+        depending on everything). One that does not fires in both states alike, so it cannot take part."""
+        seen, stack = set(), list(rule.condition.reads)
+        while stack:
+            n = stack.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            if n == name or (n in FACTS and FACTS[n].origin == "derived"):
+                return True
+            stack += predicates.get(n, ())
+        return False
+
     pairs = [
         (name, a, b)
         for name, rs in writers.items()
-        for x, y in combinations(rs, 2)
+        for x, y in combinations([r for r in rs if may_read(r, name)], 2)
         if x.adjusts[name] != y.adjusts[name]
         for a, b in ((x, y), (y, x))
         if can_fire(given, a, name, b.adjusts[name]) and can_fire(later, b, name, a.adjusts[name])
     ]
     if not pairs:
         return []
-    after = Encoder(rules, all_gates=True, state_prefix="after:")
+    after = Encoder(rules, state_prefix="after:")  # adjust conditions read no gates
     cond_after = {r.id: after.encode(r.condition.tree.body) for r in rules.rules if r.adjusts}
     inputs = [n for n, f in FACTS.items() if f.origin in ("server_args", "model", "platform")]
+    frame = {n: z3.And(enc.var(n)[0] == after.var(n)[0], enc.var(n)[1] == after.var(n)[1]) for n in inputs}
     solver = z3.Solver()  # the state a user gives is one resolve() does not refuse outright (as for conflicts)
     solver.add(*enc.axioms, *after.axioms, *forbids)
     findings, found = [], set()
@@ -129,7 +146,7 @@ def _adjust_cycles(rules: RuleSet, enc: Encoder, cond: dict[str, Any]) -> list[F
         if (name, frozenset((a.id, b.id))) in found:  # one finding per pair, whichever way it turns
             continue
         # state 1: x == b (B's value), A fires and B does not; state 2: x == a (A's value), B fires and A does not
-        same = [z3.And(enc.var(n)[0] == after.var(n)[0], enc.var(n)[1] == after.var(n)[1]) for n in inputs if n != name]
+        same = [frame[n] for n in inputs if n != name]
         claim = z3.And(
             enc.equals(name, b.adjusts[name]),
             after.equals(name, a.adjusts[name]),
