@@ -99,6 +99,16 @@ def explain(
     if output is OutputFormat.json:
         if mode:
             report["modes"] = {mode: report["modes"][mode]}
+        if gate is not None:  # that gate's entries only, in every table that has it
+            tables = [report["gates"], *report["modes"].values(), *report["layers"].values()]
+            if not any(gate in table for table in tables):
+                from attngate.util.suggest import did_you_mean
+
+                names = {name for table in tables for name in table}
+                raise typer.BadParameter(f"no gate {gate!r}" + did_you_mean(gate, sorted(names)), param_hint="--gate")
+            report["gates"] = {k: v for k, v in report["gates"].items() if k == gate}
+            for key in ("modes", "layers"):
+                report[key] = {s: {k: v for k, v in t.items() if k == gate} for s, t in report[key].items()}
         typer.echo(json.dumps(report, indent=2, default=str))
     elif show_all:
         from attngate.cli.render import render_resolution

@@ -87,3 +87,13 @@ def test_lint_prints_json(capsys):
     code, out, _ = run(["lint", "--format", "json"], capsys)
     report = json.loads(out)
     assert code == 0 and report["findings"] == [] and report["rules"] > 200 and report["invariants"] > 10
+
+
+def test_gate_narrows_the_json_to_that_gate(capsys):
+    gemma = ["explain", "--model", str(MODELS / "gemma-3-27b-it.json"), "--gpu", "sm90", "--format", "json"]
+    code, out, _ = run([*gemma, "--attention-backend", "flashinfer", "--gate", "common.use_window"], capsys)
+    report = json.loads(out)
+    assert code == 0 and report["gates"] == {} and report["layers"]["sliding_window"]["common.use_window"]["value"]
+    assert all(list(table) == ["common.use_window"] for table in report["layers"].values())
+    code, out, _ = run([*gemma, "--gate", "common.use_windw"], capsys)
+    assert code == 2 and "did you mean 'common.use_window'" in json.loads(out)["errors"][0]["message"]
