@@ -51,6 +51,7 @@ def explain(
     from attngate.errors import AttngateError, PlanError, load_all
     from attngate.facts.model import ModelFacts
     from attngate.facts.modes import ForwardMode
+    from attngate.plan.registry import GATES
     from attngate.rules.load import load_rules
 
     if mode is not None and mode not in {m.value for m in ForwardMode}:
@@ -95,17 +96,15 @@ def explain(
             f"forward mode {mode} does not occur for this model and these flags; it runs {', '.join(occurring)}",
             param_hint="--mode",
         )
+    if gate is not None and gate not in GATES:
+        from attngate.util.suggest import did_you_mean
+
+        raise typer.BadParameter(f"no gate {gate!r}" + did_you_mean(gate, list(GATES)), param_hint="--gate")
     report = resolution_report(resolution, rule_set) | {"not_read": line.not_read}
     if output is OutputFormat.json:
         if mode:
             report["modes"] = {mode: report["modes"][mode]}
         if gate is not None:  # that gate's entries only, in every table that has it
-            tables = [report["gates"], *report["modes"].values(), *report["layers"].values()]
-            if not any(gate in table for table in tables):
-                from attngate.util.suggest import did_you_mean
-
-                names = {name for table in tables for name in table}
-                raise typer.BadParameter(f"no gate {gate!r}" + did_you_mean(gate, sorted(names)), param_hint="--gate")
             report["gates"] = {k: v for k, v in report["gates"].items() if k == gate}
             for key in ("modes", "layers"):
                 report[key] = {s: {k: v for k, v in t.items() if k == gate} for s, t in report[key].items()}
@@ -119,17 +118,8 @@ def explain(
         from attngate.cli.summary import gate_lines, summary_lines
 
         lines = summary_lines(resolution, mode) if gate is None else gate_lines(resolution, gate, rule_set)
-        if line.not_read and lines is not None and gate is None:
+        if line.not_read and gate is None:
             lines[2:2] = [f"not read by any rule: {' '.join(line.not_read)}"]
-        if lines is None:
-            from attngate.util.suggest import did_you_mean
-
-            names = [
-                *resolution.explanation.gates,
-                *next(iter(resolution.explanation.modes.values())),
-                *next(iter(resolution.explanation.layers.values())),
-            ]
-            raise typer.BadParameter(f"no gate {gate!r}" + did_you_mean(gate, names), param_hint="--gate")
         print_lines(lines)
 
 
