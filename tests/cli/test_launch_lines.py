@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from attngate.cli import app
-from tests.support.helpers import MODELS, ROOT
+from tests.support.helpers import MODELS, ROOT, cache_hub_config
 from tests.support.readme import launch_lines
 
 LINES = launch_lines()
@@ -27,11 +27,7 @@ def hub_cache(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("hub")
     for config in MODELS.glob("*.json"):
-        repo = root / f"models--examples--{config.stem}"
-        (repo / "refs").mkdir(parents=True)
-        (repo / "refs" / "main").write_text("0" * 40)
-        (repo / "snapshots" / ("0" * 40)).mkdir(parents=True)
-        (repo / "snapshots" / ("0" * 40) / "config.json").write_text(config.read_text())
+        cache_hub_config(root, f"examples/{config.stem}", config.read_text())
     saved = constants.HF_HUB_CACHE, constants.HF_HUB_OFFLINE
     constants.HF_HUB_CACHE, constants.HF_HUB_OFFLINE = str(root), True
     yield root

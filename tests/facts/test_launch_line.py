@@ -12,7 +12,7 @@ from attngate.cli import app
 from attngate.errors import ServerArgsError
 from attngate.facts.launch import flag_catalogue, parse_launch_line
 from attngate.facts.server_args import ServerArgs
-from tests.support.helpers import MODELS
+from tests.support.helpers import MODELS, cache_hub_config
 
 
 def read(line: str):
@@ -98,20 +98,10 @@ def test_flags_lists_spellings_and_allowed_values():
     assert {row["field"] for row in out} == set(ServerArgs.model_fields)
 
 
-def _cache(root, repo_id: str, config: dict) -> None:
-    """A Hugging Face hub cache holding one model's config.json (huggingface_hub's layout)."""
-    repo = root / ("models--" + repo_id.replace("/", "--"))
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text("0" * 40)
-    snapshot = repo / "snapshots" / ("0" * 40)
-    snapshot.mkdir(parents=True)
-    (snapshot / "config.json").write_text(json.dumps(config))
-
-
 def test_a_hub_id_resolves_from_the_cache_offline(tmp_path, monkeypatch):
     from huggingface_hub import constants
 
-    _cache(tmp_path, "meta-llama/Llama-3.1-8B-Instruct", json.loads((MODELS / "Llama-3.1-8B.json").read_text()))
+    cache_hub_config(tmp_path, "meta-llama/Llama-3.1-8B-Instruct", (MODELS / "Llama-3.1-8B.json").read_text())
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     runner = CliRunner(env={"COLUMNS": "80"})

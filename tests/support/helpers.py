@@ -80,3 +80,14 @@ def refusing_rules_of(call) -> set[str]:
     except PlanError as err:
         return {v.where for v in err.violations}
     return {v.where for v in resolution.default_refusal[1]} if resolution.default_refusal else set()
+
+
+def cache_hub_config(root: Path, repo_id: str, config_text: str) -> None:
+    """Put ``config_text`` into a Hugging Face hub cache at ``root`` as ``repo_id``'s config.json (huggingface_hub's
+    layout: refs/main names the snapshot), so that hub ids resolve offline in tests."""
+    repo = root / ("models--" + repo_id.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    snapshot = repo / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(config_text)
