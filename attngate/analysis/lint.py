@@ -20,6 +20,7 @@ with the facts that explain it and the server arguments it needs.
 from __future__ import annotations
 
 import ast
+import functools
 from itertools import combinations
 from typing import Any
 
@@ -100,14 +101,11 @@ def _adjust_cycles(rules: RuleSet, enc: Encoder, cond: dict[str, Any]) -> list[F
     given, later = z3.Solver(), z3.Solver()  # one state alone, the cheap filter: as given (not refused), any
     given.add(*enc.axioms, *forbids)
     later.add(*enc.axioms)
-    fires: dict[tuple[int, str, str, str], bool] = {}
 
-    def can_fire(solver: z3.Solver, rule: Rule, name: str, value: Any) -> bool:
-        """Whether ``rule`` can match while argument ``name`` holds ``value``."""
-        key = (id(solver), rule.id, name, repr(value))
-        if key not in fires:
-            fires[key] = satisfiable(solver, cond[rule.id], enc.equals(name, value))
-        return fires[key]
+    @functools.cache
+    def can_fire(state: str, rule_id: str, name: str, value: Any) -> bool:
+        """Whether rule ``rule_id`` can match while argument ``name`` holds ``value`` in ``state`` (given, later)."""
+        return satisfiable(given if state == "given" else later, cond[rule_id], enc.equals(name, value))
 
     predicates = {p.name: p.condition.reads for p in rules.predicates}
 
@@ -131,7 +129,7 @@ def _adjust_cycles(rules: RuleSet, enc: Encoder, cond: dict[str, Any]) -> list[F
         for x, y in combinations([r for r in rs if may_read(r, name)], 2)
         if x.adjusts[name] != y.adjusts[name]
         for a, b in ((x, y), (y, x))
-        if can_fire(given, a, name, b.adjusts[name]) and can_fire(later, b, name, a.adjusts[name])
+        if can_fire("given", a.id, name, b.adjusts[name]) and can_fire("later", b.id, name, a.adjusts[name])
     ]
     if not pairs:
         return []
