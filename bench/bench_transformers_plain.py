@@ -1,16 +1,28 @@
-"""``attn_implementation="attngate"`` without a runtime, eager and under torch.compile, beside sdpa.
+"""``attn_implementation="attngate"`` without a runtime, beside sdpa (and transformers' flash_attention_2 where
+installed), eager, under torch.compile, and under torch.compile with CUDA graphs.
 
-A Llama-shaped model (8 layers, hidden 2048, 16/4 heads x 128, bf16, random weights) decodes a left-padded batch
-over transformers' static cache; one decode step (all layers, the LM head included) is timed per variant, side by
-side in one run: sdpa eager, sdpa under torch.compile (inductor), attngate eager, attngate under torch.compile
-(each attention call on the plan's kernel one opaque op of the graph). Every variant decodes the tokens sdpa eager
-chose (teacher-forced), so that their logits compare. Prints one JSON object (run on the device).
+A Llama-shaped model (8 layers, hidden 2048, 16/4 heads x 128, bf16, random weights). Per batch size and prompt
+length, every other request left-padded by a quarter of the prompt:
+
+- decode: the ms of one decode step (all layers and the LM head) over transformers' static cache holding the prompt
+  (filled with the same random K/V for every implementation: a 32 x 32k prefill is not what is timed), median of
+  ``--steps`` steps fed the same tokens; eager, compiled (inductor, fullgraph) and compiled with CUDA graphs
+  (``mode="reduce-overhead"``); the last step's logits against sdpa eager's;
+- prefill: the ms of one forward over the padded prompt (no cache, the last position's logits), eager and compiled,
+  where batch x prompt <= ``--max-prefill-tokens``;
+- greedy: on the first prompt length, 30 greedy decode steps after a real prefill, attngate eager against sdpa eager:
+  the first step whose token differs, with sdpa's gap between its top two logits there.
+
+    python3 bench/bench_transformers_plain.py --out bench/transformers_plain_h100.json     # on the GPU
+    python3 bench/plot.py --transformers bench/transformers_plain_h100.json bench/transformers_plain.png
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -32,12 +44,12 @@ SHAPE = dict(
     num_attention_heads=16,
     num_key_value_heads=4,
     head_dim=128,
-    max_position_embeddings=4096,
+    max_position_embeddings=40000,
     pad_token_id=0,
     bos_token_id=1,
     eos_token_id=2,
 )
-BATCH, PROMPT, STEPS, MAX_LEN = 8, 512, 32, 1024
+MODES = {"eager": None, "compiled": "default", "cudagraphs": "reduce-overhead"}
 
 
 def _model(impl: str, cfg, state=None):
@@ -47,75 +59,175 @@ def _model(impl: str, cfg, state=None):
     )
     if state is not None:
         model.load_state_dict(state)
-    return model.cuda().eval()
+    model = model.cuda().eval()
+    if impl == "attngate":
+        configure(model)
+    return model
 
 
-def _decode_ms(
-    model, ids: torch.Tensor, mask: torch.Tensor, forced: torch.Tensor | None = None
-) -> tuple[float, torch.Tensor, torch.Tensor]:
-    """Median ms per decode step over STEPS steps after a prefill (the first two steps, which compile, left out),
-    greedy or fed ``forced: [B, STEPS]``; also the tokens fed and the last step's logits."""
-    cache = transformers.StaticCache(config=model.config, max_cache_len=MAX_LEN)
-    times, tokens = [], []
+def _padding(batch: int, prompt: int) -> torch.Tensor:
+    """``[B]`` int64: left padding per request, a quarter of the prompt on every other request."""
+    pad = torch.zeros(batch, dtype=torch.long)
+    pad[1::2] = prompt // 4
+    return pad.cuda()
+
+
+def _timed(fn, reps: int) -> list[float]:
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def static_cache(model, batch: int, prompt: int, steps: int) -> transformers.StaticCache:
+    """A static cache of ``prompt + steps + 8`` slots per request (what generate() would size), allocated up front."""
+    cache = transformers.StaticCache(config=model.config, max_cache_len=prompt + steps + 8)
+    cache.early_initialization(batch, SHAPE["num_key_value_heads"], SHAPE["head_dim"], torch.bfloat16, "cuda")
+    return cache
+
+
+def decode(forward, cache, batch: int, prompt: int, steps: int) -> tuple[float, torch.Tensor]:
+    """Median ms per decode step over ``cache`` refilled with ``prompt`` positions of seeded random K/V (the same for
+    every implementation), and the last step's logits."""
+    gen = torch.Generator("cuda").manual_seed(2)
+    for layer in cache.layers:
+        layer.keys.normal_(generator=gen)
+        layer.values.normal_(generator=gen)
+    pad = _padding(batch, prompt)
+    slots = cache.layers[0].keys.shape[2]
+    mask = (torch.arange(slots, device="cuda")[None, :] >= pad[:, None]).long()  # one shape: CUDA graphs replay
+    tokens = torch.randint(3, SHAPE["vocab_size"], (steps + 3, batch, 1), device="cuda", generator=gen)
+    logits = None
+
+    def step(t: int) -> None:
+        nonlocal logits
+        out = forward(
+            input_ids=tokens[t],
+            attention_mask=mask,
+            position_ids=(prompt + t - pad)[:, None],
+            past_key_values=cache,
+            use_cache=True,
+        )
+        logits = out.logits[:, -1].float()
+
     with torch.no_grad():
-        logits = model(ids, attention_mask=mask, past_key_values=cache, use_cache=True).logits[:, -1]
-        m = mask
-        for t in range(STEPS):
-            tok = logits.argmax(-1, keepdim=True) if forced is None else forced[:, t : t + 1]
-            tokens.append(tok)
-            m = torch.cat([m, torch.ones_like(m[:, :1])], dim=1)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            logits = model(tok, attention_mask=m, past_key_values=cache, use_cache=True).logits[:, -1]
-            torch.cuda.synchronize()
-            times.append((time.perf_counter() - t0) * 1e3)
-    times = sorted(times[2:])
-    return times[len(times) // 2], torch.cat(tokens, 1), logits.float()
+        for layer in cache.layers:  # transformers' static cache writes at its own counter
+            layer.cumulative_length.fill_(prompt)
+        for t in range(3):  # compiles, captures
+            step(t)
+        for layer in cache.layers:
+            layer.cumulative_length.fill_(prompt)
+        times = [_timed(lambda t=t: step(t), 1)[0] for t in range(steps)]
+    return statistics.median(times), logits
+
+
+def prefill(forward, batch: int, prompt: int, reps: int = 3) -> float:
+    gen = torch.Generator("cuda").manual_seed(3)
+    ids = torch.randint(3, SHAPE["vocab_size"], (batch, prompt), device="cuda", generator=gen)
+    mask = (torch.arange(prompt, device="cuda")[None, :] >= _padding(batch, prompt)[:, None]).long()
+    with torch.no_grad():
+        forward(input_ids=ids, attention_mask=mask, use_cache=False, logits_to_keep=1)
+        return min(_timed(lambda: forward(input_ids=ids, attention_mask=mask, use_cache=False, logits_to_keep=1), reps))
+
+
+def greedy(ref, ours, prompt: int, batch: int = 8, steps: int = 30) -> dict:
+    """Greedy decoding after a real prefill, both eager: the first step whose tokens differ, and sdpa's top-2 gap."""
+    gen = torch.Generator("cuda").manual_seed(4)
+    ids = torch.randint(3, SHAPE["vocab_size"], (batch, prompt), device="cuda", generator=gen)
+    mask = (torch.arange(prompt, device="cuda")[None, :] >= _padding(batch, prompt)[:, None]).long()
+    runs = []
+    with torch.no_grad():
+        for model in (ref, ours):
+            out = model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=steps,
+                do_sample=False,
+                output_logits=True,
+                return_dict_in_generate=True,
+                cache_implementation="static",
+            )
+            runs.append((out.sequences[:, prompt:], out.logits))
+    (want, logits), (got, _) = runs
+    differ = (want != got).any(0).nonzero()
+    if not len(differ):
+        return {"steps": steps, "identical": True}
+    t = int(differ[0])
+    top2 = logits[t].float().topk(2, -1).values
+    return {
+        "steps": steps,
+        "identical": False,
+        "first_divergence": t,
+        "sdpa_top2_gap": float((top2[:, 0] - top2[:, 1]).min()),
+    }
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batches", default="1,8,32")
+    parser.add_argument("--prompts", default="512,8192,32768")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--max-prefill-tokens", type=int, default=262144)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    batches, prompts = ([int(x) for x in s.split(",")] for s in (args.batches, args.prompts))
     cfg = transformers.LlamaConfig(**SHAPE)
-    gen = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, SHAPE["vocab_size"], (BATCH, PROMPT), generator=gen).cuda()
-    mask = torch.ones_like(ids)
-    mask[1::2, : PROMPT // 4] = 0  # every other request left-padded by a quarter
-    ref = _model("sdpa", cfg)
-    ours = _model("attngate", cfg, ref.state_dict())
-    configure(ours)
-    results, last = {}, {}
-    results["sdpa eager"], forced, last["sdpa eager"] = _decode_ms(ref, ids, mask)
-    for name, model in (("sdpa", ref), ("attngate", ours)):
-        if name == "attngate":
-            results[f"{name} eager"], _, last[f"{name} eager"] = _decode_ms(model, ids, mask, forced)
-        torch._dynamo.reset()
-        eager_forward = model.forward
-        model.forward = torch.compile(eager_forward, dynamic=True, fullgraph=True)
-        _decode_ms(model, ids, mask, forced)  # the first run compiles the prefill and the first decode shapes
-        results[f"{name} compiled"], _, last[f"{name} compiled"] = _decode_ms(model, ids, mask, forced)
-        model.forward = eager_forward
-    base = last["sdpa eager"]
-    diff = {k: float((v - base).abs().max() / base.abs().max()) for k, v in last.items()}
-    print(
-        json.dumps(
-            {
-                "gpu": torch.cuda.get_device_name(),
-                "torch": torch.__version__,
-                "transformers": transformers.__version__,
-                "plan": {
-                    "prefill": plan_of(ours)[0].plan.prefill_backend,
-                    "decode": plan_of(ours)[0].plan.decode_backend,
-                    "provider": plan_of(ours)[0].plan.fa.provider,
-                },
-                "shape": {**SHAPE, "batch": BATCH, "prompt": PROMPT, "steps": STEPS},
-                "decode_step_ms_median": {k: round(v, 3) for k, v in results.items()},
-                "compiled_over_eager": {
-                    n: round(results[f"{n} compiled"] / results[f"{n} eager"], 3) for n in ("sdpa", "attngate")
-                },
-                "last_logits_max_diff_over_sdpa_eager_max": {k: round(v, 4) for k, v in diff.items()},
-            },
-            indent=1,
-        )
-    )
+    models = {"sdpa": _model("sdpa", cfg)}
+    state = models["sdpa"].state_dict()
+    models["attngate"] = _model("attngate", cfg, state)
+    skipped = {}
+    try:
+        models["flash_attention_2"] = _model("flash_attention_2", cfg, state)
+    except (ImportError, ValueError) as err:
+        skipped["flash_attention_2"] = str(err).splitlines()[0]
+    torch._dynamo.config.recompile_limit = 64
+    forwards = {
+        (impl, mode): model.forward
+        if compile_mode is None
+        else torch.compile(model.forward, mode=compile_mode, fullgraph=True, dynamic=True)
+        for impl, model in models.items()
+        for mode, compile_mode in MODES.items()
+    }
+    results = {"decode_ms": {}, "prefill_ms": {}, "logits_max_diff_over_max": {}}
+    for prompt in prompts:
+        for batch in batches:
+            cache = static_cache(models["sdpa"], batch, prompt, args.steps)
+            ref = None
+            for (impl, mode), forward in forwards.items():
+                key = f"{impl} {mode} b{batch} p{prompt}"
+                ms, logits = decode(forward, cache, batch, prompt, args.steps)
+                ref = logits if ref is None else ref  # sdpa eager's, the first
+                results["decode_ms"][key] = round(ms, 3)
+                results["logits_max_diff_over_max"][key] = round(float((logits - ref).abs().max() / ref.abs().max()), 4)
+                if mode != "cudagraphs" and batch * prompt <= args.max_prefill_tokens:
+                    results["prefill_ms"][key] = round(prefill(forward, batch, prompt), 3)
+                print(key, results["decode_ms"][key], results["prefill_ms"].get(key), flush=True)
+            del cache
+            torch.cuda.empty_cache()
+    report = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "plan": {
+            "prefill": plan_of(models["attngate"])[0].plan.prefill_backend,
+            "decode": plan_of(models["attngate"])[0].plan.decode_backend,
+            "provider": plan_of(models["attngate"])[0].plan.fa.provider,
+        },
+        "shape": SHAPE,
+        "batches": batches,
+        "prompts": prompts,
+        "not_run": skipped,
+        **results,
+        "greedy_vs_sdpa": greedy(models["sdpa"], models["attngate"], prompts[0]),
+    }
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
 
 
 if __name__ == "__main__":

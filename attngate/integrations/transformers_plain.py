@@ -18,11 +18,10 @@ reference semantics).
 from __future__ import annotations
 
 import weakref
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
-from attngate.backends import varlen
 from attngate.backends.reference import visible_keys
 from attngate.backends.runtime.layer import AttentionLayer, layers_from_model
 from attngate.engine.resolve import resolve
@@ -32,10 +31,12 @@ from attngate.facts.model import ModelFacts
 from attngate.facts.modes import LayerKind
 from attngate.facts.platform import Platform
 from attngate.facts.server_args import ServerArgs
+from attngate.integrations import transformers_ops
 from attngate.integrations.transformers_rows import (
+    DECISIONS,
     LayerDecisions,
     chunk_extents,
-    unpad,
+    padded_extents,
     visible_mask,
 )
 
@@ -86,12 +87,6 @@ def plan_of(module: torch.nn.Module) -> tuple[Resolution, list[AttentionLayer]] 
     return _PLANS.get(id(module.config))
 
 
-# each attention module's latest decisions, read by torch.compile graphs (which cannot run the plan's Python): kept by
-# every eager call and by configure() for every module of the model it is given; a graph guards on its entry, so a
-# plan configured again retraces the graphs that read the old one
-_DECISIONS: dict[int, LayerDecisions] = {}
-
-
 def _decide(module: torch.nn.Module) -> LayerDecisions:
     """The module's decisions from its model's plan (resolved here on first use), kept for compiled graphs. Raises as
     :func:`plain_attention` says."""
@@ -113,9 +108,9 @@ def _decide(module: torch.nn.Module) -> LayerDecisions:
         prefill_kernel_family=plan.flashinfer.prefill_kernel_family,
         workspace_size_mb=plan.flashinfer.workspace_size_mb,
     )
-    if id(module) not in _DECISIONS:
-        weakref.finalize(module, _DECISIONS.pop, id(module), None)
-    _DECISIONS[id(module)] = decisions
+    if id(module) not in DECISIONS:
+        weakref.finalize(module, DECISIONS.pop, id(module), None)
+    DECISIONS[id(module)] = decisions
     return decisions
 
 
@@ -135,7 +130,7 @@ def _keep_decisions(model: torch.nn.Module) -> None:
             try:
                 _decide(module)
             except BatchMetadataError:
-                _DECISIONS.pop(id(module), None)
+                DECISIONS.pop(id(module), None)
 
 
 def plain_attention(
@@ -157,17 +152,31 @@ def plain_attention(
     kernel is one opaque op of the graph (``attngate::plain_kernel_attention``), the float32 path is traced, except on
     chunked-local layers, whose mask check reads the host (a graph break)."""
     if torch.compiler.is_compiling():
-        d = _DECISIONS.get(id(module)) or _decide_outside_the_graph(module)
+        d = DECISIONS.get(id(module)) or _decide_outside_the_graph(module)
     else:  # every eager call reads the plan afresh: an edit to its layer specs applies at once
         d = _decide(module)
     scale = d.scaling if scaling is None else float(scaling)
     sinks = getattr(module, "sinks", None)
     b, h, s, _ = query.shape
     s_kv = key.shape[2]
-    visible = visible_mask(attention_mask, b, s, s_kv, query.device, d.causal)  # [B, S, S_kv] as transformers masks it
     kernel = (d.prefill_kernel if s > 1 else d.decode_kernel) if _on_gpu(query) else None
+    if kernel == "fa" and d.kind != LayerKind.CROSS_ATTENTION and not d.attention_chunk_size:
+        extents = padded_extents(attention_mask, d.causal, b, s, s_kv, query.device)
+        out = transformers_ops.fa_padded_attention(
+            query.transpose(1, 2),
+            key.transpose(1, 2),
+            value.transpose(1, 2),
+            extents,
+            sinks,
+            scale,
+            d.causal,
+            -1 if d.window is None else d.window,
+            d.logit_cap,
+        )
+        return out, None
+    visible = visible_mask(attention_mask, b, s, s_kv, query.device, d.causal)  # [B, S, S_kv] as transformers masks it
     if kernel is not None:
-        return torch.ops.attngate.plain_kernel_attention(
+        return transformers_ops.kernel_attention(
             query, key, value, visible, attention_mask, sinks, id(module), kernel, scale
         ), None
     # where each query sits among the keys: its last visible key under a causal mask, else bottom-right (a
@@ -194,65 +203,6 @@ def plain_attention(
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)[..., :s_kv]
     out = torch.einsum("bhqk,bhkd->bqhd", probs, v)
     return out.to(query.dtype), None
-
-
-# an opaque op to torch.compile (as vLLM registers its attention): the varlen lengths live on the host and a kernel
-# package's Python is no graph's, so a compiled model keeps one graph around it rather than breaking at every layer
-@torch.library.custom_op("attngate::plain_kernel_attention", mutates_args=())
-def _kernel_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    visible: torch.Tensor,
-    attention_mask: Optional[torch.Tensor],
-    sinks: Optional[torch.Tensor],
-    module_id: int,
-    kernel: str,
-    scale: float,
-) -> torch.Tensor:
-    """The call on the GPU kernel ``kernel`` ("fa" or "flashinfer") for the attention module ``module_id`` (its
-    decisions as kept), over the batch unpadded into varlen rows: ``[B, S, H, Dv]``, zeros at padding queries.
-    ``attention_mask``, transformers' (``visible`` is made from it), names the batch's layout: every layer it reaches
-    shares one unpadding."""
-    d = _DECISIONS[module_id]
-    rows = unpad(query, key, value, visible, d, attention_mask)
-    cu_q, cu_k = rows.cu_seqlens
-    common = dict(
-        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, scale=scale, causal=d.causal, window_left=d.window, softcap=d.logit_cap
-    )
-    if kernel == "fa":
-        out = varlen.fa4_varlen(
-            rows.q,
-            rows.k,
-            rows.v,
-            max_seqlen_q=int(rows.lens[0].max()),
-            max_seqlen_k=int(rows.lens[1].max()),
-            sinks=sinks,
-            **common,
-        )
-    else:
-        if (
-            sinks is not None
-        ):  # the plan refuses FlashInfer for sinks (flashinfer.no-attention-sinks); a config edited since
-            raise ValueError(
-                "FlashInfer runs no learned attention sinks; configure() the model again with another attention_backend"
-            )
-        out = varlen.flashinfer_ragged(
-            rows.q,
-            rows.k,
-            rows.v,
-            lens=rows.lens,
-            kernel_family=d.prefill_kernel_family,
-            workspace_size_mb=d.workspace_size_mb,
-            **common,
-        )
-    return rows.pad_back(out, query, value)
-
-
-@_kernel_attention.register_fake
-def _(query, key, value, visible, attention_mask, sinks, module_id, kernel, scale) -> torch.Tensor:
-    b, h, s, _ = query.shape
-    return query.new_empty(b, s, h, value.shape[-1])
 
 
 def _position(model: ModelFacts, module: torch.nn.Module) -> int:

@@ -31,6 +31,12 @@ class LayerDecisions:
     workspace_size_mb: int
 
 
+# each attention module's latest decisions (by id), read by torch.compile graphs and the kernel ops (which cannot run
+# the plan's Python): kept by every eager call and by configure() for every module of the model it is given; a graph
+# guards on its entry, so a plan configured again retraces the graphs that read the old one
+DECISIONS: dict[int, LayerDecisions] = {}
+
+
 @dataclass
 class _Rows:
     """A padded batch unpadded into varlen rows: each row's valid keys are contiguous and its valid queries
@@ -80,29 +86,66 @@ class _ValidPositions:
     lens: torch.Tensor  # [2, B] int32 on the host
 
 
-# the valid positions of the masks of the forwards in flight: transformers hands every layer of a forward the same mask
-# object (one per layer type), so its host syncs are paid once per forward, not at every layer
-_VALID: dict[tuple, _ValidPositions] = {}
+# what is found from the masks of the forwards in flight: transformers hands every layer of a forward the same mask
+# object (one per layer type), so its work (host syncs on the unpadding path) is paid once per forward, not per layer
+_PER_MASK: dict[tuple, object] = {}
+
+
+def _per_mask(attention_mask: torch.Tensor | None, key: tuple, make):
+    """``make()``, kept while ``attention_mask`` lives and is not edited in place (its version counter: a caller's own
+    4D mask, reused, is another layout); without a mask, kept by ``key`` alone (shapes), the 64 latest."""
+    full = (None if attention_mask is None else (id(attention_mask), attention_mask._version), *key)
+    if full in _PER_MASK:
+        return _PER_MASK[full]
+    found = make()
+    if attention_mask is not None:
+        weakref.finalize(attention_mask, _PER_MASK.pop, full, None)
+    elif sum(k[0] is None for k in _PER_MASK) >= 64:  # shapes alone: a decode grows S_kv every step
+        for stale in [k for k in _PER_MASK if k[0] is None]:
+            del _PER_MASK[stale]
+    _PER_MASK[full] = found
+    return found
 
 
 def _valid_positions(visible: torch.Tensor, attention_mask: torch.Tensor | None, causal: bool) -> _ValidPositions:
-    """The valid positions of ``visible: [B, S, S_kv]``, made from ``attention_mask`` (kept while the mask lives and is
-    not edited), or without one from the shape alone (causal, or every key). One host sync where not kept."""
-    # the mask's version counter too: an in-place edit (a caller's own 4D mask, reused) is another layout
-    mask_key = None if attention_mask is None else (id(attention_mask), attention_mask._version)
-    key = (mask_key, causal, *visible.shape, visible.device)
-    if key in _VALID:
-        return _VALID[key]
-    q_valid, kv_valid = visible.any(-1), visible.any(1)
-    lens = torch.stack([q_valid.sum(1), kv_valid.sum(1)]).to(torch.int32).cpu()
-    found = _ValidPositions(q_valid.nonzero(as_tuple=True), kv_valid.nonzero(as_tuple=True), lens)
-    if attention_mask is not None:
-        weakref.finalize(attention_mask, _VALID.pop, key, None)
-    elif sum(k[0] is None for k in _VALID) >= 64:  # shapes alone: a decode grows S_kv every step
-        for stale in [k for k in _VALID if k[0] is None]:
-            del _VALID[stale]
-    _VALID[key] = found
-    return found
+    """The valid positions of ``visible: [B, S, S_kv]``, made from ``attention_mask`` (see :func:`_per_mask`), or
+    without one from the shape alone (causal, or every key). One host sync where not kept."""
+
+    def make() -> _ValidPositions:
+        q_valid, kv_valid = visible.any(-1), visible.any(1)
+        lens = torch.stack([q_valid.sum(1), kv_valid.sum(1)]).to(torch.int32).cpu()
+        return _ValidPositions(q_valid.nonzero(as_tuple=True), kv_valid.nonzero(as_tuple=True), lens)
+
+    return _per_mask(attention_mask, ("rows", causal, *visible.shape, visible.device), make)
+
+
+def padded_extents(
+    attention_mask: torch.Tensor | None, causal: bool, b: int, s: int, s_kv: int, device
+) -> torch.Tensor:
+    """``[4, B]`` int32 on the device, without a host sync (the padded FA path, attngate.backends.fa_padded): each
+    request's first valid query, end of valid queries, first valid key and end of valid keys in transformers' padded
+    positions. A valid key is one some query sees, a valid query one that sees some key, each taken to be one run
+    (left or right padding); no mask: every position valid. Found once per mask in eager (:func:`_per_mask`); a
+    compiled graph computes it once per mask (common subexpressions)."""
+    if attention_mask is None:
+        return torch.tensor([0, s, 0, s_kv], dtype=torch.int32, device=device)[:, None].expand(4, b)
+
+    def make() -> torch.Tensor:
+        visible = visible_mask(attention_mask, b, s, s_kv, device, causal)
+        return torch.stack([*_run(visible.any(-1)), *_run(visible.any(1))]).to(torch.int32)
+
+    if torch.compiler.is_compiling():
+        return make()
+    return _per_mask(attention_mask, ("extents", b, s, s_kv), make)
+
+
+def _run(valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Start and end of the valid run of each row of ``valid: [B, N]`` (both 0 where none is valid)."""
+    n = valid.shape[-1]
+    j = torch.arange(n, device=valid.device)
+    start = torch.where(valid, j, n).amin(-1)
+    end = torch.where(valid, j + 1, 0).amax(-1)
+    return torch.minimum(start, end), end
 
 
 def _chunk_rows(query, key, value, visible: torch.Tensor, q_valid: torch.Tensor, layer: LayerDecisions) -> _Rows:

@@ -124,21 +124,36 @@ def test_prefill_and_decode_on_the_plans_kernels_match_sdpa(name, cache):
     _prefill_and_decode_match(*model_pair(name), cache)
 
 
-# torch.compile: inductor around FA4's varlen calls; FlashInfer's path through dynamo only (aot_eager). Each attention
-# call is one opaque op (attngate::plain_kernel_attention) of the graph: fullgraph=True
+# decode split every 16 keys (the 40-token prompts cross it; 1024 in use): full attention, a window, sinks beside one
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("name", ["llama", "mistral-swa", "gpt-oss-sinks"])
+def test_a_split_decode_on_fa4_matches_sdpa(name, cache, monkeypatch):
+    from attngate.integrations import transformers_ops
+
+    monkeypatch.setattr(transformers_ops, "DECODE_SPLIT_KEYS", 16)
+    _prefill_and_decode_match(*model_pair(name), cache)
+
+
+# torch.compile: inductor around FA4's padded calls (and with CUDA graphs); FlashInfer's path through dynamo only
+# (aot_eager). Each attention call is one opaque op (attngate::fa_padded_attention, or ::plain_kernel_attention on
+# FlashInfer) of the graph: fullgraph=True
 @pytest.mark.parametrize(
-    "server_args, compiler",
-    [(None, "inductor"), (ServerArgs(attention_backend="flashinfer"), "aot_eager")],
-    ids=["fa4-inductor", "flashinfer-aot_eager"],
+    "server_args, compiler, mode",
+    [
+        (None, "inductor", None),
+        (None, "inductor", "reduce-overhead"),
+        (ServerArgs(attention_backend="flashinfer"), "aot_eager", None),
+    ],
+    ids=["fa4-inductor", "fa4-cudagraphs", "flashinfer-aot_eager"],
 )
-def test_a_compiled_model_on_the_plans_kernels_matches_sdpa(server_args, compiler):
+def test_a_compiled_model_on_the_plans_kernels_matches_sdpa(server_args, compiler, mode):
     if server_args is not None:
         pytest.importorskip("flashinfer")
     ref, ours = model_pair("llama", server_args)
     torch._dynamo.reset()
     if server_args is None:
         configure(ours)  # a never-configured model resolves its plan outside the graph, which fullgraph=True refuses
-    ours.forward = torch.compile(ours.forward, backend=compiler, fullgraph=True)
+    ours.forward = torch.compile(ours.forward, backend=compiler, fullgraph=True, mode=mode)
     _prefill_and_decode_match(ref, ours, "static", steps=6)
     assert plan_of(ours)[0].plan.decode_backend == ("flashinfer" if server_args else "fa3")
 

@@ -113,15 +113,19 @@ def test_the_flashinfer_path_unpads_plans_once_per_forward_and_matches_eager(nam
 
 
 @pytest.mark.parametrize("name, per_forward", [("llama", 1), ("gemma2-softcap-swa", 2)])
-def test_the_kernel_path_finds_a_masks_valid_positions_once_per_forward(name, per_forward, monkeypatch):
-    """The varlen rows' positions (host syncs) are found once per forward and mask (one per layer type: gemma-2's
-    window and full layers), not at every layer; an in-place edit of a mask is a new layout."""
-    from attngate.integrations import transformers_rows
+def test_the_unpadding_path_finds_a_masks_valid_positions_once_per_forward(name, per_forward, monkeypatch):
+    """FlashInfer's ragged path: the varlen rows' positions (host syncs) are found once per forward and mask (one per
+    layer type: gemma-2's window and full layers), not at every layer; an in-place edit of a mask is a new layout."""
+    import sys
+
+    from attngate.integrations import transformers_plain, transformers_rows
+    from tests.support.standins import flashinfer as fi_standin
 
     file, overrides, _ = MODELS_UNDER_TEST[name]
-    ref, ours = model_pair(config_of(file, overrides))
-    _on_fa_standin(monkeypatch)
-    configure(ours, ServerArgs(), FA_HOST)
+    ref, ours = model_pair(config_of(file, {**overrides, "head_dim": 64}))
+    monkeypatch.setitem(sys.modules, "flashinfer", fi_standin.module())
+    monkeypatch.setattr(transformers_plain, "_on_gpu", lambda t: True)
+    configure(ours, ServerArgs(attention_backend="flashinfer"))
     found, original = [], transformers_rows._ValidPositions
 
     def counted(*args):
@@ -134,7 +138,7 @@ def test_the_kernel_path_finds_a_masks_valid_positions_once_per_forward(name, pe
         expected, got = ref(ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits
     assert (expected - got)[mask.bool()].abs().max().item() < ATOL
     assert len(found) == per_forward
-    assert not [k for k in transformers_rows._VALID if k[0] is not None]  # dropped with the forward's masks
+    assert not [k for k in transformers_rows._PER_MASK if k[0] is not None]  # dropped with the forward's masks
 
     visible = torch.ones(2, 1, 5, dtype=torch.bool)
     four_d = visible[:, None].clone()
@@ -143,6 +147,66 @@ def test_the_kernel_path_finds_a_masks_valid_positions_once_per_forward(name, pe
     four_d[1, 0, 0, :2] = False
     edited = four_d[:, 0]
     assert transformers_rows._valid_positions(edited, four_d, True).lens.tolist() == [[1, 1], [5, 3]]
+
+
+# plain full attention, soft-cap with alternating windows, learned sinks
+@pytest.mark.parametrize("name", ["llama", "gemma2-softcap-swa", "gpt-oss-sinks"])
+def test_the_fa_path_reads_the_padded_batch_and_cache_in_place(name, monkeypatch):
+    """FA's varlen call (the flash_attn.cute stand-in, which leaves unread rows NaN) over transformers' padded batch as
+    it lies: each request's row starts at its own padded offset (cu_seqlens, on the device) and runs for its own
+    length (seqused); the DynamicCache and the static cache are read head-major in place (a request's row holds every
+    head's 13 keys, or 18 slots). Decode splits a request's keys every DECODE_SPLIT_KEYS keys into rows
+    of one query each, merged: greedy generation matches eager either way."""
+    from attngate.integrations import transformers_ops
+
+    file, overrides, _ = MODELS_UNDER_TEST[name]
+    ref, ours = model_pair(config_of(file, overrides))
+    calls = _on_fa_standin(monkeypatch)
+    configure(ours, ServerArgs(), FA_HOST)
+    ids, mask = _batch()  # 2 x 13, the second request left-padded by 4
+    with torch.no_grad():
+        expected, got = ref(ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits
+        assert (expected - got)[mask.bool()].abs().max().item() < ATOL
+        kv_heads = ours.config.num_key_value_heads
+        # keys in the DynamicCache's [B, H_kv, S, D]: request 1's row starts after both heads of request 0
+        assert calls[0] == ([0, 17, 26], [0, kv_heads * 13 + 4, kv_heads * 26], True, [13, 9], [13, 9])
+        greedy = dict(attention_mask=mask, max_new_tokens=6, do_sample=False)
+        reference = ref.generate(ids, **greedy)
+        calls.clear()
+        static = dict(greedy, cache_implementation="static")
+        assert torch.equal(ours.generate(ids, **static), reference)
+        # generate()'s static cache holds 13 + 6 - 1 slots a head: request 1's keys start after its padding
+        assert calls[0][1][:2] == [0, kv_heads * 18 + 4] or name != "llama"  # window layers: their own cache
+        monkeypatch.setattr(transformers_ops, "DECODE_SPLIT_KEYS", 4)
+        calls.clear()
+        assert torch.equal(ours.generate(ids, **greedy), reference)
+    if name == "llama":  # the last step's last layer: 18 and 14 keys, cut into 5 pieces of 4 (1 query each)
+        assert calls[-1][0] == list(range(11)) and calls[-1][4] == [4, 4, 4, 4, 2, 4, 4, 4, 2, 0]
+
+
+def test_a_decode_step_on_the_fa_path_compiles_to_one_graph_without_host_syncs(monkeypatch):
+    """torch._dynamo.explain of a static-cache decode step through FA's padded path (the stand-in): one graph, no
+    break; the lengths the kernel reads are computed in the graph (tensors), not read back to the host."""
+    ref, ours = model_pair(config_of(*MODELS_UNDER_TEST["llama"][:2]))
+    calls = _on_fa_standin(monkeypatch)
+    configure(ours, ServerArgs(), FA_HOST)
+    ids, mask = _batch()
+    cache = transformers.StaticCache(config=ours.config, max_cache_len=24)
+    with torch.no_grad():
+        logits = ours(ids, attention_mask=mask, past_key_values=cache).logits[:, -1]
+        step = dict(
+            input_ids=logits.argmax(-1, keepdim=True),
+            attention_mask=torch.cat([mask, torch.ones(2, 11, dtype=mask.dtype)], 1),  # the cache's length: one shape
+            past_key_values=cache,
+            cache_position=torch.tensor([13]),
+        )
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(ours)(**step)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    assert calls[-1][3] == [1, 1]  # one query per request, over its cached keys
+    ops = {str(node.target) for graph in explained.graphs for node in graph.graph.nodes}
+    assert "attngate.fa_padded_attention.default" in ops
+    assert not {op for op in ops if op in ("item", "tolist", "cpu", "nonzero") or "_local_scalar_dense" in op}
 
 
 def test_the_fa_path_runs_chunked_local_layers_as_one_row_per_chunk(monkeypatch):
@@ -161,8 +225,10 @@ def test_the_fa_path_runs_chunked_local_layers_as_one_row_per_chunk(monkeypatch)
         expected, got = ref(ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits
         assert (expected - got)[mask.bool()].abs().max().item() < ATOL
         chunk_rows = [0, 4, 8, 12, 13, 17, 21, 22]  # 4 + 4 + 4 + 1 queries, then 4 + 4 + 1
-        assert calls[0] == (chunk_rows, chunk_rows, True)  # layer 0 is chunked local: each row over its own chunk
-        assert calls[3] == ([0, 13, 22], [0, 13, 22], True)  # layer 3 is full attention: one row per request
+        assert calls[0][:3] == (chunk_rows, chunk_rows, True)  # layer 0 is chunked local: each row over its own chunk
+        # layer 3 is full attention: the padded batch in place (its DynamicCache head-major)
+        kv_heads = ours.config.get_text_config().num_key_value_heads
+        assert calls[3] == ([0, 17, 26], [0, kv_heads * 13 + 4, kv_heads * 26], True, [13, 9], [13, 9])
         greedy = dict(attention_mask=mask, max_new_tokens=8, do_sample=False)
         assert torch.equal(ours.generate(ids, **greedy), ref.generate(ids, **greedy))
         _, layers = plan_of(ours)
@@ -178,7 +244,7 @@ def test_the_fa_path_runs_chunked_local_layers_as_one_row_per_chunk(monkeypatch)
 
 def _on_fa_standin(monkeypatch) -> list[tuple[list[int], list[int], bool]]:
     """Run the GPU path on the CPU: flash_attn.cute is the stand-in, every tensor counts as on the GPU. Returns the
-    list that each varlen call appends its (cu_seqlens_q, cu_seqlens_k, causal) to. Call after building the models
+    list that each varlen call appends its (cu_seqlens_q, cu_seqlens_k, causal, seqused_q, seqused_k) to. Call after building the models
     (transformers probes flash_attn's import spec there)."""
     import sys
 
@@ -192,7 +258,8 @@ def _on_fa_standin(monkeypatch) -> list[tuple[list[int], list[int], bool]]:
     calls, original = [], modules["flash_attn.cute"].flash_attn_varlen_func
 
     def recorded(q, k, v, **kw):
-        calls.append((kw["cu_seqlens_q"].tolist(), kw["cu_seqlens_k"].tolist(), kw["causal"]))
+        used = [None if kw.get(n) is None else kw[n].tolist() for n in ("seqused_q", "seqused_k")]
+        calls.append((kw["cu_seqlens_q"].tolist(), kw["cu_seqlens_k"].tolist(), kw["causal"], *used))
         return original(q, k, v, **kw)
 
     monkeypatch.setattr(modules["flash_attn.cute"], "flash_attn_varlen_func", recorded)
@@ -217,7 +284,7 @@ def test_cross_attention_keeps_each_querys_images(path, monkeypatch):
     if path == "fa_varlen":
         # layer 1 (cross): request 0 runs 0-2 (no image yet: Mllama shows it every tile, then zeroes its output), 3-6
         # (first image, 10 keys), 7-11 (second, 10); request 1 the same but its second image's 5 visible keys
-        assert calls[1] == ([0, 3, 7, 12, 15, 19, 24], [0, 20, 30, 40, 60, 70, 75], False)
+        assert calls[1][:3] == ([0, 3, 7, 12, 15, 19, 24], [0, 20, 30, 40, 60, 70, 75], False)
 
 
 def test_a_vision_towers_attention_is_refused_naming_its_sub_config():
@@ -289,8 +356,9 @@ def test_an_encoder_decoder_places_each_attention_module_in_the_plan(path, monke
     resolution, layers = plan_of(ours)
     assert [layer.kind for layer in layers] == ["encoder_only"] * 2 + ["full", "cross_attention"] * 2
     if path == "fa_varlen":  # 20 encoder frames per request, 7 decoder tokens: encoder, self, cross
-        assert calls[0] == ([0, 20, 40], [0, 20, 40], False)
-        assert calls[2:4] == [([0, 7, 14], [0, 7, 14], True), ([0, 7, 14], [0, 20, 40], False)]
+        assert (calls[0][0], calls[0][2:]) == ([0, 20, 40], (False, [20, 20], [20, 20]))  # encoder, in place
+        assert (calls[2][0], calls[2][2:]) == ([0, 7, 14], (True, [7, 7], [7, 7]))  # decoder self attention
+        assert calls[3][:3] == ([0, 7, 14], [0, 20, 40], False)  # cross attention: unpadded rows
 
 
 def test_a_hybrid_model_attends_by_its_attention_layers_plan():
@@ -460,7 +528,7 @@ def test_a_compiled_model_runs_eagerly_inside_the_runtime():
 
 def test_torch_compile_keeps_the_fa_path_as_one_op_of_the_graph(monkeypatch):
     """On a GPU kernel (here FA's varlen call, the flash_attn.cute stand-in) each attention call is one opaque op
-    (``attngate::plain_kernel_attention``) of a single graph, ``fullgraph=True``, and the compiled model matches eager,
+    (``attngate::fa_padded_attention``) of a single graph, ``fullgraph=True``, and the compiled model matches eager,
     prefill and static-cache decode."""
     ref, ours = model_pair(config_of(*MODELS_UNDER_TEST["llama"][:2]))
     calls = _on_fa_standin(monkeypatch)
@@ -475,6 +543,6 @@ def test_torch_compile_keeps_the_fa_path_as_one_op_of_the_graph(monkeypatch):
         ].abs().max().item() < ATOL
         assert len(graphs) == 1 and len(calls) == ours.config.num_hidden_layers
         ops = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
-        assert ops.count("attngate.plain_kernel_attention") == ours.config.num_hidden_layers
+        assert ops.count("attngate.fa_padded_attention.default") == ours.config.num_hidden_layers
         greedy = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, cache_implementation="static")
         assert torch.equal(ours.generate(ids, **greedy), ref.generate(ids, **greedy))

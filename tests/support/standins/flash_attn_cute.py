@@ -109,9 +109,8 @@ def flash_attn_varlen_func(
     paged = page_table is not None
     cu_q = _lengths(problems, "cu_seqlens_q", cu_seqlens_q, None)
     bs = len(cu_q) - 1 if cu_q else 0
-    if cu_q is not None and (cu_q[0] != 0 or any(b < a for a, b in zip(cu_q, cu_q[1:])) or cu_q[-1] != q.shape[0]):
-        problems.append(f"cu_seqlens_q must rise from 0 to the {q.shape[0]} query tokens, got {cu_q[:8]}")
-    q_lens = [b - a for a, b in zip(cu_q, cu_q[1:])] if cu_q else []
+    used_q = _lengths(problems, "seqused_q", seqused_q, bs)
+    q_at, q_lens = _runs(problems, "q", cu_q, used_q, q.shape[0])
     if max_seqlen_q is not None and q_lens and max(q_lens) > max_seqlen_q:
         problems.append(
             f"max_seqlen_q {max_seqlen_q} is below the longest query run {max(q_lens)}: its tail is never computed"
@@ -139,11 +138,9 @@ def flash_attn_varlen_func(
                     )
         kv_lens = used
     else:
-        kv_lens = _lengths(problems, "cu_seqlens_k", cu_seqlens_k, bs + 1)
-        if kv_lens is not None:
-            if kv_lens[0] != 0 or kv_lens[-1] != k.shape[0]:
-                problems.append(f"cu_seqlens_k must rise from 0 to the {k.shape[0]} keys, got {kv_lens[:8]}")
-            kv_lens = [b - a for a, b in zip(kv_lens, kv_lens[1:])]
+        cu_k = _lengths(problems, "cu_seqlens_k", cu_seqlens_k, bs + 1)
+        used_k = _lengths(problems, "seqused_k", seqused_k, bs)
+        k_at, kv_lens = _runs(problems, "k", cu_k, used_k, min(k.shape[0], v.shape[0]))
     _arch_problems(problems, q, v, qv, paged, num_splits)
     if learnable_sink is not None and learnable_sink.shape != (q.shape[1],):
         problems.append(f"learnable_sink must be [{q.shape[1]}], got {tuple(learnable_sink.shape)}")
@@ -159,15 +156,16 @@ def flash_attn_varlen_func(
         chunk = heuristic_chunk(kv_lens, heads=k.shape[-2], min_chunk=BLOCK_N)
     else:
         chunk = -(-max(kv_lens, default=1) // num_splits // BLOCK_N) * BLOCK_N or BLOCK_N
-    outs, lses = [], []
+    # rows no run names are left as the kernel leaves them: unwritten (NaN here, so that a caller reading them shows)
+    out = torch.full((q.shape[0], q.shape[1], v.shape[-1]), float("nan"), dtype=q.dtype)
+    lse_out = torch.full((q.shape[0], q.shape[1]), float("nan"))
     for b in range(bs):
-        rows = slice(cu_q[b], cu_q[b + 1])
+        rows = slice(q_at[b], q_at[b] + q_lens[b])
         if paged:
             pages = page_table[b, : -(-kv_lens[b] // k.shape[1])].long()
             kb, vb = (c[pages].flatten(0, 1)[: kv_lens[b]] for c in (k, v))
         else:
-            start = sum(kv_lens[:b])
-            kb, vb = k[start : start + kv_lens[b]], v[start : start + kv_lens[b]]
+            kb, vb = k[k_at[b] : k_at[b] + kv_lens[b]], v[k_at[b] : k_at[b] + kv_lens[b]]
         mask = request_mask(
             q_lens[b],
             kv_lens[b],
@@ -187,10 +185,26 @@ def flash_attn_varlen_func(
             sinks=learnable_sink,
             qv=None if qv is None else qv[rows],
         )
-        outs.append(o)
-        lses.append(lse)
-    out = torch.cat(outs) if outs else q.new_empty(0, q.shape[1], v.shape[-1])
-    return out, (torch.cat(lses).transpose(0, 1) if lses else None)
+        out[rows], lse_out[rows] = o, lse
+    return out, lse_out.transpose(0, 1)
+
+
+def _runs(
+    problems: list[str], name: str, cu: list[int] | None, used: list[int] | None, total: int
+) -> tuple[list[int], list[int]]:
+    """Each request's first row and length as flash_attn.cute's SeqlenInfo reads them: the offset from
+    ``cu_seqlens``, the length from ``seqused`` where given (rows between runs are skipped), else from the next
+    offset, in which case ``cu_seqlens`` must rise from 0 to every row."""
+    if cu is None:
+        return [], []
+    if used is None:
+        if cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])) or cu[-1] != total:
+            problems.append(f"cu_seqlens_{name} must rise from 0 to the {total} rows, got {cu[:8]}")
+        return cu[:-1], [b - a for a, b in zip(cu, cu[1:])]
+    for b, (at, n) in enumerate(zip(cu, used)):
+        if n < 0 or at < 0 or at + n > total:
+            problems.append(f"request {b}: {name} rows [{at}, {at + n}) outside the {total} rows")
+    return cu[:-1], used
 
 
 def modules() -> dict[str, types.ModuleType]:
