@@ -10,11 +10,11 @@ from typing import Optional
 import torch
 
 from attngate.backends import fa_padded, varlen
-from attngate.integrations.transformers_rows import DECISIONS, unpad
+from attngate.integrations.transformers_rows import DECISIONS, LayerDecisions, padded_extents, per_mask, unpad
 
 
-# an opaque op to torch.compile (as vLLM registers its attention): the varlen lengths live on the host and a kernel
-# package's Python is no graph's, so a compiled model keeps one graph around it rather than breaking at every layer
+# the unpadding path (FlashInfer's ragged wrapper, and FA on cross-attention and chunked-local layers): the varlen
+# lengths are read to the host inside the op
 @torch.library.custom_op("attngate::plain_kernel_attention", mutates_args=())
 def kernel_attention(
     query: torch.Tensor,
@@ -71,39 +71,86 @@ def kernel_attention(
 DECODE_SPLIT_KEYS = 1024
 
 
-@torch.library.custom_op("attngate::fa_padded_attention", mutates_args=())
-def fa_padded_attention(
+def fa_in_place(
+    d: LayerDecisions,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    extents: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    sinks: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    """FA4 over transformers' padded batch and cache in place (attngate.backends.fa_padded): ``query: [B, H, S, D]``,
+    ``key``/``value: [B, H_kv, S_kv, D/Dv]`` -> ``[B, S, H, Dv]``, zeros at padding queries. The metadata is device
+    tensors found once per mask (eager) or computed in the graph (compiled); the kernel call is one op."""
+    b, h, s, dq = query.shape
+    s_kv = key.shape[2]
+    q = query.transpose(1, 2)
+    k, v, k_row = fa_padded.same_layout(key.transpose(1, 2), value.transpose(1, 2))
+    extents = padded_extents(attention_mask, d.causal, b, s, s_kv, query.device)
+    call = fa_varlen if torch.compiler.is_compiling() else _fa_varlen_eager  # the dispatcher costs ~50 µs a call
+    split = DECODE_SPLIT_KEYS
+    if s == 1 and split and s_kv > split:
+        cu_k, used_k, pieces = per_mask(
+            attention_mask,
+            ("fa split", b, s_kv, k_row, d.window, split, query.device),
+            lambda: fa_padded.split_rows(extents, k_row, s_kv, d.window, split),
+        )
+        q_rows = q.expand(b, pieces, h, dq).reshape(b * pieces, h, dq)
+        cu_q = torch.arange(b * pieces + 1, dtype=torch.int32, device=query.device)
+        out, lse = call(q_rows, k, v, cu_q, cu_k, None, used_k, 1, split, None, scale, False, -1, d.logit_cap, True)
+        return fa_padded.merge_split(out, lse, pieces, sinks, extents)
+    cu_q, cu_k, used_q, used_k = per_mask(
+        attention_mask, ("fa rows", b, s, s_kv, k_row, query.device), lambda: fa_padded.rows(extents, s, k_row)
+    )
+    window = -1 if d.window is None else d.window
+    out, _ = call(
+        q.reshape(b * s, h, dq), k, v, cu_q, cu_k, used_q, used_k, s, s_kv, sinks, scale, d.causal, window,
+        d.logit_cap, False,
+    )  # fmt: skip
+    return fa_padded.zero_padding(out.view(b, s, h, -1), extents)
+
+
+def _fa_varlen_eager(
+    q, k, v, cu_q, cu_k, used_q, used_k, max_q, max_k, sinks, scale, causal, window_left, softcap, return_lse
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return fa_padded.varlen_call(
+        q, k, v, cu_q, cu_k, used_q, used_k, max_q, max_k, scale=scale, causal=causal,
+        window_left=None if window_left < 0 else window_left, softcap=softcap, sinks=sinks, return_lse=return_lse,
+    )  # fmt: skip
+
+
+@torch.library.custom_op("attngate::fa_varlen", mutates_args=())
+def fa_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    seqused_q: Optional[torch.Tensor],
+    seqused_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
     sinks: Optional[torch.Tensor],
     scale: float,
     causal: bool,
     window_left: int,
     softcap: float,
-) -> torch.Tensor:
-    """FA4 over transformers' padded batch and cache in place: ``query: [B, S, H, D]``, ``key``/``value:
-    [B, S_kv, H_kv, D/Dv]`` (views of its ``[B, H, S, D]`` tensors), ``extents: [4, B]`` int32 (where each request's
-    valid queries and keys run), ``window_left`` -1: no window -> ``[B, S, H, Dv]``, zeros at padding queries."""
-    return fa_padded.fa4_padded(
-        query,
-        key,
-        value,
-        extents,
-        scale=scale,
-        causal=causal,
-        window_left=None if window_left < 0 else window_left,
-        softcap=softcap,
-        sinks=sinks,
-        split_keys=DECODE_SPLIT_KEYS,
-    )
+    return_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`attngate.backends.fa_padded.varlen_call` as one op (``window_left`` -1: no window): ``(out
+    [total_q, H, Dv], lse [H, total_q] fp32, or [0] without return_lse)``."""
+    out, lse = _fa_varlen_eager(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, sinks, scale, causal,
+        window_left, softcap, return_lse,
+    )  # fmt: skip
+    return out, lse if lse is not None else out.new_empty(0, dtype=torch.float32)
 
 
-@fa_padded_attention.register_fake
-def _(query, key, value, extents, sinks, scale, causal, window_left, softcap) -> torch.Tensor:
-    b, s, h, _ = query.shape
-    return query.new_empty(b, s, h, value.shape[-1])
+@fa_varlen.register_fake
+def _(q, k, v, cu_q, cu_k, used_q, used_k, max_q, max_k, sinks, scale, causal, window_left, softcap, return_lse):
+    lse = q.new_empty((q.shape[1], q.shape[0]) if return_lse else (0,), dtype=torch.float32)
+    return q.new_empty(q.shape[0], q.shape[1], v.shape[-1]), lse
 
 
 @kernel_attention.register_fake

@@ -36,7 +36,6 @@ from attngate.integrations.transformers_rows import (
     DECISIONS,
     LayerDecisions,
     chunk_extents,
-    padded_extents,
     visible_mask,
 )
 
@@ -161,19 +160,7 @@ def plain_attention(
     s_kv = key.shape[2]
     kernel = (d.prefill_kernel if s > 1 else d.decode_kernel) if _on_gpu(query) else None
     if kernel == "fa" and d.kind != LayerKind.CROSS_ATTENTION and not d.attention_chunk_size:
-        extents = padded_extents(attention_mask, d.causal, b, s, s_kv, query.device)
-        out = transformers_ops.fa_padded_attention(
-            query.transpose(1, 2),
-            key.transpose(1, 2),
-            value.transpose(1, 2),
-            extents,
-            sinks,
-            scale,
-            d.causal,
-            -1 if d.window is None else d.window,
-            d.logit_cap,
-        )
-        return out, None
+        return transformers_ops.fa_in_place(d, query, key, value, attention_mask, sinks, scale), None
     visible = visible_mask(attention_mask, b, s, s_kv, query.device, d.causal)  # [B, S, S_kv] as transformers masks it
     if kernel is not None:
         return transformers_ops.kernel_attention(

@@ -91,9 +91,11 @@ class _ValidPositions:
 _PER_MASK: dict[tuple, object] = {}
 
 
-def _per_mask(attention_mask: torch.Tensor | None, key: tuple, make):
+def per_mask(attention_mask: torch.Tensor | None, key: tuple, make):
     """``make()``, kept while ``attention_mask`` lives and is not edited in place (its version counter: a caller's own
     4D mask, reused, is another layout); without a mask, kept by ``key`` alone (shapes), the 64 latest."""
+    if torch.compiler.is_compiling():  # a graph computes it in place (once per mask: common subexpressions)
+        return make()
     full = (None if attention_mask is None else (id(attention_mask), attention_mask._version), *key)
     if full in _PER_MASK:
         return _PER_MASK[full]
@@ -108,7 +110,7 @@ def _per_mask(attention_mask: torch.Tensor | None, key: tuple, make):
 
 
 def _valid_positions(visible: torch.Tensor, attention_mask: torch.Tensor | None, causal: bool) -> _ValidPositions:
-    """The valid positions of ``visible: [B, S, S_kv]``, made from ``attention_mask`` (see :func:`_per_mask`), or
+    """The valid positions of ``visible: [B, S, S_kv]``, made from ``attention_mask`` (see :func:`per_mask`), or
     without one from the shape alone (causal, or every key). One host sync where not kept."""
 
     def make() -> _ValidPositions:
@@ -116,7 +118,7 @@ def _valid_positions(visible: torch.Tensor, attention_mask: torch.Tensor | None,
         lens = torch.stack([q_valid.sum(1), kv_valid.sum(1)]).to(torch.int32).cpu()
         return _ValidPositions(q_valid.nonzero(as_tuple=True), kv_valid.nonzero(as_tuple=True), lens)
 
-    return _per_mask(attention_mask, ("rows", causal, *visible.shape, visible.device), make)
+    return per_mask(attention_mask, ("rows", causal, *visible.shape, visible.device), make)
 
 
 def padded_extents(
@@ -125,8 +127,7 @@ def padded_extents(
     """``[4, B]`` int32 on the device, without a host sync (the padded FA path, attngate.backends.fa_padded): each
     request's first valid query, end of valid queries, first valid key and end of valid keys in transformers' padded
     positions. A valid key is one some query sees, a valid query one that sees some key, each taken to be one run
-    (left or right padding); no mask: every position valid. Found once per mask in eager (:func:`_per_mask`); a
-    compiled graph computes it once per mask (common subexpressions)."""
+    (left or right padding); no mask: every position valid. Found once per mask (:func:`per_mask`)."""
     if attention_mask is None:
         return torch.tensor([0, s, 0, s_kv], dtype=torch.int32, device=device)[:, None].expand(4, b)
 
@@ -134,9 +135,7 @@ def padded_extents(
         visible = visible_mask(attention_mask, b, s, s_kv, device, causal)
         return torch.stack([*_run(visible.any(-1)), *_run(visible.any(1))]).to(torch.int32)
 
-    if torch.compiler.is_compiling():
-        return make()
-    return _per_mask(attention_mask, ("extents", b, s, s_kv), make)
+    return per_mask(attention_mask, ("extents", b, s, s_kv, device), make)
 
 
 def _run(valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -205,7 +205,7 @@ def test_a_decode_step_on_the_fa_path_compiles_to_one_graph_without_host_syncs(m
     assert explained.graph_break_count == 0 and explained.graph_count == 1
     assert calls[-1][3] == [1, 1]  # one query per request, over its cached keys
     ops = {str(node.target) for graph in explained.graphs for node in graph.graph.nodes}
-    assert "attngate.fa_padded_attention.default" in ops
+    assert "attngate.fa_varlen.default" in ops
     assert not {op for op in ops if op in ("item", "tolist", "cpu", "nonzero") or "_local_scalar_dense" in op}
 
 
@@ -528,7 +528,7 @@ def test_a_compiled_model_runs_eagerly_inside_the_runtime():
 
 def test_torch_compile_keeps_the_fa_path_as_one_op_of_the_graph(monkeypatch):
     """On a GPU kernel (here FA's varlen call, the flash_attn.cute stand-in) each attention call is one opaque op
-    (``attngate::fa_padded_attention``) of a single graph, ``fullgraph=True``, and the compiled model matches eager,
+    (``attngate::fa_varlen``) of a single graph, ``fullgraph=True``, and the compiled model matches eager,
     prefill and static-cache decode."""
     ref, ours = model_pair(config_of(*MODELS_UNDER_TEST["llama"][:2]))
     calls = _on_fa_standin(monkeypatch)
@@ -543,6 +543,6 @@ def test_torch_compile_keeps_the_fa_path_as_one_op_of_the_graph(monkeypatch):
         ].abs().max().item() < ATOL
         assert len(graphs) == 1 and len(calls) == ours.config.num_hidden_layers
         ops = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
-        assert ops.count("attngate.fa_padded_attention.default") == ours.config.num_hidden_layers
+        assert ops.count("attngate.fa_varlen.default") == ours.config.num_hidden_layers
         greedy = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, cache_implementation="static")
         assert torch.equal(ours.generate(ids, **greedy), ref.generate(ids, **greedy))
