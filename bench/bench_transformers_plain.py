@@ -149,7 +149,6 @@ def greedy(ref, ours, prompt: int, batch: int = 8, steps: int = 30) -> dict:
                 do_sample=False,
                 output_logits=True,
                 return_dict_in_generate=True,
-                cache_implementation="static",
             )
             runs.append((out.sequences[:, prompt:], out.logits))
     (want, logits), (got, _) = runs
