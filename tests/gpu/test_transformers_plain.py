@@ -156,7 +156,15 @@ def test_a_compiled_model_on_the_plans_kernels_matches_sdpa(server_args, compile
     compiled = torch.compile(ours.forward, backend=compiler, fullgraph=True, mode=mode)
     if mode == "reduce-overhead":  # CUDA graphs for the decode steps; the prefill eager, as generate() runs it
         eager = ours.forward
-        ours.forward = lambda input_ids, **kw: (compiled if input_ids.shape[1] == 1 else eager)(input_ids, **kw)
+
+        def forward(input_ids, **kw):
+            if input_ids.shape[1] > 1:
+                return eager(input_ids, **kw)
+            out = compiled(input_ids, **kw)
+            out.logits = out.logits.clone()  # the graph's output buffer is overwritten by the next replay
+            return out
+
+        ours.forward = forward
     else:
         ours.forward = compiled
     _prefill_and_decode_match(ref, ours, "static", steps=6)
