@@ -1,8 +1,12 @@
-"""Draw bench/bench_host.py's JSON as one PNG: host µs per decode step and backend/raw GPU-time ratio over
-batch size, FlashInfer and FA side by side. Runs anywhere matplotlib is installed (``pip install -e .[bench]``):
+"""Draw a benchmark's JSON as one PNG. Runs anywhere matplotlib is installed (``pip install -e .[bench]``):
 
     python3 bench/bench_host.py > host.json        # on the GPU
     python3 bench/plot.py host.json bench/host_overhead.png
+    python3 bench/plot.py --transformers bench/transformers_plain_h100.json bench/transformers_plain.png
+
+bench_host.py: host µs per decode step and backend/raw GPU-time ratio over batch size, FlashInfer and FA side by
+side. bench_transformers_plain.py: attngate's speed-up over sdpa (sdpa ms / attngate ms, each in the same mode) over
+prompt length, decode and prefill, one line per mode and batch size.
 """
 
 from __future__ import annotations
@@ -66,5 +70,33 @@ def main(src: str, dst: str) -> None:
     fig.savefig(dst, dpi=110)
 
 
+def transformers_plain(src: str, dst: str) -> None:
+    data = json.load(open(src))
+    fig, panels = plt.subplots(1, 2, figsize=(13, 5.6))
+    styles = {"eager": ":", "compiled": "--", "cudagraphs": "-"}
+    for panel, table, title in zip(panels, ("decode_ms", "prefill_ms"), ("decode step", "prefill")):
+        rows = data[table]
+        for mode, line in styles.items():
+            for i, batch in enumerate(data["batches"]):
+                points = [
+                    (p, rows[f"sdpa {mode} b{batch} p{p}"] / rows[f"attngate {mode} b{batch} p{p}"])
+                    for p in data["prompts"]
+                    if isinstance(rows.get(f"sdpa {mode} b{batch} p{p}"), float)
+                    and isinstance(rows.get(f"attngate {mode} b{batch} p{p}"), float)
+                ]
+                if points:
+                    xs, ys = zip(*points)
+                    panel.plot(xs, ys, f"C{i}{line}o", label=f"{mode}, batch {batch}")
+        panel.axhline(1.0, color="grey", linewidth=0.8)
+        panel.set(xscale="log", xlabel="prompt tokens", ylabel="sdpa ms / attngate ms", title=title)
+        panel.legend(fontsize=7)
+    fig.suptitle(f"attn_implementation='attngate' against sdpa, {data['gpu']}, torch {data['torch']}")
+    fig.tight_layout()
+    fig.savefig(dst, dpi=110)
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    if sys.argv[1] == "--transformers":
+        transformers_plain(*sys.argv[2:4])
+    else:
+        main(*sys.argv[1:3])
