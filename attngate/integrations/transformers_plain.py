@@ -8,11 +8,11 @@ same layer spec the runtime binds. transformers' mask supplies only what the pla
 each query sits among the keys, which keys are padding, on a cross-attention layer which encoder tokens
 each query sees (Mllama: the images before it), and on a chunked-local layer where its chunks begin
 (absolute positions, which transformers' chunk cache of the last attention_chunk_size - 1 keys does not
-keep; a mask that shows a query more keys than the plan's chunk is refused). On a GPU the batch is
-unpadded into varlen rows and the phase runs on the plan's backend: one FA4 varlen call where the
-plan runs it on FA through ``flash_attn.cute``, FlashInfer's ragged prefill wrapper (its kernel family
-from the plan) where the plan runs it on FlashInfer; otherwise attention runs in float32 torch (the
-reference semantics).
+keep; a mask that shows a query more keys than the plan's chunk is refused). On a GPU the phase runs on the plan's
+backend: where the plan runs it on FA through ``flash_attn.cute``, FA4 reads the padded batch and transformers' cache in
+place with device-side lengths (:func:`attngate.integrations.transformers_ops.fa_in_place`, no host sync);
+cross-attention and chunked-local layers, and FlashInfer's ragged prefill wrapper (its kernel family from the plan),
+take the batch unpadded into varlen rows; otherwise attention runs in float32 torch (the reference semantics).
 """
 
 from __future__ import annotations
@@ -148,7 +148,8 @@ def plain_attention(
     module's config is no language model's (a vision tower's, naming the sub-config to give another implementation).
 
     Traceable by torch.compile with ``fullgraph=True`` once the model is configured (or has run): a call on a GPU
-    kernel is one opaque op of the graph (``attngate::plain_kernel_attention``), the float32 path is traced, except on
+    kernel is one opaque op of the graph (``attngate::fa_varlen``, ``attngate::plain_kernel_attention`` where the batch
+    is unpadded), the float32 path is traced, except on
     chunked-local layers, whose mask check reads the host (a graph break)."""
     if torch.compiler.is_compiling():
         d = DECISIONS.get(id(module)) or _decide_outside_the_graph(module)

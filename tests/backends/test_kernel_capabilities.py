@@ -114,6 +114,23 @@ def test_flashinfer_mla_refuses_another_latent_geometry_in_the_plan_and_in_the_b
     assert flashinfer_refusals(deepseek, layers_from_model(facts))
 
 
+@pytest.mark.parametrize("edit", [{"attn_logit_softcapping": 1.0}, {"sliding_window": 64}])
+def test_flashinfer_mla_refuses_a_cap_or_window_and_the_default_moves_on(edit):
+    """An MLA config that sets a soft-cap or a window: FlashInfer MLA is refused (it takes neither), in the plan and in
+    the backend; the default backend on SM90 falls back to one that runs it or refuses with every candidate named."""
+    raw = {**json.loads((MODELS / "DeepSeek-V2-Lite.json").read_text()), **edit}
+    facts = ModelFacts.from_hf_dict(raw, source=f"DeepSeek-V2-Lite, {edit}")
+    with pytest.raises(PlanError) as err:
+        resolve(ServerArgs(attention_backend="flashinfer"), facts, Platform.from_name("sm90"))
+    assert "flashinfer.mla-full-attention-only" in {v.rule for v in err.value.violations}
+    try:
+        plan = resolve(ServerArgs(), facts, Platform.from_name("sm90", kernels=KERNELS["with-fa3"])).plan
+    except PlanError as refused:
+        assert refused.candidates
+    else:
+        assert plan.decode_backend != "flashinfer"
+
+
 def test_a_missing_kernel_package_refuses_its_backend():
     facts = ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json")
     with pytest.raises(PlanError) as err:
