@@ -772,6 +772,12 @@ def test_rule_outcomes(flags, name, gpu, check):
             "spec.rejection-sampling-eagle-chain",
         ),
         (
+            "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 0 --speculative-num-draft-tokens 4",
+            "Llama-3.1-8B",
+            "sm90",
+            "spec.eagle-topk-at-least-one",
+        ),
+        (
             "--enable-unified-memory --attention-backend fa4",
             "DeepSeek-V2-Lite",
             "sm100",
