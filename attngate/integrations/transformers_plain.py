@@ -219,7 +219,8 @@ def _position(model: ModelFacts, module: torch.nn.Module) -> int:
 
 
 def _on_gpu(t: torch.Tensor) -> bool:
-    return t.is_cuda
+    """On a GPU in a dtype the kernels take (a float32 model attends in float32 torch, as on the CPU)."""
+    return t.is_cuda and t.dtype in (torch.float16, torch.bfloat16)
 
 
 def _kernel_of(resolution: Resolution, backend: str) -> str | None:
