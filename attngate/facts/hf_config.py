@@ -189,14 +189,18 @@ class ConfigReader:
             layer_kinds=layer_kinds,
             attention_layer_ids=self.attention_ids,
             is_encoder_decoder=is_enc_dec,
-            # a tower's config is an object; null (or false) means none, as transformers reads it
+            # a tower's config is an object; null (or false) means none, as transformers reads it (SGLang 0.5.23
+            # configs/model_config.py l.804-815 tests hasattr, which a null tower would pass)
             is_multimodal=isinstance(raw.get("vision_config"), dict) or isinstance(raw.get("audio_config"), dict),
             attn_logit_softcapping=self.positive_float("attn_logit_softcapping"),
             final_logit_softcapping=self.positive_float("final_logit_softcapping"),
             query_pre_attn_scalar=self.positive_float("query_pre_attn_scalar"),
             has_attention_sinks=model_type in _SINK_MODEL_TYPES,
+            # an object, as Qwen2.5-1M ships it (SGLang 0.5.23 model_config.py l.2174 tests hasattr only)
             has_dual_chunk_attention=isinstance(self.get("dual_chunk_attention_config"), dict),
-            has_dsa_indexer=self.int_("index_topk") is not None,  # SGLang sizes the indexer's top-k by it
+            # a top-k count: SGLang 0.5.23 model_config.py l.211 (is_deepseek_dsa: index_topk is not None) and l.485
+            # (the indexer's top-k); false or 0 is refused here, not read as present
+            has_dsa_indexer=self.int_("index_topk") is not None,
             use_bidirectional_attention=self.bidirectional,
             max_position_embeddings=self.int_("max_position_embeddings"),
             torch_dtype=dtype,
@@ -224,12 +228,14 @@ class ConfigReader:
             decoder = (LayerKind.FULL, LayerKind.CROSS_ATTENTION) * dec
             return (LayerKind.ENCODER_ONLY,) * enc + decoder, None, None
         n = self.int_("num_hidden_layers", required=True) or 0
+        # is_causal false: transformers' bidirectional text models (SGLang 0.5.23 model_config.py l.648 sets it for
+        # its embedding models); a string is refused by bool_, never read as true
         if model_type in _BIDIRECTIONAL_MODEL_TYPES or self.bool_("is_causal") is False:
             return (LayerKind.ENCODER_ONLY,) * n, None, None
         window = self.int_("sliding_window")
         chunk = self.int_("attention_chunk_size")
         use_sliding_window = self.bool_("use_sliding_window")
-        if use_sliding_window is False:
+        if use_sliding_window is False:  # transformers' Qwen2Config: sliding_window only where use_sliding_window
             window = None  # Qwen2/Qwen3: a window is configured but switched off
         if self.bidirectional and window:  # transformers' Gemma3TextConfig: |q - k| < sliding_window // 2 + 1
             window = window // 2 + 1
