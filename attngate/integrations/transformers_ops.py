@@ -1,7 +1,8 @@
 """The plain transformers path's kernel calls as torch custom ops (:mod:`attngate.integrations.transformers_plain`),
 each with a fake (meta) implementation: to torch.compile each is one opaque op of the graph (as vLLM registers its
 attention), so a compiled model keeps one graph around it, and a kernel package's Python, which no graph can hold,
-runs at call time. What each passes is decided from the Plan by the caller."""
+runs at call time. What each passes is decided from the Plan by the caller, except where a decode step is split
+(:data:`DECODE_SPLIT_KEYS`): this path's own way round flash_attn.cute having no split-KV on SM90, batch-invariant."""
 
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ def fa_in_place(
     q = query.transpose(1, 2)
     k, v, k_row = fa_padded.same_layout(key.transpose(1, 2), value.transpose(1, 2))
     extents = padded_extents(attention_mask, d.causal, b, s, s_kv, query.device)
-    call = fa_varlen if torch.compiler.is_compiling() else _fa_varlen_eager  # the dispatcher costs ~50 µs a call
+    call = fa_varlen if torch.compiler.is_compiling() else _fa_varlen_eager  # eager: no op dispatcher's host cost
     split = DECODE_SPLIT_KEYS
     if s == 1 and split and s_kv > split:
         cu_k, used_k, pieces = per_mask(
