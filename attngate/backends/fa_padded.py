@@ -25,6 +25,7 @@ decoding of a left- or right-padded batch lays them out).
 from __future__ import annotations
 
 import importlib
+import sys
 
 import torch
 
@@ -44,14 +45,17 @@ def token_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
 def same_layout(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
     """K and V laid out so that one ``cu_seqlens_k`` offsets both (a prefill's fresh V beside its roped K, or an odd
     layout, is copied token-major), and their row (:func:`token_rows`)."""
-
-    def row(x: torch.Tensor) -> int | None:
-        ok = x.stride(-1) == 1 and x.stride(1) > 0 and x.stride(0) % x.stride(1) == 0
-        return x.stride(0) // x.stride(1) if ok else None
-
-    if row(k) is None or row(k) != row(v):
+    k_row, v_row = _row(k), _row(v)
+    if k_row is None or k_row != v_row:
         k, v = k.contiguous(), v.contiguous()
-    return k, v, row(k)
+        k_row = _row(k)
+    return k, v, k_row
+
+
+def _row(x: torch.Tensor) -> int | None:
+    """Flat rows per request of ``x: [B, S, H, D]`` read through :func:`token_rows`; None where it cannot be."""
+    s0, s1, _, s3 = x.stride()
+    return s0 // s1 if s3 == 1 and s1 > 0 and s0 % s1 == 0 else None
 
 
 def rows(extents: torch.Tensor, s: int, k_row: int) -> tuple[torch.Tensor, ...]:
@@ -86,6 +90,13 @@ def split_rows(
     return cu_k.to(torch.int32), used.to(torch.int32), pieces
 
 
+def _kernel():
+    """``flash_attn.cute.flash_attn_varlen_func``, imported on first use (whatever ``sys.modules`` holds then: the
+    package, or a test's stand-in)."""
+    module = sys.modules.get("flash_attn.cute") or importlib.import_module("flash_attn.cute")
+    return module.flash_attn_varlen_func
+
+
 def varlen_call(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -107,8 +118,7 @@ def varlen_call(
     """One ``flash_attn.cute.flash_attn_varlen_func`` call. ``q: [total_q, H, D]`` flat rows (``[B * S, H, D]`` or,
     split, ``[B * P, H, D]``), ``k``/``v: [B, S_kv, H_kv, D/Dv]`` read through :func:`token_rows` -> ``(out
     [total_q, H, Dv], lse [H, total_q] fp32 or None)``; rows no run names are left unwritten."""
-    varlen = importlib.import_module("flash_attn.cute").flash_attn_varlen_func
-    out = varlen(
+    out = _kernel()(
         q,
         token_rows(k)[0],
         token_rows(v)[0],
@@ -128,12 +138,16 @@ def varlen_call(
     return (out[0], out[1]) if isinstance(out, tuple) else (out, None)
 
 
-def zero_padding(out: torch.Tensor, extents: torch.Tensor) -> torch.Tensor:
-    """``out: [B, S, H, Dv]`` with zeros at queries outside each request's valid run (rows the kernel did not
-    write hold whatever was there)."""
-    pos = torch.arange(out.shape[1], device=out.device)
-    valid = (pos >= extents[0, :, None]) & (pos < extents[1, :, None])
-    return torch.where(valid[:, :, None, None], out, 0)
+def valid_queries(extents: torch.Tensor, s: int) -> torch.Tensor:
+    """``[B, S, 1, 1]`` bool: which of the ``s`` padded query positions of each request are valid."""
+    pos = torch.arange(s, device=extents.device)
+    return ((pos >= extents[0, :, None]) & (pos < extents[1, :, None]))[:, :, None, None]
+
+
+def zero_padding(out: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``out: [B, S, H, Dv]`` with zeros where ``valid`` (:func:`valid_queries`) is not: rows the kernel did not
+    write hold whatever was there."""
+    return torch.where(valid, out, 0)
 
 
 def merge_split(

@@ -101,15 +101,17 @@ def fa_in_place(
         cu_q = torch.arange(b * pieces + 1, dtype=torch.int32, device=query.device)
         out, lse = call(q_rows, k, v, cu_q, cu_k, None, used_k, 1, split, None, scale, False, -1, d.logit_cap, True)
         return fa_padded.merge_split(out, lse, pieces, sinks, extents)
-    cu_q, cu_k, used_q, used_k = per_mask(
-        attention_mask, ("fa rows", b, s, s_kv, k_row, query.device), lambda: fa_padded.rows(extents, s, k_row)
+    cu_q, cu_k, used_q, used_k, valid = per_mask(
+        attention_mask,
+        ("fa rows", b, s, s_kv, k_row, query.device),
+        lambda: (*fa_padded.rows(extents, s, k_row), fa_padded.valid_queries(extents, s)),
     )
     window = -1 if d.window is None else d.window
     out, _ = call(
         q.reshape(b * s, h, dq), k, v, cu_q, cu_k, used_q, used_k, s, s_kv, sinks, scale, d.causal, window,
         d.logit_cap, False,
     )  # fmt: skip
-    return fa_padded.zero_padding(out.view(b, s, h, -1), extents)
+    return fa_padded.zero_padding(out.view(b, s, h, -1), valid)
 
 
 def _fa_varlen_eager(
