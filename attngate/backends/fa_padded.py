@@ -14,8 +14,8 @@ and one row per KV head leaves most SMs idle at small batch. The split points de
 batch (as FlashInfer's ``fixed_split_size``), so a request's result is the same in any batch.
 
 The metadata (:func:`rows`, :func:`split_rows`) and the epilogues (:func:`zero_padding`, :func:`merge_split`) are plain
-torch on the device, apart from the kernel call (:func:`varlen_call`), so that a compiled graph fuses them and computes
-the metadata once per forward.
+torch on the device, apart from the kernel call (attngate.backends.varlen.fa4_varlen over :func:`token_rows` views of
+K and V), so that a compiled graph fuses them and computes the metadata once per forward.
 
 ``extents: [4, B]`` int32 on q's device: each request's first valid query, end of valid queries, first valid key and
 end of valid keys (padded positions); the valid queries are the last ones of the valid keys (bottom-right, as causal
@@ -24,12 +24,7 @@ decoding of a left- or right-padded batch lays them out).
 
 from __future__ import annotations
 
-import importlib
-import sys
-
 import torch
-
-from attngate.backends.fa_kernels import fa_window_size
 
 
 def token_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -73,8 +68,9 @@ def _offsets(start: torch.Tensor, row: int) -> torch.Tensor:
 
 def split_rows(
     extents: torch.Tensor, k_row: int, s_kv: int, window_left: int | None, split_keys: int
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """A decode step's keys cut every ``split_keys``: ``cu_seqlens_k`` ``[B * P + 1]`` and ``seqused_k`` ``[B * P]``
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """A decode step's keys cut every ``split_keys``: ``cu_seqlens_q``, ``cu_seqlens_k`` ``[B * P + 1]`` and
+    ``seqused_k`` ``[B * P]``
     int32 for kernel row ``(b, p)`` (request b's keys ``[start + p * split_keys, ...)``; the window, which a one-query
     row sees as its last keys, taken in advance), and the pieces per request P. An empty piece starts at the end."""
     _, _, k_start, k_end = extents.unbind(0)
@@ -87,55 +83,8 @@ def split_rows(
     base = torch.arange(0, extents.shape[1] * k_row, k_row, dtype=torch.int32, device=extents.device)
     last = (extents.shape[1] - 1) * k_row + s_kv  # one past the flat view, unread
     cu_k = torch.nn.functional.pad((base[:, None] + starts).flatten(), (0, 1), value=last)
-    return cu_k.to(torch.int32), used.to(torch.int32), pieces
-
-
-def _kernel():
-    """``flash_attn.cute.flash_attn_varlen_func``, imported on first use (whatever ``sys.modules`` holds then: the
-    package, or a test's stand-in)."""
-    module = sys.modules.get("flash_attn.cute") or importlib.import_module("flash_attn.cute")
-    return module.flash_attn_varlen_func
-
-
-def varlen_call(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    seqused_q: torch.Tensor | None,
-    seqused_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    *,
-    scale: float,
-    causal: bool,
-    window_left: int | None,
-    softcap: float,
-    sinks: torch.Tensor | None,
-    return_lse: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One ``flash_attn.cute.flash_attn_varlen_func`` call. ``q: [total_q, H, D]`` flat rows (``[B * S, H, D]`` or,
-    split, ``[B * P, H, D]``), ``k``/``v: [B, S_kv, H_kv, D/Dv]`` read through :func:`token_rows` -> ``(out
-    [total_q, H, Dv], lse [H, total_q] fp32 or None)``; rows no run names are left unwritten."""
-    out = _kernel()(
-        q,
-        token_rows(k)[0],
-        token_rows(v)[0],
-        cu_seqlens_q=cu_seqlens_q,
-        cu_seqlens_k=cu_seqlens_k,
-        seqused_q=seqused_q,
-        seqused_k=seqused_k,
-        max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k,
-        softmax_scale=scale,
-        causal=causal,
-        window_size=fa_window_size(window_left, causal),
-        learnable_sink=None if sinks is None else sinks.float(),
-        softcap=softcap,
-        return_lse=return_lse,
-    )
-    return (out[0], out[1]) if isinstance(out, tuple) else (out, None)
+    cu_q = torch.arange(extents.shape[1] * pieces + 1, dtype=torch.int32, device=extents.device)  # one query a row
+    return cu_q, cu_k.to(torch.int32), used.to(torch.int32), pieces
 
 
 def valid_queries(extents: torch.Tensor, s: int) -> torch.Tensor:

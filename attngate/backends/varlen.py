@@ -10,6 +10,7 @@ Shapes: ``q: [total_q, num_q_heads, head_dim]``, ``k: [total_k, num_kv_heads, he
 from __future__ import annotations
 
 import importlib
+import sys
 
 import torch
 
@@ -30,16 +31,24 @@ def fa4_varlen(
     window_left: int | None,
     softcap: float,
     sinks: torch.Tensor | None,
-) -> torch.Tensor:
-    """One ``flash_attn.cute.flash_attn_varlen_func`` call. ``window_left``: earlier keys a query sees (None: no
-    window); ``softcap`` 0: none; ``sinks: [num_q_heads]`` learned sinks (passed as float32) or None."""
-    varlen = importlib.import_module("flash_attn.cute").flash_attn_varlen_func
-    out = varlen(
+    seqused_q: torch.Tensor | None = None,
+    seqused_k: torch.Tensor | None = None,
+    return_lse: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One ``flash_attn.cute.flash_attn_varlen_func`` call -> ``(out [total_q, H, Dv], lse [H, total_q] fp32 or
+    None)``. ``cu_seqlens_*`` on the host (the unpadded rows) or the device; ``seqused_*`` (device, ``[num_rows]``
+    int32): each row's length from its ``cu_seqlens`` offset, rows between runs left unread and unwritten
+    (attngate.backends.fa_padded). ``window_left``: earlier keys a query sees (None: no window); ``softcap`` 0: none;
+    ``sinks: [num_q_heads]`` learned sinks (passed as float32) or None."""
+    module = sys.modules.get("flash_attn.cute") or importlib.import_module("flash_attn.cute")  # or a test's stand-in
+    out = module.flash_attn_varlen_func(
         q,
         k,
         v,
         cu_seqlens_q=cu_seqlens_q.to(q.device, non_blocking=True),
         cu_seqlens_k=cu_seqlens_k.to(q.device, non_blocking=True),
+        seqused_q=seqused_q,
+        seqused_k=seqused_k,
         max_seqlen_q=max_seqlen_q,
         max_seqlen_k=max_seqlen_k,
         softmax_scale=scale,
@@ -47,8 +56,9 @@ def fa4_varlen(
         window_size=fa_window_size(window_left, causal),
         learnable_sink=None if sinks is None else sinks.float(),
         softcap=softcap,
+        return_lse=return_lse,
     )
-    return out[0] if isinstance(out, tuple) else out
+    return (out[0], out[1]) if isinstance(out, tuple) else (out, None)
 
 
 # FlashInfer ragged wrappers per (device, kernel family, layer spec), each re-planned only when the rows' lengths

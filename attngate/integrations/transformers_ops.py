@@ -39,7 +39,7 @@ def kernel_attention(
         cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, scale=scale, causal=d.causal, window_left=d.window, softcap=d.logit_cap
     )
     if kernel == "fa":
-        out = varlen.fa4_varlen(
+        out, _ = varlen.fa4_varlen(
             rows.q,
             rows.k,
             rows.v,
@@ -88,17 +88,16 @@ def fa_in_place(
     s_kv = key.shape[2]
     q = query.transpose(1, 2)
     k, v, k_row = fa_padded.same_layout(key.transpose(1, 2), value.transpose(1, 2))
-    extents = padded_extents(attention_mask, d.causal, b, s, s_kv, query.device)
+    extents = padded_extents(attention_mask, b, s, s_kv, query.device)
     call = fa_varlen if torch.compiler.is_compiling() else _fa_varlen_eager  # eager: no op dispatcher's host cost
     split = DECODE_SPLIT_KEYS
     if s == 1 and split and s_kv > split:
-        cu_k, used_k, pieces = per_mask(
+        cu_q, cu_k, used_k, pieces = per_mask(
             attention_mask,
             ("fa split", b, s_kv, k_row, d.window, split, query.device),
             lambda: fa_padded.split_rows(extents, k_row, s_kv, d.window, split),
         )
         q_rows = q.expand(b, pieces, h, dq).reshape(b * pieces, h, dq)
-        cu_q = torch.arange(b * pieces + 1, dtype=torch.int32, device=query.device)
         out, lse = call(q_rows, k, v, cu_q, cu_k, None, used_k, 1, split, None, scale, False, -1, d.logit_cap, True)
         return fa_padded.merge_split(out, lse, pieces, sinks, extents)
     cu_q, cu_k, used_q, used_k, valid = per_mask(
@@ -117,8 +116,9 @@ def fa_in_place(
 def _fa_varlen_eager(
     q, k, v, cu_q, cu_k, used_q, used_k, max_q, max_k, sinks, scale, causal, window_left, softcap, return_lse
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    return fa_padded.varlen_call(
-        q, k, v, cu_q, cu_k, used_q, used_k, max_q, max_k, scale=scale, causal=causal,
+    return varlen.fa4_varlen(
+        q, fa_padded.token_rows(k)[0], fa_padded.token_rows(v)[0], cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+        seqused_q=used_q, seqused_k=used_k, max_seqlen_q=max_q, max_seqlen_k=max_k, scale=scale, causal=causal,
         window_left=None if window_left < 0 else window_left, softcap=softcap, sinks=sinks, return_lse=return_lse,
     )  # fmt: skip
 
@@ -141,7 +141,7 @@ def fa_varlen(
     softcap: float,
     return_lse: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`attngate.backends.fa_padded.varlen_call` as one op (``window_left`` -1: no window): ``(out
+    """:func:`attngate.backends.varlen.fa4_varlen` over the padded batch in place as one op (``window_left`` -1: no window): ``(out
     [total_q, H, Dv], lse [H, total_q] fp32, or [0] without return_lse)``."""
     out, lse = _fa_varlen_eager(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, sinks, scale, causal,

@@ -121,18 +121,16 @@ def _valid_positions(visible: torch.Tensor, attention_mask: torch.Tensor | None,
     return per_mask(attention_mask, ("rows", causal, *visible.shape, visible.device), make)
 
 
-def padded_extents(
-    attention_mask: torch.Tensor | None, causal: bool, b: int, s: int, s_kv: int, device
-) -> torch.Tensor:
+def padded_extents(attention_mask: torch.Tensor | None, b: int, s: int, s_kv: int, device) -> torch.Tensor:
     """``[4, B]`` int32 on the device, without a host sync (the padded FA path, attngate.backends.fa_padded): each
     request's first valid query, end of valid queries, first valid key and end of valid keys in transformers' padded
     positions. A valid key is one some query sees, a valid query one that sees some key, each taken to be one run
     (left or right padding); no mask: every position valid. Found once per mask (:func:`per_mask`)."""
-    if attention_mask is None:
-        return torch.tensor([0, s, 0, s_kv], dtype=torch.int32, device=device)[:, None].expand(4, b)
 
     def make() -> torch.Tensor:
-        visible = visible_mask(attention_mask, b, s, s_kv, device, causal)
+        if attention_mask is None:
+            return torch.tensor([0, s, 0, s_kv], dtype=torch.int32, device=device)[:, None].expand(4, b)
+        visible = visible_mask(attention_mask, b, s, s_kv, device, causal=True)  # a mask holds its own causality
         return torch.stack([*_run(visible.any(-1)), *_run(visible.any(1))]).to(torch.int32)
 
     return per_mask(attention_mask, ("extents", b, s, s_kv, device), make)
