@@ -16,7 +16,7 @@ from typing import Any, Literal, Optional
 from pydantic import ConfigDict, model_validator
 
 from attngate.errors import ModelConfigError, Problem, check_arguments
-from attngate.facts.hf_config import ConfigReader
+from attngate.facts.hf_config import read_hf_config
 from attngate.facts.modes import LayerKind
 from attngate.util.inputs import is_directory, parse_json, read_text
 from attngate.util.validated import ValidatedModel
@@ -180,8 +180,4 @@ class ModelFacts(ValidatedModel):
             ("raw", raw, dict, "a config.json's mapping; a path goes to ModelFacts.from_hf_config"),
             ("source", source, str, "the name problems are reported under"),
         )
-        reader = ConfigReader(raw, source)
-        fields = reader.read()
-        if fields is None or reader.problems:  # keys read while building the fields add problems too
-            raise ModelConfigError(reader.problems)
-        return cls(**fields)
+        return cls(**read_hf_config(raw, source))

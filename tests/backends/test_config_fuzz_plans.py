@@ -1,5 +1,5 @@
 """Model configs generated around the example ones (wrong types, nulls, falsy values, out-of-range numbers, missing
-sizes, keys moved into a nested text_config): each is refused naming the key it is about, or resolves to a plan whose
+sizes, keys moved into a nested text_config, llm_config or language_config, keys set at the top level beside one): each is refused naming the key it is about, or resolves to a plan whose
 every layer the chosen kernel backend accepts (attngate.backends.capabilities, the backends' own construction check)."""
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ VALUES = st.one_of(
     st.integers(-3, 4), st.integers(5, 300), st.sampled_from([64, 128, 192, 256, 512, 4096]),
     st.floats(-100, 1e4, allow_nan=False), st.text(max_size=6), st.lists(st.sampled_from(["sliding_attention", "full_attention", 3]), max_size=4),
 )  # fmt: skip
+SUB_CONFIGS = ("text_config", "llm_config", "language_config")  # the language-model stacks SGLang reads
+MOVES = tuple(f"<into {name}>" for name in SUB_CONFIGS)
 EDITS = st.lists(
-    st.tuples(st.sampled_from(KEYS), st.one_of(st.just("<remove>"), st.just("<into text_config>"), VALUES)),
+    st.tuples(st.sampled_from(KEYS), st.one_of(st.just("<remove>"), st.sampled_from(MOVES), VALUES)),
     min_size=1,
     max_size=3,
 )
@@ -39,10 +41,11 @@ def _edited(raw: dict, edits) -> dict:
     for key, value in edits:
         if value == "<remove>":
             raw.pop(key, None)
-            raw.get("text_config", {}).pop(key, None)
-        elif value == "<into text_config>":
+            for name in SUB_CONFIGS:
+                raw.get(name, {}).pop(key, None)
+        elif value in MOVES:
             if key in raw:
-                raw.setdefault("text_config", {})[key] = raw.pop(key)
+                raw.setdefault(value[len("<into ") : -1], {})[key] = raw.pop(key)
         else:
             raw[key] = value
     return raw
@@ -56,7 +59,9 @@ def test_a_config_is_refused_with_its_key_or_planned_on_layers_the_backend_accep
         facts = ModelFacts.from_hf_dict(raw, source=name)
     except ModelConfigError as err:
         named = " ".join(f"{p.where} {p.message}" for p in err.problems)
-        assert any(key in named for key, _ in edits) or "text_config" in named or "required" in named, named
+        assert any(key in named for key, _ in edits) or any(n in named for n in SUB_CONFIGS) or "required" in named, (
+            named
+        )
         return
     try:
         resolution = resolve(ServerArgs(), facts, Platform.from_name(gpu))

@@ -150,7 +150,10 @@ def test_hybrid_models_list_only_their_attention_layers():
     [
         ({"layer_types": ["linear_attention"] * 32}, "layer_types: names no attention layer"),
         ({"hybrid_override_pattern": "M-" * 16}, "hybrid_override_pattern: names no attention layer"),
-        ({"hybrid_override_pattern": "M*"}, "hybrid_override_pattern: must be a string of num_hidden_layers=32"),
+        (
+            {"hybrid_override_pattern": "M*"},
+            "hybrid_override_pattern: must give num_hidden_layers=32 characters, got 2",
+        ),
         (
             {"sliding_window": 4096, "sliding_window_pattern": "LLXG"},
             "sliding_window_pattern: must be an integer or a string of 'L'",
@@ -216,7 +219,7 @@ def test_not_json_and_missing(tmp_path):
 @pytest.mark.parametrize(
     "model, edit, needle",
     [  # values read as transformers and SGLang read them, not by truthiness
-        ("DeepSeek-V3", {"index_topk": False}, "index_topk: must be a positive integer, got False"),
+        ("DeepSeek-V3", {"index_topk": False}, "index_topk: must be a positive integer (tokens), got False"),
         (
             "Qwen2.5-7B-Instruct",
             {"use_sliding_window": "false"},
@@ -277,3 +280,60 @@ def test_an_encoder_with_its_own_head_count_is_refused_not_built_with_the_decode
     with pytest.raises(ModelConfigError) as err:
         ModelFacts.from_hf_dict({**whisper, "is_encoder_decoder": "false"})
     assert "is_encoder_decoder: must be true or false" in str(err.value)
+
+
+def _gemma3() -> dict:
+    return json.loads((MODELS / "gemma-3-27b-it.json").read_text())
+
+
+def test_the_language_model_is_read_from_its_sub_config_only():
+    """SGLang's get_hf_text_config: the sub-config alone; a key it omits takes transformers' default for its model
+    type, never the top level's value, and a top-level key beside it that says otherwise is refused."""
+    raw = _gemma3()
+    facts = ModelFacts.from_hf_dict(raw)
+    assert facts.head_dim == raw["text_config"]["head_dim"] and facts.model_type == "gemma3"
+    del raw["text_config"]["head_dim"]
+    assert ModelFacts.from_hf_dict(raw).head_dim == 256  # Gemma3TextConfig's default
+    with pytest.raises(ModelConfigError) as err:
+        ModelFacts.from_hf_dict({**raw, "head_dim": 128, "num_attention_heads": 8})
+    assert [p.where.split(": ")[1] for p in err.value.problems] == ["head_dim", "num_attention_heads"]
+    assert "text_config.head_dim is 'absent'" in str(err.value)
+    same = {**_gemma3(), "num_attention_heads": _gemma3()["text_config"]["num_attention_heads"]}
+    assert ModelFacts.from_hf_dict(same) == facts.model_copy(update={"source": "<config>"})
+
+
+@pytest.mark.parametrize("stack", ["llm_config", "language_config", "thinker_config"])
+def test_every_sub_config_sglang_reads_is_read_and_named_in_problems(stack):
+    text = _gemma3()["text_config"]
+    raw = {"model_type": "composite", "architectures": ["X"], stack: {**text, "num_key_value_heads": 3}}
+    with pytest.raises(ModelConfigError, match=rf"{stack}\.num_key_value_heads: 3 does not divide"):
+        ModelFacts.from_hf_dict(raw)
+    nested = {"model_type": "qwen2_5_omni", "thinker_config": {"text_config": text}, "torch_dtype": "float16"}
+    facts = ModelFacts.from_hf_dict(nested)
+    assert facts.num_key_value_heads == text["num_key_value_heads"]
+    assert facts.torch_dtype == "float16"  # the parent's dtype where the sub-config has none, as SGLang copies it
+
+
+def test_a_sub_config_that_is_no_object_or_misses_the_heads_is_named():
+    with pytest.raises(ModelConfigError, match="text_config: must be an object"):
+        ModelFacts.from_hf_dict({**_gemma3(), "text_config": [1]})
+    with pytest.raises(ModelConfigError, match="text_config.num_attention_heads: missing"):
+        ModelFacts.from_hf_dict({**_gemma3(), "text_config": {"head_dim": 128}})
+    llama = json.loads((MODELS / "Llama-3.1-8B.json").read_text())
+    assert ModelFacts.from_hf_dict({**llama, "text_config": None}).head_dim == 128  # null: no sub-config
+
+
+def test_the_typed_models_report_every_problem_of_the_file_with_its_key_path():
+    raw = _gemma3()
+    raw["text_config"].update(num_hidden_layers=True, sliding_window_pattern="LXG", attn_logit_softcapping="50")
+    raw.update(vision_config="siglip", architectures="Gemma3")
+    with pytest.raises(ModelConfigError) as err:
+        ModelFacts.from_hf_dict(raw)
+    assert sorted(p.where.split(": ")[1] for p in err.value.problems) == [
+        "architectures",
+        "text_config.attn_logit_softcapping",
+        "text_config.num_hidden_layers",
+        "text_config.sliding_window_pattern",
+        "vision_config",
+    ]
+    assert "vision_config: must be an object (or null / false for none), got 'siglip'" in str(err.value)

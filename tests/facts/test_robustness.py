@@ -91,14 +91,24 @@ def test_a_path_component_over_the_name_limit_is_a_clean_error():
     assert result.exit_code == 2 and "cannot read the config.json" in result.output, result.output
 
 
+def test_a_nul_byte_in_a_path_is_a_clean_error():
+    with pytest.raises(ModelConfigError, match="cannot read the config.json: embedded null byte"):
+        ModelFacts.from_hf_config("conf\x00ig.json")
+    with pytest.raises(ServerArgsError, match="embedded null byte"):
+        ServerArgs.from_file("args\x00.yaml")
+
+
 @pytest.mark.parametrize(
     "edit, expected",
     [
         ({"num_hidden_layers": 10**9}, "num_hidden_layers: 1000000000 is beyond any real model"),
         ({"num_attention_heads": 1e30}, "num_attention_heads: must be a positive integer"),
         ({"torch_dtype": 5}, "torch_dtype: must be a dtype name"),
-        ({"layer_types": [["x"]] * 32}, "layer_types[0]: unsupported layer type"),
-        ({"hybrid_override_pattern": ["*"] * 32}, "hybrid_override_pattern: must be a string of num_hidden_layers=32"),
+        ({"layer_types": [["x"]] * 32}, "layer_types[0]: unsupported value ['x']"),
+        (
+            {"hybrid_override_pattern": ["*"] * 32},
+            "hybrid_override_pattern: must be a string of characters from '*M-E'",
+        ),
         (
             {"sliding_window": 4096, "sliding_window_pattern": ""},
             "sliding_window_pattern: must be an integer or a string",
@@ -137,8 +147,14 @@ def test_every_problem_of_a_config_at_once(tmp_path):
     llama = json.loads(LLAMA.read_text())
     for edit, expected in (
         ({"head_dim": None, "hidden_size": 4095}, "hidden_size: 4095 is not divisible by num_attention_heads=32"),
-        ({"cross_attention_layers": [3, 99]}, "cross_attention_layers: must list layer indices below 32"),
-        ({"attention_chunk_size": 8192, "no_rope_layers": [1, 0]}, "no_rope_layers: must be a list of 32 flags"),
+        (
+            {"cross_attention_layers": [3, 99]},
+            "cross_attention_layers: must list layer indices below num_hidden_layers=32",
+        ),
+        (
+            {"attention_chunk_size": 8192, "no_rope_layers": [1, 0]},
+            "no_rope_layers: must give num_hidden_layers=32 flags, got 2",
+        ),
     ):
         path.write_text(json.dumps({**llama, **edit}))
         with pytest.raises(ModelConfigError, match=re.escape(expected)):
