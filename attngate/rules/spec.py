@@ -73,8 +73,9 @@ class RuleFileSpec(BaseModel):
     @field_validator("version", mode="before")
     @classmethod
     def _version_is_an_integer(cls, value: Any) -> Any:
-        if isinstance(value, bool):  # a bool is an int in Python: Literal[1] alone would take `true`
-            raise ValueError("version is the integer 1, not a bool")
+        # Literal[1] alone would take `true` (a bool is an int) and `1.0` (equal to 1)
+        if type(value) is not int:
+            raise ValueError(f"version is the integer 1, not {type(value).__name__} {value!r}")
         return value
 
 

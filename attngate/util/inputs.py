@@ -23,7 +23,7 @@ def is_directory(path: Path) -> bool:
     it then reports why."""
     try:
         return stat.S_ISDIR(path.stat().st_mode)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL byte in the name
         return False
 
 
@@ -31,7 +31,7 @@ def exists(path: Path) -> bool:
     """Whether anything is at ``path``; False where it cannot be examined (a name too long...)."""
     try:
         path.stat()
-    except OSError:
+    except (OSError, ValueError):
         return False
     return True
 
@@ -52,6 +52,8 @@ def read_text(path: str | Path, error: type[AttngateError], what: str) -> str:
             raise error(Problem(str(path), f"more than the {MAX_FILE_BYTES} bytes a {what} may have"))
     except OSError as exc:
         raise error(Problem(str(path), f"cannot read the {what}: {exc.strerror or exc}")) from None
+    except ValueError as exc:  # a NUL byte in the name: the OS takes no such path
+        raise error(Problem(repr(str(path)), f"cannot read the {what}: {exc}")) from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
