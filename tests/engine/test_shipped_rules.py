@@ -1575,10 +1575,24 @@ def test_deviations_apply_where_sglang_resolves_otherwise(flags, name, gpu, devi
     assert deviation in [d.id for d in applied]
 
 
-def test_speculative_settings_without_an_algorithm_never_change_the_plan():
-    """--speculative-eagle-topk 4 alone: no tree is ever verified (no target_verify occurs), so FlashInfer keeps its
-    fa3 prefill family and the plan is the one without the flag (issue 42)."""
-    plain = resolve_flags("--attention-backend flashinfer", "Llama-3.1-8B")
-    topk = resolve_flags("--attention-backend flashinfer --speculative-eagle-topk 4", "Llama-3.1-8B")
-    assert topk.plan.flashinfer.prefill_kernel_family == plain.plan.flashinfer.prefill_kernel_family == "fa3"
-    assert topk.plan.fingerprint == plain.plan.fingerprint
+@pytest.mark.parametrize(
+    "flags, without",
+    [
+        ("--speculative-eagle-topk 4 --speculative-num-draft-tokens 8", ""),
+        ("--speculative-eagle-topk 1 --page-size 16", "--page-size 16"),
+        ("--speculative-num-steps 3", ""),
+        ("--attention-backend flashinfer --speculative-eagle-topk 4", "--attention-backend flashinfer"),
+    ],
+)
+@pytest.mark.parametrize(
+    "name, gpu", [("Llama-3.1-8B", "sm90"), ("Llama-3.1-8B", "sm100"), ("DeepSeek-V2-Lite", "sm90")]
+)
+def test_speculative_settings_without_an_algorithm_never_change_the_plan(flags, without, name, gpu):
+    """spec.settings-need-an-algorithm: the plan equals the one without the speculative flags, though SGLang picks
+    another default backend by the topk alone (deviations sglang.speculative-settings-without-an-algorithm and
+    sglang.default-backend-by-topk-without-an-algorithm); nor does FlashInfer's prefill family move (issue 42)."""
+    given = resolve_flags(flags, name, gpu)
+    assert given.plan.fingerprint == resolve_flags(without, name, gpu).plan.fingerprint
+    assert "spec.settings-need-an-algorithm" in {a.rule for a in given.adjustments}
+    assert "sglang.speculative-settings-without-an-algorithm" in {d.id for d in given.deviations}
+    assert given.server_args.speculative_eagle_topk is None and given.server_args.speculative_num_steps is None
