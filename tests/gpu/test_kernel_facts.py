@@ -111,7 +111,7 @@ def _flashinfer_prefill_runs(head_dim: int) -> bool:
     return True
 
 
-@pytest.mark.parametrize("head_dim", [32, 64])
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
 def test_flashinfer_runs_the_head_dims_the_plan_accepts(head_dim):
     """flashinfer.head-dims: all-MiniLM-L6-v2's head dim 32 fails in FlashInfer's prefill ("Invalid configuration").
     Head dim 80 read out of bounds on an H100 (an illegal memory access, which ends the process's CUDA context, so it is
@@ -124,3 +124,36 @@ def test_flashinfer_runs_the_head_dims_the_plan_accepts(head_dim):
     except PlanError:
         accepted = False
     assert accepted == _flashinfer_prefill_runs(head_dim)
+
+
+HEAD_DIM_GRID = (4, 8, 12, 16, 32, 64, 72, 96, 100, 128, 136, 160, 192, 256, 264, 512, 576)
+#: shapes flash_attn.cute's validator lets through on SM100 that attngate's FA backend does not plan for an MHA
+#: layer: FA4 serves them with its absorbed-MLA kernel only (one latent KV head), which attngate plans from MLA facts
+VALIDATOR_ONLY = {(10, 64, 512), (10, 512, 512)}
+
+
+def test_flash_attn_cute_head_dims_match_its_own_validator_over_a_grid():
+    """Every (head_dim, head_dim_v) of the grid on SM90 and SM100 (the validator takes the architecture as an argument,
+    so both are checked on any GPU): attngate's capability equals flash_attn.cute's _validate_head_dims for 16-bit
+    inputs, but for the declared absorbed-MLA shapes. A new flash-attn-4 that moves a bound fails here."""
+    from types import SimpleNamespace
+
+    from flash_attn.cute.interface import _validate_head_dims
+
+    from attngate.backends.capabilities import _cute_runs_head_dims
+
+    differences, checked = [], 0
+    for arch in (9, 10):
+        for d in HEAD_DIM_GRID:
+            for dv in HEAD_DIM_GRID:
+                try:
+                    _validate_head_dims(d, dv, arch, 8)
+                    kernel = True
+                except AssertionError:
+                    kernel = False
+                ours = _cute_runs_head_dims(SimpleNamespace(head_dim=d, v_head_dim=dv), arch)
+                checked += 1
+                if ours != kernel and (arch, d, dv) not in VALIDATOR_ONLY:
+                    differences.append((arch, d, dv, kernel, ours))
+    assert checked == 2 * len(HEAD_DIM_GRID) ** 2
+    assert not differences, f"(arch, head_dim, head_dim_v, validator, attngate): {differences}"
