@@ -157,8 +157,8 @@ def flash_attn_varlen_func(
     else:
         chunk = -(-max(kv_lens, default=1) // num_splits // BLOCK_N) * BLOCK_N or BLOCK_N
     # rows no run names are left as the kernel leaves them: unwritten (NaN here, so that a caller reading them shows)
-    out = torch.full((q.shape[0], q.shape[1], v.shape[-1]), float("nan"), dtype=q.dtype)
-    lse_out = torch.full((q.shape[0], q.shape[1]), float("nan"))
+    out = torch.full((q.shape[0], q.shape[1], v.shape[-1]), float("nan"), dtype=q.dtype, device=q.device)
+    lse_out = torch.full((q.shape[0], q.shape[1]), float("nan"), device=q.device)
     for b in range(bs):
         rows = slice(q_at[b], q_at[b] + q_lens[b])
         if paged:
