@@ -42,9 +42,8 @@ _LANGUAGE_STACKS = ("thinker_config", "llm_config", "language_config", "text_con
 _LANGUAGE_CONCERNS = (AttentionShape, EncoderDecoderShape, MlaRanks, LogitScaling, LayerLayout, LanguageFeatures)
 _LANGUAGE_KEYS = frozenset(k for c in _LANGUAGE_CONCERNS for k in c.model_fields) - {"torch_dtype"}
 #: defaults that transformers' config class applies where a key is absent, by the language model's type
-_TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
-    "gemma3_text": {"sliding_window_pattern": 6, "sliding_window": 4096, "head_dim": 256},
-}
+_GEMMA3_TEXT = {"sliding_window_pattern": 6, "sliding_window": 4096, "head_dim": 256}  # Gemma3TextConfig
+_TEXT_DEFAULTS: dict[str, dict[str, Any]] = {"gemma3_text": _GEMMA3_TEXT, "gemma3": _GEMMA3_TEXT}
 _SINK_MODEL_TYPES = {"gpt_oss"}  # sinks have no config key; the architecture implies them
 
 
@@ -102,13 +101,14 @@ class _Reader:
         return "", top
 
     def _refuse_mixed(self, top: dict[str, Any], sub: dict[str, Any], prefix: str) -> None:
+        stack = prefix.rstrip(".")
         for key in sorted(_LANGUAGE_KEYS & top.keys()):
             if sub.get(key) != top[key]:
+                there = f"{prefix}{key} is {sub[key]!r}" if key in sub else f"{stack} gives no {key}"
                 self._bad(
                     key,
-                    f"set at the top level beside {prefix.rstrip('.')}, which the language model reads "
-                    f"({prefix}{key} is {sub.get(key, 'absent')!r}; SGLang's get_hf_text_config ignores the top "
-                    "level): give it in one place",
+                    f"set at the top level beside {stack}, which the language model reads ({there}; SGLang's "
+                    "get_hf_text_config ignores the top level): give it in one place",
                 )
 
     def read(self, raw: dict[str, Any]) -> dict[str, Any] | None:

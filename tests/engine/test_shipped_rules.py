@@ -548,12 +548,6 @@ def test_draft_extend_v2_reads_prefix_plus_new(backend, gpu, cuda_graph):
             "sm100",
             lambda r: r.server_args.speculative_draft_attention_backend == "trtllm_mha",
         ),
-        (
-            "--attention-backend trtllm_mha --speculative-eagle-topk 2",
-            "Qwen3-8B",
-            "sm100",  # no algorithm: topk unused
-            lambda r: r.plan.prefill_backend == "trtllm_mha",
-        ),
         ("--disaggregation-mode prefill", "Qwen3-8B", "sm90", lambda r: r.server_args.disable_cuda_graph),
         (
             "--kv-cache-dtype nvfp4 --prefill-attention-backend flashinfer",
@@ -1480,6 +1474,12 @@ def test_each_mode_runs_on_the_backend_sglangs_hybrid_backend_picks(spec_mode):
             "unified-memory.speculative-algorithms",
         ),
         ("--enable-unified-memory --speculative-eagle-topk 2", "Qwen3-8B", "sm90", "unified-memory.linear-draft-chain"),
+        (  # no algorithm: the speculative settings are refused
+            "--attention-backend trtllm_mha --speculative-eagle-topk 2",
+            "Qwen3-8B",
+            "sm100",
+            "spec.settings-need-an-algorithm",
+        ),
         (
             "--enable-unified-memory --speculative-algorithm EAGLE",
             "Qwen3-8B",
@@ -1576,23 +1576,24 @@ def test_deviations_apply_where_sglang_resolves_otherwise(flags, name, gpu, devi
 
 
 @pytest.mark.parametrize(
-    "flags, without",
+    "flags",
     [
-        ("--speculative-eagle-topk 4 --speculative-num-draft-tokens 8", ""),
-        ("--speculative-eagle-topk 1 --page-size 16", "--page-size 16"),
-        ("--speculative-num-steps 3", ""),
-        ("--attention-backend flashinfer --speculative-eagle-topk 4", "--attention-backend flashinfer"),
+        "--speculative-eagle-topk 4 --speculative-num-draft-tokens 8",
+        "--speculative-eagle-topk 1 --page-size 16",
+        "--speculative-num-steps 3",
+        "--attention-backend flashinfer --speculative-eagle-topk 4",
     ],
 )
 @pytest.mark.parametrize(
     "name, gpu", [("Llama-3.1-8B", "sm90"), ("Llama-3.1-8B", "sm100"), ("DeepSeek-V2-Lite", "sm90")]
 )
-def test_speculative_settings_without_an_algorithm_never_change_the_plan(flags, without, name, gpu):
-    """spec.settings-need-an-algorithm: the plan equals the one without the speculative flags, though SGLang picks
-    another default backend by the topk alone (deviations sglang.speculative-settings-without-an-algorithm and
-    sglang.default-backend-by-topk-without-an-algorithm); nor does FlashInfer's prefill family move (issue 42)."""
-    given = resolve_flags(flags, name, gpu)
-    assert given.plan.fingerprint == resolve_flags(without, name, gpu).plan.fingerprint
-    assert "spec.settings-need-an-algorithm" in {a.rule for a in given.adjustments}
-    assert "sglang.speculative-settings-without-an-algorithm" in {d.id for d in given.deviations}
-    assert given.server_args.speculative_eagle_topk is None and given.server_args.speculative_num_steps is None
+def test_speculative_settings_without_an_algorithm_are_refused(flags, name, gpu):
+    """spec.settings-need-an-algorithm: refused rather than planned (SGLang lets the topk alone pick another default
+    backend for a server that never drafts), declared as deviation sglang.speculative-settings-without-an-algorithm;
+    with an algorithm the same settings resolve (issue 42)."""
+    assert "spec.settings-need-an-algorithm" in refusing_rules_of(lambda: resolve_flags(flags, name, gpu))
+    with pytest.raises(PlanError) as err:
+        resolve_flags(flags, name, gpu)
+    assert "sglang.speculative-settings-without-an-algorithm" in [d.id for d in err.value.deviations]
+    eagle = "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1"
+    assert "spec.settings-need-an-algorithm" not in refusing_rules_of(lambda: resolve_flags(eagle, name, gpu))
