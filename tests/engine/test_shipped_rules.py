@@ -1597,3 +1597,15 @@ def test_speculative_settings_without_an_algorithm_are_refused(flags, name, gpu)
     assert "sglang.speculative-settings-without-an-algorithm" in [d.id for d in err.value.deviations]
     eagle = "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1"
     assert "spec.settings-need-an-algorithm" not in refusing_rules_of(lambda: resolve_flags(eagle, name, gpu))
+
+
+@pytest.mark.parametrize("head_dim, refused", [(8, True), (16, False)])
+def test_triton_refuses_a_qk_head_dim_below_9(head_dim, refused):
+    """triton.qk-head-dim-at-least-9 (Triton's tl.dot needs K >= 16 and SGLang's kernels tile the head dim to a power
+    of two): on SM80, where triton is the default, the default falls back to torch_native, which runs any head dim."""
+    facts = ModelFacts.from_hf_dict({**json.loads((MODELS / "Qwen3-8B.json").read_text()), "head_dim": head_dim})
+    named = lambda: resolve(ServerArgs(attention_backend="triton"), facts, Platform.from_name("sm80"))  # noqa: E731
+    assert ("triton.qk-head-dim-at-least-9" in refusing_rules_of(named)) == refused
+    assert resolve(ServerArgs(), facts, Platform.from_name("sm80")).plan.prefill_backend == (
+        "torch_native" if refused else "triton"
+    )
