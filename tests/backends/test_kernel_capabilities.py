@@ -227,7 +227,7 @@ def test_flash_attn_cute_limits_refuse_in_the_plan_and_in_the_backend(facts, arg
         resolve(ServerArgs(**args), facts, platform)
     assert [v.rule for v in err.value.violations] == [rule]
     # the same configuration with the limit's check left out of the plan: the backend refuses it on its own
-    plan = resolve(ServerArgs(**{**args, "attention_backend": "triton"}), facts, platform).plan
+    plan = resolve(ServerArgs(**{**args, "attention_backend": "torch_native"}), facts, platform).plan
     fa_plan = plan.model_copy(
         update={"prefill_backend": args["attention_backend"], "decode_backend": args["attention_backend"]}
     )
