@@ -95,18 +95,13 @@ class AttentionShape(Concern):
         return self.num_key_value_heads or self.num_attention_heads
 
     def derived_head_dim(self) -> int | None:
-        if self.head_dim is not None:
-            return self.head_dim
-        return self.hidden_size // self.num_attention_heads if self.hidden_size else None
+        return _head_dim(self.head_dim, self.hidden_size, self.num_attention_heads)
 
     def requirements(self) -> Iterator[tuple[str, str]]:
         heads = self.num_attention_heads
         if heads % self.kv_heads:
             yield "num_key_value_heads", f"{self.kv_heads} does not divide num_attention_heads={heads}"
-        if self.head_dim is None and self.hidden_size is None:
-            yield "head_dim", "missing, and cannot be derived without hidden_size"
-        elif self.head_dim is None and self.hidden_size and self.hidden_size % heads:
-            yield "hidden_size", f"{self.hidden_size} is not divisible by num_attention_heads={heads}; set head_dim"
+        yield from _head_dim_problems(self.head_dim, self.hidden_size, "hidden_size", heads, "num_attention_heads")
 
 
 class EncoderDecoderShape(Concern):
@@ -122,9 +117,7 @@ class EncoderDecoderShape(Concern):
     head_dim: Optional[Dim] = None
 
     def derived_head_dim(self) -> int | None:
-        if self.head_dim is not None:
-            return self.head_dim
-        return self.d_model // self.decoder_attention_heads if self.d_model else None
+        return _head_dim(self.head_dim, self.d_model, self.decoder_attention_heads)
 
     def requirements(self) -> Iterator[tuple[str, str]]:
         heads, encoder = self.decoder_attention_heads, self.encoder_attention_heads
@@ -133,10 +126,21 @@ class EncoderDecoderShape(Concern):
                 "encoder_attention_heads",
                 f"{encoder} differs from decoder_attention_heads={heads}; attngate plans one head count per model",
             )
-        if self.head_dim is None and self.d_model is None:
-            yield "head_dim", "missing, and cannot be derived without d_model"
-        elif self.head_dim is None and self.d_model and self.d_model % heads:
-            yield "d_model", f"{self.d_model} is not divisible by decoder_attention_heads={heads}; set head_dim"
+        yield from _head_dim_problems(self.head_dim, self.d_model, "d_model", heads, "decoder_attention_heads")
+
+
+def _head_dim(head_dim: int | None, hidden: int | None, heads: int) -> int | None:
+    """``head_dim`` where given, else the hidden size split over the heads (transformers' derivation)."""
+    return head_dim if head_dim is not None else (hidden // heads if hidden else None)
+
+
+def _head_dim_problems(
+    head_dim: int | None, hidden: int | None, hidden_key: str, heads: int, heads_key: str
+) -> Iterator[tuple[str, str]]:
+    if head_dim is None and hidden is None:
+        yield "head_dim", f"missing, and cannot be derived without {hidden_key}"
+    elif head_dim is None and hidden and hidden % heads:
+        yield hidden_key, f"{hidden} is not divisible by {heads_key}={heads}; set head_dim"
 
 
 class MlaRanks(Concern):
