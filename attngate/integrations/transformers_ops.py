@@ -123,26 +123,25 @@ def _fa_varlen_eager(
     )  # fmt: skip
 
 
-@torch.library.custom_op("attngate::fa_varlen", mutates_args=())
-def fa_varlen(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    seqused_q: Optional[torch.Tensor],
-    seqused_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    sinks: Optional[torch.Tensor],
-    scale: float,
-    causal: bool,
-    window_left: int,
-    softcap: float,
-    return_lse: bool,
+def _fa_varlen_op(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    seqused_q,
+    seqused_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    sinks,
+    scale,
+    causal,
+    window_left,
+    softcap,
+    return_lse,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`attngate.backends.varlen.fa4_varlen` over the padded batch in place as one op (``window_left`` -1: no window): ``(out
-    [total_q, H, Dv], lse [H, total_q] fp32, or [0] without return_lse)``."""
+    """:func:`attngate.backends.varlen.fa4_varlen` over the padded batch in place as one op (``window_left`` -1: no
+    window): ``(out [total_q, H, Dv], lse [H, total_q] fp32, or [0] without return_lse)``."""
     out, lse = _fa_varlen_eager(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, sinks, scale, causal,
         window_left, softcap, return_lse,
@@ -150,7 +149,20 @@ def fa_varlen(
     return out, lse if lse is not None else out.new_empty(0, dtype=torch.float32)
 
 
-@fa_varlen.register_fake
+# Registered on the dispatcher directly (one Python kernel for every device, no autograd: this path serves inference)
+# rather than through torch.library.custom_op, whose Python wrappers (autograd_impl, backend_impl and their checks)
+# cost host time at every layer of a compiled step.
+_LIB = torch.library.Library("attngate", "FRAGMENT")
+_LIB.define(
+    "fa_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q, "
+    "Tensor seqused_k, SymInt max_seqlen_q, SymInt max_seqlen_k, Tensor? sinks, float scale, bool causal, "
+    "int window_left, float softcap, bool return_lse) -> (Tensor, Tensor)"
+)
+_LIB.impl("fa_varlen", _fa_varlen_op, "CompositeExplicitAutograd")
+fa_varlen = torch.ops.attngate.fa_varlen.default
+
+
+@torch.library.register_fake("attngate::fa_varlen")
 def _(q, k, v, cu_q, cu_k, used_q, used_k, max_q, max_k, sinks, scale, causal, window_left, softcap, return_lse):
     lse = q.new_empty((q.shape[1], q.shape[0]) if return_lse else (0,), dtype=torch.float32)
     return q.new_empty(q.shape[0], q.shape[1], v.shape[-1]), lse

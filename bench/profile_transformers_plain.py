@@ -1,0 +1,85 @@
+"""Where the host time of one decode step of the plain transformers path goes (run on the device): cProfile of
+``--steps`` decode steps of bench_transformers_plain's model, attngate and sdpa, eager and compiled, top entries by own
+time, and the ms per step with and without the profiler.
+
+    python3 bench/profile_transformers_plain.py --batch 1 --prompt 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+sys.path[:0] = [str(Path(__file__).resolve().parent)]
+
+from bench_transformers_plain import MODES, SHAPE, _model, _padding, static_cache  # noqa: E402
+
+
+def profile(impl: str, mode: str, batch: int, prompt: int, steps: int, top: int) -> None:
+    model = _model(impl, transformers.LlamaConfig(**SHAPE))
+    forward = model.forward if MODES[mode] is None else torch.compile(model.forward, fullgraph=True, dynamic=True)
+    cache = static_cache(model, batch, prompt, steps)
+    pad = _padding(batch, prompt)
+    mask = (torch.arange(cache.layers[0].keys.shape[2], device="cuda")[None, :] >= pad[:, None]).long()
+    token = torch.full((batch, 1), 7, device="cuda")
+
+    def step(t: int) -> None:
+        forward(
+            input_ids=token,
+            attention_mask=mask,
+            position_ids=(prompt + t - pad)[:, None],
+            past_key_values=cache,
+            use_cache=True,
+        )
+
+    def rewind() -> None:  # transformers' static cache writes at its own counter: each loop reuses the same slots
+        for layer in cache.layers:
+            layer.cumulative_length.fill_(prompt)
+
+    with torch.no_grad():
+        rewind()
+        for t in range(3):  # compiles
+            step(t)
+        rewind()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for t in range(steps):
+            step(t)
+        torch.cuda.synchronize()
+        plain_ms = (time.perf_counter() - t0) * 1e3 / steps
+        rewind()
+        prof = cProfile.Profile()
+        prof.enable()
+        for t in range(steps):
+            step(t)
+        torch.cuda.synchronize()
+        prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    print(f"===== {impl} {mode} b{batch} p{prompt}: {plain_ms:.3f} ms a step ({steps} steps)\n{text.getvalue()}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--impls", default="attngate,sdpa")
+    parser.add_argument("--modes", default="eager,compiled")
+    args = parser.parse_args()
+    for impl in args.impls.split(","):
+        for mode in args.modes.split(","):
+            profile(impl, mode, args.batch, args.prompt, args.steps, args.top)
+
+
+if __name__ == "__main__":
+    main()
