@@ -80,8 +80,9 @@ class _Reader:
             self._bad(prefix + key, message)
         return concern
 
-    def _language_stack(self, top: dict[str, Any], model: ModelLevel | None) -> tuple[str, dict[str, Any]]:
-        """(key prefix, values) of the language model's keys: its sub-config, or the top level."""
+    def _language_stack(self, top: dict[str, Any], model: ModelLevel | None) -> tuple[str, dict[str, Any]] | None:
+        """(key prefix, values) of the language model's keys: its sub-config, or the top level; None (the problem
+        recorded) where the sub-config is no object, whose keys then cannot be read at all."""
         if model is not None and model.architectures:
             arch = model.architectures[0]
             if arch.startswith("Llava") and arch.endswith("ForCausalLM"):
@@ -94,7 +95,7 @@ class _Reader:
                 sub, prefix = sub["text_config"], f"{name}.text_config."
             if not isinstance(sub, dict):
                 self._bad(prefix.rstrip("."), f"must be an object (the language model's config), got {sub!r}")
-                return "", top
+                return None
             sub = _present(sub)
             self._refuse_mixed(top, sub, prefix)
             return prefix, {**sub, "torch_dtype": sub.get("torch_dtype", top.get("torch_dtype"))}
@@ -114,7 +115,10 @@ class _Reader:
     def read(self, raw: dict[str, Any]) -> dict[str, Any] | None:
         top = _present(raw)
         model = self._concern(ModelLevel, top, "")
-        prefix, values = self._language_stack(top, model)
+        stack = self._language_stack(top, model)
+        if stack is None:
+            return None
+        prefix, values = stack
         model_type = model.model_type if model else ""
         text_type = values.get("model_type", model_type)
         defaults = _TEXT_DEFAULTS.get(text_type, {}) if isinstance(text_type, str) else {}

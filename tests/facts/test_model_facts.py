@@ -317,8 +317,9 @@ def test_every_sub_config_sglang_reads_is_read_and_named_in_problems(stack):
 
 
 def test_a_sub_config_that_is_no_object_or_misses_the_heads_is_named():
-    with pytest.raises(ModelConfigError, match="text_config: must be an object"):
+    with pytest.raises(ModelConfigError, match="text_config: must be an object") as err:
         ModelFacts.from_hf_dict({**_gemma3(), "text_config": [1]})
+    assert len(err.value.problems) == 1  # its keys are not then looked for at the top level
     with pytest.raises(ModelConfigError, match="text_config.num_attention_heads: missing"):
         ModelFacts.from_hf_dict({**_gemma3(), "text_config": {"head_dim": 128}})
     llama = json.loads((MODELS / "Llama-3.1-8B.json").read_text())
