@@ -340,3 +340,13 @@ def test_the_typed_models_report_every_problem_of_the_file_with_its_key_path():
         "vision_config",
     ]
     assert "vision_config: must be an object (or null / false for none), got 'siglip'" in str(err.value)
+
+
+@pytest.mark.parametrize("value", [0, True, "", "siglip", []])
+def test_a_tower_is_an_object_or_null_or_false(value):
+    """vision_config / audio_config / dual_chunk_attention_config: an object, or null / false for none; 0 (which a
+    lax Literal[False] took as false), true or a name is refused naming the key."""
+    raw = json.loads((MODELS / "Qwen3-8B.json").read_text())
+    for key in ("vision_config", "audio_config", "dual_chunk_attention_config"):
+        with pytest.raises(ModelConfigError, match=f"{key}: must be an object \\(or null / false for none\\)"):
+            ModelFacts.from_hf_dict({**raw, key: value})
