@@ -28,8 +28,9 @@ _BIDIRECTIONAL_MODEL_TYPES = {"bert", "roberta", "xlm-roberta", "distilbert", "n
 
 @dataclass(frozen=True)
 class Layout:
-    """The attention layers of a decoder-only model: one kind per softmax-attention layer, the model layer index of
-    each where some layers hold no KV cache (else None), the active sliding window and chunk (tokens)."""
+    """A model's attention layers: one kind per softmax-attention layer (an encoder-decoder's encoder layers first),
+    the model layer index of each where some layers hold no KV cache (else None), the active sliding window and chunk
+    (tokens)."""
 
     kinds: tuple[LayerKind, ...]
     attention_ids: tuple[int, ...] | None = None
