@@ -88,7 +88,7 @@ def fa_in_place(
     s_kv = key.shape[2]
     q = query.transpose(1, 2)
     k, v, k_row = fa_padded.same_layout(key.transpose(1, 2), value.transpose(1, 2))
-    extents = padded_extents(attention_mask, b, s, s_kv, query.device)
+    extents = padded_extents(attention_mask, b, s, s_kv, query.device, d.causal)
     call = fa_varlen if torch.compiler.is_compiling() else _fa_varlen_eager  # eager: no op dispatcher's host cost
     split = DECODE_SPLIT_KEYS
     if s == 1 and split and s_kv > split:

@@ -69,7 +69,7 @@ def unpad(
     chunked-local layer one per request and chunk; on a cross-attention layer one per run of a request's queries that
     see the same keys (host syncs at every call)."""
     if layer.attention_chunk_size:
-        return _chunk_rows(query, key, value, visible, visible.any(-1), layer)  # padding queries see nothing
+        return _chunk_rows(query, key, value, visible, _self_attention_valid(visible, layer.causal)[0], layer)
     if layer.kind == LayerKind.CROSS_ATTENTION:
         return _key_set_rows(query, key, value, visible, visible.any(-1))
     at = _valid_positions(visible, attention_mask, layer.causal)
@@ -114,26 +114,43 @@ def _valid_positions(visible: torch.Tensor, attention_mask: torch.Tensor | None,
     without one from the shape alone (causal, or every key). One host sync where not kept."""
 
     def make() -> _ValidPositions:
-        q_valid, kv_valid = visible.any(-1), visible.any(1)
+        q_valid, kv_valid = _self_attention_valid(visible, causal)
         lens = torch.stack([q_valid.sum(1), kv_valid.sum(1)]).to(torch.int32).cpu()
         return _ValidPositions(q_valid.nonzero(as_tuple=True), kv_valid.nonzero(as_tuple=True), lens)
 
     return per_mask(attention_mask, ("rows", causal, *visible.shape, visible.device), make)
 
 
-def padded_extents(attention_mask: torch.Tensor | None, b: int, s: int, s_kv: int, device) -> torch.Tensor:
+def padded_extents(
+    attention_mask: torch.Tensor | None, b: int, s: int, s_kv: int, device, causal: bool
+) -> torch.Tensor:
     """``[4, B]`` int32 on the device, without a host sync (the padded FA path, attngate.backends.fa_padded): each
     request's first valid query, end of valid queries, first valid key and end of valid keys in transformers' padded
-    positions. A valid key is one some query sees, a valid query one that sees some key, each taken to be one run
-    (left or right padding); no mask: every position valid. Found once per mask (:func:`per_mask`)."""
+    positions, valid as :func:`_self_attention_valid` finds them, each taken to be one run (left or right padding); no
+    mask: every position valid. Found once per mask (:func:`per_mask`)."""
 
     def make() -> torch.Tensor:
         if attention_mask is None:
             return torch.tensor([0, s, 0, s_kv], dtype=torch.int32, device=device)[:, None].expand(4, b)
         visible = visible_mask(attention_mask, b, s, s_kv, device, causal=True)  # a mask holds its own causality
-        return torch.stack([*_run(visible.any(-1)), *_run(visible.any(1))]).to(torch.int32)
+        q_valid, kv_valid = _self_attention_valid(visible, causal)
+        return torch.stack([*_run(q_valid), *_run(kv_valid)]).to(torch.int32)
 
-    return per_mask(attention_mask, ("extents", b, s, s_kv, device), make)
+    return per_mask(attention_mask, ("extents", b, s, s_kv, device, causal), make)
+
+
+def _self_attention_valid(visible: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, S]`` and ``[B, S_kv]`` bool of a self-attention mask ``visible: [B, S, S_kv]``: a valid key is one some
+    query sees; a valid query sees some key and sits on a valid key. Seeing keys alone is not enough: under
+    transformers' causal mask a right-padding query sees the valid keys before it. Causal: a query's last visible key
+    is its own position, so a padding query repeats the last one of the query before it (wherever the queries sit in
+    a static cache); otherwise the queries are the keys (no cache)."""
+    q_sees, kv_valid = visible.any(-1), visible.any(1)
+    if not causal:
+        return q_sees & kv_valid[:, visible.shape[2] - visible.shape[1] :], kv_valid
+    last = torch.where(visible, torch.arange(visible.shape[2], device=visible.device), -1).amax(-1)
+    moved = torch.nn.functional.pad(last[:, 1:] != last[:, :-1], (1, 0), value=True)
+    return q_sees & moved, kv_valid
 
 
 def _run(valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

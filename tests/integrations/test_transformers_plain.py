@@ -184,6 +184,37 @@ def test_the_fa_path_reads_the_padded_batch_and_cache_in_place(name, monkeypatch
         assert calls[-1][0] == list(range(11)) and calls[-1][4] == [4, 4, 4, 4, 2, 4, 4, 4, 2, 0]
 
 
+@pytest.mark.parametrize("kernel", ["fa", "flashinfer"])
+@pytest.mark.parametrize("name", ["llama", "mistral-swa"])
+def test_a_right_padded_prefill_counts_its_padding_queries_out(kernel, name, monkeypatch):
+    """Under transformers' causal mask a right-padding query sees the valid keys before it; it is padding all the same
+    (its last visible key is its neighbour's), so FA's in-place rows run for the valid queries only (counting it in
+    aligned the queries bottom-right against fewer keys), and FlashInfer's unpadded rows leave it out."""
+    import sys
+
+    from attngate.backends import varlen
+    from attngate.integrations import transformers_plain
+    from tests.support.standins import flashinfer as fi_standin
+
+    file, overrides, _ = MODELS_UNDER_TEST[name]
+    ref, ours = model_pair(config_of(file, {**overrides, "head_dim": 64}))
+    if kernel == "fa":
+        calls = _on_fa_standin(monkeypatch)
+        configure(ours, ServerArgs(), FA_HOST)
+    else:
+        monkeypatch.setitem(sys.modules, "flashinfer", fi_standin.module())
+        monkeypatch.setattr(transformers_plain, "_on_gpu", lambda t: True)
+        monkeypatch.setattr(varlen, "_RAGGED", {})
+        configure(ours, ServerArgs(attention_backend="flashinfer"))
+    ids, mask = _batch()
+    mask = mask.flip(1)  # the second request right-padded by 4
+    with torch.no_grad():
+        expected, got = ref(ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits
+    assert (expected - got)[mask.bool()].abs().max().item() < ATOL
+    if kernel == "fa":
+        assert calls[0][3:] == ([13, 9], [13, 9])  # seqused_q, seqused_k
+
+
 def test_a_decode_step_on_the_fa_path_compiles_to_one_graph_without_host_syncs(monkeypatch):
     """torch._dynamo.explain of a static-cache decode step through FA's padded path (the stand-in): one graph, no
     break; the lengths the kernel reads are computed in the graph (tensors), not read back to the host."""
