@@ -11,7 +11,14 @@ from typing import Optional
 import torch
 
 from attngate.backends import fa_padded, varlen
-from attngate.integrations.transformers_rows import DECISIONS, LayerDecisions, padded_extents, per_mask, unpad
+from attngate.integrations.transformers_rows import (
+    DECISIONS,
+    LayerDecisions,
+    one_run_each,
+    padded_extents,
+    per_mask,
+    unpad,
+)
 
 
 # the unpadding path (FlashInfer's ragged wrapper, and FA on cross-attention and chunked-local layers): the varlen
@@ -72,6 +79,24 @@ def kernel_attention(
 DECODE_SPLIT_KEYS = 1024
 
 
+def reads_in_place(attention_mask: torch.Tensor | None, b: int, s: int, s_kv: int, device, causal: bool) -> bool:
+    """Whether :func:`fa_in_place` reads this batch: where each request's valid queries and keys are one run each
+    (left padding, a right-padded prompt's own forward). Eager: one host read per mask; a decode step after right
+    padding (the prompt, its padding, then what it generated) goes to the unpadding path instead. In a graph
+    (torch.compile, CUDA-graph capture), which cannot read the host, always True: see :func:`fa_in_place`."""
+    if attention_mask is None or _in_graph(attention_mask):
+        return True
+    return per_mask(
+        attention_mask,
+        ("in place", b, s, s_kv, device, causal),
+        lambda: bool(one_run_each(attention_mask, b, s, s_kv, device, causal).all()),
+    )
+
+
+def _in_graph(t: torch.Tensor) -> bool:
+    return torch.compiler.is_compiling() or (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
 def fa_in_place(
     d: LayerDecisions,
     query: torch.Tensor,
@@ -83,7 +108,26 @@ def fa_in_place(
 ) -> torch.Tensor:
     """FA4 over transformers' padded batch and cache in place (attngate.backends.fa_padded): ``query: [B, H, S, D]``,
     ``key``/``value: [B, H_kv, S_kv, D/Dv]`` -> ``[B, S, H, Dv]``, zeros at padding queries. The metadata is device
-    tensors found once per mask (eager) or computed in the graph (compiled); the kernel call is one op."""
+    tensors found once per mask (eager) or computed in the graph (compiled); the kernel call is one op. In a graph, a
+    request whose valid keys are not one run (:func:`reads_in_place`) comes out NaN, never silently wrong: left-pad a
+    compiled model's batch, as transformers asks of decoder-only models."""
+    out = _fa_in_place(d, query, key, value, attention_mask, sinks, scale)
+    if not _in_graph(query) or attention_mask is None:
+        return out
+    b, _, s, _ = query.shape
+    one_run = one_run_each(attention_mask, b, s, key.shape[2], query.device, d.causal)
+    return torch.where(one_run[:, None, None, None], out, float("nan"))
+
+
+def _fa_in_place(
+    d: LayerDecisions,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    sinks: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
     b, h, s, dq = query.shape
     s_kv = key.shape[2]
     q = query.transpose(1, 2)

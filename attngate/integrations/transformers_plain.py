@@ -10,7 +10,8 @@ each query sees (Mllama: the images before it), and on a chunked-local layer whe
 (absolute positions, which transformers' chunk cache of the last attention_chunk_size - 1 keys does not
 keep; a mask that shows a query more keys than the plan's chunk is refused). On a GPU the phase runs on the plan's
 backend: where the plan runs it on FA through ``flash_attn.cute``, FA4 reads the padded batch and transformers' cache in
-place with device-side lengths (:func:`attngate.integrations.transformers_ops.fa_in_place`, no host sync);
+place with device-side lengths (:func:`attngate.integrations.transformers_ops.fa_in_place`, no host sync) where each
+request's valid queries and keys are one run each (:func:`attngate.integrations.transformers_ops.reads_in_place`);
 cross-attention and chunked-local layers, and FlashInfer's ragged prefill wrapper (its kernel family from the plan),
 take the batch unpadded into varlen rows; otherwise attention runs in float32 torch (the reference semantics).
 """
@@ -160,7 +161,12 @@ def plain_attention(
     b, h, s, _ = query.shape
     s_kv = key.shape[2]
     kernel = (d.prefill_kernel if s > 1 else d.decode_kernel) if _on_gpu(query) else None
-    if kernel == "fa" and d.kind != LayerKind.CROSS_ATTENTION and not d.attention_chunk_size:
+    if (
+        kernel == "fa"
+        and d.kind != LayerKind.CROSS_ATTENTION
+        and not d.attention_chunk_size
+        and transformers_ops.reads_in_place(attention_mask, b, s, s_kv, query.device, d.causal)
+    ):
         return transformers_ops.fa_in_place(d, query, key, value, attention_mask, sinks, scale), None
     visible = visible_mask(attention_mask, b, s, s_kv, query.device, d.causal)  # [B, S, S_kv] as transformers masks it
     if kernel is not None:

@@ -126,17 +126,41 @@ def padded_extents(
 ) -> torch.Tensor:
     """``[4, B]`` int32 on the device, without a host sync (the padded FA path, attngate.backends.fa_padded): each
     request's first valid query, end of valid queries, first valid key and end of valid keys in transformers' padded
-    positions, valid as :func:`_self_attention_valid` finds them, each taken to be one run (left or right padding); no
-    mask: every position valid. Found once per mask (:func:`per_mask`)."""
+    positions, valid as :func:`_self_attention_valid` finds them, each taken to be one run (left padding, or a
+    right-padded prompt's own forward; :func:`one_run_each` says where it is); no mask: every position valid. Found
+    once per mask (:func:`per_mask`)."""
 
     def make() -> torch.Tensor:
         if attention_mask is None:
             return torch.tensor([0, s, 0, s_kv], dtype=torch.int32, device=device)[:, None].expand(4, b)
-        visible = visible_mask(attention_mask, b, s, s_kv, device, causal=True)  # a mask holds its own causality
-        q_valid, kv_valid = _self_attention_valid(visible, causal)
+        q_valid, kv_valid = _valid_sets(attention_mask, b, s, s_kv, device, causal)
         return torch.stack([*_run(q_valid), *_run(kv_valid)]).to(torch.int32)
 
     return per_mask(attention_mask, ("extents", b, s, s_kv, device, causal), make)
+
+
+def one_run_each(attention_mask: torch.Tensor | None, b: int, s: int, s_kv: int, device, causal: bool) -> torch.Tensor:
+    """``[B]`` bool on the device: whether each request's valid queries and valid keys are one run each, as
+    :func:`padded_extents` takes them. Not so where a request decodes after right padding (its prompt, the padding,
+    then what it generated) or a caller's mask has holes. Found once per mask."""
+
+    def make() -> torch.Tensor:
+        if attention_mask is None:
+            return torch.ones(b, dtype=torch.bool, device=device)
+        q_valid, kv_valid = _valid_sets(attention_mask, b, s, s_kv, device, causal)
+        return _is_one_run(q_valid) & _is_one_run(kv_valid)
+
+    return per_mask(attention_mask, ("one run", b, s, s_kv, device, causal), make)
+
+
+def _valid_sets(
+    attention_mask: torch.Tensor, b: int, s: int, s_kv: int, device, causal: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    def make() -> tuple[torch.Tensor, torch.Tensor]:
+        visible = visible_mask(attention_mask, b, s, s_kv, device, causal=True)  # a mask holds its own causality
+        return _self_attention_valid(visible, causal)
+
+    return per_mask(attention_mask, ("valid", b, s, s_kv, device, causal), make)
 
 
 def _self_attention_valid(visible: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,6 +184,12 @@ def _run(valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     start = torch.where(valid, j, n).amin(-1)
     end = torch.where(valid, j + 1, 0).amax(-1)
     return torch.minimum(start, end), end
+
+
+def _is_one_run(valid: torch.Tensor) -> torch.Tensor:
+    """``[B]`` bool: whether each row's valid positions are one run (or none)."""
+    start, end = _run(valid)
+    return valid.sum(-1) == end - start
 
 
 def _chunk_rows(query, key, value, visible: torch.Tensor, q_valid: torch.Tensor, layer: LayerDecisions) -> _Rows:

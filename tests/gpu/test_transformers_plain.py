@@ -225,12 +225,22 @@ def test_a_hybrid_model_runs_its_attention_layers_on_the_plans_kernels():
     assert resolution.model.attention_layer_ids == (1, 3) and len(layers) == 2
 
 
-def _prefill_and_decode_match(ref, ours, cache, steps=12):
+# right padding: each prompt's own forward in place; a decode step over a prompt, its padding and what followed goes
+# unpadded (eager), a window that leaves the padding behind in place again
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("name", ["llama", "mistral-swa", "gpt-oss-sinks"])
+def test_decoding_after_right_padding_matches_sdpa(name, cache):
+    _prefill_and_decode_match(*model_pair(name), cache, steps=4, padding="right")
+
+
+def _prefill_and_decode_match(ref, ours, cache, steps=12, padding="left"):
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(1, 512, (3, 40), generator=gen).cuda()
     mask = torch.ones_like(ids)
     mask[1, :9] = 0
-    mask[2, :30] = 0  # left padding
+    mask[2, :30] = 0
+    if padding == "right":
+        mask = mask.flip(1)
     tokens = ref.generate(ids, attention_mask=mask, max_new_tokens=steps, do_sample=False)[:, ids.shape[1] :]
     caches = []
     for model in (ref, ours):  # a hybrid's cache needs its config (the recurrent layers keep their state in it)

@@ -215,6 +215,52 @@ def test_a_right_padded_prefill_counts_its_padding_queries_out(kernel, name, mon
         assert calls[0][3:] == ([13, 9], [13, 9])  # seqused_q, seqused_k
 
 
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("name", ["llama", "mistral-swa", "gpt-oss-sinks"])
+def test_decoding_after_right_padding_reads_only_the_valid_keys(name, cache, monkeypatch):
+    """After a right-padded prompt a request's keys are its prompt, its padding, then what it generated: not one run,
+    which FA's in-place rows would read whole. Eager, such a step goes unpadded instead (its valid keys gathered, host
+    lengths) and matches eager; in a graph, which cannot look at the mask, that request comes out NaN rather than
+    wrong, the others as in place. (The prompt's last position is padding, zeros here as in transformers'
+    flash_attention_2: the steps are fed their tokens rather than generate()'s.)"""
+    from attngate.integrations import transformers_ops
+
+    file, overrides, _ = MODELS_UNDER_TEST[name]
+    ref, ours = model_pair(config_of(file, overrides))
+    calls = _on_fa_standin(monkeypatch)
+    configure(ours, ServerArgs(), FA_HOST)
+    ids, mask = _batch()
+    mask = mask.flip(1)  # the second request right-padded by 4
+    caches = [
+        transformers.DynamicCache(config=m.config)
+        if cache == "dynamic"
+        else transformers.StaticCache(config=m.config, max_cache_len=20)
+        for m in (ref, ours)
+    ]
+    with torch.no_grad():
+        for model, kv in zip((ref, ours), caches):
+            model(ids, attention_mask=mask, past_key_values=kv, cache_position=torch.arange(13))
+        assert calls[0][3:] == ([13, 9], [13, 9])  # the prompts in place: each request's valid tokens one run
+        for step in range(3):
+            mask = torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], 1)
+            full = mask if cache == "dynamic" else torch.nn.functional.pad(mask, (0, 20 - mask.shape[1]))
+            args = dict(
+                input_ids=ids[:, step : step + 1], attention_mask=full, cache_position=torch.tensor([13 + step])
+            )
+            expected, got = (m(**args, past_key_values=kv).logits for m, kv in zip((ref, ours), caches))
+            assert (expected - got).abs().max().item() < ATOL
+        # the last step's 13 + 3 and 9 + 3 valid keys gathered: host lengths, no seqused (mistral-swa's window of 5
+        # leaves the hole behind: one run, read in place)
+        assert calls[-1][1:] == ([0, 16, 28], True, None, None) or name == "mistral-swa"
+        monkeypatch.setattr(transformers_ops, "_in_graph", lambda t: True)
+        mask = torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], 1)
+        full = mask if cache == "dynamic" else torch.nn.functional.pad(mask, (0, 20 - mask.shape[1]))
+        args = dict(input_ids=ids[:, :1], attention_mask=full, cache_position=torch.tensor([16]))
+        expected, got = (m(**args, past_key_values=kv).logits for m, kv in zip((ref, ours), caches))
+    assert (expected[0] - got[0]).abs().max().item() < ATOL
+    assert got[1].isnan().all() or (name == "mistral-swa" and (expected[1] - got[1]).abs().max().item() < ATOL)
+
+
 def test_a_decode_step_on_the_fa_path_compiles_to_one_graph_without_host_syncs(monkeypatch):
     """torch._dynamo.explain of a static-cache decode step through FA's padded path (the stand-in): one graph, no
     break; the lengths the kernel reads are computed in the graph (tensors), not read back to the host."""
