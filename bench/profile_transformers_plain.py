@@ -1,6 +1,6 @@
 """Where the host time of one decode step of the plain transformers path goes (run on the device): cProfile of
 ``--steps`` decode steps of bench_transformers_plain's model, attngate and sdpa, eager and compiled, top entries by own
-time, and the ms per step with and without the profiler.
+time, the ms per step without the profiler, and (attngate) the host time spent inside flash_attn.cute's interface.
 
     python3 bench/profile_transformers_plain.py --batch 1 --prompt 512
 """
@@ -56,6 +56,10 @@ def profile(impl: str, mode: str, batch: int, prompt: int, steps: int, top: int)
         torch.cuda.synchronize()
         plain_ms = (time.perf_counter() - t0) * 1e3 / steps
         rewind()
+        kernel_us, calls = (
+            _timed_kernel_calls(lambda: [step(t) for t in range(steps)]) if impl == "attngate" else (0, 0)
+        )
+        rewind()
         prof = cProfile.Profile()
         prof.enable()
         for t in range(steps):
@@ -64,7 +68,39 @@ def profile(impl: str, mode: str, batch: int, prompt: int, steps: int, top: int)
         prof.disable()
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
-    print(f"===== {impl} {mode} b{batch} p{prompt}: {plain_ms:.3f} ms a step ({steps} steps)\n{text.getvalue()}")
+    inside = (
+        f"; flash_attn_varlen_func {calls / steps:.0f} calls a step, {kernel_us / max(calls, 1):.1f} us a call on the "
+        f"host, {kernel_us / steps / 1e3:.3f} ms a step"
+        if calls
+        else ""
+    )
+    print(
+        f"===== {impl} {mode} b{batch} p{prompt}: {plain_ms:.3f} ms a step ({steps} steps){inside}\n{text.getvalue()}"
+    )
+
+
+def _timed_kernel_calls(run) -> tuple[float, int]:
+    """Host µs spent inside ``flash_attn.cute.flash_attn_varlen_func`` (its Python interface and launch) while
+    ``run()`` runs, and the number of calls: perf_counter around each call, no synchronisation."""
+    import flash_attn.cute as fa
+
+    original, spent = fa.flash_attn_varlen_func, [0.0, 0]
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - t0
+            spent[1] += 1
+
+    fa.flash_attn_varlen_func = timed
+    try:
+        run()
+        torch.cuda.synchronize()
+    finally:
+        fa.flash_attn_varlen_func = original
+    return spent[0] * 1e6, spent[1]
 
 
 def main() -> None:
