@@ -11,7 +11,8 @@ length, every other request left-padded by a quarter of the prompt:
 - prefill: the ms of one forward over the padded prompt (no cache, the last position's logits), eager and compiled,
   where batch x prompt <= ``--max-prefill-tokens``;
 - greedy: on the first prompt length, 30 greedy decode steps after a real prefill, attngate eager against sdpa eager:
-  the first step whose token differs, with sdpa's gap between its top two logits there.
+  the first step whose token differs, with sdpa's gap between its top two logits there and the two runs' largest logit
+  difference; the same for transformers' eager attention against sdpa, the control.
 
     python3 bench/bench_transformers_plain.py --out bench/transformers_plain_h100.json     # on the GPU
     python3 bench/plot.py --transformers bench/transformers_plain_h100.json bench/transformers_plain.png
@@ -151,7 +152,7 @@ def greedy(ref, ours, prompt: int, batch: int = 8, steps: int = 30) -> dict:
                 return_dict_in_generate=True,
             )
             runs.append((out.sequences[:, prompt:], out.logits))
-    (want, logits), (got, _) = runs
+    (want, logits), (got, their_logits) = runs
     differ = (want != got).any(0).nonzero()
     if not len(differ):
         return {"steps": steps, "identical": True}
@@ -163,6 +164,9 @@ def greedy(ref, ours, prompt: int, batch: int = 8, steps: int = 30) -> dict:
         "identical": False,
         "first_divergence": t,
         "sdpa_top2_gap": float((top2[rows, 0] - top2[rows, 1]).max()),
+        # the two runs' logits at that step, both on the same tokens so far: the noise the gap is set against
+        "logits_max_abs_diff": float((logits[t].float() - their_logits[t].float()).abs().max()),
+        "sdpa_max_abs_logit": float(logits[t].float().abs().max()),
     }
 
 
@@ -174,6 +178,7 @@ def main() -> None:
     parser.add_argument("--max-prefill-tokens", type=int, default=262144)
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--greedy", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--greedy-only", action="store_true", help="only the greedy comparisons")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     batches, prompts = ([int(x) for x in s.split(",")] for s in (args.batches, args.prompts))
@@ -196,7 +201,7 @@ def main() -> None:
         if mode in args.modes.split(",")
     }
     results = {"decode_ms": {}, "prefill_ms": {}, "logits_max_diff_over_max": {}}
-    for prompt in prompts:
+    for prompt in [] if args.greedy_only else prompts:
         for batch in batches:
             cache = static_cache(models["sdpa"], batch, prompt, args.steps)
             ref = None
@@ -230,6 +235,10 @@ def main() -> None:
         "not_run": skipped,
         **results,
         "greedy_vs_sdpa": greedy(models["sdpa"], models["attngate"], prompts[0]) if args.greedy else None,
+        # the control: transformers' own eager attention against sdpa, two implementations of the same model
+        "greedy_eager_vs_sdpa": greedy(models["sdpa"], _model("eager", cfg, state), prompts[0])
+        if args.greedy
+        else None,
     }
     text = json.dumps(report, indent=1)
     print(text)

@@ -3,6 +3,7 @@
 time, the ms per step without the profiler, and (attngate) the host time spent inside flash_attn.cute's interface.
 
     python3 bench/profile_transformers_plain.py --batch 1 --prompt 512
+    python3 bench/profile_transformers_plain.py --phase prefill --batch 1 --prompt 8192   # the GPU kernels of a prefill
 """
 
 from __future__ import annotations
@@ -103,6 +104,24 @@ def _timed_kernel_calls(run) -> tuple[float, int]:
     return spent[0] * 1e6, spent[1]
 
 
+def prefill_kernels(impl: str, batch: int, prompt: int, top: int) -> None:
+    """The GPU kernels of one prefill forward over a padded prompt (no cache), under torch.profiler: device time
+    per kernel, and the forward's wall ms without the profiler."""
+    from bench_transformers_plain import prefill
+
+    model = _model(impl, transformers.LlamaConfig(**SHAPE))
+    ms = prefill(model.forward, batch, prompt)
+    gen = torch.Generator("cuda").manual_seed(3)
+    ids = torch.randint(3, SHAPE["vocab_size"], (batch, prompt), device="cuda", generator=gen)
+    mask = (torch.arange(prompt, device="cuda")[None, :] >= _padding(batch, prompt)[:, None]).long()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.no_grad(), torch.profiler.profile(activities=activities) as prof:
+        model(input_ids=ids, attention_mask=mask, use_cache=False, logits_to_keep=1)
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=top, max_name_column_width=60)
+    print(f"===== prefill {impl} b{batch} p{prompt}: {ms:.3f} ms a forward\n{table}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch", type=int, default=1)
@@ -111,7 +130,12 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--impls", default="attngate,sdpa")
     parser.add_argument("--modes", default="eager,compiled")
+    parser.add_argument("--phase", choices=["decode", "prefill"], default="decode")
     args = parser.parse_args()
+    if args.phase == "prefill":
+        for impl in args.impls.split(","):
+            prefill_kernels(impl, args.batch, args.prompt, args.top)
+        return
     for impl in args.impls.split(","):
         for mode in args.modes.split(","):
             profile(impl, mode, args.batch, args.prompt, args.steps, args.top)
