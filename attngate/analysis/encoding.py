@@ -126,6 +126,12 @@ class Encoder:
             "dp_divides_tp": [v("dp_divides_tp") == (tp % dp == 0)],
             "attn_dp_group_size": [v("attn_dp_group_size") == per_dp_group],
             "attn_cp_divides_tp": [v("attn_cp_divides_tp") == (per_dp_group % cp == 0)],
+            "attention_chunk_fits_page": [
+                v("attention_chunk_fits_page")
+                == z3.Or(
+                    none("attention_chunk_size"), none("page_size"), v("attention_chunk_size") % v("page_size") == 0
+                )
+            ],
             "speculative_chain_draft_tokens": [
                 none("speculative_chain_draft_tokens") == none("speculative_num_steps"),
                 z3.Or(none("speculative_num_steps"), v("speculative_chain_draft_tokens") == steps + 1),

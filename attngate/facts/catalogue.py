@@ -128,6 +128,12 @@ _DERIVED_FACTS = [
         "attn_cp_size divides tp_size / dp_size under DP attention, else tp_size",
     ),
     FactSpec(
+        "attention_chunk_fits_page",
+        FactType("bool"),
+        "derived",
+        "attention_chunk_size is a multiple of page_size (true without a chunk or while page_size is unset)",
+    ),
+    FactSpec(
         "speculative_chain_draft_tokens",
         FactType("int", None, True),
         "derived",
@@ -175,6 +181,7 @@ def derived_facts(values: dict[str, Any]) -> dict[str, Any]:
     per_dp_group = tp // dp if values["enable_dp_attention"] else tp
     attn_tp = max(per_dp_group // values["attn_cp_size"], 1)
     q, kv = values["num_attention_heads"], 1 if values["use_mla"] else values["num_key_value_heads"]
+    chunk, page = values["attention_chunk_size"], values["page_size"]
     return {
         "prefill_backend": values["prefill_attention_backend"] or values["attention_backend"],
         "decode_backend": values["decode_attention_backend"] or values["attention_backend"],
@@ -185,6 +192,7 @@ def derived_facts(values: dict[str, Any]) -> dict[str, Any]:
         "dp_divides_tp": tp % dp == 0,
         "attn_dp_group_size": per_dp_group,
         "attn_cp_divides_tp": per_dp_group % values["attn_cp_size"] == 0,
+        "attention_chunk_fits_page": chunk is None or page is None or chunk % page == 0,
         "speculative_chain_draft_tokens": None
         if values["speculative_num_steps"] is None
         else values["speculative_num_steps"] + 1,

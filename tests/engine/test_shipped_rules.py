@@ -1609,3 +1609,13 @@ def test_triton_refuses_a_qk_head_dim_below_9(head_dim, refused):
     assert resolve(ServerArgs(), facts, Platform.from_name("sm80")).plan.prefill_backend == (
         "torch_native" if refused else "triton"
     )
+
+
+@pytest.mark.parametrize("page_size, refused", [(4096, False), (8192, False), (65536, True)])
+def test_chunked_local_attention_on_fa_needs_pages_that_divide_the_chunk(page_size, refused):
+    """fa.local-attention-chunk-a-multiple-of-page-size: Llama 4's chunks of 8192 over pages that do not divide them
+    are refused at start-up on fa3 (SGLang's FA backend asserts it at the first batch; declared in
+    sglang.kernel-limits-at-start-up); triton, SM80's default for Llama 4, is not held to it."""
+    name, rule = "Llama-4-Scout-17B-16E-Instruct", "fa.local-attention-chunk-a-multiple-of-page-size"
+    assert (rule in refusing_rules_of(lambda: resolve_flags(f"--page-size {page_size}", name, "sm90"))) == refused
+    assert rule not in refusing_rules_of(lambda: resolve_flags(f"--page-size {page_size}", name, "sm80"))
