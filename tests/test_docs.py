@@ -40,3 +40,15 @@ def test_code_reads_are_real_lines_of_the_named_files():
             path, line = place.rsplit(":", 1)
             source = (ROOT / path).read_text().splitlines()[int(line) - 1]
             assert GATES[name].field in source, (name, place, source)
+
+
+def test_the_rule_language_page_lists_every_derived_fact():
+    """docs/rule-language.md names the derived facts a condition may read: exactly the catalogue's."""
+    import re
+
+    from attngate.facts.catalogue import FACTS
+
+    text = (ROOT / "docs" / "rule-language.md").read_text()
+    listed = text[text.index("; derived\n") : text.index("(arithmetic lives here")]
+    derived = {name for name, spec in FACTS.items() if spec.origin == "derived"}
+    assert set(re.findall(r"`(\w+)`", listed)) == derived
