@@ -10,7 +10,7 @@ each query sees (Mllama: the images before it), and on a chunked-local layer whe
 (absolute positions, which transformers' chunk cache of the last attention_chunk_size - 1 keys does not
 keep; a mask that shows a query more keys than the plan's chunk is refused). On a GPU the phase runs on the plan's
 backend: where the plan runs it on FA through ``flash_attn.cute``, FA4 reads the padded batch and transformers' cache in
-place with device-side lengths (:func:`attngate.integrations.transformers_ops.fa_in_place`, no host sync) where each
+place with device-side lengths (:func:`attngate.integrations.transformers_ops.fa_in_place`) where each
 request's valid queries and keys are one run each (:func:`attngate.integrations.transformers_ops.reads_in_place`);
 cross-attention and chunked-local layers, and FlashInfer's ragged prefill wrapper (its kernel family from the plan),
 take the batch unpadded into varlen rows; otherwise attention runs in float32 torch (the reference semantics).
