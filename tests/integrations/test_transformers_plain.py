@@ -237,26 +237,26 @@ def test_decoding_after_right_padding_reads_only_the_valid_keys(name, cache, mon
         else transformers.StaticCache(config=m.config, max_cache_len=20)
         for m in (ref, ours)
     ]
+
+    def decode_step(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both models' logits for one more token (the mask grows by one valid key; the static cache's is its size)."""
+        seen = torch.cat([mask, torch.ones(2, step + 1, dtype=mask.dtype)], 1)
+        full = seen if cache == "dynamic" else torch.nn.functional.pad(seen, (0, 20 - seen.shape[1]))
+        args = dict(input_ids=ids[:, step : step + 1], attention_mask=full, cache_position=torch.tensor([13 + step]))
+        return tuple(m(**args, past_key_values=kv).logits for m, kv in zip((ref, ours), caches))
+
     with torch.no_grad():
         for model, kv in zip((ref, ours), caches):
             model(ids, attention_mask=mask, past_key_values=kv, cache_position=torch.arange(13))
         assert calls[0][3:] == ([13, 9], [13, 9])  # the prompts in place: each request's valid tokens one run
         for step in range(3):
-            mask = torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], 1)
-            full = mask if cache == "dynamic" else torch.nn.functional.pad(mask, (0, 20 - mask.shape[1]))
-            args = dict(
-                input_ids=ids[:, step : step + 1], attention_mask=full, cache_position=torch.tensor([13 + step])
-            )
-            expected, got = (m(**args, past_key_values=kv).logits for m, kv in zip((ref, ours), caches))
+            expected, got = decode_step(step)
             assert (expected - got).abs().max().item() < ATOL
         # the last step's 13 + 3 and 9 + 3 valid keys gathered: host lengths, no seqused (mistral-swa's window of 5
         # leaves the hole behind: one run, read in place)
         assert calls[-1][1:] == ([0, 16, 28], True, None, None) or name == "mistral-swa"
         monkeypatch.setattr(transformers_ops, "_in_graph", lambda t: True)
-        mask = torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], 1)
-        full = mask if cache == "dynamic" else torch.nn.functional.pad(mask, (0, 20 - mask.shape[1]))
-        args = dict(input_ids=ids[:, :1], attention_mask=full, cache_position=torch.tensor([16]))
-        expected, got = (m(**args, past_key_values=kv).logits for m, kv in zip((ref, ours), caches))
+        expected, got = decode_step(3)
     assert (expected[0] - got[0]).abs().max().item() < ATOL
     assert got[1].isnan().all() or (name == "mistral-swa" and (expected[1] - got[1]).abs().max().item() < ATOL)
 
