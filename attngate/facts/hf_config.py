@@ -73,8 +73,8 @@ class _Reader:
         """The validated concern, its requirements checked; None (its problems recorded) where it does not validate."""
         try:
             concern = model.model_validate(values)
-        except ValidationError as error:
-            self.problems += problems(error, model, prefix, self.source)
+        except ValidationError as error:  # a key two concerns read (v_head_dim: the shape's and MLA's) is named once
+            self.problems += [p for p in problems(error, model, prefix, self.source) if p not in self.problems]
             return None
         for key, message in concern.requirements():
             self._bad(prefix + key, message)
@@ -160,7 +160,12 @@ class _Reader:
             heads = kv_heads = shape.decoder_attention_heads
         else:
             heads, kv_heads = shape.num_attention_heads, shape.kv_heads
-        head_dim, v_head_dim = mla.head_dims if is_mla else (shape.derived_head_dim(),) * 2
+        if is_mla:
+            head_dim, v_head_dim = mla.head_dims
+        elif isinstance(shape, EncoderDecoderShape):
+            head_dim = v_head_dim = shape.derived_head_dim()
+        else:
+            head_dim, v_head_dim = shape.derived_head_dim(), shape.derived_v_head_dim()
         return dict(
             source=self.source,
             architectures=tuple(model.architectures),

@@ -82,13 +82,21 @@ class AttentionShape(Concern):
     """Heads and head size of a decoder-only language model (LlamaConfig's names).
 
     ``num_key_value_heads`` null: as many as query heads (MHA, SGLang model_config.py's fallback);
-    ``head_dim`` null: ``hidden_size // num_attention_heads``, as transformers derives it."""
+    ``head_dim`` null: ``hidden_size // num_attention_heads``, as transformers derives it; ``v_head_dim`` null: the
+    head dim (an MHA model's V rows may be narrower, MiMo-V2's 128 beside 192: SGLang 0.5.23 model_config.py l.1352).
+    The ``swa_*`` keys give the sliding-window layers their own shape (SGLang l.1357-1365, MiMo-V2); attngate plans
+    one shape for every layer, so one that differs is refused."""
 
     num_hidden_layers: Layers
     num_attention_heads: Heads
     num_key_value_heads: Optional[Heads] = None
     head_dim: Optional[Dim] = None
+    v_head_dim: Optional[Dim] = None
     hidden_size: Optional[Hidden] = None
+    swa_num_attention_heads: Optional[Heads] = None
+    swa_num_key_value_heads: Optional[Heads] = None
+    swa_head_dim: Optional[Dim] = None
+    swa_v_head_dim: Optional[Dim] = None
 
     @property
     def kv_heads(self) -> int:
@@ -97,11 +105,30 @@ class AttentionShape(Concern):
     def derived_head_dim(self) -> int | None:
         return _head_dim(self.head_dim, self.hidden_size, self.num_attention_heads)
 
+    def derived_v_head_dim(self) -> int | None:
+        return self.v_head_dim or self.derived_head_dim()
+
     def requirements(self) -> Iterator[tuple[str, str]]:
         heads = self.num_attention_heads
         if heads % self.kv_heads:
             yield "num_key_value_heads", f"{self.kv_heads} does not divide num_attention_heads={heads}"
         yield from _head_dim_problems(self.head_dim, self.hidden_size, "hidden_size", heads, "num_attention_heads")
+        swa_v = self.swa_v_head_dim or self.swa_head_dim  # SGLang: swa_v_head_dim defaults to swa_head_dim
+        layer_wide = {
+            "swa_num_attention_heads": (self.swa_num_attention_heads, "num_attention_heads", heads),
+            "swa_num_key_value_heads": (self.swa_num_key_value_heads, "num_key_value_heads", self.kv_heads),
+            "swa_head_dim": (self.swa_head_dim, "head_dim", self.derived_head_dim()),
+            "swa_v_head_dim": (swa_v, "v_head_dim", self.derived_v_head_dim()),
+        }
+        for key, (given, model_key, value) in layer_wide.items():
+            if given is not None and value is not None and given != value:
+                said = (
+                    given if getattr(self, key) is not None else f"missing, so swa_head_dim={given} (SGLang's default),"
+                )
+                yield (
+                    key,
+                    f"{said} differs from {model_key}={value}; attngate plans one attention shape for every layer",
+                )
 
 
 class EncoderDecoderShape(Concern):

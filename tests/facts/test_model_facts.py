@@ -350,3 +350,48 @@ def test_a_tower_is_an_object_or_null_or_false(value):
     for key in ("vision_config", "audio_config", "dual_chunk_attention_config"):
         with pytest.raises(ModelConfigError, match=f"{key}: must be an object \\(or null / false for none\\)"):
             ModelFacts.from_hf_dict({**raw, key: value})
+
+
+def test_an_mha_models_narrower_v_rows_are_read_as_sglang_reads_them():
+    """``v_head_dim`` on an MHA model (MiMo-V2: 192 / 128) is its V rows' width (SGLang 0.5.23 model_config.py
+    l.1352); SM100's default then skips trtllm_mha, which needs K and V rows of one width."""
+    from attngate import Platform, ServerArgs, resolve
+
+    raw = json.loads((MODELS / "Qwen3-8B.json").read_text())
+    facts = ModelFacts.from_hf_dict({**raw, "head_dim": 192, "v_head_dim": 128}, source="mimo-like")
+    assert (facts.head_dim, facts.v_head_dim, facts.has_asymmetric_kv) == (192, 128, True)
+    resolution = resolve(ServerArgs(), facts, Platform.from_name("sm100"))
+    assert resolution.plan.decode_backend == "fa4"
+    assert "default-backend.mha-blackwell-asymmetric-kv" in [a.rule for a in resolution.adjustments]
+    assert ModelFacts.from_hf_dict(raw, source="Qwen3-8B").v_head_dim == 128  # absent: the head dim
+    deepseek = json.loads((MODELS / "DeepSeek-V3.json").read_text())
+    with pytest.raises(ModelConfigError) as err:  # read by the shape and by MLA's ranks: named once
+        ModelFacts.from_hf_dict({**deepseek, "v_head_dim": "128"}, source="DeepSeek-V3")
+    assert [p.where for p in err.value.problems] == ["DeepSeek-V3: v_head_dim"]
+
+
+@pytest.mark.parametrize(
+    "edit, problems",
+    [
+        ({"swa_num_key_value_heads": 4}, ["swa_num_key_value_heads: 4 differs from num_key_value_heads=8"]),
+        (
+            {"swa_head_dim": 64},
+            [
+                "swa_head_dim: 64 differs from head_dim=128",
+                "swa_v_head_dim: missing, so swa_head_dim=64 (SGLang's default), differs from v_head_dim=128",
+            ],
+        ),
+        ({"swa_num_attention_heads": 32, "swa_num_key_value_heads": 8, "swa_head_dim": 128}, []),
+    ],
+)
+def test_a_sliding_layer_shape_of_its_own_is_refused_naming_its_key(edit, problems):
+    """SGLang gives sliding-window layers their own heads and head dims through the ``swa_*`` keys; attngate plans
+    one shape for every layer, so a ``swa_*`` value that differs is refused, each named (equal ones are read)."""
+    raw = {**json.loads((MODELS / "Qwen3-8B.json").read_text()), **edit}
+    if not problems:
+        assert ModelFacts.from_hf_dict(raw, source="Qwen3-8B").head_dim == 128
+        return
+    with pytest.raises(ModelConfigError) as err:
+        ModelFacts.from_hf_dict(raw, source="Qwen3-8B")
+    found = [f"{p.where}: {p.message}".removeprefix("Qwen3-8B: ") for p in err.value.problems]
+    assert [f.split(";")[0] for f in found] == problems
