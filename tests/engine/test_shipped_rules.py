@@ -1619,3 +1619,18 @@ def test_chunked_local_attention_on_fa_needs_pages_that_divide_the_chunk(page_si
     name, rule = "Llama-4-Scout-17B-16E-Instruct", "fa.local-attention-chunk-a-multiple-of-page-size"
     assert (rule in refusing_rules_of(lambda: resolve_flags(f"--page-size {page_size}", name, "sm90"))) == refused
     assert rule not in refusing_rules_of(lambda: resolve_flags(f"--page-size {page_size}", name, "sm80"))
+
+
+def test_a_model_with_window_and_cross_attention_layers_is_refused():
+    """swa-and-cross-attention-exclusive: no config.json the reader takes makes such a model (Mllama's layout comes
+    from its cross_attention_layers alone), but a library caller's ModelFacts can: one Mllama layer made sliding."""
+    from attngate.facts.modes import LayerKind
+
+    mllama = ModelFacts.from_hf_config(MODELS / "Llama-3.2-11B-Vision-Instruct.json")
+    kinds = (LayerKind.SLIDING_WINDOW, *mllama.layer_kinds[1:])
+    facts = mllama.model_copy(update=dict(layer_kinds=kinds, sliding_window=4096))
+    refused = lambda: resolve(ServerArgs(), facts, Platform.from_name("sm90"))  # noqa: E731
+    assert "swa-and-cross-attention-exclusive" in refusing_rules_of(refused)
+    assert "swa-and-cross-attention-exclusive" not in refusing_rules_of(
+        lambda: resolve(ServerArgs(), mllama, Platform.from_name("sm90"))
+    )
