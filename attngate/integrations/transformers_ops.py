@@ -111,23 +111,6 @@ def fa_in_place(
     tensors found once per mask (eager) or computed in the graph (compiled); the kernel call is one op. In a graph, a
     request whose valid keys are not one run (:func:`reads_in_place`) comes out NaN, never silently wrong: left-pad a
     compiled model's batch, as transformers asks of decoder-only models."""
-    out = _fa_in_place(d, query, key, value, attention_mask, sinks, scale)
-    if not _in_graph(query) or attention_mask is None:
-        return out
-    b, _, s, _ = query.shape
-    one_run = one_run_each(attention_mask, b, s, key.shape[2], query.device, d.causal)
-    return torch.where(one_run[:, None, None, None], out, float("nan"))
-
-
-def _fa_in_place(
-    d: LayerDecisions,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    sinks: torch.Tensor | None,
-    scale: float,
-) -> torch.Tensor:
     b, h, s, dq = query.shape
     s_kv = key.shape[2]
     q = query.transpose(1, 2)
@@ -143,7 +126,7 @@ def _fa_in_place(
         )
         q_rows = q.expand(b, pieces, h, dq).reshape(b * pieces, h, dq)
         out, lse = call(q_rows, k, v, cu_q, cu_k, None, used_k, 1, split, None, scale, False, -1, d.logit_cap, True)
-        return fa_padded.merge_split(out, lse, pieces, sinks, extents)
+        return _unless_one_run(fa_padded.merge_split(out, lse, pieces, sinks, extents), d, query, s_kv, attention_mask)
     cu_q, cu_k, used_q, used_k, valid = per_mask(
         attention_mask,
         ("fa rows", b, s, s_kv, k_row, query.device),
@@ -154,7 +137,19 @@ def _fa_in_place(
         q.reshape(b * s, h, dq), k, v, cu_q, cu_k, used_q, used_k, s, s_kv, sinks, scale, d.causal, window,
         d.logit_cap, False,
     )  # fmt: skip
-    return fa_padded.zero_padding(out.view(b, s, h, -1), valid)
+    return _unless_one_run(fa_padded.zero_padding(out.view(b, s, h, -1), valid), d, query, s_kv, attention_mask)
+
+
+def _unless_one_run(
+    out: torch.Tensor, d: LayerDecisions, query: torch.Tensor, s_kv: int, attention_mask: torch.Tensor | None
+) -> torch.Tensor:
+    """``out: [B, S, H, Dv]``, NaN for each request whose valid queries or keys are not one run, in a graph (where
+    :func:`reads_in_place` could not send the batch elsewhere); as it is otherwise."""
+    if not _in_graph(query) or attention_mask is None:
+        return out
+    b, _, s, _ = query.shape
+    one_run = one_run_each(attention_mask, b, s, s_kv, query.device, d.causal)
+    return torch.where(one_run[:, None, None, None], out, float("nan"))
 
 
 def _fa_varlen_eager(
