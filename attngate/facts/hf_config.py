@@ -160,12 +160,7 @@ class _Reader:
             heads = kv_heads = shape.decoder_attention_heads
         else:
             heads, kv_heads = shape.num_attention_heads, shape.kv_heads
-        if is_mla:
-            head_dim, v_head_dim = mla.head_dims
-        elif isinstance(shape, EncoderDecoderShape):
-            head_dim = v_head_dim = shape.derived_head_dim()
-        else:
-            head_dim, v_head_dim = shape.derived_head_dim(), shape.derived_v_head_dim()
+        head_dim, v_head_dim = mla.head_dims if is_mla else (shape.derived_head_dim(), shape.derived_v_head_dim())
         return dict(
             source=self.source,
             architectures=tuple(model.architectures),

@@ -146,6 +146,9 @@ class EncoderDecoderShape(Concern):
     def derived_head_dim(self) -> int | None:
         return _head_dim(self.head_dim, self.d_model, self.decoder_attention_heads)
 
+    def derived_v_head_dim(self) -> int | None:
+        return self.derived_head_dim()  # no key of its own: V rows as wide as K's
+
     def requirements(self) -> Iterator[tuple[str, str]]:
         heads, encoder = self.decoder_attention_heads, self.encoder_attention_heads
         if encoder is not None and encoder != heads:
