@@ -41,10 +41,33 @@ from attngate.facts.modes import LayerKind
 _LANGUAGE_STACKS = ("thinker_config", "llm_config", "language_config", "text_config")
 _LANGUAGE_CONCERNS = (AttentionShape, EncoderDecoderShape, MlaRanks, LogitScaling, LayerLayout, LanguageFeatures)
 _LANGUAGE_KEYS = frozenset(k for c in _LANGUAGE_CONCERNS for k in c.model_fields) - {"torch_dtype"}
-#: defaults that transformers' config class applies where a key is absent, by the language model's type
+#: defaults that transformers' config class (or SGLang's own, where it registers one) applies where a key is absent,
+#: by the language model's type
 _GEMMA3_TEXT = {"sliding_window_pattern": 6, "sliding_window": 4096, "head_dim": 256}  # Gemma3TextConfig
-_TEXT_DEFAULTS: dict[str, dict[str, Any]] = {"gemma3_text": _GEMMA3_TEXT, "gemma3": _GEMMA3_TEXT}
-_SINK_MODEL_TYPES = {"gpt_oss"}  # sinks have no config key; the architecture implies them
+_TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": _GEMMA3_TEXT,
+    "gemma3": _GEMMA3_TEXT,
+    "hy_v4": {"learnable_sink": True},  # SGLang 0.5.23 reads hy_v4 through its own HYV4Config (configs/hy_v4.py l.44)
+}
+#: architectures whose attention always has learned sinks, without a config key (SGLang 0.5.23 model_config.py
+#: l.88-95, SWA_SINK_ARCHS)
+_SINK_ARCHITECTURES = frozenset(
+    {"GptOssForCausalLM", "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM", "IQuestQ1ForCausalLM", "IQuestQ1MTP"}
+)
+#: MiMo-V2 and its MTP draft: sinks where either sink-bias key is set (model_config.py l.74-77, l.1284-1288)
+_MIMO_V2_ARCHITECTURES = frozenset({"MiMoV2ForCausalLM", "MiMoV2FlashForCausalLM", "MiMoV2MTP"})
+
+
+def _has_attention_sinks(architectures: tuple[str, ...] | list[str], features: LanguageFeatures) -> bool:
+    """SGLang 0.5.23's ``ModelConfig._detect_attention_sinks`` (model_config.py l.1273-1289) on the keys read: any
+    listed architecture of SWA_SINK_ARCHS has sinks; MiMo-V2 has them where ``add_swa_attention_sink_bias`` or
+    ``add_full_attention_sink_bias`` is true (and never through ``learnable_sink``); any other model where
+    ``learnable_sink`` is true. A key absent means false, as SGLang's ``getattr(..., False)``."""
+    if _SINK_ARCHITECTURES.intersection(architectures):
+        return True
+    if _MIMO_V2_ARCHITECTURES.intersection(architectures):
+        return bool(features.add_swa_attention_sink_bias or features.add_full_attention_sink_bias)
+    return bool(features.learnable_sink)
 
 
 def read_hf_config(raw: dict[str, Any], source: str) -> dict[str, Any]:
@@ -181,7 +204,7 @@ class _Reader:
             attn_logit_softcapping=scaling.attn_logit_softcapping,
             final_logit_softcapping=scaling.final_logit_softcapping,
             query_pre_attn_scalar=scaling.query_pre_attn_scalar,
-            has_attention_sinks=model.model_type in _SINK_MODEL_TYPES,
+            has_attention_sinks=_has_attention_sinks(model.architectures, features),
             has_dual_chunk_attention=isinstance(features.dual_chunk_attention_config, dict),
             has_dsa_indexer=mla.index_topk is not None,
             use_bidirectional_attention=keys.use_bidirectional_attention is True,

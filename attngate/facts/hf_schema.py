@@ -258,6 +258,11 @@ class LanguageFeatures(Concern):
     )
     max_position_embeddings: Optional[Tokens] = None
     torch_dtype: Optional[str] = Field(default=None, description='a dtype name such as "bfloat16"')
+    # learned attention sinks (SGLang 0.5.23 model_config.py l.1273-1289 ``_detect_attention_sinks``): MiMo-V2's
+    # per-layer-kind switches, and any other model's ``learnable_sink``; read by value, as SGLang's getattr reads them
+    add_swa_attention_sink_bias: Optional[bool] = Field(default=None, description="true or false")
+    add_full_attention_sink_bias: Optional[bool] = Field(default=None, description="true or false")
+    learnable_sink: Optional[bool] = Field(default=None, description="true or false")
 
 
 def problems(error: ValidationError, model: type[Concern], prefix: str, source: str) -> list[Problem]:

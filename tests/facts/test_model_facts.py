@@ -395,3 +395,50 @@ def test_a_sliding_layer_shape_of_its_own_is_refused_naming_its_key(edit, proble
         ModelFacts.from_hf_dict(raw, source="Qwen3-8B")
     found = [f"{p.where}: {p.message}".removeprefix("Qwen3-8B: ") for p in err.value.problems]
     assert [f.split(";")[0] for f in found] == problems
+
+
+@pytest.mark.parametrize(
+    "changes, sinks",
+    [
+        # SWA_SINK_ARCHS (SGLang 0.5.23 model_config.py l.88-95): the architecture alone, in any place of the list
+        ({"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss"}, True),
+        ({"architectures": ["GraniteSWAForCausalLM"], "model_type": "granite_swa"}, True),
+        ({"architectures": ["GraniteMoeSWAForCausalLM"], "model_type": "granitemoe_swa"}, True),
+        ({"architectures": ["IQuestQ1ForCausalLM"], "model_type": "iquest_q1"}, True),
+        ({"architectures": ["X", "IQuestQ1MTP"], "model_type": "iquest_q1_mtp"}, True),
+        ({"model_type": "gpt_oss"}, False),  # a model type names no sinks: SGLang reads the architectures
+        ({"architectures": ["GraniteForCausalLM"], "model_type": "granite"}, False),  # plain Granite has none
+        # MiMo-V2 (l.1284-1288): either sink-bias switch, and never learnable_sink
+        ({"architectures": ["MiMoV2FlashForCausalLM"], "add_swa_attention_sink_bias": True}, True),
+        ({"architectures": ["MiMoV2ForCausalLM"], "add_full_attention_sink_bias": True}, True),
+        ({"architectures": ["MiMoV2MTP"], "add_swa_attention_sink_bias": True}, True),
+        ({"architectures": ["MiMoV2FlashForCausalLM"], "add_swa_attention_sink_bias": False}, False),
+        ({"architectures": ["MiMoV2FlashForCausalLM"], "learnable_sink": True}, False),
+        ({"architectures": ["LlamaForCausalLM"], "add_swa_attention_sink_bias": True}, False),  # MiMo-V2's keys only
+        # any other model (l.1289): learnable_sink; HY V4's config class defaults it to true (configs/hy_v4.py l.44)
+        ({"learnable_sink": True}, True),
+        ({"learnable_sink": False}, False),
+        ({"learnable_sink": None}, False),
+        ({"model_type": "hy_v4"}, True),
+        ({"model_type": "hy_v4", "learnable_sink": False}, False),
+        ({}, False),
+    ],
+)
+def test_attention_sinks_are_read_as_sglang_detects_them(changes, sinks):
+    """has_attention_sinks follows SGLang 0.5.23's ModelConfig._detect_attention_sinks (model_config.py
+    l.1273-1289): it picks the default backend (R5: triton rather than FlashInfer) and FA3's provider."""
+    assert ModelFacts.from_hf_dict(_llama(**changes)).has_attention_sinks is sinks
+
+
+def test_a_sink_key_is_read_from_the_language_model_and_must_be_a_switch():
+    """The sink keys are language-model keys (SGLang reads hf_text_config): read from the sub-config, refused at the
+    top level beside a sub-config that says otherwise, and a switch, not a number or a string."""
+    raw = _gemma3()
+    assert not ModelFacts.from_hf_dict(raw).has_attention_sinks
+    raw["text_config"]["learnable_sink"] = True
+    assert ModelFacts.from_hf_dict(raw).has_attention_sinks
+    with pytest.raises(ModelConfigError, match="learnable_sink: set at the top level beside text_config"):
+        ModelFacts.from_hf_dict({**_gemma3(), "learnable_sink": True})
+    for key in ("learnable_sink", "add_swa_attention_sink_bias", "add_full_attention_sink_bias"):
+        with pytest.raises(ModelConfigError, match=f"{key}: must be true or false, got 1"):
+            ModelFacts.from_hf_dict(_llama(architectures=["MiMoV2FlashForCausalLM"], **{key: 1}))
