@@ -65,6 +65,8 @@ def _build() -> dict[str, GateSpec]:
     for spec in specs:
         if spec.name in registry:
             raise AssertionError(f"gate {spec.name} declared twice")
+        if not spec.type.accepts(spec.default):
+            raise AssertionError(f"gate {spec.name}: its default {spec.default!r} is outside its domain")
         registry[spec.name] = spec
     return registry
 

@@ -18,14 +18,12 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
-    ValidationError,
     computed_field,
 )
 
 from attngate.errors import PlanLoadError, Problem, UsageError, check_arguments
-from attngate.facts.choices import AttentionBackendName
+from attngate.facts.choices import AttentionBackendName, KvCacheDtype
 from attngate.facts.modes import ForwardMode, LayerKind
-from attngate.util.inputs import parse_json
 from attngate.util.suggest import did_you_mean
 from attngate.util.validated import ValidatedModel
 
@@ -52,6 +50,10 @@ class _FlashInferGroup(_Group):
     read_by: ClassVar[tuple[str, ...]] = ("flashinfer",)
 
 
+#: upper bounds of the numeric gates, as ServerArgs and the config reader bound what they come from: a token count
+#: (ServerArgs.context_length), a page (ServerArgs.page_size), ranks (ServerArgs.tp_size), heads (facts.hf_schema)
+_TOKENS, _PAGE, _RANKS, _HEADS = 1 << 40, 1 << 16, 1 << 16, 1 << 16
+
 KvExtent = Literal["prefix_plus_new", "prefix", "none"]
 MlaForm = Literal["absorbed", "non_absorbed", "non_absorbed_without_prefix"]
 
@@ -69,7 +71,9 @@ class FlashAttentionGates(_FaGroup):
     precompute_scheduler_metadata: bool = gate(
         True, "Compute FA3 scheduler_metadata once per decode batch (and at CUDA-graph capture/replay)."
     )
-    num_splits: int = gate(0, "split-KV count passed to every FA call; 0 = the kernel chooses.", ge=0)
+    num_splits: int = gate(
+        0, "split-KV count passed to every FA call; 0 = the kernel chooses (FA3 refuses more than 256).", ge=0, le=256
+    )
     provider: Literal["flash_attn.cute", "flash_attn_interface"] = gate(
         "flash_attn.cute",
         "The FlashAttention package the backend calls: FA4 (flash_attn.cute) or FA3 (flash_attn_interface).",
@@ -87,14 +91,16 @@ class FlashInferGates(_FlashInferGroup):
         "EXTEND: new tokens through the ragged wrapper, cached prefix through the paged wrapper, merged with merge_state.",
     )
     prefill_fixed_split_size: Optional[int] = gate(
-        None, "fixed_split_size (tokens) of every prefill plan; None = FlashInfer chooses.", ge=1
+        None, "fixed_split_size (tokens) of every prefill plan; None = FlashInfer chooses.", ge=1, le=_TOKENS
     )
     decode_fixed_split_size: Optional[int] = gate(
-        None, "fixed_split_size (tokens) of every eager decode plan; None = FlashInfer chooses.", ge=1
+        None, "fixed_split_size (tokens) of every eager decode plan; None = FlashInfer chooses.", ge=1, le=_TOKENS
     )
     cuda_graph_disable_split_kv: bool = gate(False, "disable_split_kv of every CUDA-graph decode plan.")
     decode_use_tensor_cores: bool = gate(False, "use_tensor_cores of every decode wrapper.")
-    workspace_size_mb: int = gate(384, "float workspace buffer, MiB.", ge=1)
+    workspace_size_mb: int = gate(
+        384, "float workspace buffer, MiB (at most 1 TiB: more than any GPU holds).", ge=1, le=1 << 20
+    )
     prefill_kernel_family: Literal["fa2", "fa3"] = gate(
         "fa2", "Kernel family of the prefill (ragged and paged) wrappers."
     )
@@ -122,20 +128,31 @@ class FlashInferGates(_FlashInferGroup):
 class CommonGates(_Group):
     """Read by every backend."""
 
-    page_size: int = gate(1, "tokens per KV page", from_fact="page_size", ge=1)
+    page_size: int = gate(1, "tokens per KV page", from_fact="page_size", ge=1, le=_PAGE)
     attn_tp_size: int = gate(
-        1, "ranks one attention layer's heads are split over (attention TP)", from_fact="attn_tp_size", ge=1
+        1,
+        "ranks one attention layer's heads are split over (attention TP)",
+        from_fact="attn_tp_size",
+        ge=1,
+        le=_RANKS,
     )
     num_q_heads_per_rank: int = gate(
         1,
         "query heads of one attention TP rank: what a backend's layers carry",
         from_fact="num_q_heads_per_rank",
         ge=1,
+        le=_HEADS,
     )
     num_kv_heads_per_rank: int = gate(
-        1, "KV heads of one rank (replicated beyond the model's KV heads)", from_fact="num_kv_heads_per_rank", ge=1
+        1,
+        "KV heads of one rank (replicated beyond the model's KV heads)",
+        from_fact="num_kv_heads_per_rank",
+        ge=1,
+        le=_HEADS,
     )
-    kv_cache_dtype: str = gate("auto", "KV cache storage dtype", from_fact="kv_cache_dtype")
+    kv_cache_dtype: KvCacheDtype = gate(
+        "auto", "KV cache storage dtype (ServerArgs' choices)", from_fact="kv_cache_dtype"
+    )
     cuda_graph: bool = gate(True, "CUDA graphs are captured at all.")
     mla_chunked_prefix_cache: bool = gate(
         True, "MLA prefill attends to the cached prefix in chunks (MHA over decompressed KV)."
@@ -294,18 +311,11 @@ class Plan(ValidatedModel):
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
-        """Load a plan from its JSON text; a ``fingerprint`` in the JSON must match its content. Raises
-        PlanLoadError (UsageError for text that is no string)."""
-        check_arguments(("text", text, str, "the plan's JSON text; a mapping goes to Plan.model_validate"))
-        data = parse_json(text, "plan", PlanLoadError)
-        try:
-            claimed = data.pop("fingerprint", None) if isinstance(data, dict) else None
-            plan = cls.model_validate(data)
-        except ValueError as exc:
-            errors = exc.errors() if isinstance(exc, ValidationError) else [{"loc": (), "msg": str(exc)}]
-            raise PlanLoadError([Problem(".".join(map(str, e["loc"])) or None, e["msg"]) for e in errors]) from None
-        if claimed is not None and claimed != plan.fingerprint:
-            raise PlanLoadError(
-                Problem("fingerprint", f"{claimed} does not match the plan's content ({plan.fingerprint})")
-            )
-        return plan
+        """Load a plan from its JSON text, only whole and only as a resolution wrote it (attngate.plan.load): every
+        key present at every depth and no other, no key twice in one object, every gate inside its domain, and a
+        ``fingerprint`` of 64 hex digits equal to the sha256 of the content. Raises PlanLoadError listing every
+        problem with its JSON path; UsageError for ``text`` that is no string."""
+        from attngate.plan.load import load_plan  # it reads this module's models
+
+        check_arguments(("text", text, str, "the plan's JSON text, as Plan.to_json() writes it"))
+        return load_plan(cls, text)

@@ -66,9 +66,13 @@ def test_condition_errors_have_locations(when, expected):
 @pytest.mark.parametrize(
     "gate, value, expected",
     [
-        ("common.page_size", 0, "common.page_size is int in [1, inf], got 0"),
-        ("fa.num_splits", -5, "fa.num_splits is int in [0, inf], got -5"),
-        ("flashinfer.prefill_fixed_split_size", 0, "flashinfer.prefill_fixed_split_size is int in [1, inf] or None"),
+        ("common.page_size", 0, "common.page_size is int in [1, 65536], got 0"),
+        ("fa.num_splits", -5, "fa.num_splits is int in [0, 256], got -5"),
+        (
+            "flashinfer.prefill_fixed_split_size",
+            0,
+            "flashinfer.prefill_fixed_split_size is int in [1, 1099511627776] or None",
+        ),
     ],
 )
 def test_a_rule_setting_a_gate_outside_its_domain_does_not_load(gate, value, expected):
