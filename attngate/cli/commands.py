@@ -10,6 +10,12 @@ import typer
 
 from attngate.cli.app import EXIT_INVALID_CONFIG, MatrixFormat, OutputFormat, app, fail
 
+KERNELS_HELP = (
+    "the deployment's kernel providers, comma-separated: flashinfer, flash_attn.cute, flash_attn_interface, or a "
+    "preset: sglang (a stock SGLang install on the GPU), attngate (pip install attngate[gpu]). Default with --gpu: "
+    "sglang; without --gpu: what this host has installed"
+)
+
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def explain(
@@ -25,7 +31,7 @@ def explain(
     kernels: Optional[str] = typer.Option(
         None,
         "--kernels",
-        help="installed kernel providers, comma-separated: flashinfer, flash_attn.cute, flash_attn_interface (default with --gpu: flashinfer,flash_attn.cute; without --gpu: detected)",
+        help=KERNELS_HELP,
     ),
     args_file: Optional[Path] = typer.Option(
         None, "--args-file", help="YAML/JSON mapping of server arguments; flags override it"
@@ -212,7 +218,7 @@ def matrix(
     kernels: Optional[str] = typer.Option(
         None,
         "--kernels",
-        help="installed kernel providers, comma-separated: flashinfer, flash_attn.cute, flash_attn_interface (default with --gpu: flashinfer,flash_attn.cute; without --gpu: detected)",
+        help=KERNELS_HELP,
     ),
     rules: Optional[Path] = typer.Option(None, "--rules", help="rules file"),
     output: MatrixFormat = typer.Option(

@@ -77,7 +77,10 @@ def render_resolution(r: Resolution, mode: str | None) -> None:
         print_lines(all_lines(r, mode))
         return
     plan, e = r.plan, r.explanation
-    console.print(f"[bold]attention plan[/bold]  model={escape(r.model.source)}  gpu={r.platform.gpu_arch}")
+    console.print(
+        f"[bold]attention plan[/bold]  model={escape(r.model.source)}  gpu={r.platform.gpu_arch}  "
+        f"kernels={escape(r.platform.kernel_set)}"
+    )
     console.print(
         f"  prefill_backend=[bold]{plan.prefill_backend}[/bold]  decode_backend=[bold]{plan.decode_backend}[/bold]  fingerprint={plan.fingerprint[:16]}"
     )
@@ -181,7 +184,7 @@ def matrix_cells(
 
 
 def matrix_title(platform) -> str:
-    return f"support matrix on {platform.gpu_arch} with {', '.join(platform.kernel_providers) or 'no kernel providers'}"
+    return f"support matrix on {platform.gpu_arch} with {platform.kernel_set}"
 
 
 def render_matrix(

@@ -71,6 +71,11 @@ def resolution_report(r: Resolution, rule_set: RuleSet | None = None) -> dict[st
             "decode_backend": r.plan.decode_backend,
             "fingerprint": r.plan.fingerprint,
         },
+        "platform": {
+            "gpu_arch": r.platform.gpu_arch,
+            "kernels": list(r.platform.kernel_providers),
+            "kernel_source": r.platform.kernel_source,
+        },
         "providers": {b: provider(r, b) for b in dict.fromkeys((r.plan.prefill_backend, r.plan.decode_backend))},
         "model_summary": model_line(r.model).removeprefix("model: "),
         "forward_modes": [m.value for m in r.forward_modes],

@@ -95,7 +95,7 @@ def summary_lines(r: Resolution, mode: str | None = None) -> list[str]:
     plan, e = r.plan, r.explanation
     chosen = {plan.prefill_backend, plan.decode_backend}
     lines = [f"{r.model.source} on {r.platform.gpu_arch}: {_backend_title(r)} (plan {plan.fingerprint[:16]})"]
-    lines += [model_line(r.model), "", "backends:"] + _backend_summary(r)
+    lines += [model_line(r.model), f"kernels: {r.platform.kernel_set}", "", "backends:"] + _backend_summary(r)
     lines += _adjustment_lines(r, brief=True) + deviation_lines(r.deviations, brief=True)
     adjusted = {a.field for a in r.adjustments}
     others = [w for w in r.warnings if w.split(":", 1)[0] not in adjusted]

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
+#: The SGLang release whose argument resolution, choice lists and kernels rules.yaml models.
+SGLANG_VERSION = "0.5.23"
+
 AttentionBackendName = Literal[
     "triton",
     "torch_native",

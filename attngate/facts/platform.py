@@ -1,8 +1,9 @@
-"""``Platform``: the GPU architecture the plan is resolved for, and the kernel packages installed there.
+"""``Platform``: the deployment a plan is resolved for: the GPU architecture and the kernel packages installed there.
 
 The installed kernel providers are explicit facts, never probed behind the caller's back: a plan
 resolved with ``--gpu sm90`` on a laptop equals the one resolved on the server with the same
-facts. ``Platform.detect()`` is the one place that looks at the local machine.
+facts. A GPU named without its kernels is a stock SGLang install on that GPU (what attngate answers
+for: the server a user runs); ``Platform.detect()`` is the one place that looks at the local machine.
 """
 
 from __future__ import annotations
@@ -11,21 +12,41 @@ import importlib
 import importlib.util
 import re
 import sys
-from typing import get_args
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from attngate.errors import PlatformError, Problem, check_arguments
-from attngate.facts.choices import GPU_ARCHS, KERNEL_PROVIDERS, GpuArch
+from attngate.facts.choices import GPU_ARCHS, KERNEL_PROVIDERS, SGLANG_VERSION, GpuArch
 from attngate.util.suggest import did_you_mean
 
 #: What ``pip install attngate[gpu]`` installs: FlashInfer and FA4's flash_attn.cute (no FA3 wheel on PyPI).
-DEFAULT_PROVIDERS: tuple[str, ...] = ("flashinfer", "flash_attn.cute")
+ATTNGATE_KERNELS: tuple[str, ...] = ("flashinfer", "flash_attn.cute")
+
+#: The architectures sgl_kernel builds FlashAttention-3 for (``flash_attn_interface`` in attngate's terms):
+#: sgl_kernel/flash_attn.py ``is_fa3_supported`` (capability major 8 or 9).
+_SGL_KERNEL_FA3_MAJORS = (8, 9)
+
+#: Where a Platform's kernel set came from: a stock SGLang install on the GPU (the default for a named GPU),
+#: named by the caller (``--kernels`` / ``kernels=`` / the ``has_*`` fields), or read off this host.
+KernelSource = Literal["sglang", "given", "detected"]
+
+#: ``--kernels`` presets: a whole deployment's kernel set by name.
+KERNEL_PRESETS = ("sglang", "attngate")
+
+
+def sglang_kernels(gpu_arch: str) -> tuple[str, ...]:
+    """The kernel families a stock SGLang install brings on ``gpu_arch`` (e.g. ``sm90``): FlashInfer and FA4
+    everywhere (sglang depends on flashinfer-python and ships flash_attn.cute), FA3 through sgl_kernel's build on
+    SM80-SM90 only."""
+    fa3 = int(gpu_arch[2:-1]) in _SGL_KERNEL_FA3_MAJORS
+    return tuple(p for p in KERNEL_PROVIDERS if p != "flash_attn_interface" or fa3)
+
 
 #: data-center and workstation GPUs by product name (lower case, no spaces or dashes) -> their architecture
 GPU_PRODUCTS: dict[str, str] = {
     "a100": "sm80", "a800": "sm80", "a30": "sm80",
-    "a10": "sm86", "a10g": "sm86", "a40": "sm86", "a6000": "sm86", "rtx3090": "sm86",
+    "a10": "sm86", "a10g": "sm86", "a40": "sm86", "a6000": "sm86", "rtxa6000": "sm86", "rtx3090": "sm86",
     "l4": "sm89", "l40": "sm89", "l40s": "sm89", "rtx4090": "sm89", "rtx6000ada": "sm89",
     "h100": "sm90", "h800": "sm90", "h200": "sm90", "h20": "sm90", "gh200": "sm90",
     "b200": "sm100", "gb200": "sm100",
@@ -36,11 +57,28 @@ GPU_PRODUCTS: dict[str, str] = {
 _ARCH = re.compile(r"(?:sm_?)?(\d{2,3})|(\d{1,2})\.(\d)")
 
 
+#: words of a device name that name no product: nvidia-smi's and torch's ``NVIDIA GeForce RTX 4090``
+_VENDOR_WORDS = ("nvidia", "geforce", "tesla", "quadro")
+
+
+def _product_arch(text: str) -> str | None:
+    """The architecture of a product name as nvidia-smi or ``torch.cuda.get_device_name`` prints it (``NVIDIA H100
+    80GB HBM3``, ``NVIDIA A100-SXM4-80GB``, ``NVIDIA RTX 6000 Ada Generation``): the longest run of leading words
+    (vendor words dropped) that is a product; None where none is."""
+    words = [w for w in re.split(r"[\s_\-]+", text) if w and w not in _VENDOR_WORDS]
+    for n in range(len(words), 0, -1):
+        arch = GPU_PRODUCTS.get("".join(words[:n]))
+        if arch is not None:
+            return arch
+    return None
+
+
 def _arch_of(name: str) -> str:
     """``sm90``, ``SM90``, ``sm_90``, ``90`` or ``9.0`` (compute capability), or a product name (``H100``,
-    ``RTX 5090``) -> ``sm90``; anything else comes back as typed, for the caller to refuse."""
+    ``RTX 5090``, ``NVIDIA H100 80GB HBM3``) -> ``sm90``; anything else comes back as typed, for the caller to
+    refuse."""
     text = name.strip().lower()
-    product = GPU_PRODUCTS.get(text.replace(" ", "").replace("-", "").replace("_", "").removeprefix("nvidia"))
+    product = _product_arch(text)
     if product is not None:
         return product
     match = _ARCH.fullmatch(text)
@@ -60,8 +98,9 @@ _PROVIDER_FIELD = {
 class Platform(BaseModel):
     """A CUDA GPU architecture, e.g. ``sm90`` (Hopper) or ``sm100`` (Blackwell), and its kernel providers.
 
-    The provider fields default to the ``gpu`` extra (FlashInfer and flash_attn.cute installed,
-    FA3's flash_attn_interface not); ``detect()`` reads them off the local machine.
+    Built with ``from_name`` (a named GPU: a stock SGLang install unless ``kernels`` names the set) or ``detect()``
+    (this host). Constructed directly, the provider fields default to the ``gpu`` extra (FlashInfer and
+    flash_attn.cute installed, FA3's flash_attn_interface not) and ``kernel_source`` to ``given``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -73,6 +112,9 @@ class Platform(BaseModel):
     has_flash_attn_cute: bool = True
     #: FlashAttention-3's ``flash_attn_interface`` is installed.
     has_flash_attn_interface: bool = False
+    #: Where the kernel set came from (not a fact the rules read): ``sglang`` (a stock SGLang install on this GPU),
+    #: ``given`` (named by the caller) or ``detected`` (read off this host).
+    kernel_source: KernelSource = "given"
 
     @property
     def sm_major(self) -> int:
@@ -83,13 +125,33 @@ class Platform(BaseModel):
     def kernel_providers(self) -> tuple[str, ...]:
         return tuple(p for p in KERNEL_PROVIDERS if getattr(self, _PROVIDER_FIELD[p]))
 
-    @classmethod
-    def from_name(cls, name: str, *, kernels: tuple[str, ...] | list[str] | None = None, **facts: bool) -> "Platform":
-        """Parse ``sm90`` (also ``SM90``, ``90``, ``9.0``).
+    @property
+    def kernel_set(self) -> str:
+        """The kernel set and where it came from, for a reader: ``flashinfer, flash_attn.cute, flash_attn_interface
+        (stock SGLang 0.5.23 on sm90)``."""
+        where = {
+            "sglang": f"stock SGLang {SGLANG_VERSION} on {self.gpu_arch}",
+            "given": "as given",
+            "detected": "detected on this host",
+        }[self.kernel_source]
+        return f"{', '.join(self.kernel_providers) or 'no kernel providers'} ({where})"
 
-        ``kernels`` names every installed provider (``flashinfer``, ``flash_attn.cute``,
-        ``flash_attn_interface``; default: :data:`DEFAULT_PROVIDERS`); ``facts`` override single
-        ``has_*`` fields. Raises PlatformError listing every unknown name (UsageError for arguments of the wrong type).
+    @classmethod
+    def from_name(
+        cls,
+        name: str,
+        *,
+        kernels: tuple[str, ...] | list[str] | None = None,
+        source: KernelSource | None = None,
+        **facts: bool,
+    ) -> "Platform":
+        """Parse ``sm90`` (also ``SM90``, ``90``, ``9.0``, ``H100``, nvidia-smi's ``NVIDIA H100 80GB HBM3``).
+
+        ``kernels`` names every installed provider (``flashinfer``, ``flash_attn.cute``, ``flash_attn_interface``)
+        or a preset (``sglang``: :func:`sglang_kernels` of the GPU; ``attngate``: :data:`ATTNGATE_KERNELS`);
+        default: ``sglang``, the deployment attngate answers for. ``source`` overrides the recorded
+        ``kernel_source``; ``facts`` override single ``has_*`` fields. Raises PlatformError listing every unknown
+        name (UsageError for arguments of the wrong type).
         """
         check_arguments(
             ("name", name, str, "e.g. 'sm90'"),
@@ -106,15 +168,20 @@ class Platform(BaseModel):
                 )
             )
         providers = dict.fromkeys(_PROVIDER_FIELD.values(), False)
-        for kernel in DEFAULT_PROVIDERS if kernels is None else kernels:
-            if kernel in _PROVIDER_FIELD:
+        names = ["sglang"] if kernels is None else list(kernels)
+        stock = names == ["sglang"]
+        for kernel in names:
+            if kernel in KERNEL_PRESETS:
+                preset = ATTNGATE_KERNELS if kernel == "attngate" else sglang_kernels(arch) if arch in GPU_ARCHS else ()
+                providers.update({_PROVIDER_FIELD[k]: True for k in preset})
+            elif kernel in _PROVIDER_FIELD:
                 providers[_PROVIDER_FIELD[kernel]] = True
             else:
                 problems.append(
                     Problem(
                         "--kernels",
-                        f"unknown kernel provider {kernel!r}; one of {', '.join(KERNEL_PROVIDERS)}"
-                        + did_you_mean(kernel, KERNEL_PROVIDERS),
+                        f"unknown kernel provider {kernel!r}; one of {', '.join(KERNEL_PROVIDERS)}, or a preset: "
+                        f"{', '.join(KERNEL_PRESETS)}" + did_you_mean(kernel, [*KERNEL_PROVIDERS, *KERNEL_PRESETS]),
                     )
                 )
         unknown = [k for k in facts if k not in providers]
@@ -122,7 +189,8 @@ class Platform(BaseModel):
         if problems:
             raise PlatformError(problems)
         try:
-            return cls(gpu_arch=arch, **{**providers, **facts})
+            kernel_source = source or ("sglang" if stock and not facts else "given")
+            return cls(gpu_arch=arch, kernel_source=kernel_source, **{**providers, **facts})
         except ValidationError as err:
             raise PlatformError([Problem(".".join(map(str, e["loc"])), e["msg"]) for e in err.errors()]) from None
 
@@ -137,7 +205,7 @@ class Platform(BaseModel):
             raise PlatformError(
                 Problem("--gpu", f"cannot detect the GPU ({reason}); pass --gpu sm80|sm90|sm100|sm120")
             ) from None
-        return cls.from_name(f"{major}{minor}", kernels=installed_kernel_providers())
+        return cls.from_name(f"{major}{minor}", kernels=installed_kernel_providers(), source="detected")
 
 
 #: the modules that provide each kernel family, in the order they are looked for. sgl_kernel (installed with SGLang)

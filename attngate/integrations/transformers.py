@@ -152,7 +152,7 @@ class AttngateRuntime:
         self.facts = ModelFacts.from_hf_dict(config.to_dict(), source=type(model).__name__)
         check_softmax_attention_only(model, self.facts)
         if platform is None:
-            platform = Platform.detect() if torch.cuda.is_available() else Platform.from_name("sm90")
+            platform = Platform.detect() if torch.cuda.is_available() else Platform.from_name("sm90", kernels=["attngate"])
         args = server_args or ServerArgs(page_size=page_size)
         self.resolution = resolve(args, self.facts, platform)
         self.plan: Plan = self.resolution.plan

@@ -90,7 +90,7 @@ def test_mla_and_chunked_local_models_resolve_where_a_kernel_runs_them(model, gp
 
 def test_default_backend_for_mla_on_hopper_follows_the_installed_kernels():
     facts = ModelFacts.from_hf_config(MODELS / "DeepSeek-V2-Lite.json")
-    without = resolve(ServerArgs(), facts, Platform.from_name("sm90"))
+    without = resolve(ServerArgs(), facts, Platform.from_name("sm90", kernels=KERNELS["gpu-extra"]))
     with_fa3 = resolve(ServerArgs(), facts, Platform.from_name("sm90", kernels=KERNELS["with-fa3"]))
     assert (
         without.plan.decode_backend == "flashinfer"
@@ -104,12 +104,14 @@ def test_flashinfer_mla_refuses_another_latent_geometry_in_the_plan_and_in_the_b
     raw = json.loads((MODELS / "DeepSeek-V2-Lite.json").read_text())
     facts = ModelFacts.from_hf_dict({**raw, "kv_lora_rank": 256}, source="DeepSeek-V2-Lite, kv_lora_rank 256")
     with pytest.raises(PlanError) as err:
-        resolve(ServerArgs(attention_backend="flashinfer"), facts, Platform.from_name("sm90"))
+        resolve(
+            ServerArgs(attention_backend="flashinfer"), facts, Platform.from_name("sm90", kernels=KERNELS["gpu-extra"])
+        )
     assert [v.rule for v in err.value.violations] == ["flashinfer.mla-head-dims"]
     deepseek = resolve(
         ServerArgs(attention_backend="flashinfer"),
         ModelFacts.from_hf_dict(raw, source="DeepSeek-V2-Lite"),
-        Platform.from_name("sm90"),
+        Platform.from_name("sm90", kernels=KERNELS["gpu-extra"]),
     ).plan
     assert flashinfer_refusals(deepseek, layers_from_model(facts))
 
@@ -121,7 +123,9 @@ def test_flashinfer_mla_refuses_a_cap_or_window_and_the_default_moves_on(edit):
     raw = {**json.loads((MODELS / "DeepSeek-V2-Lite.json").read_text()), **edit}
     facts = ModelFacts.from_hf_dict(raw, source=f"DeepSeek-V2-Lite, {edit}")
     with pytest.raises(PlanError) as err:
-        resolve(ServerArgs(attention_backend="flashinfer"), facts, Platform.from_name("sm90"))
+        resolve(
+            ServerArgs(attention_backend="flashinfer"), facts, Platform.from_name("sm90", kernels=KERNELS["gpu-extra"])
+        )
     assert "flashinfer.mla-full-attention-only" in {v.rule for v in err.value.violations}
     try:
         plan = resolve(ServerArgs(), facts, Platform.from_name("sm90", kernels=KERNELS["with-fa3"])).plan
@@ -148,15 +152,22 @@ def test_a_missing_kernel_package_refuses_its_backend():
 
 
 def test_the_platform_never_probes_behind_an_explicit_gpu():
-    assert Platform.from_name("sm90") == Platform.from_name("sm90", kernels=["flashinfer", "flash_attn.cute"])
-    assert Platform.from_name("sm90").kernel_providers == ("flashinfer", "flash_attn.cute")
+    """A named GPU without its kernels is a stock SGLang install there (sgl_kernel's FA3 on SM80-SM90 only), whatever
+    this host has installed."""
+    assert Platform.from_name("sm90").kernel_providers == tuple(KERNELS["with-fa3"])
+    assert Platform.from_name("sm90") == Platform.from_name("sm90", kernels=["sglang"])
+    assert Platform.from_name("sm100").kernel_providers == tuple(KERNELS["gpu-extra"])
+    assert Platform.from_name("sm90").kernel_source == "sglang"
+    assert Platform.from_name("sm90", kernels=["attngate"]).kernel_providers == tuple(KERNELS["gpu-extra"])
 
 
 def test_the_flashinfer_backend_refuses_a_window_after_the_query():
     """window_left bounds a window before the query only: a bidirectional sliding-window layer is refused by the
     backend too, whatever plan it is handed."""
     facts = embedding_gemma()
-    plan = resolve(ServerArgs(attention_backend="fa3"), facts, Platform.from_name("sm90")).plan
+    plan = resolve(
+        ServerArgs(attention_backend="fa3"), facts, Platform.from_name("sm90", kernels=KERNELS["gpu-extra"])
+    ).plan
     layers = layers_from_model(facts)
     problems = flashinfer_refusals(plan, layers)
     assert problems and {p.where for p in problems} == {
@@ -170,7 +181,11 @@ def test_a_multi_item_scoring_plan_is_refused_by_the_flashinfer_backend_it_names
     """SGLang's FlashInfer backend scores items with MultiItemScoringParams; attngate's does not, and says so at
     construction (MHA and, through flashinfer_mla, MLA) rather than run plain causal attention over the items."""
     facts = ModelFacts.from_hf_config(MODELS / f"{name}.json")
-    plan = resolve(ServerArgs(attention_backend="flashinfer", enable_mis=True), facts, Platform.from_name("sm90")).plan
+    plan = resolve(
+        ServerArgs(attention_backend="flashinfer", enable_mis=True),
+        facts,
+        Platform.from_name("sm90", kernels=KERNELS["gpu-extra"]),
+    ).plan
     assert plan.flashinfer.multi_item_scoring
     assert [p.where for p in flashinfer_refusals(plan, layers_from_model(facts))][:1] == [
         "flashinfer.multi_item_scoring"
@@ -185,7 +200,9 @@ def test_every_attngate_backend_refuses_a_plan_over_the_unified_memory_pool():
     from attngate.errors import BackendRefusal
 
     facts = ModelFacts.from_hf_config(MODELS / "Llama-3.1-8B.json")
-    plan = resolve(ServerArgs(enable_unified_memory=True), facts, Platform.from_name("sm90")).plan
+    plan = resolve(
+        ServerArgs(enable_unified_memory=True), facts, Platform.from_name("sm90", kernels=KERNELS["gpu-extra"])
+    ).plan
     assert plan.common.unified_kv_pool
     pool = MHATokenToKVPool(64, 1, 1, 8, 128)
     with pytest.raises(BackendRefusal, match="common.unified_kv_pool"):
@@ -217,7 +234,7 @@ def test_flash_attn_cute_limits_refuse_in_the_plan_and_in_the_backend(facts, arg
     """flash_attn.cute's own limits (paged KV on SM90/SM100 only, FP8 on SM100 only, head dims): the plan refuses what
     the kernel would assert on at its first launch, and the backend's refusals say the same (FP8 aside: attngate's FA
     backend reads 16-bit caches only, on every GPU)."""
-    platform = Platform.from_name(gpu)
+    platform = Platform.from_name(gpu, kernels=KERNELS["gpu-extra"])
     layers = layers_from_model(facts)
     if rule is None:
         plan = resolve(ServerArgs(**args), facts, platform).plan
@@ -245,7 +262,7 @@ def test_a_default_of_fa3_that_flash_attn_cute_would_refuse_goes_to_flashinfer(a
     """SGLang's fa3 defaults assume sgl_kernel's FA3; without flash_attn_interface the default is FlashInfer (adjusted,
     with the reason), and with it the default stays fa3 on FA3's own kernels."""
     facts = _llama()
-    without = resolve(ServerArgs(**args), facts, Platform.from_name(gpu))
+    without = resolve(ServerArgs(**args), facts, Platform.from_name(gpu, kernels=KERNELS["gpu-extra"]))
     assert without.plan.prefill_backend == without.plan.decode_backend == "flashinfer"
     assert [a.rule for a in without.adjustments if a.field == "attention_backend"] == [rule]
     with_fa3 = resolve(ServerArgs(**args), facts, Platform.from_name(gpu, kernels=KERNELS["with-fa3"])).plan
@@ -255,11 +272,13 @@ def test_a_default_of_fa3_that_flash_attn_cute_would_refuse_goes_to_flashinfer(a
 def test_a_model_whose_head_dims_flashinfer_does_not_run_defaults_to_triton_off_hopper():
     """all-MiniLM-L6-v2 (head dim 32): SGLang's generic default off Hopper is flashinfer, whose kernels fail on it."""
     facts = ModelFacts.from_hf_config(MODELS / "all-MiniLM-L6-v2.json")
-    r = resolve(ServerArgs(), facts, Platform.from_name("sm80"))
+    r = resolve(ServerArgs(), facts, Platform.from_name("sm80", kernels=KERNELS["gpu-extra"]))
     assert r.plan.prefill_backend == "triton"
     assert [a.rule for a in r.adjustments if a.field == "attention_backend"] == ["default-backend.mha-sinks-triton"]
     assert flashinfer_refusals(
-        resolve(ServerArgs(attention_backend="triton"), facts, Platform.from_name("sm80")).plan,
+        resolve(
+            ServerArgs(attention_backend="triton"), facts, Platform.from_name("sm80", kernels=KERNELS["gpu-extra"])
+        ).plan,
         layers_from_model(facts),
     )
 

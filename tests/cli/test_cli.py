@@ -76,13 +76,14 @@ def test_deepseek_json_skip_kv_cache_false_names_use_mla():
 
 
 def test_fa3_mla_without_flash_attn_interface_is_refused_with_what_would_work():
-    res = explain("--model", str(MODELS / "DeepSeek-V2-Lite.json"), *EMBED, "--format", "json")
+    own = ("--kernels", "attngate")  # attngate's own install: no FA3 (stock SGLang brings sgl_kernel's)
+    res = explain("--model", str(MODELS / "DeepSeek-V2-Lite.json"), *EMBED, *own, "--format", "json")
     assert res.exit_code == 1
     report = json.loads(res.stdout)
     assert [e["rule"] for e in report["errors"]] == ["fa.mla-needs-absorbed-kernel"]
     runs = [backend for backend, rules in report["candidates"].items() if not rules]  # only what would run
     assert runs and "flashinfer" in runs and "fa3" not in runs and "fa4" not in runs
-    table = explain("--model", str(MODELS / "DeepSeek-V2-Lite.json"), *EMBED)
+    table = explain("--model", str(MODELS / "DeepSeek-V2-Lite.json"), *EMBED, *own)
     assert "candidate backends (--attention-backend, ServerArgs.attention_backend)" in table.output
     assert " ".join(table.output.split()).count("runs this") == len(runs)
 

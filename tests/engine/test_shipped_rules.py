@@ -156,7 +156,8 @@ def test_dp_attention_without_dp_size_is_switched_off_with_a_warning():
     [
         ("sm90", "fa4", None, False),
         ("sm100", "fa4", None, False),
-        ("sm90", "fa3", None, False),  # flash_attn.cute serves both names
+        ("sm90", "fa3", ("attngate",), False),  # flash_attn.cute serves both names
+        ("sm90", "fa3", None, True),  # a stock SGLang install: sgl_kernel's FA3
         ("sm90", "fa3", ("flash_attn_interface",), True),
     ],
 )
@@ -1599,16 +1600,17 @@ def test_speculative_settings_without_an_algorithm_are_refused(flags, name, gpu)
     assert "spec.settings-need-an-algorithm" not in refusing_rules_of(lambda: resolve_flags(eagle, name, gpu))
 
 
+@pytest.mark.parametrize("kernels, fallback", [("sglang", "fa3"), ("attngate", "torch_native")])
 @pytest.mark.parametrize("head_dim, refused", [(8, True), (16, False)])
-def test_triton_refuses_a_qk_head_dim_below_9(head_dim, refused):
+def test_triton_refuses_a_qk_head_dim_below_9(head_dim, refused, kernels, fallback):
     """triton.qk-head-dim-at-least-9 (Triton's tl.dot needs K >= 16 and SGLang's kernels tile the head dim to a power
-    of two): on SM80, where triton is the default, the default falls back to torch_native, which runs any head dim."""
+    of two): on SM80, where triton is the default, the default falls back to the first candidate that runs: FA3 where
+    sgl_kernel's build is installed (FA3 runs a head dim <= 64 with its 64-wide kernel), else torch_native."""
     facts = ModelFacts.from_hf_dict({**json.loads((MODELS / "Qwen3-8B.json").read_text()), "head_dim": head_dim})
-    named = lambda: resolve(ServerArgs(attention_backend="triton"), facts, Platform.from_name("sm80"))  # noqa: E731
+    platform = Platform.from_name("sm80", kernels=[kernels])
+    named = lambda: resolve(ServerArgs(attention_backend="triton"), facts, platform)  # noqa: E731
     assert ("triton.qk-head-dim-at-least-9" in refusing_rules_of(named)) == refused
-    assert resolve(ServerArgs(), facts, Platform.from_name("sm80")).plan.prefill_backend == (
-        "torch_native" if refused else "triton"
-    )
+    assert resolve(ServerArgs(), facts, platform).plan.prefill_backend == (fallback if refused else "triton")
 
 
 @pytest.mark.parametrize("page_size, refused", [(4096, False), (8192, False), (65536, True)])

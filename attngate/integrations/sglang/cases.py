@@ -1,8 +1,8 @@
 """Conformance cases: read from a JSON file, or generated as a covering array over the values the rules read.
 
 A case is ``{"name", "model_config", "gpu", "args": {SGLang ServerArgs field: value}}`` with an optional
-``"kernels"`` (attngate's kernel providers; default: what an SGLang install has, FlashInfer, flash_attn.cute
-and FA3 from sgl_kernel).
+``"kernels"`` (attngate's kernel providers or a preset; default: ``["sglang"]``, a stock SGLang install on the
+case's GPU, as ``attngate explain --gpu`` defaults to).
 """
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ from typing import Any
 from attngate.errors import AttngateError, Problem
 from attngate.facts.catalogue import FACTS
 from attngate.facts.choices import GPU_ARCHS, KERNEL_PROVIDERS
+from attngate.facts.platform import KERNEL_PRESETS
 from attngate.facts.server_args import ServerArgs
 from attngate.integrations.sglang.fields import to_sglang_kwargs
 from attngate.rules.ruleset import RuleSet
 from attngate.util.inputs import parse_json, read_text
 
-#: What a SGLang install provides: FlashInfer, FA4's flash_attn.cute and FA3 (sgl_kernel's flash_attn).
-SGLANG_KERNELS: tuple[str, ...] = KERNEL_PROVIDERS
+#: A stock SGLang install on the case's GPU (attngate.facts.platform.sglang_kernels): the same default as explain's.
+SGLANG_KERNELS: tuple[str, ...] = ("sglang",)
 
 
 class CaseFileError(AttngateError):
@@ -113,8 +114,8 @@ def load_cases(path: str | Path, sglang_fields: frozenset[str]) -> list[Case]:
             if key not in sglang_fields:
                 problems.append(Problem(where, f"args: {key!r} is not a field of SGLang's ServerArgs"))
         kernels = raw.get("kernels", list(SGLANG_KERNELS))
-        if not isinstance(kernels, list) or any(k not in KERNEL_PROVIDERS for k in kernels):
-            problems.append(Problem(where, f"kernels: a list of {', '.join(KERNEL_PROVIDERS)}"))
+        if not isinstance(kernels, list) or any(k not in (*KERNEL_PROVIDERS, *KERNEL_PRESETS) for k in kernels):
+            problems.append(Problem(where, f"kernels: a list of {', '.join((*KERNEL_PROVIDERS, *KERNEL_PRESETS))}"))
             kernels = list(SGLANG_KERNELS)
         if isinstance(config, str):
             cases.append(Case(str(name), path.parent / config, str(gpu), dict(args), tuple(kernels)))

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from attngate.errors import AttngateError, Problem
+from attngate.facts.choices import SGLANG_VERSION
 
-SGLANG_VERSION = "0.5.23"
 INSTALL = (
     f'pip install --no-deps sglang=={SGLANG_VERSION} && pip install "attngate[sglang]"'
     " (SGLang's own requirements would pull its GPU stack; the extra holds what its resolution imports)"

@@ -50,7 +50,8 @@ def verify(
         server_args: ``sglang.srt.server_args.ServerArgs`` after ``resolve_once()``.
         model_config: config.json or its folder (default: ``server_args.model_path``).
         gpu: ``sm90``... (default: this host's GPU, ``Platform.detect()``).
-        kernels: the kernel providers (default: what SGLang installs).
+        kernels: the kernel providers or a preset (default: a stock SGLang install on ``gpu``; without ``gpu``,
+            what this host has).
         rules: a loaded RuleSet (default: the shipped rules.yaml).
         strict: raise on an undeclared difference; False logs each one (warning) and goes on.
 
