@@ -10,6 +10,10 @@ witness input and the rules responsible on each side:
   (``forward_mode`` and ``layer_kind`` are part of the input);
 - an adjustment: a server argument that the two files' adjust rules rewrite differently for the same
   input (one step of adjustment).
+
+A query z3 cannot decide (a timeout, an incomplete theory) is a difference of kind ``unknown`` naming what it
+asked and z3's reason: never read as "no difference". SIGINT stops it with
+:class:`~attngate.analysis.verdict.Interrupted`.
 """
 
 from __future__ import annotations
@@ -28,21 +32,26 @@ from attngate.analysis.prove import (
     simplest_witness,
     witness_inputs,
 )
+from attngate.analysis.verdict import Verdict, interruptible
 from attngate.plan.registry import GATES
 from attngate.rules.ruleset import Rule, RuleSet
 
 
 @dataclass
 class Difference:
-    kind: str  # "acceptance" | "gate" | "adjustment" | "undecided"
-    name: str  # the gate or server argument ("" for acceptance)
+    kind: str  # "acceptance" | "gate" | "adjustment" | "unknown"
+    name: str  # the gate or server argument ("" for acceptance); for unknown what was asked of it
     old: Any
     new: Any
     old_rules: list[str]
     new_rules: list[str]
     witness: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""  # z3's reason, for unknown
 
     def __str__(self) -> str:
+        if self.kind == "unknown":
+            question = f"do OLD and NEW differ on {self.name}?"
+            return f"unknown: {question} z3 could not decide it ({self.reason}); not proved either way"
         what = {"acceptance": "accepted", "gate": f"gate {self.name}", "adjustment": f"adjusted {self.name}"}.get(
             self.kind, self.name
         )
@@ -71,7 +80,18 @@ class _Side:
 
 
 def diff_rules(old: RuleSet, new: RuleSet, *, timeout_ms: int = 10_000) -> list[Difference]:
-    """Every difference between ``old`` and ``new`` (empty: they resolve every input alike)."""
+    """Every difference between ``old`` and ``new`` (empty: they resolve every input alike), and one of kind
+    ``unknown`` per query z3 could not decide within ``timeout_ms``. Raises
+    :class:`~attngate.analysis.verdict.Interrupted` on SIGINT (:func:`interruptible`)."""
+    with interruptible():
+        return _diff(old, new, timeout_ms)
+
+
+def _unknown(what: str, verdict: Verdict) -> list[Difference]:
+    return [Difference("unknown", what, None, None, [], [], {}, verdict.reason)] if verdict.unknown else []
+
+
+def _diff(old: RuleSet, new: RuleSet, timeout_ms: int) -> list[Difference]:
     a, b = _Side(old, "old:"), _Side(new, "new:")
     solver = z3.Solver()
     solver.set("timeout", timeout_ms)
@@ -79,6 +99,7 @@ def diff_rules(old: RuleSet, new: RuleSet, *, timeout_ms: int = 10_000) -> list[
     out = []
     claim = a.model.accepted != b.model.accepted
     verdict, m = find(solver, claim, a.enc.links)
+    out += _unknown("acceptance", verdict)
     if m is not None:
         refusals = [
             *a.rules_by_id(a.fired(m, ("forbid", "known_failure"))),
@@ -102,6 +123,7 @@ def diff_rules(old: RuleSet, new: RuleSet, *, timeout_ms: int = 10_000) -> list[
         (va, na), (vb, nb) = a.enc.var(name), b.enc.var(name)
         differs = z3.Or(na != nb, z3.And(z3.Not(na), va != vb))
         verdict, m = find(solver, differs, a.enc.links)
+        out += _unknown(f"gate {name}", verdict)
         if m is not None:
             m, inputs = _witness(
                 solver, [differs], m, a, b, [r for side in (a, b) for r in side.rules.rules if name in r.sets]
@@ -117,8 +139,6 @@ def diff_rules(old: RuleSet, new: RuleSet, *, timeout_ms: int = 10_000) -> list[
                     inputs,
                 )
             )
-        elif verdict == z3.unknown:
-            out.append(Difference("undecided", name, None, None, [], [], {}))
     out += _adjust_differences(a, b, timeout_ms)
     return out
 
@@ -141,7 +161,8 @@ def _adjust_differences(a: _Side, b: _Side, timeout_ms: int) -> list[Difference]
             results.append((v_expr, n_expr))
         (va, na), (vb, nb) = results
         differs = z3.Or(na != nb, z3.And(z3.Not(na), va != vb))
-        _, m = find(solver, differs, a.enc.links)
+        verdict, m = find(solver, differs, a.enc.links)
+        out += _unknown(f"adjusted {name}", verdict)
         if m is not None:
             m, inputs = _witness(
                 solver, [differs], m, a, b, [r for side in (a, b) for r in side.rules.rules if name in r.adjusts]

@@ -17,6 +17,7 @@ from typing import Any
 
 import z3
 
+from attngate.analysis.verdict import Verdict, check
 from attngate.facts.catalogue import FACTS, LAYER_FACT, MODE_FACT
 from attngate.facts.choices import GPU_ARCHS
 from attngate.facts.modes import LayerKind
@@ -249,36 +250,35 @@ def _name(node: ast.expr) -> str:
     return node.id  # type: ignore[attr-defined]
 
 
-def can_hold(solver: z3.Solver, enc: Encoder, condition: Any, reads: set[str]) -> bool:
-    """Whether ``condition`` (reading ``reads``) holds for some input; the derived-fact links join the query only
-    where the condition reads a derived fact they define (few do), and then only that fact's definition."""
-    if not satisfiable(solver, condition):
-        return False
+def can_hold(solver: z3.Solver, enc: Encoder, condition: Any, reads: set[str]) -> Verdict:
+    """Whether ``condition`` (reading ``reads``) holds for some input (sat), for none (unsat) or z3 cannot tell
+    (unknown); the derived-fact links join the query only where the condition reads a derived fact they define
+    (few do), and then only that fact's definition. Raises :class:`~attngate.analysis.verdict.Interrupted` on SIGINT."""
+    verdict = satisfiable(solver, condition)
     links = enc.links_for(reads)
-    return not links or satisfiable(solver, condition, *links)
+    if not verdict.sat or not links:
+        return verdict
+    return satisfiable(solver, condition, *links)
 
 
-def find(solver: z3.Solver, claim: Any, links: list[Any]) -> tuple[Any, z3.ModelRef | None]:
+def find(solver: z3.Solver, claim: Any, links: list[Any]) -> tuple[Verdict, z3.ModelRef | None]:
     """(verdict, model) of the solver's assertions and ``claim``, the model one that also satisfies ``links`` (the
     derived-fact definitions, :meth:`Encoder._link_derived_facts`), joined only once the cheaper query without
-    them found one; None unless sat. The solver is left unchanged."""
+    them found one; None unless sat. The solver is left unchanged. Raises
+    :class:`~attngate.analysis.verdict.Interrupted` on SIGINT."""
     solver.push()
     try:
         solver.add(claim)
-        verdict = solver.check()
-        if verdict == z3.sat and links:
+        verdict = check(solver)
+        if verdict.sat and links:
             solver.add(*links)
-            verdict = solver.check()
-        return verdict, solver.model() if verdict == z3.sat else None
+            verdict = check(solver)
+        return verdict, solver.model() if verdict.sat else None
     finally:
         solver.pop()
 
 
-def satisfiable(solver: z3.Solver, *terms: Any) -> bool:
-    """Whether the solver's assertions and ``terms`` have a model (without building it: that costs as much as the check)."""
-    solver.push()
-    solver.add(*terms)
-    try:
-        return solver.check() == z3.sat
-    finally:
-        solver.pop()
+def satisfiable(solver: z3.Solver, *terms: Any) -> Verdict:
+    """Whether the solver's assertions and ``terms`` have a model (without building it: that costs as much as the
+    check), as a three-valued verdict. Raises :class:`~attngate.analysis.verdict.Interrupted` on SIGINT."""
+    return check(solver, *terms)

@@ -13,6 +13,10 @@ Findings (each names the rules and a witness configuration):
 - an invariant (``invariants:``) that some accepted input violates, with the counterexample
   (attngate.analysis.prove).
 
+A query z3 cannot decide (a timeout, an incomplete theory) is never read as "no finding": it comes back as an
+:class:`~attngate.analysis.verdict.Unknown` naming what it asked. SIGINT stops the analysis with
+:class:`~attngate.analysis.verdict.Interrupted`.
+
 Model facts are free, so a finding can be a combination no released model has: the witness shows it,
 with the facts that explain it and the server arguments it needs.
 """
@@ -33,16 +37,30 @@ from attngate.analysis.prove import (
     simplest_witness,
     witness_inputs,
 )
+from attngate.analysis.verdict import Unknown, Verdict, interruptible
 from attngate.facts.catalogue import FACTS
 from attngate.rules.ruleset import FactValue, Rule, RuleSet
 
 
-def lint_rules(rules: RuleSet) -> list[Finding]:
-    """Every static finding of ``rules`` (see the module doc).
+def lint_rules(rules: RuleSet) -> list[Finding | Unknown]:
+    """Every static finding of ``rules`` (see the module doc), and an :class:`Unknown` per query z3 could not
+    decide. Raises :class:`~attngate.analysis.verdict.Interrupted` on SIGINT (:func:`interruptible`).
 
     Solver calls grow linearly with the rules: conflicts are found by one query per gate or
     argument (then one more per conflict found), never by checking every pair of rules.
     """
+    with interruptible():
+        return _lint(rules)
+
+
+def _dead(where: str, what: str, verdict: Verdict, never: str) -> list[Finding | Unknown]:
+    """The finding of a condition that can never hold (unsat), or the Unknown of one z3 could not decide."""
+    if verdict.unsat:
+        return [Finding(where, f"{what} can never {never}")]
+    return [Unknown(where, f"can {what} {never}", verdict.reason)] if verdict.unknown else []
+
+
+def _lint(rules: RuleSet) -> list[Finding | Unknown]:
     enc = Encoder(rules, all_gates=True)  # the invariant proofs below read gates of every scope
     cond = {r.id: enc.encode(r.condition.tree.body) for r in rules.rules}
     solver = z3.Solver()
@@ -53,18 +71,17 @@ def lint_rules(rules: RuleSet) -> list[Finding]:
         *[z3.Not(cond[r.id]) for r in rules.rules if r.kind in ("forbid", "known_failure") and not r.adjusts],
     )
 
-    findings: list[Finding] = []
+    findings: list[Finding | Unknown] = []
     for p in rules.predicates:
-        if not can_hold(
-            solver, enc, enc.encode(p.condition.tree.body), inputs_read([rules], [], (p.name,), through_gates=False)
-        ):
-            findings.append(Finding(p.where, f"predicate {p.name!r} can never be true"))
+        reads = inputs_read([rules], [], (p.name,), through_gates=False)
+        verdict = can_hold(solver, enc, enc.encode(p.condition.tree.body), reads)
+        findings += _dead(p.where, f"predicate {p.name!r}", verdict, "be true")
     for rule in rules.rules:
-        if not can_hold(solver, enc, cond[rule.id], inputs_read([rules], [rule], through_gates=False)):
-            findings.append(Finding(rule.where, f"rule {rule.id!r} can never match"))
+        verdict = can_hold(solver, enc, cond[rule.id], inputs_read([rules], [rule], through_gates=False))
+        findings += _dead(rule.where, f"rule {rule.id!r}", verdict, "match")
     for kind, values in (("set", lambda r: r.sets), ("adjust", lambda r: r.adjusts)):
         by_name: dict[tuple[str, ...], list[tuple[Rule, Rule, Any]]] = {}
-        for a, b, model in _conflicts(rules, kind, values, cond, accepted, enc.links):
+        for a, b, model in _conflicts(rules, kind, values, cond, accepted, enc.links, findings):
             names = tuple(n for n in values(a) if n in values(b) and values(a)[n] != values(b)[n])
             by_name.setdefault(names, []).append((a, b, model))
         for names, pairs in by_name.items():  # one finding per gate: a rule base can hold thousands of pairs
@@ -87,7 +104,7 @@ def lint_rules(rules: RuleSet) -> list[Finding]:
     return findings + _lint_deviations(rules, enc, solver) + prove_invariants(rules, encoded=(enc, cond))
 
 
-def _adjust_cycles(rules: RuleSet, enc: Encoder, cond: dict[str, Any]) -> list[Finding]:
+def _adjust_cycles(rules: RuleSet, enc: Encoder, cond: dict[str, Any]) -> list[Finding | Unknown]:
     """Two adjust rules that undo each other: A writes argument x to a where B's condition holds once x is a, and B
     writes x back to b where A's holds once x is b; resolve() would rewrite forever (it stops with an
     oscillation). One query per pair of rules giving one argument different constant values, over two states that
@@ -104,8 +121,9 @@ def _adjust_cycles(rules: RuleSet, enc: Encoder, cond: dict[str, Any]) -> list[F
 
     @functools.cache
     def can_fire(state: str, rule_id: str, name: str, value: Any) -> bool:
-        """Whether rule ``rule_id`` can match while argument ``name`` holds ``value`` in ``state`` (given, later)."""
-        return satisfiable(given if state == "given" else later, cond[rule_id], enc.equals(name, value))
+        """Whether rule ``rule_id`` may match while argument ``name`` holds ``value`` in ``state`` (given, later):
+        sat, or unknown (the pair is then queried in full, and reported unknown if that is undecided too)."""
+        return not satisfiable(given if state == "given" else later, cond[rule_id], enc.equals(name, value)).unsat
 
     predicates = {p.name: p.condition.reads for p in rules.predicates}
 
@@ -139,7 +157,8 @@ def _adjust_cycles(rules: RuleSet, enc: Encoder, cond: dict[str, Any]) -> list[F
     frame = {n: z3.And(enc.var(n)[0] == after.var(n)[0], enc.var(n)[1] == after.var(n)[1]) for n in inputs}
     solver = z3.Solver()  # the state a user gives is one resolve() does not refuse outright (as for conflicts)
     solver.add(*enc.axioms, *after.axioms, *forbids)
-    findings, found = [], set()
+    findings: list[Finding | Unknown] = []
+    found = set()
     for name, a, b in pairs:
         if (name, frozenset((a.id, b.id))) in found:  # one finding per pair, whichever way it turns
             continue
@@ -154,7 +173,11 @@ def _adjust_cycles(rules: RuleSet, enc: Encoder, cond: dict[str, Any]) -> list[F
             z3.Not(cond_after[a.id]),
             *same,
         )
-        _, model = find(solver, claim, enc.links + after.links)
+        verdict, model = find(solver, claim, enc.links + after.links)
+        if verdict.unknown:
+            findings.append(
+                Unknown(b.where, f"do adjust rules {a.id!r} and {b.id!r} undo each other on {name}", verdict.reason)
+            )
         if model is not None:
             found.add((name, frozenset((a.id, b.id))))
             findings.append(
@@ -168,26 +191,29 @@ def _adjust_cycles(rules: RuleSet, enc: Encoder, cond: dict[str, Any]) -> list[F
     return findings
 
 
-def _lint_deviations(rules: RuleSet, enc: Encoder, solver: z3.Solver) -> list[Finding]:
+def _lint_deviations(rules: RuleSet, enc: Encoder, solver: z3.Solver) -> list[Finding | Unknown]:
     """A deviation that can never hold, and two that can hold together and declare one field (refusal deviations
     of attngate's refusals: through one refusing rule both name). Pairwise over the file's few deviations."""
-    findings: list[Finding] = []
+    findings: list[Finding | Unknown] = []
     held = []
     for deviation in rules.deviations:
         condition = enc.encode(deviation.condition.tree.body)
-        if can_hold(solver, enc, condition, inputs_read([rules], [], deviation.condition.reads, through_gates=False)):
+        reads = inputs_read([rules], [], deviation.condition.reads, through_gates=False)
+        verdict = can_hold(solver, enc, condition, reads)
+        findings += _dead(deviation.where, f"deviation {deviation.id!r}", verdict, "hold")
+        if not verdict.unsat:  # an undecided one may hold: its pairs are still checked
             held.append((deviation, condition))
-        else:
-            findings.append(Finding(deviation.where, f"deviation {deviation.id!r} can never hold"))
     for (a, cond_a), (b, cond_b) in combinations(held, 2):
         # two deviations declare one attngate refusal only through a rule both name
         shared = [f for f in a.fields if f in b.fields and (f != "refusal" or set(a.rules) & set(b.rules))]
-        if shared and can_hold(
-            solver,
-            enc,
-            z3.And(cond_a, cond_b),
-            inputs_read([rules], [], (*a.condition.reads, *b.condition.reads), through_gates=False),
-        ):
+        if not shared:
+            continue
+        reads = inputs_read([rules], [], (*a.condition.reads, *b.condition.reads), through_gates=False)
+        verdict = can_hold(solver, enc, z3.And(cond_a, cond_b), reads)
+        if verdict.unknown:
+            query = f"can deviations {a.id!r} and {b.id!r} hold together (both declare {', '.join(shared)})"
+            findings.append(Unknown(b.where, query, verdict.reason))
+        elif verdict.sat:
             findings.append(
                 Finding(
                     b.where,
@@ -250,11 +276,11 @@ def _clash_groups(classes: dict[str, list[Rule]], used: frozenset[str] = frozens
         yield list(rest), [v for bucket in buckets.values() for v in bucket]
 
 
-def _conflicts(rules: RuleSet, kind: str, values, cond: dict[str, Any], solver: z3.Solver, links: list[Any]):
+def _conflicts(rules: RuleSet, kind: str, values, cond: dict[str, Any], solver: z3.Solver, links: list[Any], unknown):
     """(a, b, witness model) for rules a before b of one scope that can match together and give a name
     different values. Per name and group of value classes (_clash_groups) one query (at least two classes match:
     a cardinality constraint, linear in the classes), then one more per conflict found: linear in the rules, not
-    pairwise."""
+    pairwise. A query z3 cannot decide is appended to ``unknown`` (an :class:`Unknown` naming the rules)."""
     group = [r for r in rules.rules if (r.kind == "set") == (kind == "set") and values(r)]
     position = {r.id: i for i, r in enumerate(group)}
     by_name: dict[tuple[str, str], list[Rule]] = {}
@@ -274,7 +300,13 @@ def _conflicts(rules: RuleSet, kind: str, values, cond: dict[str, Any], solver: 
                 clash = z3.And(z3.Or(*matches), z3.Or(*[cond[r.id] for v in second for r in classes[v]]))
             blocked: list[Any] = []
             while True:
-                _, model = find(solver, z3.And(clash, *blocked), links)
+                verdict, model = find(solver, z3.And(clash, *blocked), links)
+                if verdict.unknown:
+                    ids = [r.id for v in [*first, *(second or ())] for r in classes[v]]
+                    listed = ", ".join(ids[:8]) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
+                    what = ("gate " if kind == "set" else "server argument ") + name
+                    query = f"can {kind} rules {listed} match together and disagree on {what}"
+                    unknown.append(Unknown(classes[first[0]][0].where, query, verdict.reason))
                 if model is None:
                     break
                 live = [r for r in setters if z3.is_true(model.eval(cond[r.id], model_completion=True))]

@@ -23,6 +23,7 @@ from typing import Any
 import z3
 
 from attngate.analysis.encoding import Encoder, Finding, find, lit
+from attngate.analysis.verdict import Unknown, check, interruptible
 from attngate.facts.server_args import ServerArgs
 from attngate.plan.registry import GATES
 from attngate.rules.load import Invariant
@@ -31,18 +32,24 @@ from attngate.rules.ruleset import FactValue, Rule, RuleSet
 
 def prove_invariants(
     rules: RuleSet, *, timeout_ms: int = 10_000, encoded: tuple[Encoder, dict[str, Any]] | None = None
-) -> list[Finding]:
-    """One finding per invariant that some accepted input violates (or that z3 cannot decide in time).
-    ``encoded``: an encoder over all gates and its rule conditions by id, where the caller (lint) has them."""
+) -> list[Finding | Unknown]:
+    """One finding per invariant that some accepted input violates, one :class:`Unknown` per invariant z3 cannot
+    decide in time. ``encoded``: an encoder over all gates and its rule conditions by id, where the caller (lint)
+    has them. Raises :class:`~attngate.analysis.verdict.Interrupted` on SIGINT (:func:`interruptible`)."""
     if not rules.invariants:
         return []
+    with interruptible():
+        return _prove(rules, timeout_ms, encoded)
+
+
+def _prove(rules: RuleSet, timeout_ms: int, encoded: tuple[Encoder, dict[str, Any]] | None) -> list[Finding | Unknown]:
     enc, cond = encoded or (Encoder(rules, all_gates=True), None)
     model = encode_resolution(enc, rules, cond)
     solver = z3.Solver()
     solver.set("timeout", timeout_ms)
     solver.add(*enc.axioms, *model.settled, model.accepted, *model.gates)
     setters, cond = model.setters, model.cond
-    findings = []
+    findings: list[Finding | Unknown] = []
     for inv in rules.invariants:
         violated = z3.Not(enc.encode(inv.condition.tree.body))
         verdict, counter = find(solver, violated, enc.links)
@@ -50,8 +57,9 @@ def prove_invariants(
             keep = inputs_read([rules], [], inv.condition.reads)
             witness = simplest_witness(solver, enc, [violated], counter, keep)
             findings.append(Finding(inv.where, _counterexample(inv, enc, witness, setters, cond, keep)))
-        elif verdict == z3.unknown:
-            findings.append(Finding(inv.where, f"invariant {inv.id!r}: z3 could not decide it within {timeout_ms} ms"))
+        elif verdict.unknown:
+            query = f"does invariant {inv.id!r} hold for every accepted input (within {timeout_ms} ms)"
+            findings.append(Unknown(inv.where, query, verdict.reason))
     return findings
 
 
@@ -166,14 +174,15 @@ def simplest_witness(
 ) -> z3.ModelRef:
     """A model of the solver's assertions, ``terms`` and the derived-fact links in which as many server arguments
     outside ``keep`` as can keep their defaults (z3's Optimize, soft constraints), so that a witness shows only
-    the flags it needs; ``model`` where none is found in time."""
+    the flags it needs; ``model`` where none is found in time. Raises
+    :class:`~attngate.analysis.verdict.Interrupted` on SIGINT."""
     opt = z3.Optimize()
     opt.set("timeout", timeout_ms)
     opt.add(*solver.assertions(), *terms, *enc.links)
     for name, field in ServerArgs.model_fields.items():
         if name not in keep:
             opt.add_soft(enc.equals(name, field.default))
-    return opt.model() if opt.check() == z3.sat else model
+    return opt.model() if check(opt).sat else model
 
 
 def witness_inputs(enc: Encoder, model: z3.ModelRef, names: set[str]) -> dict[str, Any]:

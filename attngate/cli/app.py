@@ -23,6 +23,10 @@ app = typer.Typer(
 
 EXIT_INVALID_CONFIG = 1
 EXIT_BAD_INPUT = 2
+#: lint or diff: the solver could not decide some query (a timeout, an incomplete theory): not proved either way
+EXIT_UNKNOWN = 3
+#: stopped by SIGINT (Ctrl-C, a CI job's timeout): 128 + SIGINT, as a shell reports it
+EXIT_INTERRUPTED = 130
 
 
 class OutputFormat(str, Enum):
@@ -49,6 +53,13 @@ def fail(err: Exception, code: int = EXIT_BAD_INPUT) -> "typer.Exit":
     else:
         typer.echo(str(err), err=True)
     return typer.Exit(code)
+
+
+def interrupted() -> "typer.Exit":
+    """A command stopped by SIGINT (a KeyboardInterrupt, attngate.analysis.verdict.Interrupted among them): one
+    line on stderr, no traceback; returns the Exit (130) to raise."""
+    typer.echo("interrupted", err=True)
+    return typer.Exit(EXIT_INTERRUPTED)
 
 
 def error_document(problems: list[Problem], code: int) -> dict[str, Any]:

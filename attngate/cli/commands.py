@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from attngate.cli.app import EXIT_INVALID_CONFIG, MatrixFormat, OutputFormat, app, fail
+from attngate.cli.app import EXIT_INVALID_CONFIG, EXIT_UNKNOWN, MatrixFormat, OutputFormat, app, fail, interrupted
 
 KERNELS_HELP = (
     "the deployment's kernel providers, comma-separated: flashinfer, flash_attn.cute, flash_attn_interface, or a "
@@ -141,23 +141,26 @@ def lint(
     file: Optional[Path] = typer.Argument(None, help="rules file (default: the shipped rules.yaml)"),
     output: OutputFormat = typer.Option(OutputFormat.table, "--format", help="table or json"),
 ) -> None:
-    """Report every load, schema and type error of a rules file, then its static findings (conflicts, dead rules)."""
+    """Report every load, schema and type error of a rules file, then its static findings (conflicts, dead rules).
+    Exit 0 clean, 1 findings, 2 bad input, 3 a query z3 could not decide (each printed, "unknown"), 130 interrupted."""
     from attngate.errors import RulesError, UsageError
     from attngate.rules.load import load_rules
 
     try:
         rule_set = load_rules(file)
-    except RulesError as err:
-        raise fail(err) from None
-    from attngate.analysis import require_z3
+        from attngate.analysis import require_z3
 
-    try:
         require_z3()
-    except UsageError as err:
-        raise fail(err) from None
-    from attngate.analysis.lint import lint_rules
+        from attngate.analysis.lint import lint_rules
+        from attngate.analysis.verdict import Unknown
 
-    findings = lint_rules(rule_set)
+        results = lint_rules(rule_set)
+    except (RulesError, UsageError) as err:
+        raise fail(err) from None
+    except KeyboardInterrupt:  # Ctrl-C, or SIGINT from a CI timeout (analysis.verdict.Interrupted is one)
+        raise interrupted() from None
+    unknown = [f for f in results if isinstance(f, Unknown)]
+    findings = [f for f in results if not isinstance(f, Unknown)]
     counts = {
         "rules": len(rule_set.rules),
         "predicates": len(rule_set.predicates),
@@ -165,14 +168,20 @@ def lint(
         "deviations": len(rule_set.deviations),
     }
     if output is OutputFormat.json:
-        typer.echo(json.dumps({"file": rule_set.filename, **counts, "findings": [str(f) for f in findings]}, indent=2))
+        report = {"file": rule_set.filename, **counts, "findings": [str(f) for f in findings]}
+        typer.echo(json.dumps(report | {"unknown": [str(u) for u in unknown]}, indent=2))
     else:
-        for finding in findings:
+        for finding in [*findings, *unknown]:
             typer.echo(str(finding))
+        outcome = f"{len(findings)} finding(s)"
+        if unknown:  # never "0 finding(s)" where the solver did not decide every query
+            outcome = f"{len(unknown)} unknown (not proved either way)" + (f", {outcome}" if findings else "")
         typer.echo(
             f"{rule_set.filename}: {counts['rules']} rules, {counts['predicates']} predicates, "
-            f"{counts['invariants']} invariants, {len(findings)} finding(s)"
+            f"{counts['invariants']} invariants, {outcome}"
         )
+    if unknown:
+        raise typer.Exit(EXIT_UNKNOWN)
     if findings:
         raise typer.Exit(EXIT_INVALID_CONFIG)
 
@@ -185,7 +194,8 @@ def diff(
 ) -> None:
     """For every gate of every scope (and acceptance and adjustments): does some input make OLD and NEW resolve it
     differently? Each difference with a witness input and the rules responsible on each side.
-    Exit 0 equivalent, 1 different, 2 bad input."""
+    Exit 0 equivalent, 1 different, 2 bad input, 3 a query z3 could not decide (each printed, "unknown"), 130
+    interrupted."""
     from attngate.analysis import require_z3
     from attngate.errors import AttngateError, load_all
     from attngate.rules.load import load_rules
@@ -193,11 +203,14 @@ def diff(
     try:
         loaded = load_all(lambda: load_rules(old), lambda: load_rules(new))
         require_z3()
+        from attngate.analysis.diff import diff_rules
+
+        differences = diff_rules(*loaded)
     except AttngateError as err:
         raise fail(err) from None
-    from attngate.analysis.diff import diff_rules
-
-    differences = diff_rules(*loaded)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGINT from a CI timeout (analysis.verdict.Interrupted is one)
+        raise interrupted() from None
+    unknown = [d for d in differences if d.kind == "unknown"]
     if output is OutputFormat.json:
         import dataclasses
 
@@ -205,7 +218,13 @@ def diff(
     else:
         for d in differences:
             typer.echo(str(d))
-        typer.echo(f"{old} -> {new}: {len(differences)} difference(s)")
+        found = len(differences) - len(unknown)
+        outcome = f"{found} difference(s)"
+        if unknown:  # never "0 difference(s)" where the solver did not decide every query
+            outcome = f"{len(unknown)} unknown (not proved either way)" + (f", {outcome}" if found else "")
+        typer.echo(f"{old} -> {new}: {outcome}")
+    if unknown:
+        raise typer.Exit(EXIT_UNKNOWN)
     if differences:
         raise typer.Exit(EXIT_INVALID_CONFIG)
 
