@@ -37,6 +37,7 @@ from attngate.integrations.transformers_rows import (
     DECISIONS,
     LayerDecisions,
     chunk_extents,
+    per_mask,
     visible_mask,
 )
 
@@ -70,7 +71,7 @@ def configure(
             raise ModelConfigError(err.problems) from None
         raise
     if platform is None:
-        platform = Platform.detect() if torch.cuda.is_available() else Platform.from_name("sm90")
+        platform = Platform.detect() if torch.cuda.is_available() else Platform.from_name("sm90", kernels=["attngate"])
     resolution = resolve(server_args or ServerArgs(), facts, platform)
     entry = (resolution, layers_from_model(facts))
     text = getattr(config, "text_config", None)
@@ -160,7 +161,12 @@ def plain_attention(
     sinks = getattr(module, "sinks", None)
     b, h, s, _ = query.shape
     s_kv = key.shape[2]
-    kernel = (d.prefill_kernel if s > 1 else d.decode_kernel) if _on_gpu(query) else None
+    general = _mask_kind(attention_mask, b, h, s, s_kv) == "general"
+    on_kernel = _on_gpu(query) and not general and s_kv > 0
+    visible = visible_mask(attention_mask, b, s, s_kv, query.device, d.causal)  # [B, S, S_kv] as transformers masks it
+    if on_kernel and not _plan_expresses(d, attention_mask, visible):
+        general = on_kernel = False  # a caller's keep-mask with holes of its own: float32 torch applies it
+    kernel = (d.prefill_kernel if s > 1 else d.decode_kernel) if on_kernel else None
     if (
         kernel == "fa"
         and d.kind != LayerKind.CROSS_ATTENTION
@@ -168,35 +174,119 @@ def plain_attention(
         and transformers_ops.reads_in_place(attention_mask, b, s, s_kv, query.device, d.causal)
     ):
         return transformers_ops.fa_in_place(d, query, key, value, attention_mask, sinks, scale), None
-    visible = visible_mask(attention_mask, b, s, s_kv, query.device, d.causal)  # [B, S, S_kv] as transformers masks it
     if kernel is not None:
         return transformers_ops.kernel_attention(
             query, key, value, visible, attention_mask, sinks, id(module), kernel, scale
         ), None
-    # where each query sits among the keys: its last visible key under a causal mask, else bottom-right (a
-    # bidirectional layer's mask shows every key of the row to every query). Positions are padded ones: a window
-    # (a distance) reads them as the unpadded positions would.
-    j = torch.arange(s_kv, device=query.device)
-    bottom_right = (s_kv - s) + torch.arange(s, device=query.device)
-    last = torch.where(visible, j, -1).amax(-1)
+    return _float_attention(d, query, key, value, attention_mask if general else None, visible, sinks, scale), None
+
+
+def _plan_expresses(d: LayerDecisions, attention_mask: torch.Tensor | None, visible: torch.Tensor) -> bool:
+    """Whether the kernels, which take padding and where each query sits from the mask and causality and the window
+    from the plan, compute what ``visible`` shows: true of the masks transformers makes (and of no mask); a caller's
+    mask that hides keys of its own (one key from one query) is not. On a cross-attention layer the kernels take each
+    query's keys from the mask itself. Eager: one host read per mask and layer shape, kept; a graph cannot look and
+    takes the mask as transformers makes it."""
+    if attention_mask is None or d.kind == LayerKind.CROSS_ATTENTION or torch.compiler.is_compiling():
+        return True
+
+    def make() -> bool:
+        sees = visible.any(-1, keepdim=True)  # a query that sees no key is padding, whatever the kernels give it
+        return bool(((_plan_mask(d, visible) == visible) | ~sees).all())
+
+    return per_mask(attention_mask, ("expressed", d.causal, d.window, d.attention_chunk_size, *visible.shape), make)
+
+
+def _plan_mask(d: LayerDecisions, visible: torch.Tensor) -> torch.Tensor:
+    """``[B, S, S_kv]`` bool: the keys the plan lets each query see, given where ``visible: [B, S, S_kv]`` puts it
+    among the keys and which keys are padding. Where each query sits: its last visible key under a causal mask, else
+    bottom-right (a bidirectional layer's mask shows every key of the row to every query). Positions are padded ones:
+    a window (a distance) reads them as the unpadded positions would."""
+    b, s, s_kv = visible.shape
+    j = torch.arange(s_kv, device=visible.device)
+    bottom_right = (s_kv - s) + torch.arange(s, device=visible.device)
+    last = torch.where(visible, j, -1).amax(-1) if s_kv else bottom_right.expand(b, s)
     q_pos = torch.where(last >= 0, last, bottom_right) if d.causal else bottom_right.expand(b, s)
     # the keys a query may see: on a cross layer its own mask's (data), else those some query of the row sees (not padding)
     seen = visible if d.kind == LayerKind.CROSS_ATTENTION else visible.any(1, keepdim=True)
-    mask = seen & visible_keys(q_pos, j, causal=d.causal, window=d.window)
+    return seen & visible_keys(q_pos, j, causal=d.causal, window=d.window)
+
+
+def _mask_kind(attention_mask: torch.Tensor | None, b: int, h: int, s: int, s_kv: int) -> str:
+    """``"keep"``: no mask, or a bool keep-mask shared by the heads (what transformers' mask function makes; the
+    kernels express it); ``"general"``: a caller's 4D mask the kernels cannot express, a per-head bool mask or an
+    additive float mask (soft biases, -inf, NaN), which float32 torch applies as transformers' eager attention does.
+    Raises UsageError for any other mask (an integer keep-mask, which eager would add as a bias and sdpa refuses, or
+    a shape that does not broadcast over ``[B, H, S, S_kv]``). A float or per-head mask is read once (eager; kept per
+    mask) to find whether it only keeps or hides, as transformers' own additive masks (Mllama's cross attention) do;
+    in a graph such a mask is general."""
+    if attention_mask is None:
+        return "keep"
+    problems = []
+    if attention_mask.dtype != torch.bool and not attention_mask.is_floating_point():
+        problems.append(f"dtype {attention_mask.dtype}: a bool keep-mask or an additive float mask")
+    shape = tuple(attention_mask.shape)
+    if len(shape) != 4 or shape[0] not in (1, b) or shape[1] not in (1, h) or shape[2] not in (1, s) or shape[3] < s_kv:
+        problems.append(f"shape {list(shape)}: [batch {b} or 1, heads {h} or 1, queries {s} or 1, keys >= {s_kv}]")
+    if problems:
+        raise UsageError([Problem("attention_mask", p) for p in problems])
+    if attention_mask.dtype == torch.bool and shape[1] == 1:
+        return "keep"
+    if torch.compiler.is_compiling():  # a graph cannot look at the values: torch computes what the mask says
+        return "general"
+    return per_mask(
+        attention_mask, ("kind", s_kv), lambda: "keep" if _keeps_only(attention_mask[..., :s_kv]) else "general"
+    )
+
+
+def _keeps_only(mask: torch.Tensor) -> bool:
+    """Whether a 4D mask says only keep or hide, the same for every head: an additive mask of zeros and masked entries
+    (its dtype's minimum or -inf, as transformers' own additive masks are), or a bool mask whose heads agree. One host
+    read."""
+    keep = mask if mask.dtype == torch.bool else mask == 0
+    if mask.dtype != torch.bool and not (keep | (mask <= torch.finfo(mask.dtype).min / 2)).all():
+        return False
+    return bool((keep == keep[:, :1]).all())
+
+
+def _float_attention(
+    d: LayerDecisions,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    general_mask: torch.Tensor | None,
+    visible: torch.Tensor,
+    sinks: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    """Attention in float32 torch, the reference semantics: ``query: [B, H, S, D]``, ``key``/``value: [B, H_kv, S_kv,
+    D/Dv]``, ``visible: [B, S, S_kv]`` bool -> ``[B, S, H, Dv]`` in the query's dtype. ``general_mask`` (``[B|1, H|1,
+    S|1, >=S_kv]``, see :func:`_mask_kind`): per head, and added to the scores when float, as eager attention adds it."""
+    b, h, s, _ = query.shape
+    s_kv = key.shape[2]
     if d.attention_chunk_size:
         chunk_extents(visible, visible.any(-1), d)  # the mask chunks as the plan says
-        mask &= visible
+    # the plan's decisions on top of what the mask shows (a caller's mask may hide more than padding)
+    mask = (_plan_mask(d, visible) & visible)[:, None]  # [B, 1, S, S_kv]
     rep = h // key.shape[1]
     k, v = key.float().repeat_interleave(rep, 1), value.float().repeat_interleave(rep, 1)
     scores = torch.einsum("bhqd,bhkd->bhqk", query.float(), k) * scale
     if d.logit_cap:
         scores = d.logit_cap * torch.tanh(scores / d.logit_cap)
-    scores = scores.masked_fill(~mask[:, None], float("-inf"))
+    if general_mask is not None:
+        given = general_mask[..., :s_kv]
+        if given.dtype == torch.bool:
+            mask = mask & given
+        else:  # eager attention adds the mask; its masked entries (finfo.min, -inf) are masked here outright
+            scores = scores + given.float()
+            mask = mask & ~(given <= torch.finfo(given.dtype).min / 2)
+    scores = scores.masked_fill(~mask, float("-inf"))
     if sinks is not None:
         scores = torch.cat([scores, sinks.float().view(1, h, 1, 1).expand(b, h, s, 1)], dim=-1)
-    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)[..., :s_kv]
+    # a query that sees no key (padding) attends to nothing; a NaN or +inf a caller's mask adds comes through, as in eager
+    probs = torch.softmax(scores, dim=-1).masked_fill(~mask.any(-1, keepdim=True) & (sinks is None), 0.0)[..., :s_kv]
     out = torch.einsum("bhqk,bhkd->bqhd", probs, v)
-    return out.to(query.dtype), None
+    return out.to(query.dtype)
 
 
 def _position(model: ModelFacts, module: torch.nn.Module) -> int:

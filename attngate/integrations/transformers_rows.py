@@ -127,12 +127,13 @@ def padded_extents(
     """``[4, B]`` int32 on the device, without a host sync (the padded FA path, attngate.backends.fa_padded): each
     request's first valid query, end of valid queries, first valid key and end of valid keys in transformers' padded
     positions, valid as :func:`_self_attention_valid` finds them, each taken to be one run (left padding, or a
-    right-padded prompt's own forward; :func:`one_run_each` says where it is); no mask: every position valid. Found
+    right-padded prompt's own forward; :func:`one_run_each` says where it is). Found
     once per mask (:func:`per_mask`)."""
 
     def make() -> torch.Tensor:
-        if attention_mask is None:
-            return torch.tensor([0, s, 0, s_kv], dtype=torch.int32, device=device)[:, None].expand(4, b)
+        if attention_mask is None:  # every query valid, the keys of :func:`unmasked_keys`
+            end = unmasked_keys(s, s_kv, causal)
+            return torch.tensor([0, s, 0, end], dtype=torch.int32, device=device)[:, None].expand(4, b)
         q_valid, kv_valid = _valid_sets(attention_mask, b, s, s_kv, device, causal)
         return torch.stack([*_run(q_valid), *_run(kv_valid)]).to(torch.int32)
 
@@ -277,13 +278,26 @@ def chunk_extents(visible: torch.Tensor, q_valid: torch.Tensor, layer: LayerDeci
     return torch.stack([row, first, last])
 
 
+def unmasked_keys(s: int, s_kv: int, causal: bool) -> int:
+    """How many of the ``s_kv`` keys a batch given no mask attends to, by the convention of the mask function
+    attngate registers (transformers' ``sdpa_mask``, whose None means sdpa's ``is_causal``): a causal layer's
+    ``s > 1`` queries sit top-left (query i sees keys 0..i): keys past ``s`` are a static cache's empty slots
+    (transformers skips the mask of an empty static cache's prefill); one query, or a non-causal layer, sees every key."""
+    return s if causal and s > 1 else s_kv
+
+
 def visible_mask(attention_mask: torch.Tensor | None, b: int, s: int, s_kv: int, device, causal: bool) -> torch.Tensor:
-    if attention_mask is None and not causal:  # an unpadded encoder batch, or cross attention over every encoder token
-        return torch.ones(b, s, s_kv, dtype=torch.bool, device=device)
-    if attention_mask is None:  # transformers passes none for an unpadded causal batch: causal, bottom-right
-        return (
-            torch.arange(s_kv, device=device)[None, :] <= torch.arange(s, device=device)[:, None] + (s_kv - s)
-        ).expand(b, s, s_kv)
-    mask = attention_mask[:, 0, :, :s_kv]
-    visible = mask if mask.dtype == torch.bool else mask == 0
-    return visible.expand(b, s, s_kv)
+    """``[B, S, S_kv]`` bool: the keys each query may see as transformers masks it (``attention_mask: [B, 1|H, S,
+    >=S_kv]`` bool or additive, or None: :func:`unmasked_keys`)."""
+    if attention_mask is None:  # causal over the first unmasked_keys keys, bottom-right among them
+        end = unmasked_keys(s, s_kv, causal)
+        j, i = torch.arange(s_kv, device=device), torch.arange(s, device=device)
+        visible = j[None, :] < end
+        if causal:
+            visible = visible & (j[None, :] <= i[:, None] + (end - s))
+        return visible.expand(b, s, s_kv)
+    mask = attention_mask[..., :s_kv]
+    # an additive mask hides what is at its dtype's minimum or -inf (a NaN or +inf is seen: eager propagates it);
+    # a per-head mask shows a key that some head sees
+    visible = mask if mask.dtype == torch.bool else ~(mask <= torch.finfo(mask.dtype).min / 2)
+    return visible.any(1).expand(b, s, s_kv)

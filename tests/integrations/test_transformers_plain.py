@@ -14,7 +14,14 @@ transformers = pytest.importorskip("transformers")
 from attngate import Platform, ServerArgs  # noqa: E402
 from attngate.integrations.transformers import AttngateRuntime, configure  # noqa: E402
 from attngate.integrations.transformers_plain import plan_of  # noqa: E402
-from tests.support.transformers_models import MODELS_UNDER_TEST, config_of, mllama_pair, model_pair, two_images
+from tests.support.transformers_models import (
+    MODELS_UNDER_TEST,
+    config_of,
+    mllama_pair,
+    model_pair,
+    on_fa_standin,
+    two_images,
+)
 
 ATOL = 1e-4
 FA_HOST = Platform.from_name("sm90", kernels=["flash_attn.cute"])  # the plan runs FA through flash_attn.cute
@@ -161,7 +168,7 @@ def test_the_fa_path_reads_the_padded_batch_and_cache_in_place(name, monkeypatch
 
     file, overrides, _ = MODELS_UNDER_TEST[name]
     ref, ours = model_pair(config_of(file, overrides))
-    calls = _on_fa_standin(monkeypatch)
+    calls = on_fa_standin(monkeypatch)
     configure(ours, ServerArgs(), FA_HOST)
     ids, mask = _batch()  # 2 x 13, the second request left-padded by 4
     with torch.no_grad():
@@ -199,7 +206,7 @@ def test_a_right_padded_prefill_counts_its_padding_queries_out(kernel, name, mon
     file, overrides, _ = MODELS_UNDER_TEST[name]
     ref, ours = model_pair(config_of(file, {**overrides, "head_dim": 64}))
     if kernel == "fa":
-        calls = _on_fa_standin(monkeypatch)
+        calls = on_fa_standin(monkeypatch)
         configure(ours, ServerArgs(), FA_HOST)
     else:
         monkeypatch.setitem(sys.modules, "flashinfer", fi_standin.module())
@@ -227,7 +234,7 @@ def test_decoding_after_right_padding_reads_only_the_valid_keys(name, cache, mon
 
     file, overrides, _ = MODELS_UNDER_TEST[name]
     ref, ours = model_pair(config_of(file, overrides))
-    calls = _on_fa_standin(monkeypatch)
+    calls = on_fa_standin(monkeypatch)
     configure(ours, ServerArgs(), FA_HOST)
     ids, mask = _batch()
     mask = mask.flip(1)  # the second request right-padded by 4
@@ -265,7 +272,7 @@ def test_a_decode_step_on_the_fa_path_compiles_to_one_graph_without_host_syncs(m
     """torch._dynamo.explain of a static-cache decode step through FA's padded path (the stand-in): one graph, no
     break; the lengths the kernel reads are computed in the graph (tensors), not read back to the host."""
     ref, ours = model_pair(config_of(*MODELS_UNDER_TEST["llama"][:2]))
-    calls = _on_fa_standin(monkeypatch)
+    calls = on_fa_standin(monkeypatch)
     configure(ours, ServerArgs(), FA_HOST)
     ids, mask = _batch()
     cache = transformers.StaticCache(config=ours.config, max_cache_len=24)
@@ -294,7 +301,7 @@ def test_the_fa_path_runs_chunked_local_layers_as_one_row_per_chunk(monkeypatch)
     from attngate.errors import BatchMetadataError
 
     ref, ours = model_pair(config_of(*MODELS_UNDER_TEST["llama4-chunked"][:2]))
-    calls = _on_fa_standin(monkeypatch)
+    calls = on_fa_standin(monkeypatch)
     resolution = configure(ours, ServerArgs(), FA_HOST)
     assert resolution.plan.prefill_backend == "fa3" and resolution.plan.fa.provider == "flash_attn.cute"
     ids, mask = _batch()  # 13 tokens; the second row has 4 of left padding, so its chunks start at 4, 8, 12
@@ -319,30 +326,6 @@ def test_the_fa_path_runs_chunked_local_layers_as_one_row_per_chunk(monkeypatch)
             ours(ids, attention_mask=mask)
 
 
-def _on_fa_standin(monkeypatch) -> list[tuple[list[int], list[int], bool]]:
-    """Run the GPU path on the CPU: flash_attn.cute is the stand-in, every tensor counts as on the GPU. Returns the
-    list that each varlen call appends its (cu_seqlens_q, cu_seqlens_k, causal, seqused_q, seqused_k) to. Call after building the models
-    (transformers probes flash_attn's import spec there)."""
-    import sys
-
-    from attngate.integrations import transformers_plain
-    from tests.support.standins import flash_attn_cute
-
-    modules = flash_attn_cute.modules()
-    for name, module in modules.items():
-        monkeypatch.setitem(sys.modules, name, module)
-    monkeypatch.setattr(transformers_plain, "_on_gpu", lambda t: True)
-    calls, original = [], modules["flash_attn.cute"].flash_attn_varlen_func
-
-    def recorded(q, k, v, **kw):
-        used = [None if kw.get(n) is None else kw[n].tolist() for n in ("seqused_q", "seqused_k")]
-        calls.append((kw["cu_seqlens_q"].tolist(), kw["cu_seqlens_k"].tolist(), kw["causal"], *used))
-        return original(q, k, v, **kw)
-
-    monkeypatch.setattr(modules["flash_attn.cute"], "flash_attn_varlen_func", recorded)
-    return calls
-
-
 @pytest.mark.parametrize("path", ["torch", "fa_varlen"])
 def test_cross_attention_keeps_each_querys_images(path, monkeypatch):
     """Mllama's cross-attention layers: which image tiles a text token sees is request data in transformers' mask, kept
@@ -350,7 +333,7 @@ def test_cross_attention_keeps_each_querys_images(path, monkeypatch):
     varlen call (the stand-in) each run of queries that see the same tiles is one non-causal row over those tiles."""
     ref, ours, _ = mllama_pair()
     if path == "fa_varlen":
-        calls = _on_fa_standin(monkeypatch)
+        calls = on_fa_standin(monkeypatch)
         configure(ours.model.language_model, ServerArgs(), FA_HOST)
     inputs = two_images()
     with torch.no_grad():
@@ -420,7 +403,7 @@ def test_an_encoder_decoder_places_each_attention_module_in_the_plan(path, monke
     )
     ref, ours = model_pair(cfg, auto=transformers.AutoModelForSpeechSeq2Seq)
     if path == "fa_varlen":
-        calls = _on_fa_standin(monkeypatch)
+        calls = on_fa_standin(monkeypatch)
         configure(ours, ServerArgs(), FA_HOST)
     features = torch.randn(2, 16, 40, generator=torch.Generator().manual_seed(1))
     decoder_ids = torch.randint(3, 120, (2, 7), generator=torch.Generator().manual_seed(2))
@@ -608,7 +591,7 @@ def test_torch_compile_keeps_the_fa_path_as_one_op_of_the_graph(monkeypatch):
     (``attngate::fa_varlen``) of a single graph, ``fullgraph=True``, and the compiled model matches eager,
     prefill and static-cache decode."""
     ref, ours = model_pair(config_of(*MODELS_UNDER_TEST["llama"][:2]))
-    calls = _on_fa_standin(monkeypatch)
+    calls = on_fa_standin(monkeypatch)
     configure(ours, ServerArgs(), FA_HOST)
     ids, mask = _batch()
     graphs, backend = _graph_counter()

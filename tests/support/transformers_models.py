@@ -198,3 +198,27 @@ def two_images():
         aspect_ratio_mask=torch.ones(2, 2, 2, dtype=torch.long),
         cross_attention_mask=cross,
     )
+
+
+def on_fa_standin(monkeypatch) -> list[tuple[list[int], list[int], bool]]:
+    """Run the GPU path on the CPU: flash_attn.cute is the stand-in, every tensor counts as on the GPU. Returns the
+    list that each varlen call appends its (cu_seqlens_q, cu_seqlens_k, causal, seqused_q, seqused_k) to. Call after building the models
+    (transformers probes flash_attn's import spec there)."""
+    import sys
+
+    from attngate.integrations import transformers_plain
+    from tests.support.standins import flash_attn_cute
+
+    modules = flash_attn_cute.modules()
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(transformers_plain, "_on_gpu", lambda t: True)
+    calls, original = [], modules["flash_attn.cute"].flash_attn_varlen_func
+
+    def recorded(q, k, v, **kw):
+        used = [None if kw.get(n) is None else kw[n].tolist() for n in ("seqused_q", "seqused_k")]
+        calls.append((kw["cu_seqlens_q"].tolist(), kw["cu_seqlens_k"].tolist(), kw["causal"], *used))
+        return original(q, k, v, **kw)
+
+    monkeypatch.setattr(modules["flash_attn.cute"], "flash_attn_varlen_func", recorded)
+    return calls
