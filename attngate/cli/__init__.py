@@ -1,7 +1,8 @@
 """The ``attngate`` command line: explain, lint, matrix, schema, conform.
 
 Exit codes: 0 resolved (warnings allowed); 1 the configuration is invalid (or lint found a
-problem in rules that load); 2 bad usage, a bad rules file, bad server arguments or a bad model config.
+problem in rules that load); 2 bad usage, a bad rules file, bad server arguments or a bad model config; 3 lint or diff
+could not decide a query (z3 answered unknown: not proved either way); 130 interrupted (SIGINT).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 import typer
 
 from attngate.cli import commands, conform  # noqa: F401  (each registers its commands on the app)
-from attngate.cli.app import JSON_ERRORS, ClickException, app, error_document, usage_problem
+from attngate.cli.app import JSON_ERRORS, ClickException, app, error_document, interrupted, usage_problem
 
 __all__ = ["app", "main"]
 
@@ -38,6 +39,8 @@ def main(argv: list[str] | None = None) -> None:
         code = err.exit_code
     except typer.Abort:
         code = 1
+    except KeyboardInterrupt:  # Ctrl-C before a command runs (lint and diff turn their own into the same)
+        code = interrupted().exit_code
     except BrokenPipeError:
         # the reader went away: send what is left in the buffers nowhere, so that the flush at exit cannot fail
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
