@@ -20,7 +20,7 @@ import functools
 import json
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, Union
 
 from pydantic import BaseModel, ValidationError
 
@@ -28,9 +28,6 @@ from attngate.errors import AttngateError, PlanLoadError, Problem
 from attngate.types import FactType
 from attngate.util.inputs import MAX_NESTING, nesting_depth
 from attngate.util.suggest import did_you_mean
-
-if TYPE_CHECKING:
-    from attngate.plan.schema import Plan
 
 #: problems listed before the rest are only counted (a text of a million unknown keys stays a short error)
 MAX_PROBLEMS = 100
@@ -98,12 +95,12 @@ class _Found:
 
 
 @functools.cache
-def plan_shape(cls: type[Plan]) -> Shape:
+def plan_shape(cls: type[BaseModel]) -> Shape:
     """Every key of a plan's JSON, ``fingerprint`` among them."""
     return {**shape_of(cls), "fingerprint": _Fingerprint()}
 
 
-def load_plan(cls: type[Plan], text: str) -> Plan:
+def load_plan(cls: type[BaseModel], text: str) -> BaseModel:
     """The plan ``text`` holds. Raises PlanLoadError listing every problem: text that is no JSON or nests more than
     MAX_NESTING deep, a key missing, unknown or repeated, a value outside its gate's domain, a fingerprint absent,
     malformed or not the plan's."""
