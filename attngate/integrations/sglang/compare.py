@@ -78,11 +78,11 @@ class CaseResult:
 
     @property
     def verdict(self) -> Verdict:
+        undeclared = [f for f in self.differences if not self.declared.get(f)]
+        if undeclared:  # before anything else: a difference is never scored as agreement
+            return Verdict.ONE_REFUSES if {REFUSAL, SGLANG_REFUSAL} & set(undeclared) else Verdict.DISAGREE
         if self.sglang is None and self.attngate is None:
             return Verdict.BOTH_REFUSE
-        undeclared = [f for f in self.differences if not self.declared.get(f)]
-        if undeclared:
-            return Verdict.ONE_REFUSES if {REFUSAL, SGLANG_REFUSAL} & set(undeclared) else Verdict.DISAGREE
         return Verdict.DEVIATION if self.differences else Verdict.AGREE
 
     def to_json(self) -> dict[str, Any]:
@@ -111,6 +111,19 @@ def _same(name: str, sglang_value: Any, attngate_value: Any) -> bool:
     if attngate_value == _UNSET_VALUE.get(name) and name in UNSET_MEANS:
         return UNSET_MEANS[name](sglang_value)
     return sglang_value == attngate_value
+
+
+def unreadable_config(
+    name: str, resolved: dict[str, Any] | None, sglang_refusal: str | None, problems: str
+) -> CaseResult:
+    """A case whose model config attngate cannot read (``problems``): where SGLang serves it (``resolved``), an
+    undeclared refusal carrying SGLang's values; where SGLang refuses it too, both refuse."""
+    sglang = _effective(attngate_values(resolved)) if resolved is not None else None
+    result = CaseResult(name, sglang, None, sglang_refusal=sglang_refusal, attngate_refusal=problems)
+    if sglang is not None:
+        result.differences[REFUSAL] = (None, problems)
+        result.origins[REFUSAL] = "config reader"
+    return result
 
 
 def compare_case(

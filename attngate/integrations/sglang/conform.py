@@ -22,8 +22,7 @@ from attngate.errors import AttngateError
 from attngate.facts.model import ModelFacts
 from attngate.facts.platform import Platform
 from attngate.integrations.sglang.cases import Case
-from attngate.integrations.sglang.compare import CaseResult, Verdict, compare_case
-from attngate.rules.deviations import REFUSAL
+from attngate.integrations.sglang.compare import CaseResult, Verdict, compare_case, unreadable_config
 from attngate.rules.ruleset import RuleSet
 
 # What a forked worker reads: set by run_cases before the pool forks.
@@ -55,12 +54,8 @@ def _run_one(index: int) -> CaseResult:
     outcome = sglang_resolve(folder, case.gpu, args)
     model = _STATE["models"][case.model_config]
     if isinstance(model, AttngateError):
-        result = CaseResult(
-            case.name, None, None, sglang_refusal=outcome.refusal, attngate_refusal="; ".join(map(str, model.problems))
-        )
-        if outcome.refusal is None:
-            result.differences[REFUSAL] = (None, result.attngate_refusal)
-        return result
+        problems = "; ".join(map(str, model.problems))
+        return unreadable_config(case.name, outcome.resolved, outcome.refusal, problems)
     platform = Platform.from_name(case.gpu, kernels=case.kernels)
     return compare_case(case.name, outcome.given, outcome.resolved, outcome.refusal, model, platform, _STATE["rules"])
 

@@ -1,0 +1,33 @@
+"""How conform scores a case, on the CPU (no SGLang: its side stands in as the values it would resolve): a
+difference is never scored as agreement, and a config attngate cannot read while SGLang serves it is a refusal of
+attngate's, never "both refuse"."""
+
+from __future__ import annotations
+
+from attngate.facts.server_args import ServerArgs
+from attngate.integrations.sglang.compare import CaseResult, Verdict, unreadable_config
+from attngate.rules.deviations import REFUSAL
+
+
+def _sglang_resolved() -> dict:
+    """What SGLang's resolved_dict() holds of the fields attngate compares (its names: attn_dp_size, cuda_graph_config)."""
+    return ServerArgs().model_dump() | {"attn_dp_size": 1, "cuda_graph_config": None}
+
+
+def test_a_config_attngate_cannot_read_while_sglang_serves_it_is_an_undeclared_refusal():
+    result = unreadable_config("gemma-3-4b-it/sm90/0", _sglang_resolved(), None, "config.json: no num_attention_heads")
+    assert result.sglang is not None and result.attngate is None
+    assert result.differences == {REFUSAL: (None, "config.json: no num_attention_heads")}
+    assert result.verdict is Verdict.ONE_REFUSES
+
+
+def test_a_config_both_sides_refuse_is_both_refuse():
+    result = unreadable_config("x/sm90/0", None, "ValueError: bad config", "config.json: no num_attention_heads")
+    assert not result.differences and result.verdict is Verdict.BOTH_REFUSE
+
+
+def test_an_undeclared_difference_outranks_both_refusing():
+    result = CaseResult("x", None, None, differences={REFUSAL: (None, "refused")})
+    assert result.verdict is Verdict.ONE_REFUSES
+    result.declared[REFUSAL] = ["some.deviation"]
+    assert result.verdict is Verdict.BOTH_REFUSE
