@@ -11,7 +11,9 @@ from attngate.rules.deviations import matching_deviations
 from tests.support.helpers import fa3_gpu, model, refusing_rules_of
 
 FP8_QUERY = "known.fa-fp8-kv-query-cast-without-scale"
+DP_PADDED_RAGGED = "known.flashinfer-mla-dp-padded-ragged-prefill"
 FP8 = "--kv-cache-dtype fp8_e4m3"
+DP = "--enable-dp-attention --dp-size 2 --tp-size 4"  # attention TP 2: each DP group's rows padded to a multiple of 2
 
 
 def _refused_by(flags: str, name: str, gpu: str) -> set[str]:
@@ -23,6 +25,7 @@ def _refused_by(flags: str, name: str, gpu: str) -> set[str]:
     "flags, name, gpu, entry",
     [
         (f"--attention-backend fa3 {FP8}", "Qwen2.5-7B-Instruct", "sm90", FP8_QUERY),
+        (f"--attention-backend flashinfer {DP}", "DeepSeek-V2-Lite", "sm90", DP_PADDED_RAGGED),
     ],
 )
 def test_a_reported_failure_is_refused_with_its_issue_unless_allowed_and_declared(rules, flags, name, gpu, entry):
@@ -80,3 +83,26 @@ def test_fp8_query_cast_moves_hoppers_default_to_flashinfer_naming_the_failure()
     assert r.default_refusal[0] == "fa3" and [v.rule for v in r.default_refusal[1]] == [FP8_QUERY]
     qwen3 = resolve(ServerArgs.from_flags(FP8.split()), model("Qwen3-8B"), Platform.from_name("sm90"))
     assert qwen3.plan.prefill_backend == "fa3" and qwen3.default_refusal is None
+
+
+# ---- FlashInfer MLA's ragged prefill over DP attention's padded rows (sglang PR 30916, fix PR 35876) -----------------
+
+
+@pytest.mark.parametrize(
+    "flags, name, fires",
+    [
+        (f"--attention-backend flashinfer {DP}", "DeepSeek-V2-Lite", True),
+        ("--attention-backend flashinfer --enable-dp-attention --dp-size 2 --tp-size 8", "Kimi-K2-Instruct", True),
+        # neighbours: one attention TP rank per DP group (no padding), the ragged path off, no prefill on FlashInfer,
+        # an MHA model (FlashInfer's MHA backend), no DP attention, a PD decode instance (it never prefills)
+        ("--attention-backend flashinfer --enable-dp-attention --dp-size 2 --tp-size 2", "DeepSeek-V2-Lite", False),
+        (f"--attention-backend flashinfer {DP} --attn-cp-size 2", "DeepSeek-V2-Lite", False),
+        (f"--attention-backend flashinfer {DP} --flashinfer-mla-disable-ragged", "DeepSeek-V2-Lite", False),
+        (f"--prefill-attention-backend fa3 --decode-attention-backend flashinfer {DP}", "DeepSeek-V2-Lite", False),
+        (f"--attention-backend flashinfer {DP}", "Llama-3.1-8B", False),
+        ("--attention-backend flashinfer --tp-size 4", "DeepSeek-V2-Lite", False),
+        (f"--attention-backend flashinfer {DP} --disaggregation-mode decode", "DeepSeek-V2-Lite", False),
+    ],
+)
+def test_dp_padded_ragged_prefill_fires_on_flashinfer_mla_with_attention_tp_above_1(flags, name, fires):
+    assert (DP_PADDED_RAGGED in _refused_by(flags, name, "sm90")) is fires
