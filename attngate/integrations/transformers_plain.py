@@ -33,11 +33,13 @@ from attngate.facts.modes import LayerKind
 from attngate.facts.platform import Platform
 from attngate.facts.server_args import ServerArgs
 from attngate.integrations import transformers_ops
+from attngate.integrations.torch_platform import attngate_platform
 from attngate.integrations.transformers_rows import (
     DECISIONS,
     LayerDecisions,
     chunk_extents,
     per_mask,
+    self_attention_valid,
     visible_mask,
 )
 
@@ -71,7 +73,7 @@ def configure(
             raise ModelConfigError(err.problems) from None
         raise
     if platform is None:
-        platform = Platform.detect() if torch.cuda.is_available() else Platform.from_name("sm90", kernels=["attngate"])
+        platform = attngate_platform()
     resolution = resolve(server_args or ServerArgs(), facts, platform)
     entry = (resolution, layers_from_model(facts))
     text = getattr(config, "text_config", None)
@@ -184,15 +186,18 @@ def plain_attention(
 def _plan_expresses(d: LayerDecisions, attention_mask: torch.Tensor | None, visible: torch.Tensor) -> bool:
     """Whether the kernels, which take padding and where each query sits from the mask and causality and the window
     from the plan, compute what ``visible`` shows: true of the masks transformers makes (and of no mask); a caller's
-    mask that hides keys of its own (one key from one query) is not. On a cross-attention layer the kernels take each
-    query's keys from the mask itself. Eager: one host read per mask and layer shape, kept; a graph cannot look and
+    mask that hides keys of its own (one key from one query) is not. On cross-attention and chunked-local layers the
+    kernels take each query's keys from the mask itself. Eager: one host read per mask and layer shape, kept; a graph cannot look and
     takes the mask as transformers makes it."""
-    if attention_mask is None or d.kind == LayerKind.CROSS_ATTENTION or torch.compiler.is_compiling():
+    if attention_mask is None or d.kind == LayerKind.CROSS_ATTENTION or d.attention_chunk_size:
+        return True  # cross and chunked-local rows are cut from the mask itself
+    if torch.compiler.is_compiling():
         return True
 
     def make() -> bool:
-        sees = visible.any(-1, keepdim=True)  # a query that sees no key is padding, whatever the kernels give it
-        return bool(((_plan_mask(d, visible) == visible) | ~sees).all())
+        # a padding query's row is the kernels' own (zeros), whatever the mask shows it
+        q_valid = self_attention_valid(visible, d.causal)[0][..., None]
+        return bool(((_plan_mask(d, visible) == visible) | ~q_valid).all())
 
     return per_mask(attention_mask, ("expressed", d.causal, d.window, d.attention_chunk_size, *visible.shape), make)
 

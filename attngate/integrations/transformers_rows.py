@@ -69,7 +69,7 @@ def unpad(
     chunked-local layer one per request and chunk; on a cross-attention layer one per run of a request's queries that
     see the same keys (host syncs at every call)."""
     if layer.attention_chunk_size:
-        return _chunk_rows(query, key, value, visible, _self_attention_valid(visible, layer.causal)[0], layer)
+        return _chunk_rows(query, key, value, visible, self_attention_valid(visible, layer.causal)[0], layer)
     if layer.kind == LayerKind.CROSS_ATTENTION:
         return _key_set_rows(query, key, value, visible, visible.any(-1))
     at = _valid_positions(visible, attention_mask, layer.causal)
@@ -114,7 +114,7 @@ def _valid_positions(visible: torch.Tensor, attention_mask: torch.Tensor | None,
     without one from the shape alone (causal, or every key). One host sync where not kept."""
 
     def make() -> _ValidPositions:
-        q_valid, kv_valid = _self_attention_valid(visible, causal)
+        q_valid, kv_valid = self_attention_valid(visible, causal)
         lens = torch.stack([q_valid.sum(1), kv_valid.sum(1)]).to(torch.int32).cpu()
         return _ValidPositions(q_valid.nonzero(as_tuple=True), kv_valid.nonzero(as_tuple=True), lens)
 
@@ -126,7 +126,7 @@ def padded_extents(
 ) -> torch.Tensor:
     """``[4, B]`` int32 on the device, without a host sync (the padded FA path, attngate.backends.fa_padded): each
     request's first valid query, end of valid queries, first valid key and end of valid keys in transformers' padded
-    positions, valid as :func:`_self_attention_valid` finds them, each taken to be one run (left padding, or a
+    positions, valid as :func:`self_attention_valid` finds them, each taken to be one run (left padding, or a
     right-padded prompt's own forward; :func:`one_run_each` says where it is). Found
     once per mask (:func:`per_mask`)."""
 
@@ -159,12 +159,12 @@ def _valid_sets(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     def make() -> tuple[torch.Tensor, torch.Tensor]:
         visible = visible_mask(attention_mask, b, s, s_kv, device, causal=True)  # a mask holds its own causality
-        return _self_attention_valid(visible, causal)
+        return self_attention_valid(visible, causal)
 
     return per_mask(attention_mask, ("valid", b, s, s_kv, device, causal), make)
 
 
-def _self_attention_valid(visible: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def self_attention_valid(visible: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """``[B, S]`` and ``[B, S_kv]`` bool of a self-attention mask ``visible: [B, S, S_kv]``: a valid key is one some
     query sees; a valid query sees some key and sits on a valid key. Seeing keys alone is not enough: under
     transformers' causal mask a right-padding query sees the valid keys before it. Causal: a query's last visible key
