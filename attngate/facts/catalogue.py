@@ -80,6 +80,12 @@ _PLATFORM_FACTS = [
     FactSpec(
         "has_flash_attn_interface", FactType("bool"), "platform", "FlashAttention-3 (flash_attn_interface) is installed"
     ),
+    FactSpec(
+        "runs_sglang",
+        FactType("bool"),
+        "platform",
+        "SGLang's attention backends run the plan (false: attngate's own, AttngateRuntime and the transformers path)",
+    ),
 ]
 _DERIVED_FACTS = [
     FactSpec(
@@ -210,6 +216,7 @@ def base_facts(args: ServerArgs, model: ModelFacts, platform: Platform) -> dict[
         has_flashinfer=platform.has_flashinfer,
         has_flash_attn_cute=platform.has_flash_attn_cute,
         has_flash_attn_interface=platform.has_flash_attn_interface,
+        runs_sglang=platform.runs_sglang,
     )
     values.update(derived_facts(values))
     return values

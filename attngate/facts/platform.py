@@ -112,6 +112,9 @@ class Platform(BaseModel):
     has_flash_attn_cute: bool = True
     #: FlashAttention-3's ``flash_attn_interface`` is installed.
     has_flash_attn_interface: bool = False
+    #: SGLang's attention backends run the plan (sglang.srt.layers.attention: their bugs are the deployment's);
+    #: False where attngate's own backends run it (AttngateRuntime, the plain transformers path). A rule fact.
+    runs_sglang: bool = True
     #: Where the kernel set came from (not a fact the rules read): ``sglang`` (a stock SGLang install on this GPU),
     #: ``given`` (named by the caller) or ``detected`` (read off this host).
     kernel_source: KernelSource = "given"
@@ -184,12 +187,13 @@ class Platform(BaseModel):
                         f"{', '.join(KERNEL_PRESETS)}" + did_you_mean(kernel, [*KERNEL_PROVIDERS, *KERNEL_PRESETS]),
                     )
                 )
-        unknown = [k for k in facts if k not in providers]
-        problems += [Problem(k, f"not a platform fact; one of {', '.join(providers)}") for k in unknown]
+        settable = [*providers, "runs_sglang"]
+        unknown = [k for k in facts if k not in settable]
+        problems += [Problem(k, f"not a platform fact; one of {', '.join(settable)}") for k in unknown]
         if problems:
             raise PlatformError(problems)
         try:
-            kernel_source = source or ("sglang" if stock and not facts else "given")
+            kernel_source = source or ("sglang" if stock and not set(facts) - {"runs_sglang"} else "given")
             return cls(gpu_arch=arch, kernel_source=kernel_source, **{**providers, **facts})
         except ValidationError as err:
             raise PlatformError([Problem(".".join(map(str, e["loc"])), e["msg"]) for e in err.errors()]) from None

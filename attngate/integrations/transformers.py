@@ -52,6 +52,7 @@ from attngate.facts.model import ModelFacts
 from attngate.facts.modes import ForwardMode
 from attngate.facts.platform import Platform
 from attngate.facts.server_args import ServerArgs
+from attngate.integrations.torch_platform import attngate_platform
 from attngate.integrations.transformers_checks import (
     ATTN_IMPLEMENTATION,
     bind_layers,
@@ -152,7 +153,7 @@ class AttngateRuntime:
         self.facts = ModelFacts.from_hf_dict(config.to_dict(), source=type(model).__name__)
         check_softmax_attention_only(model, self.facts)
         if platform is None:
-            platform = Platform.detect() if torch.cuda.is_available() else Platform.from_name("sm90", kernels=["attngate"])
+            platform = attngate_platform()
         args = server_args or ServerArgs(page_size=page_size)
         self.resolution = resolve(args, self.facts, platform)
         self.plan: Plan = self.resolution.plan
