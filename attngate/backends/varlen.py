@@ -14,6 +14,7 @@ import sys
 
 import torch
 
+from attngate.backends import fa4_launch
 from attngate.backends.fa_kernels import fa_window_size
 
 
@@ -35,13 +36,18 @@ def fa4_varlen(
     seqused_k: torch.Tensor | None = None,
     return_lse: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One ``flash_attn.cute.flash_attn_varlen_func`` call -> ``(out [total_q, H, Dv], lse [H, total_q] fp32 or
-    None)``. ``cu_seqlens_*`` on the host (the unpadded rows) or the device; ``seqused_*`` (device, ``[num_rows]``
-    int32): each row's length from its ``cu_seqlens`` offset, rows between runs left unread and unwritten
+    """One ``flash_attn.cute.flash_attn_varlen_func`` call (its compiled launch replayed where
+    :mod:`attngate.backends.fa4_launch` may) -> ``(out [total_q, H, Dv], lse [H, total_q] fp32 or None)``.
+    ``cu_seqlens_*`` on the host (the unpadded rows) or the device; ``seqused_*`` (device, ``[num_rows]`` int32):
+    each row's length from its ``cu_seqlens`` offset, rows between runs left unread and unwritten
     (attngate.backends.fa_padded). ``window_left``: earlier keys a query sees (None: no window); ``softcap`` 0: none;
     ``sinks: [num_q_heads]`` learned sinks (passed as float32) or None."""
     module = sys.modules.get("flash_attn.cute") or importlib.import_module("flash_attn.cute")  # or a test's stand-in
-    out = module.flash_attn_varlen_func(
+    # a bound, not a length (each row's own comes from cu_seqlens/seqused): a power of two keeps one launch signature
+    # over a decode's growing keys (attngate.backends.fa4_launch)
+    max_seqlen_k = max(256, 1 << (max(int(max_seqlen_k), 1) - 1).bit_length())
+    return fa4_launch.flash_attn_varlen(
+        module,
         q,
         k,
         v,
@@ -58,7 +64,6 @@ def fa4_varlen(
         softcap=softcap,
         return_lse=return_lse,
     )
-    return (out[0], out[1]) if isinstance(out, tuple) else (out, None)
 
 
 # FlashInfer ragged wrappers per (device, kernel family, layer spec), each re-planned only when the rows' lengths

@@ -1,0 +1,67 @@
+"""The FA4 fast launch (attngate.backends.fa4_launch) against flash_attn.cute's public call, bitwise, over a grid: head
+dims 64/128/256, GQA ratios 1/4/8, causal, window and full, soft-cap, learned sinks, varlen rows and rows read in place
+(seqused_q/k over a padded batch), with and without the LSE, bf16 and fp16 (a covering grid, not the product). Each signature's second call must take the recorded launch
+(the pinned flash-attn-4), and every call's output must equal the public call's bit for bit."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+torch = pytest.importorskip("torch")
+cute = pytest.importorskip("flash_attn.cute")
+
+from attngate.backends import fa4_launch  # noqa: E402
+
+BF16, FP16 = torch.bfloat16, torch.float16
+# each value of each axis at least once, most pairs (FA4 compiles each variant in 2 to 3 s: no full product)
+GRID = [
+    # head dim, (q heads, kv heads), mask, soft-cap, sinks, layout, dtype
+    (64, (8, 8), "causal", 0.0, False, "varlen", BF16),
+    (128, (16, 4), "causal", 0.0, False, "in_place", BF16),
+    (128, (32, 4), "window", 30.0, False, "in_place", BF16),
+    (256, (16, 4), "causal", 30.0, True, "varlen", BF16),
+    (128, (8, 8), "full", 0.0, True, "varlen", FP16),
+    (64, (32, 4), "window", 0.0, True, "in_place", FP16),
+    (256, (8, 8), "window", 0.0, False, "in_place", FP16),
+    (128, (16, 4), "full", 30.0, False, "varlen", FP16),
+]
+
+
+def _case(head_dim, heads, mask, softcap, sinks, layout, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    hq, hkv = heads
+    lengths = [37, 300, 1, 129]
+    if layout == "varlen":
+        cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device="cuda")
+        used, total, stride = None, sum(lengths), None
+    else:  # a padded batch of 320 slots a request, each request's tokens at the end (left padding)
+        stride = 320
+        cu = torch.arange(0, stride * (len(lengths) + 1), stride, dtype=torch.int32, device="cuda")
+        used, total = torch.tensor(lengths, dtype=torch.int32, device="cuda"), stride * len(lengths)
+    q, k, v = (torch.randn(total, h, head_dim, generator=g, device="cuda", dtype=dtype) for h in (hq, hkv, hkv))
+    kw = dict(
+        cu_seqlens_q=cu, cu_seqlens_k=cu, seqused_q=used, seqused_k=used, max_seqlen_q=stride or max(lengths),
+        max_seqlen_k=512, softmax_scale=head_dim**-0.5, causal=mask == "causal",
+        window_size=(64, 0) if mask == "window" else (None, None),
+        learnable_sink=torch.randn(hq, generator=g, device="cuda") if sinks else None, softcap=softcap,
+    )  # fmt: skip
+    return q, k, v, kw
+
+
+@pytest.mark.parametrize("return_lse", [False, True])
+def test_the_fast_launch_equals_the_public_call_bitwise(return_lse):
+    taken = 0
+    for index, params in enumerate(GRID):
+        for seed in (index, index + 10_000):  # the first call records, the second replays
+            q, k, v, kw = _case(*params, seed)
+            got, lse = fa4_launch.flash_attn_varlen(cute, q, k, v, **kw, return_lse=return_lse)
+            expected = cute.flash_attn_varlen_func(q, k, v, **kw, return_lse=return_lse)
+            expected, expected_lse = expected if isinstance(expected, tuple) else (expected, None)
+            assert torch.equal(got, expected), params
+            assert (lse is None) == (not return_lse) and (lse is None or torch.equal(lse, expected_lse)), params
+    launches = fa4_launch.launches()
+    taken = sum(launches.values())
+    # the fast path is no dead branch: most signatures replay (split-KV or scheduler metadata keep the public call)
+    assert taken >= len(launches) * 3 // 4, f"{taken} of {len(launches)} signatures launch fast"
