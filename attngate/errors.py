@@ -5,8 +5,50 @@ line (what to do about it)."""
 from __future__ import annotations
 
 import dataclasses
+import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
+
+#: problems an error lists in full; the rest are counted (``and N more problems``)
+MAX_PROBLEMS = 100
+#: characters of the input a problem quotes: its ``where`` (a flag, a key, a path) and each word of its message
+MAX_QUOTED = 200
+#: characters of a message or a help line (the longest rule message is a few hundred)
+MAX_MESSAGE = 1000
+
+#: what a terminal would act on or hide: C0/C1 controls (ESC, BEL, CR...), format characters (bidi overrides and
+#: isolates, zero-width ones, soft hyphen), lone surrogates, line and paragraph separators
+_HIDDEN = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+_SUSPECT = re.compile(r"[^\x20-\x7e\n]")  # all but printable ASCII and the newline: checked one by one
+_LONG_WORD = re.compile(r"\S{%d,}" % (MAX_QUOTED + 1))
+_MORE = re.compile(r"and (\d+) more problems?")
+
+
+def _escape(match: re.Match[str]) -> str:
+    ch = match.group()
+    if unicodedata.category(ch) not in _HIDDEN:
+        return ch
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def visible(text: str) -> str:
+    """``text`` safe to show on a terminal: every control, format or bidi character (ESC, BEL, CR, U+202E, U+200B,
+    a lone surrogate...) written as its escape (``\\x1b``, ``\\u202e``), newlines kept; printable text unchanged.
+    Every text renderer of attngate sends what came from an input through it (JSON output escapes on its own)."""
+    if text.isascii() and text.isprintable():
+        return text
+    return _SUSPECT.sub(_escape, text)
+
+
+def clip(text: str, limit: int = MAX_QUOTED) -> str:
+    """``text`` in at most ``limit`` characters of its own: the middle of a longer one left out and counted, so that
+    both ends (a file name and its ``:line:col``, a message and its did-you-mean) stay."""
+    if len(text) <= limit:
+        return text
+    tail = limit // 3
+    return f"{text[: limit - tail]}...({len(text) - limit} characters)...{text[len(text) - tail :]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +63,30 @@ class Problem:
 
     def __str__(self) -> str:
         text = f"{self.where}: {self.message}" if self.where else self.message
-        return f"{text}\n    help: {self.help}" if self.help else text
+        return visible(f"{text}\n    help: {self.help}" if self.help else text)
+
+
+def bounded(problem: Problem) -> Problem:
+    """``problem`` quoting at most MAX_QUOTED characters of the input in its ``where`` and in any word of its
+    message; its message and help at most MAX_MESSAGE characters."""
+
+    def bound(text: str | None) -> str | None:
+        if text is None or len(text) <= MAX_QUOTED:
+            return text
+        return clip(_LONG_WORD.sub(lambda m: clip(m.group()), text), MAX_MESSAGE)
+
+    where = clip(problem.where) if problem.where is not None else None
+    shorter = Problem(where, bound(problem.message) or "", problem.code, bound(problem.help))
+    return problem if shorter == problem else shorter
+
+
+def listed(problems: Sequence[Problem]) -> tuple[list[Problem], int]:
+    """The problems an error shows (the first MAX_PROBLEMS) and how many more it only counts, a trailing ``and N
+    more problems`` of the caller's own (a loader that stopped collecting) included."""
+    shown, more = list(problems), 0
+    if shown and (found := _MORE.fullmatch(shown[-1].message)):
+        shown, more = shown[:-1], int(found.group(1))
+    return shown[:MAX_PROBLEMS], more + max(len(shown) - MAX_PROBLEMS, 0)
 
 
 class AttngateError(Exception):
@@ -36,13 +101,16 @@ class AttngateError(Exception):
             problems = [Problem(None, problems)]
         elif isinstance(problems, Problem):
             problems = [problems]
-        self.problems: list[Problem] = [p if p.code else dataclasses.replace(p, code=self.code) for p in problems]
-        super().__init__(self._render())
+        self.problems: list[Problem] = [
+            bounded(p if p.code else dataclasses.replace(p, code=self.code)) for p in problems
+        ]
+        super().__init__(visible(self._render()))  # controls and bidi characters of the input made visible
 
     def _render(self) -> str:
-        n = len(self.problems)
+        shown, more = listed(self.problems)
+        n = len(shown) + more
         head = f"{self.title} ({n} problem{'s' if n != 1 else ''}):"
-        return "\n".join([head, *(f"  - {p}" for p in self.problems)])
+        return "\n".join([head, *(f"  - {p}" for p in shown), *([f"  - and {more} more problems"] if more else [])])
 
 
 class ServerArgsError(AttngateError):

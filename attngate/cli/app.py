@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from attngate.errors import Problem
+from attngate.errors import Problem, bounded, listed, visible
 
 #: click's base of usage errors, as the installed typer raises them (typer >= 0.20 vendors click as typer._click)
 ClickException: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
@@ -42,6 +42,8 @@ class MatrixFormat(str, Enum):
 
 #: set by attngate.cli.main when the command line asks for ``--format json``: errors go to stdout as JSON
 JSON_ERRORS: ContextVar[bool] = ContextVar("attngate_json_errors", default=False)
+#: whether this run printed ``interrupted`` already (a command's own handler, or main for typer's Exit(130))
+INTERRUPTED: ContextVar[bool] = ContextVar("attngate_interrupted", default=False)
 
 
 def fail(err: Exception, code: int = EXIT_BAD_INPUT) -> "typer.Exit":
@@ -51,22 +53,30 @@ def fail(err: Exception, code: int = EXIT_BAD_INPUT) -> "typer.Exit":
         problems = getattr(err, "problems", None) or [Problem(None, str(err))]
         typer.echo(json.dumps(error_document(problems, code), indent=2, default=str))
     else:
-        typer.echo(str(err), err=True)
+        typer.echo(visible(str(err)), err=True)  # an AttngateError's str is visible already; any other's may not be
     return typer.Exit(code)
 
 
 def interrupted() -> "typer.Exit":
     """A command stopped by SIGINT (a KeyboardInterrupt, attngate.analysis.verdict.Interrupted among them): one
-    line on stderr, no traceback; returns the Exit (130) to raise."""
-    typer.echo("interrupted", err=True)
+    line on stderr (once a run), no traceback; returns the Exit (130) to raise."""
+    if not INTERRUPTED.get():
+        INTERRUPTED.set(True)
+        try:
+            typer.echo("interrupted", err=True)
+        except OSError:  # stderr gone too: the status says it
+            pass
     return typer.Exit(EXIT_INTERRUPTED)
 
 
 def error_document(problems: list[Problem], code: int) -> dict[str, Any]:
-    """Bad input or a usage error as the JSON commands print under ``--format json``: ``plan`` null, ``errors``."""
+    """Bad input or a usage error as the JSON commands print under ``--format json``: ``plan`` null, ``errors`` (the
+    first MAX_PROBLEMS, then one entry ``and N more problems``)."""
     from attngate.cli.report import VERSION
 
-    errors = [{"where": p.where, "message": p.message, "code": p.code, "help": p.help} for p in problems]
+    shown, more = listed(problems)
+    shown += [Problem(None, f"and {more} more problems", "more")] if more else []
+    errors = [{"where": p.where, "message": p.message, "code": p.code, "help": p.help} for p in shown]
     return {"version": VERSION, "plan": None, "exit_code": code, "errors": errors}
 
 
@@ -74,7 +84,7 @@ def usage_problem(err: Any) -> Problem:
     """A click usage error (a bad option value, an unknown option) as a Problem naming the option."""
     hint = err.param_hint if isinstance(err, typer.BadParameter) else None
     where = hint if isinstance(hint, str) or hint is None else " / ".join(hint)
-    return Problem(where, err.format_message(), "usage")
+    return bounded(Problem(where, err.format_message(), "usage"))
 
 
 def _print_version(value: bool) -> None:

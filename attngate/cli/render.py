@@ -12,18 +12,27 @@ from rich.table import Table
 from rich.text import Text
 
 from attngate.engine.result import GateExplanation, Resolution
-from attngate.errors import PlanError
+from attngate.errors import MAX_PROBLEMS, PlanError, visible
+from attngate.util.text import bounded_width
 
 if TYPE_CHECKING:
     from attngate.facts.model import ModelFacts
 
 
 def _console() -> Console:
-    return Console()  # per call, so that COLUMNS and the output stream are read when rendering
+    console = Console()  # per call, so that COLUMNS and the output stream are read when rendering
+    console.width = bounded_width(console.width)  # COLUMNS=0, 1 or 10**5 still give readable lines
+    return console
+
+
+def _shown(text: Any) -> str:
+    """Text from an input (a config value, a rule's message or id, a path) as rich markup: controls and bidi
+    characters made visible (attngate.errors.visible), markup characters escaped."""
+    return escape(visible(str(text)))
 
 
 def _facts(facts: dict[str, Any]) -> str:
-    return escape(", ".join(f"{k}={v!r}" for k, v in facts.items()))
+    return _shown(", ".join(f"{k}={v!r}" for k, v in facts.items()))
 
 
 def _why(e: GateExplanation) -> str:
@@ -31,7 +40,7 @@ def _why(e: GateExplanation) -> str:
     if e.rules:
         lines.append(_facts(e.facts))
     for c in e.candidates:
-        lines.append(f"[dim]{escape(c.rule)}: failed {escape('; '.join(c.failed))}[/dim]")
+        lines.append(f"[dim]{_shown(c.rule)}: failed {_shown('; '.join(c.failed))}[/dim]")
     if not e.rules and e.facts:
         lines.append(f"[dim]read {_facts(e.facts)}[/dim]")
     return "\n".join(lines)
@@ -42,8 +51,8 @@ def _gate_table(title: str, gates: dict[str, GateExplanation]) -> Table:
     for name in ("gate", "value", "origin", "facts read / candidates that did not match"):
         table.add_column(name, overflow="fold")  # wrapped, never cut short with an ellipsis
     for name, e in gates.items():
-        origin = f"[green]{escape(e.origin)}[/green]" if e.rules else f"[dim]{escape(e.origin)}[/dim]"
-        table.add_row(escape(name), escape(repr(e.value)), origin, _why(e))
+        origin = f"[green]{_shown(e.origin)}[/green]" if e.rules else f"[dim]{_shown(e.origin)}[/dim]"
+        table.add_row(_shown(name), _shown(repr(e.value)), origin, _why(e))
     return table
 
 
@@ -61,9 +70,10 @@ def wrap_lines(lines: list[str], width: int) -> list[str]:
 
 
 def print_lines(lines: list[str]) -> None:
-    """Plain text wrapped at the console width (never cut, see wrap_lines); no markup, no ANSI codes in a pipe."""
+    """Plain text wrapped at the console width (never cut, see wrap_lines); no markup, no ANSI codes in a pipe, an
+    input's controls and bidi characters made visible."""
     console = _console()
-    for line in wrap_lines(lines, console.width):
+    for line in wrap_lines([visible(line) for line in lines], console.width):
         console.print(Text(line), overflow="fold", crop=False)
 
 
@@ -78,8 +88,8 @@ def render_resolution(r: Resolution, mode: str | None) -> None:
         return
     plan, e = r.plan, r.explanation
     console.print(
-        f"[bold]attention plan[/bold]  model={escape(r.model.source)}  gpu={r.platform.gpu_arch}  "
-        f"kernels={escape(r.platform.kernel_set)}"
+        f"[bold]attention plan[/bold]  model={_shown(r.model.source)}  gpu={r.platform.gpu_arch}  "
+        f"kernels={_shown(r.platform.kernel_set)}"
     )
     console.print(
         f"  prefill_backend=[bold]{plan.prefill_backend}[/bold]  decode_backend=[bold]{plan.decode_backend}[/bold]  fingerprint={plan.fingerprint[:16]}"
@@ -97,49 +107,49 @@ def render_resolution(r: Resolution, mode: str | None) -> None:
             table.add_column(col, overflow="fold")
         for a in r.adjustments:
             style = "" if a.fills_default else "yellow"
-            table.add_row(
-                *(escape(str(x)) for x in (a.field, repr(a.old), repr(a.new), a.rule, a.message)), style=style
-            )
+            table.add_row(*(_shown(x) for x in (a.field, repr(a.old), repr(a.new), a.rule, a.message)), style=style)
         console.print(table)
     from attngate.cli.summary import deviation_lines
 
     for line in deviation_lines(r.deviations):
-        console.print(Text(line), overflow="fold")
+        console.print(Text(visible(line)), overflow="fold")
     for w in r.warnings:
-        console.print(f"[yellow]warning:[/yellow] {escape(str(w))}")
+        console.print(f"[yellow]warning:[/yellow] {_shown(w)}")
     table = Table(title="candidate backends", title_justify="left")
     for col in ("backend", "status", "reasons"):
         table.add_column(col, overflow="fold")
     for b in e.backends:
         color = {"chosen": "green", "accepted": "cyan", "rejected": "red"}[b.status]
-        table.add_row(b.backend, f"[{color}]{b.status}[/{color}]", escape("\n".join(b.reasons)))
+        table.add_row(_shown(b.backend), f"[{color}]{b.status}[/{color}]", _shown("\n".join(b.reasons)))
     console.print(table)
 
 
 def render_error(err: PlanError) -> None:
     console = _console()
     console.print(f"[red bold]invalid configuration[/red bold] ({len(err.violations)} reason(s)):")
-    for v in err.violations:
+    for v in err.violations[:MAX_PROBLEMS]:
         facts = f"  [dim]({_facts(v.facts)})[/dim]" if v.facts else ""
-        issue = escape(f" [{v.issue}]") if v.issue else ""
+        issue = _shown(f" [{v.issue}]") if v.issue else ""
         opt_in = (
-            escape(f" (a known failure: --allow-known-failure {v.rule} accepts it)")
+            _shown(f" (a known failure: --allow-known-failure {v.rule} accepts it)")
             if v.kind == "known_failure"
             else ""
         )
-        help_line = f"\n      help: {escape(v.help)}" if v.help else ""
-        console.print(f"  [red]-[/red] {escape(v.where)}: {escape(v.message)}{issue}{opt_in}{facts}{help_line}")
+        help_line = f"\n      help: {_shown(v.help)}" if v.help else ""
+        console.print(f"  [red]-[/red] {_shown(v.where)}: {_shown(v.message)}{issue}{opt_in}{facts}{help_line}")
+    if len(err.violations) > MAX_PROBLEMS:
+        console.print(f"  [red]-[/red] and {len(err.violations) - MAX_PROBLEMS} more")
     for a in err.adjustments:
-        console.print(f"  [dim]adjusted {escape(str(a))}[/dim]")
+        console.print(f"  [dim]adjusted {_shown(a)}[/dim]")
     if err.candidates:
         console.print("candidate backends (--attention-backend, ServerArgs.attention_backend):")
         for backend, rules in err.candidates.items():
-            verdict = "[green]runs this[/green]" if not rules else f"refused by {escape(', '.join(rules))}"
-            console.print(f"  {backend:<12} {verdict}")
+            verdict = "[green]runs this[/green]" if not rules else f"refused by {_shown(', '.join(rules))}"
+            console.print(f"  {_shown(backend):<12} {verdict}")
     from attngate.cli.summary import deviation_lines
 
     for line in deviation_lines(err.deviations):
-        console.print(Text(line), overflow="fold")
+        console.print(Text(visible(line)), overflow="fold")
 
 
 def load_model_configs(paths: list[Path]) -> list[tuple[str, ModelFacts]]:
@@ -200,18 +210,18 @@ def render_matrix(
         if status == "no":
             numbers = [notes.setdefault(rule, len(notes) + 1) for rule in text.removeprefix("no: ").split(", ")]
             text = "no " + ",".join(map(str, numbers))
-        return f"[{colour[status]}]{escape(text)}[/{colour[status]}]"
+        return f"[{colour[status]}]{_shown(text)}[/{colour[status]}]"
 
     table = Table(title=matrix_title(platform), show_lines=False, title_justify="left")
     table.add_column("model", no_wrap=True)
     for b in backends:
         table.add_column(b, overflow="fold")  # wrapped, never cut short with an ellipsis
     for name, cells in rows:
-        table.add_row(escape(name), *[cell(status, text) for status, text in cells])
+        table.add_row(_shown(name), *[cell(status, text) for status, text in cells])
     console = _console()
     console.print(table)
     for rule, number in notes.items():
-        console.print(f"[red]{number}[/red] [bold]{escape(rule)}[/bold]: {escape(reasons[rule])}", overflow="fold")
+        console.print(f"[red]{number}[/red] [bold]{_shown(rule)}[/bold]: {_shown(reasons[rule])}", overflow="fold")
 
 
 def matrix_markdown(
@@ -226,4 +236,4 @@ def matrix_markdown(
         "|---|" + "---|" * len(backends),
     ]
     lines += [f"| {name} | " + " | ".join(text for _, text in cells) + " |" for name, cells in rows]
-    return "\n".join(lines)
+    return visible("\n".join(lines))

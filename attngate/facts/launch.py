@@ -7,6 +7,8 @@ listed as not read by any rule.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,7 +19,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic.fields import FieldInfo
 
-from attngate.errors import Problem, ServerArgsError
+from attngate.errors import MAX_PROBLEMS, Problem, ServerArgsError
 from attngate.facts.sglang_names import READ_BY_RENAMED, RENAMED
 from attngate.util.inputs import read_text
 from attngate.util.suggest import did_you_mean
@@ -66,17 +68,19 @@ def _table(fields: Mapping[str, FieldInfo]) -> dict[str, Action]:
     return {option: a for a in actions for option in a.options}
 
 
-def _lookup(flag: str, by_option: dict[str, Action]) -> tuple[Action | None, str]:
+def _lookup(flag: str, by_option: dict[str, Action], ordered: list[str], suggest: bool) -> tuple[Action | None, str]:
     """The action an option names: exactly, else by unambiguous prefix (argparse's allow_abbrev); else None and
-    why."""
+    why. ``ordered``: the options sorted (those a prefix names are one run of it, found by bisection); ``suggest``:
+    search a did-you-mean (a pass over every option: a line's first MAX_PROBLEMS problems get one)."""
     if flag in by_option:
         return by_option[flag], ""
-    matches = {by_option[o].dest: o for o in by_option if o.startswith(flag)}
+    after = itertools.islice(ordered, bisect.bisect_left(ordered, flag), None)
+    matches = {by_option[o].dest: o for o in itertools.takewhile(lambda o: o.startswith(flag), after)}
     if len(matches) == 1:
         return by_option[next(iter(matches.values()))], ""
     if matches:
         return None, f"ambiguous abbreviation: could be {', '.join(sorted(matches.values()))}"
-    return None, "unknown SGLang server argument" + did_you_mean(flag, list(by_option))
+    return None, "unknown SGLang server argument" + (did_you_mean(flag, ordered) if suggest else "")
 
 
 def strip_command(argv: list[str]) -> list[str]:
@@ -140,6 +144,7 @@ def parse_launch_line(argv: list[str], fields: Mapping[str, FieldInfo]) -> Launc
     fields (``ServerArgs.model_fields``). Every problem is collected (unknown or ambiguous flags with a suggestion, missing values, a bad
     --config file); a flag given twice with different values warns once and the last wins, as in argparse."""
     by_option = _table(fields)
+    ordered = sorted(by_option)
     line = LaunchLine()
     argv = strip_command(list(argv))
     if "--config" in argv:
@@ -158,7 +163,7 @@ def parse_launch_line(argv: list[str], fields: Mapping[str, FieldInfo]) -> Launc
             line.problems.append(Problem(token, "unexpected argument: server arguments are --flag [value]"))
             continue
         flag, eq, inline = token.partition("=")
-        action, why = _lookup(flag, by_option)
+        action, why = _lookup(flag, by_option, ordered, len(line.problems) < MAX_PROBLEMS)
         if action is None:
             line.problems.append(Problem(flag, why))
             i += 0 if eq or i >= len(argv) or not _is_value(argv[i]) else 1  # its value: no second report

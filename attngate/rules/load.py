@@ -31,8 +31,10 @@ _LOADING = threading.Lock()
 
 
 @functools.lru_cache(maxsize=8)
-def _load_cached(path: str, mtime_ns: int) -> RuleSet:
-    return parse_rules(read_text(path, RulesError, "rules file"), path)
+def _load_cached(path: str, text: str) -> RuleSet:
+    """The rules of ``text``, read from ``path``: keyed on the content, so a file rewritten within one mtime tick (or
+    with its mtime put back) is parsed again, and the same text under another name is parsed under that name."""
+    return parse_rules(text, path)
 
 
 def load_rules(path: str | Path | None = None) -> RuleSet:
@@ -40,12 +42,9 @@ def load_rules(path: str | Path | None = None) -> RuleSet:
     for a path that is no path)."""
     check_arguments(("path", path, (str, Path, type(None)), "rules text goes to parse_rules"))
     path = Path(path) if path is not None else shipped_rules_path()
-    try:
-        stat = path.stat()
-    except OSError as exc:
-        raise RulesError(Problem(str(path), f"cannot read rules file: {exc.strerror}")) from None
+    text = read_text(path, RulesError, "rules file")  # bounded, never waits on a FIFO; a few ms for the shipped file
     with _LOADING:  # threads resolving at a cold start wait for one parse instead of each parsing the file
-        return _load_cached(str(path), stat.st_mtime_ns)
+        return _load_cached(str(path), text)
 
 
 def parse_rules(text: str, filename: str = "rules.yaml") -> RuleSet:

@@ -8,6 +8,7 @@ recurses over the input.
 from __future__ import annotations
 
 import json
+import os
 import stat
 from pathlib import Path
 from typing import Any
@@ -36,18 +37,27 @@ def exists(path: Path) -> bool:
     return True
 
 
+#: open without waiting (a FIFO's open blocks until a writer comes) and without taking a terminal as ours
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
 def read_text(path: str | Path, error: type[AttngateError], what: str) -> str:
     """The UTF-8 text of ``path``; ``error`` naming the path for a missing, unreadable, oversized or undecodable file,
-    a directory, or anything but a regular file (FIFOs, devices, sockets), and for every OSError (a name too long)."""
+    a directory, or anything but a regular file (FIFOs, devices, sockets), and for every OSError (a name too long).
+    What is read is what was checked: the file is opened without blocking and its descriptor examined, so a FIFO or
+    device swapped in after any earlier look at the path is refused, never waited on."""
     path = Path(path)
     try:
-        mode = path.stat().st_mode
-        if stat.S_ISDIR(mode):
+        if is_directory(path):  # before opening: a directory does not open everywhere
             raise error(Problem(str(path), f"is a directory, not a {what}"))
-        if not stat.S_ISREG(mode):  # a FIFO would block the open until some writer came; a device never ends
-            raise error(Problem(str(path), f"is not a regular file (a FIFO, device or socket), not a {what}"))
-        with path.open("rb") as handle:  # bounded read: the file may grow while it is read
-            data = handle.read(MAX_FILE_BYTES + 1)
+        fd = os.open(path, _OPEN_FLAGS)
+        with open(fd, "rb", closefd=True) as handle:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISDIR(mode):
+                raise error(Problem(str(path), f"is a directory, not a {what}"))
+            if not stat.S_ISREG(mode):  # a FIFO would wait for a writer to come; a device never ends
+                raise error(Problem(str(path), f"is not a regular file (a FIFO, device or socket), not a {what}"))
+            data = handle.read(MAX_FILE_BYTES + 1)  # bounded (it may grow while read); O_NONBLOCK: no effect here
         if len(data) > MAX_FILE_BYTES:
             raise error(Problem(str(path), f"more than the {MAX_FILE_BYTES} bytes a {what} may have"))
     except OSError as exc:
