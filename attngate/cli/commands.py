@@ -64,14 +64,14 @@ def explain(
         raise typer.BadParameter(
             f"{mode!r} is not a forward mode: {', '.join(m.value for m in ForwardMode)}", param_hint="--mode"
         )
-    from attngate.facts.hub import config_path
+    from attngate.facts.hub import config_path, same_model
     from attngate.facts.launch import parse_launch_line
     from attngate.facts.server_args import ServerArgs
 
     line = parse_launch_line(ctx.args, ServerArgs.model_fields)
     for warning in line.warnings:
         typer.echo(f"warning: {warning}", err=True)
-    if model and line.model_path and Path(model) != Path(line.model_path):
+    if model and line.model_path and not same_model(model, line.model_path):  # paths resolved, hub ids as text
         raise typer.BadParameter(f"{model} and --model-path {line.model_path} name two models", param_hint="--model")
     if not (model or line.model_path):
         raise typer.BadParameter(

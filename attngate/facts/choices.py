@@ -1,8 +1,12 @@
-"""SGLang's choice lists for attention-relevant server arguments, as ``Literal`` types.
+"""SGLang's choice lists for attention-relevant server arguments, as ``Literal`` types: the values each fact may take
+in the rule language and in attngate's ServerArgs.
 
-Source: sglang ``server_args.py`` / ``arg_groups.choices`` (ATTENTION_BACKEND_CHOICES,
-DRAFT_ATTENTION_BACKEND_CHOICES, kv cache dtypes, speculative algorithms). attngate ships backends
-for only some of them, but every name SGLang accepts is a valid input here.
+Derived from SGLang 0.5.23 (its parser's choices, ``arg_groups.choices.DRAFT_ATTENTION_BACKEND_CHOICES``, the
+``SpeculativeAlgorithm`` enum) by ``python -m attngate.integrations.sglang.tables --write``, which rewrites the
+``Literal`` lists below (an existing name keeps its place, a new one goes after its predecessor in SGLang's list);
+``tests/integrations/sglang/test_tables.py`` fails when they drift. Every name SGLang accepts is a valid input here,
+except the ones in NOT_MODELLED; SGLANG_REFUSES names the ones the rule language keeps though SGLang's parser refuses
+them (a launch line giving one is refused as SGLang refuses it). attngate ships backends for only some of them.
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ AttentionBackendName = Literal[
     "flex_attention",
     "dsa",
     "nsa",
+    "qsa",
     "dsv4",
     "compressed",
     "cutlass_mla",
     "fa3",
     "fa4",
     "flashinfer",
+    "llada2_cfg_flashinfer",
     "flashmla",
     "trtllm_mla",
     "cutedsl_mla",
@@ -52,10 +58,15 @@ KvCacheDtype = Literal[
 ]
 ModelDtype = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
 SpeculativeAlgorithm = Literal["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH"]
-SamplingBackend = Literal["flashinfer", "pytorch", "ascend"]
+SamplingBackend = Literal["flashinfer", "intel_xpu", "pytorch", "ascend"]
 HicacheIoBackend = Literal["direct", "kernel", "kernel_ascend"]
 DisaggregationMode = Literal["null", "prefill", "decode"]
 SpeculativeAttentionMode = Literal["prefill", "decode"]
+#: Names rules.yaml still reads that SGLang 0.5.23's parser refuses ("invalid choice"), by Literal: kept in the rule
+#: language so that those rules type-check; a launch line giving one is refused with SGLang's message.
+SGLANG_REFUSES: dict[str, tuple[str, ...]] = {"AttentionBackendName": ("cutlass_mla",), "KvCacheDtype": ("fp4_e2m1",)}
+#: Values SGLang 0.5.23 accepts that attngate's rules do not model, by ServerArgs field: refused with that reason.
+NOT_MODELLED: dict[str, tuple[str, ...]] = {"speculative_algorithm": ("UNO", "DSPARK", "FROZEN_KV_MTP")}
 GpuArch = Literal["sm80", "sm86", "sm89", "sm90", "sm100", "sm103", "sm120", "sm121"]
 
 #: The backends attngate ships or plans (the candidates `explain` evaluates for rejection reasons).

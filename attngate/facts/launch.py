@@ -1,8 +1,9 @@
 """An SGLang launch line read as SGLang 0.5.23 reads it: its argument table (``sglang_flags.json``, taken from SGLang's
-own parser by ``attngate.integrations.sglang.flag_table``), aliases and unambiguous prefixes of long options,
-``--no-X`` spellings, ``--config server.yaml`` and a pasted command head (``python -m sglang.launch_server``, ``sglang
-serve MODEL``). Flags the rules read become attngate ServerArgs values; every other SGLang flag is accepted and
-listed as not read by any rule.
+own parser by ``attngate.integrations.sglang.tables``), aliases and unambiguous prefixes of long options, ``--no-X``
+spellings, argparse's choices, ``--config server.yaml`` merged as SGLang's ConfigArgumentMerger merges it, and a pasted
+command head with its environment variables (``attngate.facts.launch_head``). Flags the rules read become attngate
+ServerArgs values; every other SGLang flag, and every environment variable, is accepted and listed as not read by any
+rule.
 """
 
 from __future__ import annotations
@@ -14,20 +15,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
-from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from pydantic.fields import FieldInfo
 
-from attngate.errors import MAX_PROBLEMS, Problem, ServerArgsError
+from attngate.errors import MAX_PROBLEMS, Problem
+from attngate.facts.choices import NOT_MODELLED, SGLANG_REFUSES
+from attngate.facts.launch_config import merge_config
+from attngate.facts.launch_head import env_notes, split_command, strip_command
 from attngate.facts.sglang_names import READ_BY_RENAMED, RENAMED
-from attngate.util.inputs import read_text
 from attngate.util.suggest import did_you_mean
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
-#: what a pasted command starts with before SGLang's own arguments
-_PROGRAMS = ("sglang.launch_server", "launch_server.py")
+__all__ = ["LaunchLine", "flag_catalogue", "parse_launch_line", "split_command", "strip_command", "table_source"]
 
 
 @dataclass(frozen=True)
@@ -38,15 +39,20 @@ class Action:
     options: tuple[str, ...]
     nargs: int | str  # 0, 1, "?", "*" or "+", as argparse counts them
     kind: str  # store, store_true, store_false, store_const or boolean_optional
+    choices: tuple[Any, ...] | None = None  # argparse's choices: any other value is SGLang's "invalid choice"
+    config: str = "value"  # how SGLang's --config takes it: store_true, value or unsupported
 
 
 @dataclass
 class LaunchLine:
     """What a launch line asks for: ``values`` holds attngate ServerArgs fields (strings as given, for pydantic to
-    validate), ``model_path`` SGLang's --model-path, ``not_read`` the other SGLang flags given (in order, once)."""
+    validate), ``model_path`` SGLang's --model-path, ``not_read`` the other SGLang flags and the environment variables
+    given (in order, once), ``program`` the pasted launcher (None: flags alone), ``env`` its environment variables."""
 
     values: dict[str, Any] = field(default_factory=dict)
     model_path: str | None = None
+    program: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
     not_read: list[str] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
@@ -55,7 +61,15 @@ class LaunchLine:
 @cache
 def _sglang_table() -> tuple[tuple[Action, ...], str]:
     raw = json.loads(resources.files("attngate.facts").joinpath("sglang_flags.json").read_text())
-    return tuple(Action(a["dest"], tuple(a["options"]), a["nargs"], a["kind"]) for a in raw["actions"]), raw["source"]
+    actions = tuple(
+        Action(a["dest"], tuple(a["options"]), a["nargs"], a["kind"], _tuple(a.get("choices")), a["config"])
+        for a in raw["actions"]
+    )
+    return actions, raw["source"]
+
+
+def _tuple(choices: list[Any] | None) -> tuple[Any, ...] | None:
+    return None if choices is None else tuple(choices)
 
 
 def _table(fields: Mapping[str, FieldInfo]) -> dict[str, Action]:
@@ -83,58 +97,6 @@ def _lookup(flag: str, by_option: dict[str, Action], ordered: list[str], suggest
     return None, "unknown SGLang server argument" + (did_you_mean(flag, ordered) if suggest else "")
 
 
-def strip_command(argv: list[str]) -> list[str]:
-    """Drop a pasted command head: environment assignments, ``python -m sglang.launch_server``, ``sglang serve``
-    (whose positional model becomes --model-path, as sglang/cli/serve.py does)."""
-    for i, token in enumerate(argv):
-        if token.endswith(_PROGRAMS):
-            return argv[i + 1 :]
-        if token == "serve" and i > 0 and Path(argv[i - 1]).name == "sglang":
-            rest = argv[i + 1 :]
-            return ["--model-path", *rest] if rest and not rest[0].startswith("-") else rest
-    return argv
-
-
-def _config_args(path: str, by_option: dict[str, Action], problems: list[Problem]) -> list[str]:
-    """SGLang's ``--config FILE``: a YAML mapping of flag names (any long spelling, - or _) to values, turned into flags
-    that come before the command line's own (the command line wins), as SGLang's ConfigArgumentMerger does."""
-    from attngate.util.yaml_source import load_yaml
-
-    if Path(path).suffix.lower() not in (".yaml", ".yml"):
-        problems.append(Problem(f"--config {path}", "SGLang reads only .yaml/.yml config files"))
-        return []
-    try:
-        text = read_text(Path(path), ServerArgsError, "--config file")
-    except ServerArgsError as err:
-        problems.extend(err.problems)
-        return []
-    doc, yaml_problems = load_yaml(text, path)
-    if yaml_problems or not isinstance(doc.data, (dict, type(None))):
-        problems.extend(yaml_problems or [Problem(path, "a config file holds a mapping of flag names to values")])
-        return []
-    by_dest = {a.dest: a for a in by_option.values()}
-    out: list[str] = []
-    for key, value in (doc.data or {}).items():
-        where, norm = f"{doc.where((key,))}: {key}", str(key).replace("-", "_")
-        action = by_option.get("--" + norm.replace("_", "-")) or by_dest.get(norm)
-        if action is None:
-            names = [o[2:].replace("-", "_") for o in by_option]
-            problems.append(Problem(where, "unknown SGLang server argument" + did_you_mean(norm, names)))
-            continue
-        flag = action.options[0]
-        if action.kind == "boolean_optional":  # ConfigArgumentMerger refuses every action but store/store_true
-            problems.append(Problem(where, f"SGLang's --config does not take {flag} (a --{key}/--no-{key} switch)"))
-        elif isinstance(value, bool) and action.kind == "store_true":
-            out += [flag] if value else []
-        elif isinstance(value, bool):
-            out.append(f"{flag}={str(value).lower()}")
-        elif isinstance(value, list):
-            out += [flag, *map(str, value)] if value else []
-        else:
-            out += [flag, json.dumps(value) if isinstance(value, dict) else str(value)]
-    return out
-
-
 def _is_value(token: str) -> bool:
     return not token.startswith("-") or token[1:2].isdigit() or token[1:2] == "."  # -1 is a value, as in argparse
 
@@ -146,26 +108,22 @@ def parse_launch_line(argv: list[str], fields: Mapping[str, FieldInfo]) -> Launc
     by_option = _table(fields)
     ordered = sorted(by_option)
     line = LaunchLine()
-    argv = strip_command(list(argv))
-    if "--config" in argv:
-        at = argv.index("--config")
-        config = argv[at + 1] if at + 1 < len(argv) else None
-        if config is None:
-            line.problems.append(Problem("--config", "expects a YAML file"))
-            argv = argv[:at]
-        else:
-            argv = _config_args(config, by_option, line.problems) + argv[:at] + argv[at + 2 :]
+    head = split_command(list(argv))
+    line.program, line.env, line.problems = head.program, dict(head.env), head.problems
+    line.not_read, line.warnings = env_notes(head.env)
+    argv, origins = merge_config(head.args, _sglang_table()[0], by_option, line.problems)
     given: dict[str, Any] = {}
     i = 0
     while i < len(argv):
-        token, i = argv[i], i + 1
+        where, token, i = origins.get(i), argv[i], i + 1
         if not token.startswith("--"):
             line.problems.append(Problem(token, "unexpected argument: server arguments are --flag [value]"))
             continue
         flag, eq, inline = token.partition("=")
         action, why = _lookup(flag, by_option, ordered, len(line.problems) < MAX_PROBLEMS)
+        where = where or flag
         if action is None:
-            line.problems.append(Problem(flag, why))
+            line.problems.append(Problem(where, why))
             i += 0 if eq or i >= len(argv) or not _is_value(argv[i]) else 1  # its value: no second report
             continue
         values: list[str] = [inline] if eq else []
@@ -173,24 +131,63 @@ def parse_launch_line(argv: list[str], fields: Mapping[str, FieldInfo]) -> Launc
             while i < len(argv) and _is_value(argv[i]) and (action.nargs in ("*", "+") or not values):
                 values.append(argv[i])
                 i += 1
-        value = _value(action, flag, values, bool(eq), line.problems)
-        if value is _BAD:
+        value = _value(action, flag, values, bool(eq), line.problems, where)
+        if value is _BAD or not _chosen(action, where, values, line.problems):
             continue
+        if action.dest == "config":  # the merged file's words are gone: this one SGLang parses and never opens
+            line.warnings.append(
+                Problem(
+                    where,
+                    "SGLang 0.5.23 reads a config file only from the two words --config FILE; this one is "
+                    "parsed and never read, and neither is it here",
+                )
+            )
         if action.dest in given and given[action.dest] != value:
-            line.warnings.append(Problem(flag, f"given twice, {given[action.dest]!r} then {value!r}; the last wins"))
+            line.warnings.append(Problem(where, f"given twice, {given[action.dest]!r} then {value!r}; the last wins"))
         given[action.dest] = value
         read = action.dest in fields or action.dest in READ_BY_RENAMED or action.dest == "model_path"
         if not read and action.options[0] not in line.not_read:
             line.not_read.append(action.options[0])
     line.model_path = given.pop("model_path", None)
     _to_fields(given, fields, line)
+    for name, values in NOT_MODELLED.items():
+        if line.values.get(name) in values:
+            flag = "--" + name.replace("_", "-")
+            line.problems.append(
+                Problem(flag, f"SGLang 0.5.23 accepts {line.values.pop(name)}, which attngate's rules do not model")
+            )
     return line
+
+
+def _chosen(action: Action, where: str, values: list[str], problems: list[Problem]) -> bool:
+    """argparse's choices check, on each value as given (its type applied: ``1`` is the int choice 1)."""
+    if action.choices is None:
+        return True
+    for value in values:
+        if not any(value == str(c) or _same_number(value, c) for c in action.choices):
+            refused = value in {n for names in SGLANG_REFUSES.values() for n in names}
+            problems.append(
+                Problem(
+                    where,
+                    f"invalid choice: {value[:200]!r} (choose from {', '.join(map(str, action.choices))})"
+                    + ("; SGLang 0.5.23 no longer offers it, though some rules still name it" if refused else ""),
+                )
+            )
+            return False
+    return True
+
+
+def _same_number(value: str, choice: Any) -> bool:
+    try:
+        return not isinstance(choice, (str, bool)) and type(choice)(value) == choice
+    except ValueError:
+        return False
 
 
 _BAD = object()
 
 
-def _value(action: Action, flag: str, values: list[str], inline: bool, problems: list[Problem]) -> Any:
+def _value(action: Action, flag: str, values: list[str], inline: bool, problems: list[Problem], where: str) -> Any:
     if action.nargs == 0 and action.kind == "boolean_optional" and not inline:
         return not flag.startswith("--no-")
     if action.nargs == 0:
@@ -198,10 +195,10 @@ def _value(action: Action, flag: str, values: list[str], inline: bool, problems:
             return action.kind != "store_false"
         if values[0].lower() in _TRUE | _FALSE and not action.kind:  # attngate's own switches take =true/false
             return values[0].lower() in _TRUE
-        problems.append(Problem(flag, f"a switch takes no value, got {values[0]!r}"))
+        problems.append(Problem(where, f"a switch takes no value, got {values[0]!r}"))
         return _BAD
     if not values and action.nargs in (1, "+"):
-        problems.append(Problem(flag, "expects a value"))
+        problems.append(Problem(where, "expects a value"))
         return _BAD
     if action.nargs in ("*", "+"):
         return values

@@ -35,7 +35,9 @@ def test_a_pasted_command_with_flags_no_rule_reads():
     )
     assert line.model_path == "meta-llama/Llama-3.1-8B-Instruct" and not line.problems
     assert line.values == {"tp_size": "2", "chunked_prefill_size": "-1"}  # -1 is a value, as in argparse
-    assert line.not_read == ["--mem-fraction-static", "--port", "--host"]  # each once, in order
+    # each once, in order; the environment variable is listed too (no rule reads any), never dropped
+    assert line.not_read == ["CUDA_VISIBLE_DEVICES", "--mem-fraction-static", "--port", "--host"]
+    assert line.program == "python3 -m sglang.launch_server" and line.env == {"CUDA_VISIBLE_DEVICES": "0,1"}
     serve = read(
         "sglang serve Qwen/Qwen3-8B --enable-torch-compile --cuda-graph-bs-decode 1 2 4 --no-enable-tf32-matmul"
     )
@@ -72,15 +74,25 @@ def test_every_problem_at_once_with_suggestions():
 
 
 def test_config_yaml_merges_under_the_command_line(tmp_path):
+    """ConfigArgumentMerger: each key becomes --KEY as written (tp, an alias, works; tp_size does not, as in SGLang,
+    whose parser does not know --tp_size), the file's flags before the command line's own."""
     config = tmp_path / "server.yaml"
     config.write_text(
-        "tp: 2\ntp-size: 4\nattention_backend: flashinfer\nenable-torch-compile: true\n"
-        "disable-radix-cache: false\ncuda-graph-bs-decode: [1, 2]\nmem_fraction_static: 0.8\n"
+        "tp: 2\ntp-size: 4\nattention-backend: flashinfer\nenable-torch-compile: true\n"
+        "disable-radix-cache: false\ncuda-graph-bs-decode: [1, 2]\nmem-fraction-static: 0.8\n"
     )
     line = read(f"--config {config} --attention-backend fa3")
     assert line.values == {"tp_size": "4", "attention_backend": "fa3", "enable_torch_compile": True}
-    assert line.not_read == ["--cuda-graph-bs-decode", "--mem-fraction-static"]
-    assert [p.where.split(":")[0] + ": " + p.where.split(": ")[-1] for p in line.problems] == [f"{config}: tp"]
+    assert line.not_read == ["--cuda-graph-bs-decode", "--mem-fraction-static"] and not line.problems
+    assert [p.where.rsplit(": ", 1)[-1] for p in line.warnings] == ["tp-size", "--attention-backend"]
+    under = tmp_path / "under.yaml"
+    under.write_text("attention_backend: flashinfer\nenable_torch_compile: true\n")
+    problems = read(f"--config {under}").problems
+    assert [p.where.split(":")[0] + ": " + p.where.split(": ")[-1] for p in problems] == [
+        f"{under}: attention_backend",
+        f"{under}: enable_torch_compile",
+    ]
+    assert "write attention-backend" in problems[0].message
     bad = tmp_path / "server.yml"
     bad.write_text("enable-tf32-matmul: true\n- a list\n")
     assert read(f"--config {bad}").problems and read(f"--config {tmp_path / 'x.json'}").problems

@@ -1,11 +1,14 @@
 """SGLang 0.5.23's launch-line argument table, read off its own argparse parser: the data behind
-``attngate/facts/sglang_flags.json``, which attngate parses launch lines with (no sglang needed there).
+``attngate/facts/sglang_flags.json``, which attngate parses launch lines with (no sglang needed there). Each row holds
+an option's dest, spellings, how many values it takes, what it stores, its choices (argparse's ``invalid choice``
+where a value is not one of them) and how SGLang's ``--config`` file takes it (ConfigArgumentMerger: ``store_true``,
+``value`` or ``unsupported``).
 
-Regenerate after an SGLang upgrade (needs the sglang extra)::
+Regenerate after an SGLang upgrade (needs the sglang extra), with the other tables derived from SGLang::
 
-    python -m attngate.integrations.sglang.flag_table > attngate/facts/sglang_flags.json
+    python -m attngate.integrations.sglang.tables --write
 
-``tests/integrations/sglang/test_launch_line.py`` fails when the shipped table and the installed parser differ.
+``tests/integrations/sglang/test_tables.py`` fails when the shipped table and the installed parser differ.
 """
 
 from __future__ import annotations
@@ -35,9 +38,27 @@ def _nargs(action: argparse.Action) -> int | str:
     return action.nargs
 
 
+def _choices(action: argparse.Action) -> list[Any] | None:
+    """argparse's choices in SGLang's order (a set, e.g. the sampling backends, sorted: the file stays stable)."""
+    if action.choices is None:
+        return None
+    if isinstance(action.choices, (set, frozenset)):
+        return sorted(action.choices, key=str)
+    return list(action.choices)
+
+
+def _config(action: argparse.Action) -> str:
+    """How ConfigArgumentMerger (sglang/srt/utils/server_args_config_parser.py) takes a key naming this action."""
+    from sglang.srt.utils.server_args_config_parser import _takes_one_value
+
+    if isinstance(action, argparse._StoreTrueAction):
+        return "store_true"
+    return "value" if _takes_one_value(action) else "unsupported"
+
+
 def sglang_flag_table() -> dict[str, Any]:
-    """Every long option of SGLang's server parser: its dest, spellings, how many values it takes and what it
-    stores; plus the parser's allow_abbrev (unambiguous prefixes of long options are accepted)."""
+    """Every long option of SGLang's server parser: its dest, spellings, how many values it takes, what it stores,
+    its choices and its --config handling; plus the parser's allow_abbrev (unambiguous prefixes are accepted)."""
     from sglang.srt.server_args import ServerArgs as SglangServerArgs
 
     parser = argparse.ArgumentParser()
@@ -47,7 +68,11 @@ def sglang_flag_table() -> dict[str, Any]:
         options = [o for o in action.option_strings if o.startswith("--") and o != "--help"]
         if not options:
             continue
-        actions.append({"dest": action.dest, "options": options, "nargs": _nargs(action), "kind": _kind(action)})
+        row = {"dest": action.dest, "options": options, "nargs": _nargs(action), "kind": _kind(action)}
+        choices = _choices(action)
+        if choices is not None:
+            row["choices"] = choices
+        actions.append(row | {"config": _config(action)})
     return {"source": SOURCE, "allow_abbrev": parser.allow_abbrev, "actions": actions}
 
 
