@@ -5,6 +5,7 @@ line (what to do about it)."""
 from __future__ import annotations
 
 import dataclasses
+import operator
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -265,6 +266,26 @@ def check_arguments(*checks: tuple[str, object, type | tuple[type, ...], str]) -
 
 def _type_name(t: type) -> str:
     return "None" if t is type(None) else t.__name__
+
+
+def argument_problems(*checks: tuple[str, object, type | tuple[type, ...], str]) -> list[Problem]:
+    """The problems :func:`check_arguments` would raise, as a list (empty: every argument is of its types), for a
+    caller that gathers them with other checks of its own."""
+    try:
+        check_arguments(*checks)
+    except UsageError as err:
+        return err.problems
+    return []
+
+
+def count_problems(*checks: tuple[str, object, int]) -> list[Problem]:
+    """A Problem per ``(parameter, value, least)`` whose value is no integer (``int`` or one with ``__index__``, such
+    as numpy's; a bool is none) or is below ``least``."""
+    return [
+        Problem(name, f"takes an integer >= {least}, not {value!r}")
+        for name, value, least in checks
+        if isinstance(value, bool) or not hasattr(type(value), "__index__") or operator.index(value) < least
+    ]
 
 
 class InputErrors(AttngateError):

@@ -9,7 +9,8 @@ Findings (each names the rules and a witness configuration):
   (again unless a forbid rule rejects every such configuration);
 - a rule (or predicate) whose condition can never be true;
 - a deviation (``deviations:``) whose condition can never be true, or two that can hold together and
-  declare the same field (for refusals: the same refusing rule);
+  declare the same field (for refusals: the same refusing rule), or one of values whose condition is always true
+  (attngate.analysis.deviation_lint);
 - an invariant (``invariants:``) that some accepted input violates, with the counterexample
   (attngate.analysis.prove).
 
@@ -30,6 +31,7 @@ from typing import Any
 
 import z3
 
+from attngate.analysis.deviation_lint import lint_tautologies
 from attngate.analysis.encoding import Encoder, Finding, can_hold, find, satisfiable
 from attngate.analysis.prove import (
     inputs_read,
@@ -101,7 +103,8 @@ def _lint(rules: RuleSet) -> list[Finding | Unknown]:
             findings.append(Finding(b.where, message))
 
     findings += _adjust_cycles(rules, enc, cond)
-    return findings + _lint_deviations(rules, enc, solver) + prove_invariants(rules, encoded=(enc, cond))
+    findings += _lint_deviations(rules, enc, solver) + lint_tautologies(rules, enc, solver)
+    return findings + prove_invariants(rules, encoded=(enc, cond))
 
 
 def _adjust_cycles(rules: RuleSet, enc: Encoder, cond: dict[str, Any]) -> list[Finding | Unknown]:

@@ -6,12 +6,18 @@ accepts); the configurations it covers (``when``, read on the arguments as the u
 adjust rule, with the model and platform facts and the file's predicates), the reason and the source.
 ``attngate conform`` counts a difference as declared only where a deviation of that field matches; an attngate
 refusal is declared where the matching deviations name, together, every rule it refused through. ``explain``
-shows the deviations that apply; ``lint`` checks that each can hold and that no two overlap.
+shows the deviations that apply; ``lint`` checks that each can hold, that no two overlap and that none of values
+holds for every configuration (attngate.analysis.deviation_lint).
+
+Loading refuses a deviation that could hide what it does not name: one of no field (``fields: []``) or of a field
+twice, one of values or ``sglang_refusal`` with ``when: true`` or no ``when`` (it would excuse every such difference),
+and a refusal deviation naming a rule that never refuses (kind set or adjust, a known_failure with a fallback) or
+none at all. :class:`DeviationCoverage` says which deviations a corpus of cases exercises.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from attngate.errors import Problem
@@ -70,6 +76,7 @@ def check_deviations(
                     "refusing rules it declares, and rules: with fields: refusal",
                 )
             )
+        problems += _unbounded(spec, fields, doc, path) + _not_refusing(spec, doc, path)
         if unknown or not fields:
             continue
         text = spec.when if isinstance(spec.when, str) else str(spec.when)
@@ -85,6 +92,47 @@ def check_deviations(
             )
         )
     return out
+
+
+def _unbounded(spec: DeviationSpec, fields: tuple[str, ...], doc: YamlDocument, path: tuple) -> list[Problem]:
+    """A deviation of values or of SGLang's refusals whose ``when`` is ``true`` (or left out) would excuse every such
+    difference of every configuration. A refusal deviation alone may hold everywhere: its rules bound it."""
+    if spec.when is not True or not set(fields) - {REFUSAL}:
+        return []
+    given = "when" in spec.model_fields_set
+    return [
+        Problem(
+            doc.where(path + ("when",) if given else path + ("id",)),
+            f"deviation {spec.id!r}: declares {', '.join(f for f in fields if f != REFUSAL)} "
+            + ("with when: true" if given else "without a when")
+            + ", which would excuse every such difference of every configuration",
+            help="state the configurations it covers in `when`",
+        )
+    ]
+
+
+def _not_refusing(spec: DeviationSpec, doc: YamlDocument, path: tuple) -> list[Problem]:
+    """The rules a refusal deviation names that never refuse: of kind set or adjust, or a known_failure with a
+    ``fallback`` (it adjusts instead). Read from the document's ``rules:`` as written (an unknown id is loading's)."""
+    raw = doc.data.get("rules") if isinstance(doc.data, dict) else None
+    kinds = {}
+    for item in raw if isinstance(raw, list) else ():
+        if isinstance(item, dict) and isinstance(item.get("id"), str):
+            kind = item.get("kind", "set")
+            if not isinstance(kind, str):  # the rule's own schema error
+                continue
+            kinds[item["id"]] = (
+                "known_failure with a fallback" if kind == "known_failure" and "fallback" in item else kind
+            )
+    return [
+        Problem(
+            doc.where(path + ("rules", index)),
+            f"deviation {spec.id!r}: rule {rule!r} is of kind {kinds[rule]}, which never refuses a configuration; "
+            "fields: refusal names forbid and known_failure rules (without a fallback)",
+        )
+        for index, rule in enumerate(spec.rules)
+        if kinds.get(rule, "forbid") not in ("forbid", "known_failure")
+    ]
 
 
 def given_facts(rules: Any, args: ServerArgs, model: ModelFacts, platform: Platform) -> dict[str, Any]:
@@ -127,3 +175,46 @@ def matching_deviations(
             if (name == REFUSAL) == bool(refused_by):
                 out.setdefault(name, []).append(deviation.id)
     return out
+
+
+@dataclass
+class DeviationCoverage:
+    """Which deviations of ``rules`` a corpus of configurations exercises: a deviation is exercised by a case where it
+    applies to attngate's outcome (:func:`applicable_deviations`); a refusal deviation's rule by a case refused through
+    it where the deviation applies. Fed per case with :meth:`record`; tests/rules/test_deviation_checks.py runs the
+    generated conformance corpus through it (attngate's side only, no SGLang)."""
+
+    rules: Any
+    cases: dict[str, list[str]] = field(default_factory=dict)  # deviation id -> the cases it applied to
+    refused_through: dict[str, set[str]] = field(default_factory=dict)  # deviation id -> its rules that refused
+
+    def record(self, case: str, facts: dict[str, Any], refused_by: frozenset[str] = frozenset()) -> list[Deviation]:
+        """The deviations applicable to one case (``facts``: :func:`given_facts`; ``refused_by``: the rules attngate
+        refused it through, empty where it accepted), noted as exercised."""
+        applied = applicable_deviations(self.rules, facts, refused_by)
+        for deviation in applied:
+            self.cases.setdefault(deviation.id, []).append(case)
+            self.refused_through.setdefault(deviation.id, set()).update(refused_by & set(deviation.rules))
+        return applied
+
+    def never_applied(self) -> list[Deviation]:
+        """The deviations no recorded case made applicable."""
+        return [d for d in self.rules.deviations if d.id not in self.cases]
+
+    def rules_never_refusing(self) -> dict[str, list[str]]:
+        """Per refusal deviation, the rules it names that no recorded case where it applied was refused through."""
+        out = {}
+        for d in self.rules.deviations:
+            missing = [r for r in d.rules if r not in self.refused_through.get(d.id, ())]
+            if missing:
+                out[d.id] = missing
+        return out
+
+    def report(self) -> dict[str, Any]:
+        """Counts and what is missing, as rule coverage reports it (attngate.testing.coverage)."""
+        return {
+            "deviations": len(self.rules.deviations),
+            "exercised": {d.id: len(self.cases[d.id]) for d in self.rules.deviations if d.id in self.cases},
+            "never_applied": [{"deviation": d.id, "where": d.where} for d in self.never_applied()],
+            "rules_never_refusing": self.rules_never_refusing(),
+        }

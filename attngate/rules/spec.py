@@ -98,5 +98,16 @@ class DeviationSpec(BaseModel):
     reason: str = Field(min_length=1, description="why attngate differs on purpose")
     source: str = Field(min_length=1, description="the PR, issue or kernel check behind the difference")
 
+    @field_validator("fields")
+    @classmethod
+    def _declares_each_field_once(cls, value: Union[str, list[str]]) -> Union[str, list[str]]:
+        # a deviation of no field would be dropped without a word; one listed twice is a slip
+        if isinstance(value, list) and not value:
+            raise ValueError("a deviation declares at least one field (a server argument, refusal or sglang_refusal)")
+        twice = sorted({f for f in value if value.count(f) > 1}) if isinstance(value, list) else []
+        if twice:
+            raise ValueError(f"{', '.join(twice)} listed more than once")
+        return value
+
 
 RuleFileSpec.model_rebuild()
