@@ -12,10 +12,11 @@ Under DP attention it also gives every rank the batch size to pad to (:func:`dp_
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from attngate.engine.result import Resolution
-from attngate.errors import AttngateError, Problem
+from attngate.errors import AttngateError, Problem, UsageError, argument_problems, count_problems
 from attngate.facts.catalogue import base_facts
 from attngate.plan.compare import differing, gate_values
 from attngate.plan.schema import Plan
@@ -31,18 +32,41 @@ def check_plan_consistency(plan_or_resolution: Plan | Resolution, group: Any = N
     Cheap when they agree: one all-gather of the 64-character fingerprints. On a mismatch the plans
     (and, given a Resolution, the facts they were resolved from) are gathered, and the error lists,
     for every rank that differs from rank 0, each differing gate with both values and each differing
-    fact. Works over any backend (gloo on CPU, NCCL on GPU). Raises RuntimeError when
+    fact. Works over any backend (gloo on CPU, NCCL on GPU).
+
+    The arguments are checked before any collective, and the first all-gather carries each rank's verdict on its
+    own: where any rank was given something else than a Plan or a Resolution, or a ``group`` that is no
+    ProcessGroup (its exchange then runs on the default group), every rank raises one UsageError naming each bad
+    rank and argument, instead of the others waiting for it or meeting a closed connection. A rank outside
+    ``group`` raises UsageError alone (the group's members do not wait for it). Raises RuntimeError when
     torch.distributed is not initialized.
     """
     import torch.distributed as dist
 
     if not dist.is_initialized():
         raise RuntimeError("check_plan_consistency needs torch.distributed.init_process_group() first")
+    group = _group_of(dist, group, "check_plan_consistency")
+    problems = argument_problems(
+        ("plan_or_resolution", plan_or_resolution, (Plan, Resolution), "attngate.resolve(...) or its .plan")
+    )
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        problems.append(_bad_group(group))
+        group = None
     resolution = plan_or_resolution if isinstance(plan_or_resolution, Resolution) else None
     plan = resolution.plan if resolution else plan_or_resolution
     world = dist.get_world_size(group)
-    fingerprints: list[Any] = [None] * world
-    dist.all_gather_object(fingerprints, plan.fingerprint, group=group)
+    verdicts: list[Any] = [None] * world
+    own = ("bad", [(p.where, p.message) for p in problems]) if problems else ("ok", plan.fingerprint)
+    dist.all_gather_object(verdicts, own, group=group)
+    bad = [
+        Problem(f"rank {rank}: {where}", message)
+        for rank, (status, found) in enumerate(verdicts)
+        if status == "bad"
+        for where, message in found
+    ]
+    if bad:
+        raise UsageError(bad)
+    fingerprints = [fingerprint for _, fingerprint in verdicts]
     if len(set(fingerprints)) == 1:
         return
     mine = {
@@ -65,18 +89,49 @@ def check_plan_consistency(plan_or_resolution: Plan | Resolution, group: Any = N
 
 
 def dp_max_batch_size(batch_size: int, group: Any = None) -> int:
-    """The largest decode batch size of any rank of ``group`` (one all-reduce of one integer): what every DP-attention
+    """The largest decode batch size of any rank of ``group`` (one all-reduce of two integers): what every DP-attention
     rank pads its batch to with :func:`attngate.backends.runtime.dp_padding.pad_decode_batch`, so that all ranks run the
     same number of tokens and replay the same CUDA graph. An IDLE rank passes 0. Works over gloo and NCCL (NCCL
-    reduces on the current CUDA device). Raises RuntimeError when torch.distributed is not initialized."""
+    reduces on the current CUDA device). A ``batch_size`` that is no integer >= 0, or a ``group`` that is no
+    ProcessGroup (the reduce then runs on the default group), fails every rank with one UsageError naming the highest
+    bad rank. Raises RuntimeError when torch.distributed is not initialized."""
     import torch
     import torch.distributed as dist
 
     if not dist.is_initialized():
         raise RuntimeError("dp_max_batch_size needs torch.distributed.init_process_group() first")
+    group = _group_of(dist, group, "dp_max_batch_size")
+    problems = count_problems(("batch_size", batch_size, 0))
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        problems.append(_bad_group(group))
+        group = None
     device = (
         torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
     )
-    size = torch.tensor([batch_size], dtype=torch.int64, device=device)
+    rank = dist.get_rank(group)
+    size = torch.tensor([0 if problems else batch_size, rank + 1 if problems else 0], dtype=torch.int64, device=device)
     dist.all_reduce(size, op=dist.ReduceOp.MAX, group=group)
-    return int(size.item())
+    if problems:
+        raise UsageError([dataclasses.replace(p, where=f"rank {rank}: {p.where}") for p in problems])
+    if int(size[1].item()):
+        raise UsageError(
+            Problem(
+                f"rank {int(size[1].item()) - 1}", "was given a bad argument of dp_max_batch_size (its error names it)"
+            )
+        )
+    return int(size[0].item())
+
+
+def _group_of(dist: Any, group: Any, caller: str) -> Any:
+    """``group`` as given; UsageError, before any collective, on a rank outside it (new_group's NON_GROUP_MEMBER):
+    the group's members do not wait for such a rank."""
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise UsageError(Problem("group", f"this rank is not a member of the group given to {caller}"))
+    return group
+
+
+def _bad_group(group: Any) -> Problem:
+    return Problem(
+        "group",
+        f"takes a torch.distributed ProcessGroup or None (the default group), not {type(group).__name__} {group!r:.80}",
+    )

@@ -47,7 +47,7 @@ from attngate.backends.runtime.forward_batch import ForwardBatch
 from attngate.backends.runtime.kv_cache import PageAllocator, ReqToTokenPool, kv_pool_for
 from attngate.backends.runtime.layer import AttentionLayer, layers_from_model
 from attngate.engine.resolve import resolve
-from attngate.errors import BatchMetadataError, Problem, UsageError
+from attngate.errors import BatchMetadataError, Problem, UsageError, check_arguments
 from attngate.facts.model import ModelFacts
 from attngate.facts.modes import ForwardMode
 from attngate.facts.platform import Platform
@@ -147,6 +147,10 @@ class AttngateRuntime:
         backend_cls: type[AttentionBackend] | None = None,
     ):
         register()
+        check_arguments(
+            ("platform", platform, (Platform, type(None)), "e.g. Platform.from_name('sm90')"),
+            ("backend_cls", backend_cls, (type, type(None)), "a backend class, e.g. ReferenceBackend"),
+        )
         self.model = model
         page_size = check_runtime_arguments(model, server_args, page_size, num_slots, max_requests, max_context_len)
         config = model.config

@@ -13,7 +13,7 @@ import torch
 
 from attngate.backends.runtime.forward_batch import ForwardBatch
 from attngate.backends.runtime.kv_cache import PageAllocator, ReqToTokenPool
-from attngate.errors import Problem, UsageError
+from attngate.errors import Problem, UsageError, argument_problems, count_problems
 from attngate.facts.modes import ForwardMode
 
 
@@ -42,8 +42,10 @@ def build_batch(
 
     Pages come from ``allocator`` (default: a fresh one over ``num_slots`` with shuffled pages);
     each request gets whole pages for encoder + prefix + new tokens. Raises KVCacheExhausted when
-    the pool is too small. The caller fills the prefix K/V (``slots[r][enc:enc+prefix]``).
+    the pool is too small, UsageError naming every bad argument. The caller fills the prefix K/V
+    (``slots[r][enc:enc+prefix]``).
     """
+    _check_arguments(requests, mode, page_size, num_slots, max_context_len, encoder_lens)
     rng = random.Random(seed)
     if allocator is None:
         order = list(range(num_slots // page_size))
@@ -91,3 +93,28 @@ def build_batch(
         encoder_lens_cpu=torch.tensor(encoder_lens[: len(requests)], dtype=torch.int32) if any(encoder_lens) else None,
     )
     return BatchSetup(batch, rtp, allocator, slots)
+
+
+def _check_arguments(
+    requests: object, mode: object, page_size: object, num_slots: object, max_context_len: object, encoder_lens: object
+) -> None:
+    problems = count_problems(
+        ("page_size", page_size, 1), ("num_slots", num_slots, 1), ("max_context_len", max_context_len, 1)
+    )
+    problems += argument_problems(
+        ("requests", requests, (list, tuple), "[(prefix_len, new_len), ...]"),
+        ("mode", mode, (ForwardMode, str), "e.g. ForwardMode.DECODE"),
+        ("encoder_lens", encoder_lens, (list, tuple, type(None)), "one count per request"),
+    )
+    if isinstance(requests, (list, tuple)):
+        problems += [
+            Problem(f"requests[{i}]", f"takes (prefix_len, new_len), two integers >= 0, not {r!r:.80}")
+            for i, r in enumerate(requests)
+            if not isinstance(r, (list, tuple)) or len(r) != 2 or count_problems(("", r[0], 0), ("", r[1], 0))
+        ][:10]
+        if isinstance(encoder_lens, (list, tuple)) and len(encoder_lens) != len(requests):
+            problems.append(Problem("encoder_lens", f"holds {len(encoder_lens)} counts for {len(requests)} requests"))
+    if isinstance(encoder_lens, (list, tuple)):
+        problems += count_problems(*((f"encoder_lens[{i}]", e, 0) for i, e in enumerate(encoder_lens)))[:10]
+    if problems:
+        raise UsageError(problems)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attngate.errors import Problem, UsageError, argument_problems, count_problems
 from attngate.facts.modes import ForwardMode
 
 
@@ -50,6 +51,28 @@ class ForwardBatch:
     encoder_lens_cpu: torch.Tensor | None = None
     spec_tree_mask: torch.Tensor | None = None
 
+    def __post_init__(self) -> None:
+        """UsageError naming every field of the wrong kind (a few isinstance checks: no device sync, no shape check;
+        attngate.backends.checks.check_batch checks the values against the pool). ``forward_mode`` may be given as
+        its value (``"decode"``)."""
+        problems = count_problems(("batch_size", self.batch_size, 0))
+        try:
+            self.forward_mode = ForwardMode(self.forward_mode)
+        except (ValueError, TypeError):
+            modes = ", ".join(m.value for m in ForwardMode)
+            problems.append(Problem("forward_mode", f"takes a ForwardMode ({modes}), not {self.forward_mode!r:.80}"))
+        problems += argument_problems(
+            *((name, getattr(self, name), torch.Tensor, "") for name in _TENSORS),
+            *((name, getattr(self, name), (torch.Tensor, type(None)), "") for name in _OPTIONAL_TENSORS),
+            ("extend_seq_lens_cpu", self.extend_seq_lens_cpu, (list, tuple, type(None)), "the new-token counts"),
+        )
+        if problems:
+            raise UsageError(problems)
+
     @property
     def num_tokens(self) -> int:
         return int(self.out_cache_loc.shape[0])
+
+
+_TENSORS = ("req_pool_indices", "seq_lens", "seq_lens_cpu", "extend_prefix_lens", "extend_seq_lens", "out_cache_loc")
+_OPTIONAL_TENSORS = ("encoder_lens", "encoder_out_cache_loc", "encoder_lens_cpu", "spec_tree_mask")

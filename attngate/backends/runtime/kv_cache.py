@@ -10,8 +10,30 @@ from collections import Counter
 
 import torch
 
-from attngate.errors import BatchMetadataError, KVCacheExhausted, Problem, UsageError
+from attngate.errors import (
+    BatchMetadataError,
+    KVCacheExhausted,
+    Problem,
+    UsageError,
+    argument_problems,
+    check_arguments,
+    count_problems,
+)
 from attngate.facts.model import ModelFacts
+
+
+def check_pool_arguments(*counts: tuple[str, object, int], dtype: object = torch.int32, device: object = "cpu") -> None:
+    """UsageError naming every bad argument of a pool: each ``(name, value, least)`` count, a ``dtype`` that is no
+    torch.dtype, a ``device`` torch cannot parse (checked before anything is allocated)."""
+    problems = count_problems(*counts) + argument_problems(("dtype", dtype, torch.dtype, "e.g. torch.bfloat16"))
+    try:
+        if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+            raise TypeError
+        torch.device(device)
+    except (TypeError, RuntimeError, ValueError):
+        problems.append(Problem("device", f"takes a torch device ('cpu', 'cuda:0', torch.device), not {device!r:.80}"))
+    if problems:
+        raise UsageError(problems)
 
 
 class PageAllocator:
@@ -22,14 +44,17 @@ class PageAllocator:
     """
 
     def __init__(self, num_pages: int, page_size: int, order: list[int] | None = None):
-        if page_size < 1 or num_pages < 1:
-            raise UsageError(
-                Problem("PageAllocator", f"num_pages ({num_pages}) and page_size ({page_size}) must be >= 1")
-            )
+        """UsageError naming every bad argument: counts below 1, an ``order`` that is no permutation of the pages."""
+        problems = count_problems(("num_pages", num_pages, 1), ("page_size", page_size, 1))
+        problems += argument_problems(("order", order, (list, tuple, range, type(None)), "a permutation of the pages"))
+        if problems:
+            raise UsageError(problems)
         self.page_size = page_size
         self.num_pages = num_pages
         self._free: list[int] = list(order) if order is not None else list(range(num_pages))
-        if sorted(self._free) != list(range(num_pages)):
+        if any(isinstance(p, bool) or not isinstance(p, int) for p in self._free) or sorted(self._free) != list(
+            range(num_pages)
+        ):
             raise UsageError(Problem("order", "must be a permutation of range(num_pages)"))
         self._free.reverse()  # pop() from the end hands pages out in `order`
         self._in_use: set[int] = set()
@@ -70,6 +95,8 @@ class ReqToTokenPool:
     """``req_to_token: [max_requests, max_context_len]`` int32: each request's slots, in token order."""
 
     def __init__(self, max_requests: int, max_context_len: int, device: torch.device | str = "cpu"):
+        """UsageError naming every bad argument: counts below 1, a device torch does not know."""
+        check_pool_arguments(("max_requests", max_requests, 1), ("max_context_len", max_context_len, 1), device=device)
         self.req_to_token = torch.zeros((max_requests, max_context_len), dtype=torch.int32, device=device)
         self._free = list(range(max_requests - 1, -1, -1))
         self._in_use: set[int] = set()
@@ -151,6 +178,16 @@ class MHATokenToKVPool(_PoolBase):
         dtype: torch.dtype = torch.bfloat16,
         device: torch.device | str = "cpu",
     ):
+        check_pool_arguments(
+            ("num_slots", num_slots, 1),
+            ("page_size", page_size, 1),
+            ("num_layers", num_layers, 0),
+            ("num_kv_heads", num_kv_heads, 1),
+            ("head_dim", head_dim, 1),
+            *([("v_head_dim", v_head_dim, 1)] if v_head_dim is not None else []),
+            dtype=dtype,
+            device=device,
+        )
         self.num_slots, self.page_size, self.dtype = num_slots, page_size, dtype
         v_head_dim = v_head_dim or head_dim
         self.k_buffer = [
@@ -184,6 +221,15 @@ class MLATokenToKVPool(_PoolBase):
         dtype: torch.dtype = torch.bfloat16,
         device: torch.device | str = "cpu",
     ):
+        check_pool_arguments(
+            ("num_slots", num_slots, 1),
+            ("page_size", page_size, 1),
+            ("num_layers", num_layers, 0),
+            ("kv_lora_rank", kv_lora_rank, 1),
+            ("qk_rope_head_dim", qk_rope_head_dim, 0),
+            dtype=dtype,
+            device=device,
+        )
         self.num_slots, self.page_size, self.dtype = num_slots, page_size, dtype
         self.kv_lora_rank, self.qk_rope_head_dim = kv_lora_rank, qk_rope_head_dim
         self.kv_buffer = [
@@ -205,7 +251,9 @@ class MLATokenToKVPool(_PoolBase):
 def kv_pool_for(
     model: ModelFacts, num_slots: int, page_size: int, num_layers: int, dtype: torch.dtype, device: torch.device | str
 ) -> MHATokenToKVPool | MLATokenToKVPool:
-    """The KV pool a model's layers write: the latent cache (ckv ++ kpe) for MLA, else K and V per KV head."""
+    """The KV pool a model's layers write: the latent cache (ckv ++ kpe) for MLA, else K and V per KV head. UsageError
+    naming every bad argument (the pool's own checks, and a ``model`` that is no ModelFacts)."""
+    check_arguments(("model", model, ModelFacts, "ModelFacts.from_hf_config(path)"))
     if model.use_mla:
         return MLATokenToKVPool(
             num_slots, page_size, num_layers, model.kv_lora_rank, model.qk_rope_head_dim, dtype=dtype, device=device

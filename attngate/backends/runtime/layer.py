@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from numbers import Real
 from typing import TYPE_CHECKING
 
 import torch
 
+from attngate.errors import Problem, UsageError, argument_problems, count_problems
 from attngate.facts.model import ModelFacts
 from attngate.facts.modes import LayerKind
 
@@ -48,6 +51,36 @@ class AttentionLayer:
     qk_rope_head_dim: int = 0
     w_kc: torch.Tensor | None = None
     w_vc: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        """UsageError naming every field that cannot describe a layer (checked once, at construction); ``kind``
+        may be given as its value (``"full"``), ``sliding_window_size`` as None (no window, as -1)."""
+        problems = count_problems(
+            ("layer_id", self.layer_id, 0),
+            ("num_q_heads", self.num_q_heads, 1),
+            ("num_kv_heads", self.num_kv_heads, 1),
+            ("head_dim", self.head_dim, 1),
+            ("v_head_dim", self.v_head_dim, 1),
+            ("kv_lora_rank", self.kv_lora_rank, 0),
+            ("qk_rope_head_dim", self.qk_rope_head_dim, 0),
+            *(() if self.sliding_window_size is None else [("sliding_window_size", self.sliding_window_size, -1)]),
+            *(() if self.attention_chunk_size is None else [("attention_chunk_size", self.attention_chunk_size, 1)]),
+        )
+        for name in ("scaling", "logit_cap"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, Real) or not value >= 0 or value == math.inf:
+                problems.append(Problem(name, f"takes a finite real number >= 0, not {value!r:.80}"))
+        try:
+            self.kind = LayerKind(self.kind)
+        except (ValueError, TypeError):
+            problems.append(
+                Problem("kind", f"takes a LayerKind ({', '.join(k.value for k in LayerKind)}), not {self.kind!r:.80}")
+            )
+        problems += argument_problems(
+            *((name, getattr(self, name), (torch.Tensor, type(None)), "") for name in ("sinks", "w_kc", "w_vc"))
+        )
+        if problems:
+            raise UsageError(problems)
 
     @property
     def qk_nope_head_dim(self) -> int:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attngate.errors import AttngateError
+from attngate.errors import AttngateError, Problem, UsageError, argument_problems, count_problems
 from attngate.facts.model import ModelFacts
 from attngate.facts.platform import Platform
 from attngate.integrations.sglang.cases import Case
@@ -71,11 +71,25 @@ def run_cases(
     cases: list[Case], rules: RuleSet, *, jobs: int = 1, progress: Callable[[CaseResult], None] | None = None
 ) -> list[CaseResult]:
     """Run every case through SGLang (needs the sglang extra) and attngate; results in the cases' order.
-    Raises SglangMissingError without SGLang."""
-    from attngate.integrations.sglang.device import preload
+    Raises UsageError naming every bad argument, then SglangMissingError without SGLang."""
     from attngate.integrations.sglang.oracle import require_sglang
 
-    require_sglang()
+    problems = argument_problems(
+        ("cases", cases, list, "from generate_cases() or load_cases()"),
+        ("rules", rules, RuleSet, "load a rules file with attngate.load_rules(path)"),
+        ("progress", progress, (Callable, type(None)), "a function called with each CaseResult"),
+    ) + count_problems(("jobs", jobs, 1))
+    if isinstance(cases, list):
+        problems += [
+            Problem(f"cases[{i}]", f"takes a Case, not {type(c).__name__}")
+            for i, c in enumerate(cases)
+            if not isinstance(c, Case)
+        ][:10]
+    if problems:
+        raise UsageError(problems)
+    require_sglang()  # before anything imports SGLang (device does)
+    from attngate.integrations.sglang.device import preload
+
     preload()
     with _model_folders(cases) as folders:
         _STATE.update(
