@@ -1367,16 +1367,17 @@ def _deepseek_v32() -> ModelFacts:
 
 
 @pytest.mark.parametrize(
-    "flags, gpu, backend, page_size, kv_dtype",
+    "args, gpu, backend, page_size, kv_dtype",
     [
-        ("", "sm90", "dsa", 64, "bfloat16"),
-        ("", "sm100", "dsa", 64, "fp8_e4m3"),  # not R62's trtllm_mla: SGLang's override checks DSA first
-        ("--page-size 16 --kv-cache-dtype bf16", "sm90", "dsa", 64, "bf16"),  # the override's 64 wins over the flag
-        ("--attention-backend cutlass_mla", "sm100", "cutlass_mla", 128, "fp8_e4m3"),  # cutlass's later 128 wins
+        ({}, "sm90", "dsa", 64, "bfloat16"),
+        ({}, "sm100", "dsa", 64, "fp8_e4m3"),  # not R62's trtllm_mla: SGLang's override checks DSA first
+        ({"page_size": 16, "kv_cache_dtype": "bf16"}, "sm90", "dsa", 64, "bf16"),  # the override's 64 wins
+        # cutlass's later 128 wins (a ServerArgs only: SGLang 0.5.23's launch line no longer offers cutlass_mla)
+        ({"attention_backend": "cutlass_mla"}, "sm100", "cutlass_mla", 128, "fp8_e4m3"),
     ],
 )
-def test_deepseek_sparse_attention_defaults(flags, gpu, backend, page_size, kv_dtype):
-    r = resolve(ServerArgs.from_flags(flags.split()), _deepseek_v32(), Platform.from_name(gpu))
+def test_deepseek_sparse_attention_defaults(args, gpu, backend, page_size, kv_dtype):
+    r = resolve(ServerArgs(**args), _deepseek_v32(), Platform.from_name(gpu))
     assert (r.plan.prefill_backend, r.plan.common.page_size, r.server_args.kv_cache_dtype) == (
         backend,
         page_size,

@@ -38,7 +38,7 @@ def problems(text: str) -> list[str]:
         ("page_size == 'x'", "rules.yaml:7:24: rule 'r': page_size is int in [1, 65536] or None, compared with 'x'"),
         (
             "attention_backend == 'fa33'",
-            "rules.yaml:7:32: rule 'r': 'fa33' is not a value of attention_backend (24 choices) (did you mean 'fa3'?)",
+            ("rules.yaml:7:32: rule 'r': 'fa33' is not a value of attention_backend (", "(did you mean 'fa3'?)"),
         ),
         (
             "page_size",
@@ -60,7 +60,8 @@ def problems(text: str) -> list[str]:
 )
 def test_condition_errors_have_locations(when, expected):
     found = problems(HEAD + rule(when=when, set={"fa.skip_kv_cache": True}))
-    assert any(expected in p for p in found), found
+    parts = expected if isinstance(expected, tuple) else (expected,)  # a tuple: every part in one message
+    assert any(all(part in p for part in parts) for p in found), found
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,9 @@ class Env:
 
 GPU = Env("cuda", (32, 8, 128), Platform.detect, long_prefix=4000, many_slots=1 << 19)
 # the stand-ins run on an H100's facts: flashinfer and flash_attn.cute "installed"
-CPU = Env("cpu", (4, 2, 64), lambda: Platform.from_name("sm90"), long_prefix=1200, many_slots=1 << 17)
+CPU = Env(
+    "cpu", (4, 2, 64), lambda: Platform.from_name("sm90", kernels=["attngate"]), long_prefix=1200, many_slots=1 << 17
+)
 MODE_OF = {
     "extend": ForwardMode.EXTEND,
     "extend_prefix": ForwardMode.EXTEND,

@@ -11,7 +11,8 @@ from attngate import ModelFacts, Platform, ServerArgs, resolve
 from helpers_path import LLAMA
 
 def test_one_resolve():
-    resolve(ServerArgs(attention_backend="fa3"), ModelFacts.from_hf_config(LLAMA), Platform.from_name("sm90"))
+    platform = Platform.from_name("sm90", kernels=["attngate"])  # fa3 served by flash_attn.cute
+    resolve(ServerArgs(attention_backend="fa3"), ModelFacts.from_hf_config(LLAMA), platform)
 """
 
 
@@ -30,7 +31,9 @@ def test_coverage_reports_fired_and_never_fired_rules_and_atoms(pytester):
     )
     report = json.loads((pytester.path / "cov.json").read_text())
     never = {r["rule"] for r in report["never_fired"]}
-    assert "default-backend.whisper" in never and "fa.fa4-sm90-single-split" not in never  # fa3 on sm90 fired it
+    assert (
+        "default-backend.whisper" in never and "fa.fa4-sm90-single-split" not in never
+    )  # fa3 on sm90 over cute fired it
     assert 0 < report["rules_fired"] < report["rules"] and report["atoms_not_seen_both_ways"]
     # fa3 on sm90 with nothing else given meets no deviation from SGLang
     assert len(report["deviations_never_applied"]) == report["deviations"] > 0
