@@ -24,13 +24,13 @@ with the facts that explain it and the server arguments it needs.
 
 from __future__ import annotations
 
-import ast
 import functools
 from itertools import combinations
 from typing import Any
 
 import z3
 
+from attngate.analysis.conflicts import conflicts
 from attngate.analysis.deviation_lint import lint_tautologies
 from attngate.analysis.encoding import Encoder, Finding, can_hold, find, satisfiable
 from attngate.analysis.prove import (
@@ -48,8 +48,9 @@ def lint_rules(rules: RuleSet) -> list[Finding | Unknown]:
     """Every static finding of ``rules`` (see the module doc), and an :class:`Unknown` per query z3 could not
     decide. Raises :class:`~attngate.analysis.verdict.Interrupted` on SIGINT (:func:`interruptible`).
 
-    Solver calls grow linearly with the rules: conflicts are found by one query per gate or
-    argument (then one more per conflict found), never by checking every pair of rules.
+    Solver calls grow linearly with the rules: conflicts are found by one query per gate or argument and group of
+    value classes that can meet (attngate.analysis.conflicts; then about one per rule of a group that holds
+    conflicts), never by checking every pair of rules.
     """
     with interruptible():
         return _lint(rules)
@@ -83,14 +84,14 @@ def _lint(rules: RuleSet) -> list[Finding | Unknown]:
         findings += _dead(rule.where, f"rule {rule.id!r}", verdict, "match")
     for kind, values in (("set", lambda r: r.sets), ("adjust", lambda r: r.adjusts)):
         by_name: dict[tuple[str, ...], list[tuple[Rule, Rule, Any]]] = {}
-        for a, b, model in _conflicts(rules, kind, values, cond, accepted, enc.links, findings):
+        for a, b, witness in conflicts(rules, kind, values, cond, accepted, enc.links, findings, enc):
             names = tuple(n for n in values(a) if n in values(b) and values(a)[n] != values(b)[n])
-            by_name.setdefault(names, []).append((a, b, model))
+            by_name.setdefault(names, []).append((a, b, witness))
         for names, pairs in by_name.items():  # one finding per gate: a rule base can hold thousands of pairs
-            a, b, model = pairs[0]
+            a, b, first = pairs[0]
             what = ("gate " if kind == "set" else "server argument ") + ", ".join(names)
             keep = inputs_read([rules], [a, b])
-            witness = simplest_witness(accepted, enc, [cond[a.id], cond[b.id]], model, keep)
+            witness = simplest_witness(accepted, enc, [cond[a.id], cond[b.id]], first(), keep)
             shown = ", ".join(f"{n}={v!r}" for n, v in witness_inputs(enc, witness, keep).items())
             if len(pairs) == 1:
                 message = f"{kind} rules {a.id!r} and {b.id!r} can both match and disagree on {what}; e.g. {shown}"
@@ -225,103 +226,3 @@ def _lint_deviations(rules: RuleSet, enc: Encoder, solver: z3.Solver) -> list[Fi
                 )
             )
     return findings
-
-
-def _equalities(rule: Rule) -> dict[str, Any]:
-    """The ``fact == literal`` conjuncts at the top of a rule's condition (a tuning table's keys)."""
-    body = rule.condition.tree.body
-    out: dict[str, Any] = {}
-    for c in body.values if isinstance(body, ast.BoolOp) and isinstance(body.op, ast.And) else [body]:
-        if (
-            isinstance(c, ast.Compare)
-            and len(c.ops) == 1
-            and isinstance(c.ops[0], ast.Eq)
-            and isinstance(c.left, ast.Name)
-            and isinstance(c.comparators[0], ast.Constant)
-        ):
-            out[c.left.id] = c.comparators[0].value
-    return out
-
-
-def _clash_groups(classes: dict[str, list[Rule]], used: frozenset[str] = frozenset()):
-    """Groups (a, b) of value classes such that every two classes that can match together meet in one group: ``b``
-    None means two of ``a``, else one of ``a`` with one of ``b``. Classes whose rules all key one fact to
-    different literals (``page_size == 16`` / ``== 32``) can never match together, so they are split on that fact
-    (recursively): each class is queried in O(1) groups, not against every other class."""
-    if len(classes) < 2:
-        return
-    keys: dict[str, dict[str, Any]] = {}
-    for value, rs in classes.items():
-        common = _equalities(rs[0])
-        for r in rs[1:]:
-            common = {k: v for k, v in _equalities(r).items() if common.get(k, object()) == v}
-        keys[value] = common
-    counts: dict[str, int] = {}
-    for common in keys.values():
-        for fact in common:
-            if fact not in used:
-                counts[fact] = counts.get(fact, 0) + 1
-    fact = max(counts, key=counts.get, default=None)
-    if fact is None or counts[fact] < 2:
-        yield list(classes), None
-        return
-    buckets: dict[Any, dict[str, list[Rule]]] = {}
-    rest = {}
-    for value, rs in classes.items():
-        if fact in keys[value]:
-            buckets.setdefault(repr(keys[value][fact]), {})[value] = rs
-        else:
-            rest[value] = rs
-    for bucket in buckets.values():
-        yield from _clash_groups(bucket, used | {fact})
-    if rest:
-        yield from _clash_groups(rest, used | {fact})
-        yield list(rest), [v for bucket in buckets.values() for v in bucket]
-
-
-def _conflicts(rules: RuleSet, kind: str, values, cond: dict[str, Any], solver: z3.Solver, links: list[Any], unknown):
-    """(a, b, witness model) for rules a before b of one scope that can match together and give a name
-    different values. Per name and group of value classes (_clash_groups) one query (at least two classes match:
-    a cardinality constraint, linear in the classes), then one more per conflict found: linear in the rules, not
-    pairwise. A query z3 cannot decide is appended to ``unknown`` (an :class:`Unknown` naming the rules)."""
-    group = [r for r in rules.rules if (r.kind == "set") == (kind == "set") and values(r)]
-    position = {r.id: i for i, r in enumerate(group)}
-    by_name: dict[tuple[str, str], list[Rule]] = {}
-    for r in group:
-        for name in values(r):
-            by_name.setdefault((r.scope, name), []).append(r)
-    seen: set[tuple[str, str]] = set()
-    for (_, name), setters in by_name.items():
-        classes: dict[str, list[Rule]] = {}
-        for r in setters:
-            classes.setdefault(repr(values(r)[name]), []).append(r)
-        for first, second in _clash_groups(classes):
-            matches = [z3.Or(*[cond[r.id] for r in classes[v]]) for v in first]
-            if second is None:
-                clash = z3.AtLeast(*matches, 2)  # two value classes match: linear in the classes, not pairwise
-            else:
-                clash = z3.And(z3.Or(*matches), z3.Or(*[cond[r.id] for v in second for r in classes[v]]))
-            blocked: list[Any] = []
-            while True:
-                verdict, model = find(solver, z3.And(clash, *blocked), links)
-                if verdict.unknown:
-                    ids = [r.id for v in [*first, *(second or ())] for r in classes[v]]
-                    listed = ", ".join(ids[:8]) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
-                    what = ("gate " if kind == "set" else "server argument ") + name
-                    query = f"can {kind} rules {listed} match together and disagree on {what}"
-                    unknown.append(Unknown(classes[first[0]][0].where, query, verdict.reason))
-                if model is None:
-                    break
-                live = [r for r in setters if z3.is_true(model.eval(cond[r.id], model_completion=True))]
-                pairs = [
-                    (a, b)
-                    for a, b in combinations(sorted(live, key=lambda r: position[r.id]), 2)
-                    if values(a)[name] != values(b)[name]
-                ]
-                fresh = [(a, b) for a, b in pairs if (a.id, b.id) not in seen]
-                for a, b in fresh:
-                    seen.add((a.id, b.id))
-                    yield a, b, model
-                if not pairs:  # cannot happen for a model of clash; stop rather than loop
-                    break
-                blocked += [z3.Not(z3.And(cond[a.id], cond[b.id])) for a, b in pairs]

@@ -89,9 +89,10 @@ _checking = False  # a z3 check runs (z3 may be interrupted only then: interrupt
 _guarded = False  # interruptible() is active
 
 
-def check(solver: z3.Solver | z3.Optimize, *terms: Any) -> Verdict:
-    """The verdict of the solver's assertions (with ``terms``, added in a scope of their own and taken back).
-    Raises :class:`Interrupted` where a SIGINT came before or during the check."""
+def check(solver: z3.Solver | z3.Optimize, *terms: Any, assume: tuple[Any, ...] = ()) -> Verdict:
+    """The verdict of the solver's assertions (with ``terms``, added in a scope of their own and taken back, and under
+    the literals ``assume``, z3's assumptions: no scope at all). Raises :class:`Interrupted` where a SIGINT came before
+    or during the check."""
     global _checking
     solver.set("ctrl_c", False)  # z3's own SIGINT handler would answer unknown for it
     if terms:
@@ -103,7 +104,7 @@ def check(solver: z3.Solver | z3.Optimize, *terms: Any) -> Verdict:
                 raise Interrupted()
             _checking = True
         try:
-            answer = solver.check()
+            answer = solver.check(*assume)
         finally:
             with _lock:
                 _checking = False
