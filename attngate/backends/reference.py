@@ -168,11 +168,11 @@ def _tree_keys(tree: torch.Tensor, prefix: int, k_pos: torch.Tensor) -> torch.Te
 def visible_keys(
     q_pos: torch.Tensor, k_pos: torch.Tensor, *, causal: bool, window: int | None, chunk: int | None = None
 ) -> torch.Tensor:
-    """Which keys each query sees, as the module doc specifies: ``q_pos: [..., Tq]``, ``k_pos: [Tk]`` (int
-    positions) -> ``[..., Tq, Tk]`` bool. ``window``: sliding_window_size (earlier tokens; later ones too when not
-    causal), None or < 0 for none; ``chunk``: attention_chunk_size, None for none."""
+    """Which keys each query sees, as the module doc specifies: ``q_pos: [..., Tq]``, ``k_pos: [Tk]`` (or per row,
+    ``[..., 1, Tk]``; int positions) -> ``[..., Tq, Tk]`` bool. ``window``: sliding_window_size (earlier tokens; later
+    ones too when not causal), None or < 0 for none; ``chunk``: attention_chunk_size, None for none."""
     q, k = q_pos[..., None], k_pos
-    visible = torch.ones(q.shape[:-1] + k.shape, dtype=torch.bool, device=q_pos.device)
+    visible = torch.ones(torch.broadcast_shapes(q.shape, k.shape), dtype=torch.bool, device=q_pos.device)
     if causal:
         visible &= k <= q
     if window is not None and window >= 0:

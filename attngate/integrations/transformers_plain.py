@@ -197,24 +197,31 @@ def _plan_expresses(d: LayerDecisions, attention_mask: torch.Tensor | None, visi
     def make() -> bool:
         # a padding query's row is the kernels' own (zeros), whatever the mask shows it
         q_valid = self_attention_valid(visible, d.causal)[0][..., None]
-        return bool(((_plan_mask(d, visible) == visible) | ~q_valid).all())
+        return bool(((_plan_mask(d, visible, unpadded=True) == visible) | ~q_valid).all())
 
     return per_mask(attention_mask, ("expressed", d.causal, d.window, d.attention_chunk_size, *visible.shape), make)
 
 
-def _plan_mask(d: LayerDecisions, visible: torch.Tensor) -> torch.Tensor:
+def _plan_mask(d: LayerDecisions, visible: torch.Tensor, *, unpadded: bool = False) -> torch.Tensor:
     """``[B, S, S_kv]`` bool: the keys the plan lets each query see, given where ``visible: [B, S, S_kv]`` puts it
     among the keys and which keys are padding. Where each query sits: its last visible key under a causal mask, else
-    bottom-right (a bidirectional layer's mask shows every key of the row to every query). Positions are padded ones:
-    a window (a distance) reads them as the unpadded positions would."""
+    bottom-right (a bidirectional layer's mask shows every key of the row to every query). Positions are the padded
+    batch's (eager's semantics: a window is a distance between positions, whatever is masked between them), or with
+    ``unpadded`` a key's rank among its row's valid keys, as the kernels read the rows: a key masked out inside a
+    request (a hole) shortens the kernels' distances across it, so a windowed layer's kernel mask differs there."""
     b, s, s_kv = visible.shape
     j = torch.arange(s_kv, device=visible.device)
     bottom_right = (s_kv - s) + torch.arange(s, device=visible.device)
     last = torch.where(visible, j, -1).amax(-1) if s_kv else bottom_right.expand(b, s)
-    q_pos = torch.where(last >= 0, last, bottom_right) if d.causal else bottom_right.expand(b, s)
+    at = torch.where(last >= 0, last, bottom_right) if d.causal else bottom_right.expand(b, s)  # [B, S] key index
     # the keys a query may see: on a cross layer its own mask's (data), else those some query of the row sees (not padding)
-    seen = visible if d.kind == LayerKind.CROSS_ATTENTION else visible.any(1, keepdim=True)
-    return seen & visible_keys(q_pos, j, causal=d.causal, window=d.window)
+    row_keys = visible.any(1, keepdim=True)  # [B, 1, S_kv]
+    seen = visible if d.kind == LayerKind.CROSS_ATTENTION else row_keys
+    if not unpadded:
+        return seen & visible_keys(at, j, causal=d.causal, window=d.window)
+    rank = row_keys.long().cumsum(-1) - 1  # [B, 1, S_kv]
+    q_pos = rank[:, 0].gather(1, at.clamp(0, max(s_kv - 1, 0))) if s_kv else at
+    return seen & visible_keys(q_pos, rank, causal=d.causal, window=d.window)
 
 
 def _mask_kind(attention_mask: torch.Tensor | None, b: int, h: int, s: int, s_kv: int) -> str:

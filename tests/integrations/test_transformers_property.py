@@ -126,6 +126,27 @@ def test_the_plain_path_matches_eager_attention(data):
         _close_until_they_part(*outs)
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    name=st.sampled_from(["mistral-swa", "gemma2-softcap-swa", "gemma3-pattern", "gpt-oss-sinks", "llama"]),
+    rows=st.lists(st.lists(st.booleans(), min_size=9, max_size=9).filter(any), min_size=1, max_size=3),
+    path=st.sampled_from(["torch", "fa"]),
+)
+def test_any_padding_mask_means_what_it_means_to_eager_attention(name, rows, path):
+    """A 2D mask of any pattern (holes anywhere, not only padding at one end): eager's logits at every kept
+    position. A window is a distance between positions, so a key masked out inside a window leaves the kernels' rows
+    (whose distances it would shorten) for float32 torch, on every windowed layer."""
+    ref, ours = pair(name)
+    mask = torch.tensor(rows, dtype=torch.int64)
+    ids = torch.randint(1, VOCAB, mask.shape, generator=torch.Generator().manual_seed(len(rows)))
+    with pytest.MonkeyPatch.context() as mp, torch.no_grad():
+        if path == "fa":
+            on_fa_standin(mp)
+        configure(ours, ServerArgs(), FA_HOST if path == "fa" else TORCH_HOST)
+        expected, got = ref(ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits
+    assert (expected - got)[mask.bool()].abs().max().item() < ATOL
+
+
 def _custom_mask(kind: str, b: int, h: int, s: int, bias: float) -> torch.Tensor:
     """A caller's 4D mask over ``s`` queries and keys: causal, each request hiding its first key from its last query,
     per head (``per-head-*``: head i also hides key i % s from every query but the first) or biased (``biased``: the
