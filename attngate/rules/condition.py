@@ -14,10 +14,10 @@ import ast
 import copy
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from attngate.rules.typecheck import ConditionError, ConditionErrors, TypeChecker, not_none_when
-from attngate.types import FactType
+if TYPE_CHECKING:
+    from attngate.types import FactType
 
 _NO_BUILTINS: dict[str, Any] = {"__builtins__": {}}
 _GATE_PREFIX = "__gate__"
@@ -44,11 +44,15 @@ class Conjunct:
         self.guards = guards
         self._code: Any = None
 
-    def holds(self, facts: dict[str, Any]) -> bool:
+    def compiled(self) -> Any:
+        """The code of this operand under its guards (compiled on first use; attngate.rules.cache stores it)."""
         if self._code is None:
             body = ast.BoolOp(op=ast.And(), values=[*self.guards, self.node]) if self.guards else self.node
             self._code = _compile(ast.Expression(body=ast.fix_missing_locations(body)), "<condition>")
-        return bool(eval(self._code, _NO_BUILTINS, facts))  # noqa: S307 - whitelisted AST, see module doc
+        return self._code
+
+    def holds(self, facts: dict[str, Any]) -> bool:
+        return bool(eval(self.compiled(), _NO_BUILTINS, facts))  # noqa: S307 - whitelisted AST, see module doc
 
     def with_text(self, text: str) -> "Conjunct":
         return Conjunct(text, self.node, self.guards)
@@ -91,6 +95,9 @@ def compile_condition(
     per-layer rules only); ``hints`` explain why a known name is unreadable here. Raises
     :class:`ConditionErrors` with every problem.
     """
+    # imported here: a rule set read from the disk cache (attngate.rules.cache) is never type-checked again
+    from attngate.rules.typecheck import ConditionError, ConditionErrors, TypeChecker
+
     if not isinstance(text, str) or not text.strip():
         raise ConditionErrors([ConditionError(0, "a condition must be a non-empty expression")])
     if len(text) > MAX_CONDITION_CHARS:
@@ -139,6 +146,8 @@ def _depth(root: ast.AST) -> int:
 
 def _guards(earlier: list[ast.expr], part: ast.expr) -> tuple[ast.expr, ...]:
     """The ``earlier`` conjuncts that, true, keep a fact or gate ``part`` reads from being None."""
+    from attngate.rules.typecheck import not_none_when
+
     reads = {ast.unparse(n) for n in ast.walk(part) if isinstance(n, (ast.Name, ast.Attribute))}
     return tuple(e for e in earlier if not_none_when(e, True) & reads)
 

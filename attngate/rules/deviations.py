@@ -18,7 +18,7 @@ none at all. :class:`DeviationCoverage` says which deviations a corpus of cases 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attngate.errors import Problem
 from attngate.facts.catalogue import FACTS, base_facts
@@ -26,12 +26,12 @@ from attngate.facts.model import ModelFacts
 from attngate.facts.platform import Platform
 from attngate.facts.server_args import ServerArgs
 from attngate.rules.condition import Condition, compile_condition
-from attngate.rules.entries import validated_entries
-from attngate.rules.spec import DeviationSpec
-from attngate.rules.typecheck import ConditionErrors
-from attngate.types import FactType
 from attngate.util.suggest import did_you_mean
-from attngate.util.yaml_source import YamlDocument
+
+if TYPE_CHECKING:
+    from attngate.rules.spec import DeviationSpec
+    from attngate.types import FactType
+    from attngate.util.yaml_source import YamlDocument
 
 REFUSAL = "refusal"  # attngate refuses what SGLang accepts
 SGLANG_REFUSAL = "sglang_refusal"  # SGLang refuses what attngate accepts
@@ -55,6 +55,11 @@ def check_deviations(
     raw: Any, doc: YamlDocument, problems: list[Problem], predicate_types: dict[str, FactType]
 ) -> list[Deviation]:
     """Type-check the ``deviations:`` list; every problem goes to ``problems`` with file:line:col."""
+    # imported here: a rule set read from the disk cache (attngate.rules.cache) is never checked again
+    from attngate.rules.entries import validated_entries
+    from attngate.rules.spec import DeviationSpec
+    from attngate.rules.typecheck import ConditionErrors
+
     readable = {**{name: spec.type for name, spec in FACTS.items()}, **predicate_types}
     out: list[Deviation] = []
     for path, spec in validated_entries(raw, doc, problems, DeviationSpec, "deviations", "deviation"):

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attngate.errors import Problem
 from attngate.facts.catalogue import FACTS, LAYER_FACT, MODE_FACT
 from attngate.plan.registry import GATES
 from attngate.rules.condition import Condition, compile_condition
-from attngate.rules.entries import validated_entries
-from attngate.rules.spec import InvariantSpec
-from attngate.rules.typecheck import ConditionErrors
-from attngate.types import FactType
-from attngate.util.yaml_source import YamlDocument
+
+if TYPE_CHECKING:
+    from attngate.types import FactType
+    from attngate.util.yaml_source import YamlDocument
 
 _ALL_GATE_TYPES = {name: g.type for name, g in GATES.items()}
 _INVARIANT_FACTS = {
@@ -38,6 +37,11 @@ def check_invariants(
     raw: Any, doc: YamlDocument, problems: list[Problem], predicate_types: dict[str, FactType]
 ) -> list[Invariant]:
     """Invariants may read every fact, predicate and gate (any scope), forward_mode and layer_kind."""
+    # imported here: a rule set read from the disk cache (attngate.rules.cache) is never checked again
+    from attngate.rules.entries import validated_entries
+    from attngate.rules.spec import InvariantSpec
+    from attngate.rules.typecheck import ConditionErrors
+
     readable = {**_INVARIANT_FACTS, **predicate_types}
     out: list[Invariant] = []
     for path, spec in validated_entries(raw, doc, problems, InvariantSpec, "invariants", "invariant"):

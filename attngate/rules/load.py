@@ -9,14 +9,13 @@ from importlib import resources
 from pathlib import Path
 
 from attngate.errors import Problem, RulesError, check_arguments
-from attngate.rules.check import check_document
+from attngate.rules.cache import load_or_parse
 from attngate.rules.deviations import Deviation, check_deviations
 from attngate.rules.invariants import Invariant, check_invariants
 from attngate.rules.ruleset import Predicate, Rule, RuleSet
 from attngate.types import FactType
 from attngate.util.inputs import read_text
 from attngate.util.suggest import did_you_mean
-from attngate.util.yaml_source import load_yaml
 
 
 def shipped_rules_path() -> Path:
@@ -33,8 +32,9 @@ _LOADING = threading.Lock()
 @functools.lru_cache(maxsize=8)
 def _load_cached(path: str, text: str) -> RuleSet:
     """The rules of ``text``, read from ``path``: keyed on the content, so a file rewritten within one mtime tick (or
-    with its mtime put back) is parsed again, and the same text under another name is parsed under that name."""
-    return parse_rules(text, path)
+    with its mtime put back) is parsed again, and the same text under another name is parsed under that name. A new
+    process finds it in the disk cache (attngate.rules.cache), keyed the same way."""
+    return load_or_parse(text, path, parse_rules)
 
 
 def load_rules(path: str | Path | None = None) -> RuleSet:
@@ -54,6 +54,10 @@ def parse_rules(text: str, filename: str = "rules.yaml") -> RuleSet:
         ("text", text, str, "the rules file's text; a path goes to load_rules"),
         ("filename", filename, str, "the name problems are reported under"),
     )
+    # imported here: a process that finds its rules in the disk cache never needs the parser or the rules' schema
+    from attngate.rules.check import check_document
+    from attngate.util.yaml_source import load_yaml
+
     doc, problems = load_yaml(text, filename)
     rules: list[Rule] = []
     predicates: list[Predicate] = []

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attngate.errors import Problem, RulesError
 from attngate.rules.condition import Condition
-from attngate.rules.deviations import Deviation
-from attngate.rules.invariants import Invariant
-from attngate.rules.spec import RuleKind
-from attngate.types import Scope
+
+if TYPE_CHECKING:  # annotations only: the loaded rule set needs neither the entries' schemas nor their checkers
+    from attngate.rules.deviations import Deviation
+    from attngate.rules.invariants import Invariant
+    from attngate.rules.spec import RuleKind
+    from attngate.types import Scope
 
 
 @dataclass(frozen=True, slots=True)

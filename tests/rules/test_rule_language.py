@@ -492,11 +492,12 @@ def test_a_condition_that_is_a_bare_number_is_an_error(when):
     assert any("when: Input should be a valid boolean" in p for p in found), found
 
 
-def test_threads_loading_the_rules_at_a_cold_start_parse_them_once(monkeypatch):
+def test_threads_loading_the_rules_at_a_cold_start_parse_them_once(monkeypatch, tmp_path):
     import threading
 
     from attngate.rules import load
 
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # an empty disk cache (attngate.rules.cache): cold indeed
     parsed = []
     real = load.parse_rules
     monkeypatch.setattr(load, "parse_rules", lambda *a: parsed.append(a) or real(*a))

@@ -1,0 +1,186 @@
+"""A disk cache of loaded rule sets, so that a cold ``attngate explain`` unpickles the shipped rules (about 10 ms)
+instead of parsing and type-checking them (about 110 ms).
+
+An entry is keyed by the SHA-256 of everything the loaded RuleSet is a function of: the rules file's text and the
+name its ``file:line:col`` carry, the source of the floors parsing reads (attngate/rules, plan, facts, util,
+errors.py, types.py: import-linter keeps parsing from importing anything else of attngate's) and the interpreter
+(compiled conditions are marshalled code). An edited file, an edited attngate or another Python gives another key,
+never a stale rule set. Entries are written whole to a temporary file and renamed into place; one that is truncated,
+corrupt (its payload's SHA-256 is checked), not the user's own, or unreadable is ignored and parsed again. Only rule
+sets that load are cached: every error is reported by parsing, as before. Off with ``ATTNGATE_NO_CACHE=1``; the
+folder is ``$XDG_CACHE_HOME/attngate`` (default ``~/.cache/attngate``).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import io
+import marshal
+import os
+import pickle
+import stat
+import sys
+import tempfile
+import types
+from pathlib import Path
+from typing import Any, Callable
+
+from attngate.rules.ruleset import RuleSet
+
+#: bump when the entry layout changes (the pickled classes themselves are covered by the source digest)
+FORMAT = b"attngate-rules-cache 1\n"
+#: entries kept in the folder; older ones are removed when a new one is written
+MAX_ENTRIES = 16
+#: an entry larger than this is no entry of ours (the shipped rules make about 0.6 MB)
+MAX_BYTES = 64 << 20
+_PACKAGE = Path(__file__).resolve().parents[1]
+_SOURCES = ("rules", "plan", "facts", "util", "errors.py", "types.py")
+_digest: bytes | None = None
+
+
+def cache_dir() -> Path | None:
+    """The folder entries go in; None when caching is off or no home is known."""
+    if os.environ.get("ATTNGATE_NO_CACHE"):
+        return None
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base or not os.path.isabs(base):  # the XDG spec: a relative value is ignored
+        home = os.path.expanduser("~")
+        if home == "~":
+            return None
+        base = os.path.join(home, ".cache")
+    return Path(base) / "attngate"
+
+
+def source_digest() -> bytes:
+    """SHA-256 of the source parsing reads (paths and contents; about 1 ms), once a process."""
+    global _digest
+    if _digest is None:
+        h = hashlib.sha256()
+        for name in _SOURCES:
+            root = _PACKAGE / name
+            files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.suffix in (".py", ".json"))
+            for path in files:
+                h.update(str(path.relative_to(_PACKAGE)).encode() + b"\0")
+                h.update(path.read_bytes() + b"\0")
+        _digest = h.digest()
+    return _digest
+
+
+def entry_key(text: str, filename: str) -> str:
+    """The key of the rule set ``text`` loads into under ``filename``."""
+    h = hashlib.sha256(FORMAT)
+    for part in (sys.version, sys.implementation.cache_tag or "", filename):
+        h.update(part.encode("utf-8", "surrogatepass") + b"\0")
+    h.update(source_digest())
+    h.update(text.encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
+
+
+def load_or_parse(text: str, filename: str, parse: Callable[[str, str], RuleSet]) -> RuleSet:
+    """The rule set of ``text`` from the cache, else ``parse(text, filename)`` (stored for the next process)."""
+    folder = cache_dir()
+    if folder is None:
+        return parse(text, filename)
+    try:
+        path = folder / f"rules-{entry_key(text, filename)}.pickle"
+    except OSError:  # attngate's own source unreadable: parse, cache nothing
+        return parse(text, filename)
+    cached = _read(path)
+    if cached is not None and cached.filename == filename:
+        return cached
+    rule_set = parse(text, filename)  # raises RulesError before anything is stored
+    _write(path, rule_set)
+    return rule_set
+
+
+def _read(path: Path) -> RuleSet | None:
+    try:  # without blocking: a FIFO put in its place is refused, never waited on
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        with open(fd, "rb") as handle:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BYTES:
+                return None
+            # another user's file, or one others may write (a shared XDG_CACHE_HOME), is never unpickled
+            if os.name == "posix" and (st.st_uid != os.getuid() or st.st_mode & 0o022):
+                return None
+            data = handle.read(MAX_BYTES + 1)
+    except (OSError, ValueError):
+        return None
+    head = len(FORMAT) + 32
+    if (
+        len(data) < head
+        or not data.startswith(FORMAT)
+        or hashlib.sha256(data[head:]).digest() != data[len(FORMAT) : head]
+    ):
+        return None
+    try:
+        loaded = _Unpickler(io.BytesIO(data[head:])).load()
+    except Exception:  # noqa: BLE001 - whatever a damaged entry raises, it is parsed again
+        return None
+    return loaded if isinstance(loaded, RuleSet) else None
+
+
+def _write(path: Path, rule_set: RuleSet) -> None:
+    try:
+        for condition in _conditions(rule_set):  # explanations evaluate conjuncts: compiled once, here
+            for conjunct in condition.conjuncts:
+                conjunct.compiled()
+        buffer = io.BytesIO()
+        _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(rule_set)
+    except Exception:  # noqa: BLE001 - a rule set that does not pickle is simply not cached
+        return
+    payload = buffer.getvalue()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".rules-", suffix=".tmp")
+        try:
+            with open(fd, "wb") as handle:
+                handle.write(FORMAT + hashlib.sha256(payload).digest() + payload)
+            os.replace(tmp, path)  # atomic: a reader sees the whole entry or none
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        _prune(path.parent)
+    except OSError:  # a read-only home, a full disk: the next process parses again
+        pass
+
+
+def _prune(folder: Path) -> None:
+    entries = []
+    for entry in folder.glob("rules-*.pickle"):
+        try:
+            entries.append((entry.stat().st_mtime, entry))
+        except OSError:
+            pass
+    for _, entry in sorted(entries, reverse=True)[MAX_ENTRIES:]:
+        try:
+            entry.unlink()
+        except OSError:
+            pass
+
+
+def _conditions(rule_set: RuleSet) -> list[Any]:
+    owners = (*rule_set.rules, *rule_set.predicates, *rule_set.invariants, *rule_set.deviations)
+    return [owner.condition for owner in owners]
+
+
+class _Pickler(pickle.Pickler):
+    """Compiled conditions are code objects, which pickle does not take: marshalled."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is types.CodeType:
+            return marshal.loads, (marshal.dumps(obj),)
+        return NotImplemented
+
+
+class _Unpickler(pickle.Unpickler):
+    """Only what a rule set is made of: attngate's classes, ``ast`` nodes and marshalled code."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module.startswith("attngate.rules.") or (module, name) == ("marshal", "loads"):
+            return super().find_class(module, name)
+        node = getattr(ast, name, None) if module == "ast" else None
+        if isinstance(node, type) and issubclass(node, ast.AST):
+            return node
+        raise pickle.UnpicklingError(f"{module}.{name} is no part of a rule set")
