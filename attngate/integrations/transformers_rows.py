@@ -288,16 +288,21 @@ def unmasked_keys(s: int, s_kv: int, causal: bool) -> int:
 
 def visible_mask(attention_mask: torch.Tensor | None, b: int, s: int, s_kv: int, device, causal: bool) -> torch.Tensor:
     """``[B, S, S_kv]`` bool: the keys each query may see as transformers masks it (``attention_mask: [B, 1|H, S,
-    >=S_kv]`` bool or additive, or None: :func:`unmasked_keys`)."""
-    if attention_mask is None:  # causal over the first unmasked_keys keys, bottom-right among them
-        end = unmasked_keys(s, s_kv, causal)
-        j, i = torch.arange(s_kv, device=device), torch.arange(s, device=device)
-        visible = j[None, :] < end
-        if causal:
-            visible = visible & (j[None, :] <= i[:, None] + (end - s))
-        return visible.expand(b, s, s_kv)
-    mask = attention_mask[..., :s_kv]
-    # an additive mask hides what is at its dtype's minimum or -inf (a NaN or +inf is seen: eager propagates it);
-    # a per-head mask shows a key that some head sees
-    visible = mask if mask.dtype == torch.bool else ~(mask <= torch.finfo(mask.dtype).min / 2)
-    return visible.any(1).expand(b, s, s_kv)
+    >=S_kv]`` bool or additive, or None: :func:`unmasked_keys`). Found once per mask (:func:`per_mask`): every layer
+    of a step shares it; callers must not write to it."""
+
+    def make() -> torch.Tensor:
+        if attention_mask is None:  # causal over the first unmasked_keys keys, bottom-right among them
+            end = unmasked_keys(s, s_kv, causal)
+            j, i = torch.arange(s_kv, device=device), torch.arange(s, device=device)
+            visible = j[None, :] < end
+            if causal:
+                visible = visible & (j[None, :] <= i[:, None] + (end - s))
+            return visible.expand(b, s, s_kv)
+        mask = attention_mask[..., :s_kv]
+        # an additive mask hides what is at its dtype's minimum or -inf (a NaN or +inf is seen: eager propagates it);
+        # a per-head mask shows a key that some head sees
+        visible = mask if mask.dtype == torch.bool else ~(mask <= torch.finfo(mask.dtype).min / 2)
+        return visible.any(1).expand(b, s, s_kv)
+
+    return per_mask(attention_mask, ("visible", b, s, s_kv, device, causal), make)

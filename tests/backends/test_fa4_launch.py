@@ -75,6 +75,9 @@ _AUX = _Aux()
 def _fresh(monkeypatch):
     monkeypatch.setattr(fa4_launch, "_LAUNCHES", {})
     monkeypatch.setattr(fa4_launch.metadata, "version", lambda name: fa4_launch.PINNED)
+    fa4_launch._interface.cache_clear()  # kept once a process: each test installs its own interface
+    yield
+    fa4_launch._interface.cache_clear()
 
 
 def _install(monkeypatch, cute: types.ModuleType) -> None:
