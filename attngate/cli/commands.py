@@ -106,8 +106,8 @@ def explain(
         from attngate.util.suggest import did_you_mean
 
         raise typer.BadParameter(f"no gate {gate!r}" + did_you_mean(gate, list(GATES)), param_hint="--gate")
-    report = resolution_report(resolution, rule_set) | {"not_read": line.not_read}
     if output is OutputFormat.json:
+        report = resolution_report(resolution, rule_set) | {"not_read": line.not_read}
         if mode:
             report["modes"] = {mode: report["modes"][mode]}
         if gate is not None:  # that gate's entries only, in every table that has it
@@ -120,7 +120,7 @@ def explain(
 
         render_resolution(resolution, mode)
     else:
-        from attngate.cli.render import print_lines
+        from attngate.cli.plain import print_lines  # rich only where these lines need it
         from attngate.cli.summary import gate_lines, summary_lines
 
         lines = summary_lines(resolution, mode) if gate is None else gate_lines(resolution, gate, rule_set)

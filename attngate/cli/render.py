@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from attngate.cli.plain import print_lines, wrap_lines  # the plain-text screen, without rich where it can
 from attngate.engine.result import GateExplanation, Resolution
 from attngate.errors import MAX_PROBLEMS, PlanError, visible
 from attngate.util.text import bounded_width
@@ -56,24 +56,11 @@ def _gate_table(title: str, gates: dict[str, GateExplanation]) -> Table:
     return table
 
 
-def wrap_lines(lines: list[str], width: int) -> list[str]:
-    """Each line wrapped at ``width`` columns, never cut; continuation lines start two columns right of the line's own
-    text, so that a wrapped entry reads as one. Words break at spaces only (rule ids and gate names stay whole)."""
-    out = []
-    for line in lines:
-        indent = " " * (len(line) - len(line.lstrip(" ")))
-        # textwrap keeps a paragraph's leading spaces on its first line
-        out += textwrap.wrap(line, width=max(width, 20), subsequent_indent=indent + "  ", break_on_hyphens=False) or [
-            ""
-        ]
-    return out
-
-
-def print_lines(lines: list[str]) -> None:
-    """Plain text wrapped at the console width (never cut, see wrap_lines); no markup, no ANSI codes in a pipe, an
-    input's controls and bidi characters made visible."""
+def print_rich_lines(lines: list[str]) -> None:
+    """``lines`` (made visible already) wrapped at the console width and printed by rich: attngate.cli.plain's
+    print_lines, where it cannot print them without rich."""
     console = _console()
-    for line in wrap_lines([visible(line) for line in lines], console.width):
+    for line in wrap_lines(lines, console.width):
         console.print(Text(line), overflow="fold", crop=False)
 
 
