@@ -1,0 +1,155 @@
+"""``model.generate()`` as users call it, ``attn_implementation="attngate"`` beside sdpa (eager attention where
+transformers runs the architecture on eager only: Gemma-2's soft-cap) on the same random bf16 weights.
+
+Per architecture, cache (``default``: the DynamicCache, eager; ``static``: ``cache_implementation="static"``, whose
+decode step transformers compiles), batch and prompt length (unpadded prompts, an all-ones mask): the prefill ms
+(``generate(max_new_tokens=1)``), the decode ms per step (``max_new_tokens=N`` less the prefill, over N - 1 steps),
+tokens/s of the whole call, and the first step's logits against the reference implementation's (largest absolute
+difference over the largest logit). Each point is timed after a warm-up call of the same shape (compilation and
+kernel builds excluded), implementations alternating, the best of ``--reps``.
+
+    python3 bench/bench_transformers_generate.py --out bench/transformers_generate_h100.json   # on the GPU
+    python3 bench/plot.py --generate bench/transformers_generate_h100.json bench/transformers_generate.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT)]
+
+import attngate.integrations.transformers  # noqa: E402,F401 - registers "attngate"
+from attngate.integrations.transformers_plain import configure  # noqa: E402
+
+COMMON = dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, pad_token_id=0)
+COMMON |= dict(bos_token_id=1, eos_token_id=2, max_position_embeddings=40000)
+#: the three architectures of issue 52: (config class, overrides, reference implementation)
+ARCHS = {
+    "llama": (transformers.LlamaConfig, dict(num_attention_heads=16, num_key_value_heads=4, head_dim=128), "sdpa"),
+    "qwen3": (transformers.Qwen3Config, dict(num_attention_heads=16, num_key_value_heads=8, head_dim=128), "sdpa"),
+    "gemma2": (
+        transformers.Gemma2Config,
+        dict(
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=256,
+            sliding_window=4096,
+            attn_logit_softcapping=50.0,
+            final_logit_softcapping=30.0,
+            query_pre_attn_scalar=256,
+        ),
+        "eager",
+    ),  # fmt: skip
+}
+
+
+def _model(arch: str, impl: str, state=None):
+    cls, overrides, _ = ARCHS[arch]
+    cfg = cls(**COMMON, **overrides)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=impl)
+    model = model.to(torch.bfloat16)
+    if state is not None:
+        model.load_state_dict(state)
+    model = model.cuda().eval()
+    if impl == "attngate":
+        configure(model)
+    return model
+
+
+def _generate(model, ids, cache: str, new: int):
+    kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new, min_new_tokens=new)
+    kw |= dict(output_logits=True, return_dict_in_generate=True)
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(ids, **kw)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3, out
+
+
+def point(models: dict, arch: str, cache: str, batch: int, prompt: int, new: int, reps: int) -> dict:
+    """Both implementations at one shape: prefill ms, decode ms per step, tokens/s, first-step logit difference."""
+    ids = torch.randint(3, 32000, (batch, prompt), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    row = {"arch": arch, "cache": cache, "batch": batch, "prompt": prompt, "new_tokens": new}
+    best: dict[str, dict] = {}
+    first: dict[str, torch.Tensor] = {}
+    for name, model in models.items():  # warm-up: compilation, kernel builds, the static cache's allocation
+        _generate(model, ids, cache, 2)
+    for _ in range(reps):
+        for name, model in models.items():
+            prefill, _ = _generate(model, ids, cache, 1)
+            total, out = _generate(model, ids, cache, new)
+            first[name] = out.logits[0].float()
+            decode = (total - prefill) / (new - 1)
+            if name not in best or total < best[name]["total_ms"]:
+                best[name] = dict(
+                    prefill_ms=prefill, decode_ms=decode, total_ms=total, tokens_s=batch * new / total * 1e3
+                )
+    ref, ours = (first[n] for n in models)
+    row["first_step_logit_diff"] = ((ref - ours).abs().max() / ref.abs().max()).item()
+    for name, values in best.items():
+        row |= {f"{name}_{k}": round(v, 3) for k, v in values.items()}
+    names = list(models)
+    row["decode_ratio"] = row[f"{names[0]}_decode_ms"] / row["attngate_decode_ms"]  # reference / attngate
+    row["prefill_ratio"] = row[f"{names[0]}_prefill_ms"] / row["attngate_prefill_ms"]
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--archs", default=",".join(ARCHS))
+    parser.add_argument("--caches", default="default,static")
+    parser.add_argument("--batches", default="1,8,32")
+    parser.add_argument("--prompts", default="512,2048,16384,32768")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=262144, help="skip batch x prompt above this")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    rows = []
+    for arch in args.archs.split(","):
+        reference = ARCHS[arch][2]
+        ref = _model(arch, reference)
+        models = {reference: ref, "attngate": _model(arch, "attngate", ref.state_dict())}
+        for cache in args.caches.split(","):
+            for batch in map(int, args.batches.split(",")):
+                for prompt in map(int, args.prompts.split(",")):
+                    if batch * prompt > args.max_tokens:
+                        continue
+                    try:
+                        row = point(models, arch, cache, batch, prompt, args.new_tokens, args.reps)
+                    except torch.OutOfMemoryError:
+                        row = {"arch": arch, "cache": cache, "batch": batch, "prompt": prompt, "error": "OOM"}
+                    torch._dynamo.reset()
+                    gc.collect()
+                    torch.cuda.empty_cache()
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+        del models, ref
+        gc.collect()
+        torch.cuda.empty_cache()
+    report = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+    report["rows"] = rows
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
