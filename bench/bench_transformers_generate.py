@@ -9,7 +9,7 @@ difference over the largest logit). Each point is timed after a warm-up call of 
 kernel builds excluded), implementations alternating, the best of ``--reps``.
 
     python3 bench/bench_transformers_generate.py --out bench/transformers_generate_h100.json   # on the GPU
-    python3 bench/plot.py --generate bench/transformers_generate_h100.json bench/transformers_generate.png
+    python3 bench/bench_transformers_generate.py --archs llama --caches static --batches 1 --prompts 512
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from attngate.integrations.transformers_plain import configure  # noqa: E402
 
 COMMON = dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, pad_token_id=0)
 COMMON |= dict(bos_token_id=1, eos_token_id=2, max_position_embeddings=40000)
-#: the three architectures of issue 52: (config class, overrides, reference implementation)
+#: the architectures measured: (config class, overrides, reference implementation)
 ARCHS = {
     "llama": (transformers.LlamaConfig, dict(num_attention_heads=16, num_key_value_heads=4, head_dim=128), "sdpa"),
     "qwen3": (transformers.Qwen3Config, dict(num_attention_heads=16, num_key_value_heads=8, head_dim=128), "sdpa"),
