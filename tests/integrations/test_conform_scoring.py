@@ -4,9 +4,13 @@ attngate's, never "both refuse"."""
 
 from __future__ import annotations
 
+import pytest
+
+from attngate import Platform, load_rules
 from attngate.facts.server_args import ServerArgs
-from attngate.integrations.sglang.compare import CaseResult, Verdict, unreadable_config
+from attngate.integrations.sglang.compare import CaseResult, Verdict, compare_case, unreadable_config
 from attngate.rules.deviations import REFUSAL
+from tests.support.helpers import model
 
 
 def _sglang_resolved() -> dict:
@@ -31,3 +35,25 @@ def test_an_undeclared_difference_outranks_both_refusing():
     assert result.verdict is Verdict.ONE_REFUSES
     result.declared[REFUSAL] = ["some.deviation"]
     assert result.verdict is Verdict.BOTH_REFUSE
+
+
+@pytest.mark.parametrize(
+    "name, given, refused_by",
+    [
+        # FA's FP8 query cast without a scale (sglang issues 5700, 20820)
+        (
+            "Qwen2.5-7B-Instruct",
+            {"attention_backend": "fa3", "kv_cache_dtype": "fp8_e4m3"},
+            "known.fa-fp8-kv-query-cast-without-scale",
+        ),
+    ],
+)
+def test_attngates_refusal_of_what_sglang_serves_names_the_rules_that_refused(name, given, refused_by):
+    """SGLang serves it with a known failure of its own; attngate refuses, declared by sglang.known-failures-refused,
+    and the refusal's origin names the rules that refused."""
+    given = _sglang_resolved() | given
+    result = compare_case(f"{name}/sm90", given, given, None, model(name), Platform.from_name("sm90"), load_rules())
+    assert result.attngate is None and set(result.differences) == {REFUSAL}
+    assert result.origins[REFUSAL] == refused_by
+    assert result.declared == {REFUSAL: ["sglang.known-failures-refused"]}
+    assert result.verdict is Verdict.DEVIATION

@@ -64,7 +64,8 @@ class CaseResult:
     """Both sides of one case. ``sglang``/``attngate`` hold the compared fields (attngate's names) or are None
     where that side refused; ``differences`` maps a field (or ``refusal``) to (SGLang's, attngate's) value;
     ``declared`` maps a differing field to the deviation ids that declare it; ``origins`` says which rule set
-    each of attngate's differing values ("as given": no rule changed it)."""
+    each of attngate's differing values ("as given": no rule changed it) and, for attngate's refusal of what SGLang
+    serves, the rules that refused (comma-separated)."""
 
     name: str
     sglang: dict[str, Any] | None
@@ -167,6 +168,8 @@ def compare_case(
             sglang_refusal,
             result.attngate_refusal,
         )
+        if sglang is not None and refused_by:  # the rules whose refusal SGLang does not make
+            result.origins[REFUSAL] = ", ".join(sorted(refused_by))
     elif sglang is not None and result.attngate is not None:
         raw_sglang, raw_mine = attngate_values(resolved), resolution.server_args.model_dump()
         for key, value in result.attngate.items():
