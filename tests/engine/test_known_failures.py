@@ -4,14 +4,19 @@ the configuration, is declared in the deviation that says so."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from attngate import PlanError, Platform, ServerArgs, resolve
+from attngate import ModelFacts, PlanError, Platform, ServerArgs, resolve
 from attngate.rules.deviations import matching_deviations
-from tests.support.helpers import fa3_gpu, model, refusing_rules_of
+from tests.support.helpers import MODELS, fa3_gpu, model, refusing_rules_of
 
 FP8_QUERY = "known.fa-fp8-kv-query-cast-without-scale"
 DP_PADDED_RAGGED = "known.flashinfer-mla-dp-padded-ragged-prefill"
+SOFTCAP = "known.flashinfer-softcap-planned-uncapped"
+RAGGED_WINDOW = "known.flashinfer-ragged-prefill-drops-window"
+RADIX = "known.deterministic-radix-cache-diverges"
 FP8 = "--kv-cache-dtype fp8_e4m3"
 DP = "--enable-dp-attention --dp-size 2 --tp-size 4"  # attention TP 2: each DP group's rows padded to a multiple of 2
 
@@ -26,6 +31,8 @@ def _refused_by(flags: str, name: str, gpu: str) -> set[str]:
     [
         (f"--attention-backend fa3 {FP8}", "Qwen2.5-7B-Instruct", "sm90", FP8_QUERY),
         (f"--attention-backend flashinfer {DP}", "DeepSeek-V2-Lite", "sm90", DP_PADDED_RAGGED),
+        ("--decode-attention-backend flashinfer --prefill-attention-backend fa3", "gemma-2-9b-it", "sm90", SOFTCAP),
+        ("--attention-backend flashinfer", "gemma-3-1b-it", "sm90", RAGGED_WINDOW),
     ],
 )
 def test_a_reported_failure_is_refused_with_its_issue_unless_allowed_and_declared(rules, flags, name, gpu, entry):
@@ -43,7 +50,8 @@ def test_a_reported_failure_is_refused_with_its_issue_unless_allowed_and_declare
     }
     # the failure is in SGLang's backend code: where attngate's own backends run the plan, nothing is refused
     own = resolve(args, facts, platform.model_copy(update={"runs_sglang": False}))
-    assert own.plan.prefill_backend == args.attention_backend and not own.allowed_known_failures
+    assert own.plan.prefill_backend == (args.attention_backend or args.prefill_attention_backend)
+    assert not own.allowed_known_failures
 
 
 # ---- FA's FP8 query without a scale (sglang issues 5700, 20820) -----------------------------------------------------
@@ -109,3 +117,114 @@ def test_fp8_query_cast_moves_hoppers_default_to_flashinfer_naming_the_failure()
 )
 def test_dp_padded_ragged_prefill_fires_on_flashinfer_mla_with_attention_tp_above_1(flags, name, fires):
     assert (DP_PADDED_RAGGED in _refused_by(flags, name, "sm90")) is fires
+
+
+# ---- SGLang's FlashInfer backend: a soft-cap and a ragged window given per call, not planned (sglang issue 33915) -----
+
+
+@pytest.mark.parametrize(
+    "flags, name, gpu, refused_by",
+    [
+        ("--attention-backend flashinfer", "gemma-2-9b-it", "sm90", {SOFTCAP, RAGGED_WINDOW}),
+        ("--attention-backend flashinfer --enable-deterministic-inference", "gemma-2-9b", "sm90", {SOFTCAP}),  # paged
+        ("--prefill-attention-backend fa3 --decode-attention-backend flashinfer", "gemma-2-9b-it", "sm90", {SOFTCAP}),
+        ("--attention-backend flashinfer", "gemma-3-1b-it", "sm90", {RAGGED_WINDOW}),  # Gemma-3 takes no cap
+        # neighbours: another backend, a piecewise CUDA graph (paged prefill only), a multimodal Gemma-3 (paged prefill
+        # only), Mistral (SGLang's Llama model takes no window at all), a model with neither
+        ("--attention-backend fa3", "gemma-2-9b-it", "sm90", set()),
+        ("--attention-backend triton", "gemma-2-9b-it", "sm80", set()),
+        ("--attention-backend flashinfer --enable-piecewise-cuda-graph", "gemma-3-1b-it", "sm90", set()),
+        ("--attention-backend flashinfer", "gemma-3-27b-it", "sm90", set()),
+        ("--attention-backend flashinfer", "Mistral-7B-v0.1", "sm90", set()),
+        ("--attention-backend flashinfer", "Llama-3.1-8B", "sm90", set()),
+    ],
+)
+def test_flashinfer_plan_time_state_fires_on_capped_and_windowed_models(flags, name, gpu, refused_by):
+    assert _refused_by(flags, name, gpu) & {SOFTCAP, RAGGED_WINDOW} == refused_by
+
+
+def test_a_grok_config_without_a_cap_is_capped_by_sglang_and_so_refused_on_flashinfer():
+    """Grok-1 caps at 30 where its config gives no attn_logit_softcapping (models/grok.py l.425): has_softcap is false,
+    SGLang's Grok still caps, and its FlashInfer backend drops the cap."""
+    raw = {**json.loads((MODELS / "Llama-3.1-8B.json").read_text()), "architectures": ["Grok1ForCausalLM"]}
+    grok = ModelFacts.from_hf_dict({**raw, "model_type": "grok-1"})
+    args = ServerArgs(attention_backend="flashinfer")
+    assert grok.attn_logit_softcapping is None
+    assert SOFTCAP in refusing_rules_of(lambda: resolve(args, grok, fa3_gpu("sm90")))
+
+
+def test_the_default_on_ampere_moves_gemma2_off_flashinfer_naming_both_failures():
+    r = resolve(ServerArgs(), model("gemma-2-9b-it"), Platform.from_name("sm80"))
+    assert r.plan.prefill_backend != "flashinfer" and r.default_refusal[0] == "flashinfer"
+    assert {v.rule for v in r.default_refusal[1]} == {SOFTCAP, RAGGED_WINDOW}
+
+
+# ---- deterministic inference keeps no radix cache (sglang issue 22819) ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "flags, name, gpu, backend, by",
+    [
+        ("--enable-deterministic-inference", "Qwen3-8B", "sm90", "fa3", RADIX),  # SGLang keeps the cache here
+        ("--enable-deterministic-inference --attention-backend triton", "Llama-3.1-8B", "sm90", "triton", RADIX),
+        ("--enable-deterministic-inference", "DeepSeek-V2-Lite", "sm100", "triton", RADIX),
+        ("--rl-on-policy-target fsdp", "Llama-3.1-8B", "sm90", "fa3", RADIX),
+        # where SGLang turns it off itself the rule that mirrors it says so
+        (
+            "--enable-deterministic-inference --attention-backend flashinfer",
+            "Llama-3.1-8B",
+            "sm90",
+            "flashinfer",
+            "deterministic.radix-cache-off",
+        ),
+        # the user's own --disable-radix-cache, or no deterministic inference: nothing to change
+        ("--enable-deterministic-inference --disable-radix-cache", "Qwen3-8B", "sm90", "fa3", None),
+        ("--attention-backend fa3", "Qwen3-8B", "sm90", "fa3", None),
+    ],
+)
+def test_deterministic_inference_turns_the_radix_cache_off_with_a_warning(rules, flags, name, gpu, backend, by):
+    args = ServerArgs.from_flags(flags.split())
+    r = resolve(args, model(name), fa3_gpu(gpu))
+    assert r.plan.prefill_backend == backend
+    changed = [a for a in r.adjustments if a.field == "disable_radix_cache"]
+    assert [a.rule for a in changed] == ([by] if by else [])
+    assert r.server_args.disable_radix_cache is (by is not None or args.disable_radix_cache)
+    if by == RADIX:
+        assert changed[0].issue == "https://github.com/sgl-project/sglang/issues/22819"
+        assert any("split boundary" in w for w in r.warnings)
+        # SGLang keeps the cache: the difference is declared
+        assert matching_deviations(rules, args, model(name), fa3_gpu(gpu)) == {
+            "disable_radix_cache": ["sglang.deterministic-keeps-radix-cache"]
+        }
+
+
+def test_deterministic_inference_with_the_hierarchical_cache_is_refused_and_declared(rules):
+    """The hierarchical cache is the radix tree's host tier: with the radix cache off it is refused."""
+    args = ServerArgs.from_flags(
+        "--enable-deterministic-inference --enable-hierarchical-cache --hicache-io-backend direct".split()
+    )
+    with pytest.raises(PlanError) as err:
+        resolve(args, model("Qwen3-8B"), fa3_gpu("sm90"))
+    assert [v.rule for v in err.value.violations] == ["hicache.needs-radix-cache"]
+    assert RADIX in {a.rule for a in err.value.adjustments}
+    assert matching_deviations(
+        rules, args, model("Qwen3-8B"), fa3_gpu("sm90"), frozenset({"hicache.needs-radix-cache"})
+    ) == {"refusal": ["sglang.deterministic-keeps-radix-cache"]}
+
+
+@pytest.mark.parametrize(
+    "flags, name, gpu",
+    [
+        ("--attention-backend flashinfer", "gemma-2-9b-it", "sm90"),
+        ("--attention-backend flashinfer", "gemma-3-1b-it", "sm90"),
+        ("--enable-deterministic-inference", "Qwen3-8B", "sm90"),
+    ],
+)
+def test_where_attngates_own_backends_run_the_plan_sglangs_failures_do_not_apply(flags, name, gpu):
+    """runs_sglang false (AttngateRuntime, the transformers path): attngate's FlashInfer backend plans the cap and the
+    window on every wrapper, and no SGLang scheduler keeps a radix cache."""
+    args = ServerArgs.from_flags(flags.split())
+    r = resolve(args, model(name), Platform.from_name(gpu, has_flash_attn_interface=True, runs_sglang=False))
+    assert r.default_refusal is None and not r.allowed_known_failures
+    assert r.server_args.disable_radix_cache is False
+    assert not ({a.rule for a in r.adjustments} & {SOFTCAP, RAGGED_WINDOW, RADIX})

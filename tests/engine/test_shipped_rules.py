@@ -29,6 +29,11 @@ from attngate.rules.condition import gate_key
 from tests.support.helpers import MODELS, fa3_gpu, model, refusing_rules_of, resolve_flags
 
 FA_GPU = {"fa3": "sm90", "fa4": "sm100", "flashinfer": "sm90"}
+#: SGLang's FlashInfer backend gives the soft-cap and the ragged window per call, not at plan time (sglang issue 33915)
+SGLANG_FLASHINFER_PLAN_TIME = [
+    "known.flashinfer-softcap-planned-uncapped",
+    "known.flashinfer-ragged-prefill-drops-window",
+]
 
 
 def test_shipped_rules_lint_clean_and_documented(rules):
@@ -179,6 +184,7 @@ def test_deterministic_flashinfer_every_wrapper_kind(name, deterministic):
         ServerArgs(attention_backend="flashinfer", enable_deterministic_inference=deterministic),
         model(name),
         Platform.from_name("sm90"),
+        allow_known_failures=SGLANG_FLASHINFER_PLAN_TIME,  # gemma-2 on SGLang's FlashInfer (sglang issue 33915)
     )
     fi = r.plan.flashinfer
     assert (
@@ -259,7 +265,12 @@ def test_deterministic_rejects_other_backends_and_defaults_by_arch():
 def test_wrapper_dispatch_from_model_facts(path):
     m = model(path.stem)
     try:
-        r = resolve(ServerArgs(attention_backend="flashinfer"), m, Platform.from_name("sm90"))
+        r = resolve(
+            ServerArgs(attention_backend="flashinfer"),
+            m,
+            Platform.from_name("sm90"),
+            allow_known_failures=SGLANG_FLASHINFER_PLAN_TIME,  # gemma: window and soft-cap (sglang issue 33915)
+        )
     except PlanError:
         assert m.has_attention_sinks or m.model_type == "llama4" or m.head_dim not in (64, 128, 256)  # MiniLM: 32
         return
@@ -659,7 +670,7 @@ def test_rule_outcomes(flags, name, gpu, check):
         ServerArgs.from_flags(flags.split()),
         model(name),
         fa3_gpu(gpu),  # SGLang's hosts have FA3
-        allow_known_failures=["known.fa-eagle-tree-verify-drift"],
+        allow_known_failures=["known.fa-eagle-tree-verify-drift", *SGLANG_FLASHINFER_PLAN_TIME],
     )  # SGLang resolves it; attngate asks for the opt-in
     assert check(r), r.plan
 

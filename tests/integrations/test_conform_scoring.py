@@ -46,6 +46,18 @@ def test_an_undeclared_difference_outranks_both_refusing():
             {"attention_backend": "fa3", "kv_cache_dtype": "fp8_e4m3"},
             "known.fa-fp8-kv-query-cast-without-scale",
         ),
+        # SGLang's FlashInfer runs gemma-2 uncapped and its ragged prefill without the window (sglang issue 33915)
+        (
+            "gemma-2-9b-it",
+            {"attention_backend": "flashinfer"},
+            "known.flashinfer-ragged-prefill-drops-window, known.flashinfer-softcap-planned-uncapped",
+        ),
+        # the same soft-cap on the decode side alone
+        (
+            "gemma-2-9b-it",
+            {"prefill_attention_backend": "fa3", "decode_attention_backend": "flashinfer"},
+            "known.flashinfer-softcap-planned-uncapped",
+        ),
     ],
 )
 def test_attngates_refusal_of_what_sglang_serves_names_the_rules_that_refused(name, given, refused_by):

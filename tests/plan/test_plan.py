@@ -10,14 +10,17 @@ import sys
 
 import pytest
 
-from attngate import Plan
+from attngate import Plan, Platform, ServerArgs, resolve
 from attngate.errors import PlanLoadError
-from tests.support.helpers import ROOT, resolve_flags
+from tests.support.helpers import ROOT, model, resolve_flags
 
+# gemma-2 (window, soft-cap) on FlashInfer as attngate's own backends run it (runs_sglang false): SGLang's FlashInfer
+# backend drops both (known.flashinfer-softcap-planned-uncapped, known.flashinfer-ragged-prefill-drops-window)
 SCRIPT = """
 from attngate import ModelFacts, Platform, ServerArgs, resolve
 r = resolve(ServerArgs.from_flags("--attention-backend flashinfer --enable-deterministic-inference".split()),
-            ModelFacts.from_hf_config("examples/models/gemma-2-9b.json"), Platform.from_name("sm90", has_flash_attn_interface=True))
+            ModelFacts.from_hf_config("examples/models/gemma-2-9b.json"),
+            Platform.from_name("sm90", has_flash_attn_interface=True, runs_sglang=False))
 print(r.plan.fingerprint)
 """
 
@@ -30,8 +33,10 @@ def test_fingerprint_identical_across_processes():
             [sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, check=True
         )
         prints.add(out.stdout.strip())
-    in_process = resolve_flags(
-        "--attention-backend flashinfer --enable-deterministic-inference", "gemma-2-9b"
+    in_process = resolve(
+        ServerArgs.from_flags("--attention-backend flashinfer --enable-deterministic-inference".split()),
+        model("gemma-2-9b"),
+        Platform.from_name("sm90", has_flash_attn_interface=True, runs_sglang=False),
     ).plan.fingerprint
     assert prints == {in_process}
 

@@ -33,10 +33,22 @@ class Env:
     tol: float = 2e-2  # bf16 kernels against the float32 reference (measured differences are about 1e-2)
 
 
-GPU = Env("cuda", (32, 8, 128), Platform.detect, long_prefix=4000, many_slots=1 << 19)
+# attngate's own backends run these plans (runs_sglang false): rules about SGLang's backend code (its FlashInfer
+# backend's soft-cap and ragged window, sglang issue 33915) do not refuse them
+GPU = Env(
+    "cuda",
+    (32, 8, 128),
+    lambda: Platform.detect().model_copy(update={"runs_sglang": False}),
+    long_prefix=4000,
+    many_slots=1 << 19,
+)
 # the stand-ins run on an H100's facts: flashinfer and flash_attn.cute "installed"
 CPU = Env(
-    "cpu", (4, 2, 64), lambda: Platform.from_name("sm90", kernels=["attngate"]), long_prefix=1200, many_slots=1 << 17
+    "cpu",
+    (4, 2, 64),
+    lambda: Platform.from_name("sm90", kernels=["attngate"], runs_sglang=False),
+    long_prefix=1200,
+    many_slots=1 << 17,
 )
 MODE_OF = {
     "extend": ForwardMode.EXTEND,

@@ -34,6 +34,42 @@ def test_every_attngate_field_maps_onto_sglangs_server_args():
     check_mapping(sglang_field_names())
 
 
+#: Seeds SGLang serves with a known failure of its own: attngate refuses them, or changes them with a warning, by a
+#: known_failure rule of rules.yaml (each citing its report), so they differ from SGLang as a declared deviation does,
+#: never as an agreement. seed name -> (the known failures, {differing field: the deviations that declare it})
+KNOWN_FAILURE_SEEDS = {
+    # known.deterministic-radix-cache-diverges (sglang issue 22819): SGLang keeps the radix cache under deterministic
+    # inference on fa3 (Hopper's default) and triton (DeepSeek's on Blackwell); attngate turns it off with a warning
+    "seed-001/deterministic-default-hopper": (
+        {"known.deterministic-radix-cache-diverges"},
+        {"disable_radix_cache": ["sglang.deterministic-keeps-radix-cache"]},
+    ),
+    "seed-001/deterministic-deepseek": (
+        {"known.deterministic-radix-cache-diverges"},
+        {"disable_radix_cache": ["sglang.deterministic-keeps-radix-cache"]},
+    ),
+    # known.flashinfer-softcap-planned-uncapped and known.flashinfer-ragged-prefill-drops-window (sglang issue 33915,
+    # fix PR 34093): SGLang's FlashInfer backend runs gemma-2's attention uncapped, its ragged prefill without the window
+    "seed-002/window-ragged-paged-flashinfer": (
+        {"known.flashinfer-softcap-planned-uncapped", "known.flashinfer-ragged-prefill-drops-window"},
+        {"refusal": ["sglang.known-failures-refused"]},
+    ),
+}
+
+
+def _known_failures(result, rules) -> set[str]:
+    """The known_failure rules behind every difference of ``result``, where each difference is declared and made by
+    known_failure rules only (an adjustment's rule, or the rules of attngate's refusal); else the empty set."""
+    kinds = {rule.id: rule.kind for rule in rules.rules}
+    found: set[str] = set()
+    for name in result.differences:
+        made_by = result.origins.get(name, "").split(", ")
+        if not result.declared.get(name) or any(kinds.get(rule) != "known_failure" for rule in made_by):
+            return set()
+        found.update(made_by)
+    return found
+
+
 def _undeclared(results) -> list[str]:
     return [
         f"{r.name}: {name}: SGLang {sglang!r}, attngate {mine!r} [{r.origins.get(name, 'refusal')}]"
@@ -50,14 +86,29 @@ def test_generated_corpus_has_no_undeclared_disagreement():
     results = run_cases(cases, rules, jobs=2)
     assert not _undeclared(results), "\n".join(_undeclared(results))
     summary = summarize(results)
-    assert summary.verdicts["agree"] >= len(cases) // 2
+    # a configuration SGLang serves with a known failure of its own (a wrong answer, an error at the first batch) is a
+    # declared difference, never an agreement: counted with the agreements, as the cases whose every difference a
+    # known_failure rule makes (82 of the 2700 agreed before known.flashinfer-softcap-planned-uncapped,
+    # known.flashinfer-ragged-prefill-drops-window and known.deterministic-radix-cache-diverges: 1378 agree then, 1296
+    # and 104 known failures now)
+    known = [r for r in results if _known_failures(r, rules)]
+    assert summary.verdicts["agree"] + len(known) >= len(cases) // 2
     assert 0 < len(rules.deviations) <= 15 and all(d.source for d in rules.deviations)
 
 
-def test_the_seeds_configurations_agree():
-    results = run_cases(load_cases(SEEDS, sglang_field_names()), load_rules(), jobs=2)
+def test_the_seeds_configurations_agree_but_for_sglangs_known_failures():
+    rules = load_rules()
+    results = run_cases(load_cases(SEEDS, sglang_field_names()), rules, jobs=2)
     assert len(results) >= 15 and not _undeclared(results), "\n".join(_undeclared(results))
-    assert all(r.verdict.value == "agree" for r in results), [r.name for r in results if r.verdict.value != "agree"]
+    assert set(KNOWN_FAILURE_SEEDS) <= {r.name for r in results}
+    outcomes = {r.name: (r.verdict.value, _known_failures(r, rules), r.declared) for r in results}
+    expected = {
+        r.name: ("declared deviation", *KNOWN_FAILURE_SEEDS[r.name])
+        if r.name in KNOWN_FAILURE_SEEDS
+        else ("agree", set(), {})
+        for r in results
+    }
+    assert outcomes == expected
 
 
 def _resolved(folder: Path, gpu: str, **kwargs):
