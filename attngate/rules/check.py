@@ -43,10 +43,10 @@ def check_document(doc: YamlDocument, problems: list[Problem]) -> tuple[list[Rul
     if not isinstance(data, dict):
         problems.append(Problem(doc.where(()), "a rules file is a mapping with 'version: 1' and 'rules: [...]'"))
         return [], []
-    try:
+    try:  # each entry is checked on its own below; a section that is no list (null included) is the schema's error
         RuleFileSpec.model_validate(
-            {**data, "rules": [], "invariants": [], "deviations": []}
-        )  # each entry is checked on its own below
+            {**data, "rules": []} | {k: [] for k in ("invariants", "deviations") if isinstance(data.get(k, []), list)}
+        )
     except ValidationError as exc:
         pydantic_problems(exc, doc, (), problems, RuleFileSpec)
     predicates = _check_predicates(data.get("predicates"), doc, problems)
