@@ -12,6 +12,7 @@ encoding cannot hold is written as backslash escapes, and an input's controls as
 
 from __future__ import annotations
 
+import copy
 import errno
 import io
 import json
@@ -119,6 +120,22 @@ def _write_failed(err: OSError) -> int:
     return 1
 
 
+def _named_command_only(argv: list[str]) -> Any:
+    """``app`` holding only the command the line names first: typer builds every command it holds (parameters, type
+    adapters) on each run, a few ms of a cold ``explain`` for the six it does not run. A line that names none exactly
+    (options first, a typo, no words) gets the whole app: its help and did-you-mean are the whole app's."""
+    named = [
+        c
+        for c in app.registered_commands
+        if argv and c.callback is not None and (c.name or c.callback.__name__.lower().replace("_", "-")) == argv[0]
+    ]
+    if len(named) != 1 or app.registered_groups:
+        return app
+    only = copy.copy(app)  # the same callback (--version) and settings
+    only.registered_commands = named
+    return only
+
+
 def _run(argv: list[str]) -> int:
     """Run the command; a usage error shown (as JSON under ``--format json``); its exit status."""
     if len(argv) > MAX_WORDS:
@@ -127,7 +144,7 @@ def _run(argv: list[str]) -> int:
         )
         return fail(ServerArgsError(where)).exit_code
     try:
-        return app(args=argv, prog_name="attngate", standalone_mode=False) or 0
+        return _named_command_only(argv)(args=argv, prog_name="attngate", standalone_mode=False) or 0
     except ClickException as err:
         if _wants_json(argv) and not type(err).__name__ == "NoArgsIsHelpError":
             typer.echo(json.dumps(error_document([usage_problem(err)], err.exit_code), indent=2, default=str))

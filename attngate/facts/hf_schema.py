@@ -59,7 +59,8 @@ LAYER_TYPES = (
 class Concern(BaseModel):
     """One concern's keys of a config mapping: strict types, unknown keys ignored."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+    # each concern's validator is built on its first config (a decoder-only model never needs EncoderDecoderShape's)
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True, defer_build=True)
 
     def requirements(self) -> Iterator[tuple[str, str]]:
         """(key, message) for each requirement one key puts on another that this config breaks."""

@@ -105,13 +105,16 @@ def parse_launch_line(argv: list[str], fields: Mapping[str, FieldInfo]) -> Launc
     """Read ``argv`` (a launch line split into words) against SGLang's table; ``fields``: attngate's ServerArgs
     fields (``ServerArgs.model_fields``). Every problem is collected (unknown or ambiguous flags with a suggestion, missing values, a bad
     --config file); a flag given twice with different values warns once and the last wins, as in argparse."""
-    by_option = _table(fields)
-    ordered = sorted(by_option)
     line = LaunchLine()
     head = split_command(list(argv))
     line.program, line.env, line.problems = head.program, dict(head.env), head.problems
     line.not_read, line.warnings = env_notes(head.env)
-    argv, origins = merge_config(head.args, _sglang_table()[0], by_option, line.problems)
+    if not head.args:  # no flag to look up: SGLang's table (a few ms of a cold explain to build) is left unread
+        argv, origins, by_option, ordered = [], {}, {}, []
+    else:
+        by_option = _table(fields)
+        ordered = sorted(by_option)
+        argv, origins = merge_config(head.args, _sglang_table()[0], by_option, line.problems)
     given: dict[str, Any] = {}
     i = 0
     while i < len(argv):
