@@ -109,14 +109,14 @@ def split_command(argv: list[str]) -> Head:
             continue
         if leading is None:
             leading, leading_env = i, len(head.env)
+        if word.startswith("-"):  # a flag (``--model-path=/x/launch_server.py`` too): SGLang's arguments start here
+            break
         found = _launcher(argv, i)
         if found is not None:
             end, head.program = found
             rest = argv[end:]
             head.args = _serve(rest, head) if head.program.endswith("serve") else rest
             return head
-        if word.startswith("-"):
-            break
         i += 1  # a wrapper word: nohup, uv run, time ...
     if leading is not None:  # the words from the first one that is not an assignment are SGLang's arguments
         head.env, head.args = head.env[:leading_env], argv[leading:]

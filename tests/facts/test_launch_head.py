@@ -31,6 +31,7 @@ def read(line: str):
     "line",
     [
         "--tp 2 --tokenizer-path x/launch_server.py --attention-backend triton",
+        "--tokenizer-path=x/launch_server.py --tp 2 --attention-backend triton",  # a first flag with its value
         "--attention-backend triton --tokenizer-path /opt/sglang/launch_server.py --tp 2",
         "--served-model-name sglang --attention-backend triton --tp 2",
         "python -m sglang.launch_server --tp 2 --tokenizer-path ./launch_server.py --attention-backend triton",
