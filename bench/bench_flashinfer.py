@@ -89,7 +89,7 @@ def main() -> None:
         batch, pool = case.setup.batch, case.pools[0]
         write = lambda: pool.set_kv_buffer(0, batch.out_cache_loc, case.k, case.v)  # noqa: E731
         if fi._batch_path == "ragged":
-            run = lambda: fi.ragged_wrappers[0].run(case.q, case.k, case.v)  # noqa: E731
+            run = lambda: fi.wrappers.ragged[0].run(case.q, case.k, case.v)  # noqa: E731
             raw = lambda: (run(), write())  # noqa: E731  what a server must do at the least: attend and write the new K/V
             attention_only = lambda: fi.forward(case.q, case.k, case.v, layer, batch, save_kv_cache=False)  # noqa: E731
         else:  # the paged path reads what it writes: the write is part of the raw step too

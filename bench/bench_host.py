@@ -54,10 +54,10 @@ DECODE = [(CACHED, 1)]  # one request
 def flashinfer_row(bs: int, plan) -> dict:
     fi, case, layer, forward = flashinfer_setup(DECODE * bs, ForwardMode.DECODE, plan)  # page 16
     batch, ps = case.setup.batch, fi.page_size
-    spec, wrapper = fi.specs[0], fi.decode_wrappers[0]
+    spec, wrapper = fi.specs[0], fi.wrappers.decode[0]
     rng, args = decode_plan_args(fi, batch)
     replay = decode_graph_replay(fi, case, layer, bs)
-    graph = fi._graphs[(ForwardMode.DECODE, bs)]
+    graph = fi.graphs.captured(ForwardMode.DECODE, bs)
     graph_wrapper = graph.wrappers[0]
     # what the backend hands the captured wrapper: a view of its static page ids, which the graph itself fills
     graph_args = (args[0], graph.ids[0].kv_indices[: rng.total_pages], *args[2:])
@@ -67,14 +67,16 @@ def flashinfer_row(bs: int, plan) -> dict:
         graph.ids[0].kv_indices,
         *args[2:],
     )  # the backend's fast_decode_plan gets the whole static buffer
-    graph_kw = fi._plan_kwargs(spec, "decode", cuda_graph=True)
+    graph_kw = fi.planner.plan_kwargs(spec, "decode", cuda_graph=True)
     # the same backend and graph, its plan saying plan() (flashinfer.graph_decode_replan before its rule)
     by_plan = with_gate(plan, "flashinfer.graph_decode_replan", "plan")
     fi_by_plan, case_by_plan, layer_by_plan, _ = flashinfer_setup(DECODE * bs, ForwardMode.DECODE, by_plan)
     decode_graph_replay(fi_by_plan, case_by_plan, layer_by_plan, bs)
     batch_by_plan = case_by_plan.setup.batch
     # the same wrapper left on FlashInfer's "auto" (what the backend built before flashinfer.decode_kernel_family)
-    auto = fi.fi.BatchDecodeWithPagedKVCacheWrapper(fi.workspace, "NHD", use_tensor_cores=fi.decode_use_tensor_cores)
+    auto = fi.fi.BatchDecodeWithPagedKVCacheWrapper(
+        fi.wrappers.workspace, "NHD", use_tensor_cores=fi.plan.flashinfer.decode_use_tensor_cores
+    )
     fixed = (rng.indptr.copy(), rng.last_page_len.copy())
     fixed_t = tuple(host(f) for f in fixed)
 
@@ -85,21 +87,21 @@ def flashinfer_row(bs: int, plan) -> dict:
     row = paired_host_us(
         {
             "eager_metadata": lambda: fi.init_forward_metadata(batch),
-            "raw_plan": lambda: wrapper.plan(*args, **fi._plan_kwargs(spec, "decode")),
+            "raw_plan": lambda: wrapper.plan(*args, **fi.planner.plan_kwargs(spec, "decode")),
             # the same call on fresh host arrays, as every step's plan() gets: is the prebuilt-argument baseline favoured?
             "raw_plan_fresh_arrays": lambda: wrapper.plan(
                 host(rng.indptr.copy()),
                 args[1],
                 host(rng.last_page_len.copy()),
                 *args[3:],
-                **fi._plan_kwargs(spec, "decode"),
+                **fi.planner.plan_kwargs(spec, "decode"),
             ),
             "raw_plan_arrays_copied_into_fixed_ones": lambda: (
                 np.copyto(fixed[0], rng.indptr),
                 np.copyto(fixed[1], rng.last_page_len),
-                wrapper.plan(fixed_t[0], args[1], fixed_t[1], *args[3:], **fi._plan_kwargs(spec, "decode")),
+                wrapper.plan(fixed_t[0], args[1], fixed_t[1], *args[3:], **fi.planner.plan_kwargs(spec, "decode")),
             ),
-            "lengths_then_raw_plan": lambda: (lengths(), wrapper.plan(*args, **fi._plan_kwargs(spec, "decode"))),
+            "lengths_then_raw_plan": lambda: (lengths(), wrapper.plan(*args, **fi.planner.plan_kwargs(spec, "decode"))),
             "lengths": lengths,
             "replay_replan": lambda: fi.init_forward_metadata_replay_cuda_graph(
                 bs, batch.req_pool_indices, batch.seq_lens, batch.seq_lens_cpu, None, ForwardMode.DECODE
@@ -117,7 +119,7 @@ def flashinfer_row(bs: int, plan) -> dict:
                 None,
                 ForwardMode.DECODE,
             ),
-            "raw_plan_auto_family": lambda: auto.plan(*args, **fi._plan_kwargs(spec, "decode")),
+            "raw_plan_auto_family": lambda: auto.plan(*args, **fi.planner.plan_kwargs(spec, "decode")),
             "replay_step": replay,
         }
     )
@@ -132,11 +134,11 @@ def flashinfer_page1_row(bs: int, plan) -> dict:
     fi, case, _, _ = flashinfer_setup(DECODE * bs, ForwardMode.DECODE, plan, page_size=1)
     by_plan = with_gate(plan, "flashinfer.eager_decode_replan", "plan")
     fi_by_plan, case_by_plan, _, _ = flashinfer_setup(DECODE * bs, ForwardMode.DECODE, by_plan, page_size=1)
-    batch, batch_by_plan, spec, wrapper = case.setup.batch, case_by_plan.setup.batch, fi.specs[0], fi.decode_wrappers[0]
+    batch, batch_by_plan, spec, wrapper = case.setup.batch, case_by_plan.setup.batch, fi.specs[0], fi.wrappers.decode[0]
     rng, args = decode_plan_args(fi, batch)
     packed = page_id_ops.device_ranges(rng, "cuda")
     fast_args = (packed[: bs + 1], args[1], packed[2 * bs + 1 :], *args[3:])
-    kw = fi._plan_kwargs(spec, "decode")
+    kw = fi.planner.plan_kwargs(spec, "decode")
     row = paired_host_us(
         {
             "eager_metadata": lambda: fi.init_forward_metadata(batch),

@@ -67,7 +67,7 @@ def main() -> None:
 
         def raw_step(caches=caches):
             pool.set_kv_buffer(0, batch.out_cache_loc, case.k, case.v)
-            return fi.paged_wrappers[0].run(case.q, caches)
+            return fi.wrappers.paged[0].run(case.q, caches)
 
         t_b, t_r = paired_ms(forward, raw_step)
         lens = BatchLengths.from_batch(batch)
@@ -83,13 +83,13 @@ def main() -> None:
             *spec.heads,
             PS,
         )
-        kw = fi._plan_kwargs(spec, "paged") | dict(custom_mask=mask)
+        kw = fi.planner.plan_kwargs(spec, "paged") | dict(custom_mask=mask)
         chain_batch = replace(batch, spec_tree_mask=None)
         host_us = paired_host_us(
             {
                 "tree_metadata": lambda: fi.init_forward_metadata(batch),
                 "chain_metadata": lambda: chain.init_forward_metadata(chain_batch),
-                "raw_plan_with_mask": lambda: fi.paged_wrappers[0].plan(*args, causal=False, **kw),
+                "raw_plan_with_mask": lambda: fi.wrappers.paged[0].plan(*args, causal=False, **kw),
             }
         )
         fi.init_forward_metadata(batch)  # the timed raw plan() replaced the backend's

@@ -79,7 +79,7 @@ def _backend(bs: int, real: bool):
     batch = case.setup.batch
     fi.init_forward_metadata(batch)
     _, args = decode_plan_args(fi, batch)
-    wrapper, kw = fi.decode_wrappers[0], fi._plan_kwargs(fi.specs[0], "decode")
+    wrapper, kw = fi.wrappers.decode[0], fi.planner.plan_kwargs(fi.specs[0], "decode")
     return fi, batch, lambda: wrapper.plan(*args, **kw)
 
 

@@ -139,9 +139,9 @@ def gc_effect(bs: int = 64) -> None:
     from common import paired_host_us
 
     fi, case, layer, _ = setup([(2047, 1)] * bs, ForwardMode.DECODE, plan_for(GPU, "flashinfer", 16))
-    batch, spec, wrapper = case.setup.batch, fi.specs[0], fi.decode_wrappers[0]
+    batch, spec, wrapper = case.setup.batch, fi.specs[0], fi.wrappers.decode[0]
     _, args = decode_plan_args(fi, batch)
-    kw = fi._plan_kwargs(spec, "decode")
+    kw = fi.planner.plan_kwargs(spec, "decode")
 
     def lengths_then_plan():
         host_length_work(batch, 16)

@@ -12,7 +12,7 @@ TARGET_VERIFY and DRAFT_EXTEND_V2: the new K/V are written first, then one causa
 
 Every prefill wrapper (ragged, paged, CUDA-graph) runs the kernel family ``flashinfer.prefill_kernel_family``
 (fa3 on SM90 where it serves the model's layers, rule flashinfer.prefill-fa3-on-hopper; FlashInfer's
-"auto" is never left to choose). Every plan() call is built by :meth:`FlashInferPlanning._plan_kwargs`, so the deterministic settings
+"auto" is never left to choose). Every plan() call is built by :meth:`FlashInferPlanner.plan_kwargs`, so the deterministic settings
 (``prefill_fixed_split_size``, ``decode_fixed_split_size``, ``cuda_graph_disable_split_kv``) reach
 every wrapper kind through one place. plan() gets its indptr and last_page_len arrays on the host
 (FlashInfer reads them there and copies them to the device itself): a device array would cost a
@@ -39,10 +39,11 @@ import torch
 
 from attngate.backends.base import AttentionBackend
 from attngate.backends.capabilities import flashinfer_refusals
-from attngate.backends.checks import check_batch, check_pool_page_size, is_fp8
-from attngate.backends.flashinfer_graphs import CapturedWrappers, FlashInferCudaGraphs
+from attngate.backends.checks import check_batch, check_graph_batch, check_pool_page_size, is_fp8
+from attngate.backends.flashinfer_graphs import FlashInferCudaGraphs
 from attngate.backends.flashinfer_mla import FlashInferMLABackend
-from attngate.backends.flashinfer_plans import FlashInferPlanning, WrapperSpec
+from attngate.backends.flashinfer_plans import FlashInferPlanner, WrapperSpec, check_fast_decode_plan, wrapper_specs
+from attngate.backends.flashinfer_wrappers import CapturedWrappers, FlashInferWrappers
 from attngate.backends.runtime.batch_metadata import (
     BatchLengths,
     check_page_aligned,
@@ -56,11 +57,16 @@ from attngate.plan.schema import Plan
 from attngate.types import BatchPath
 
 
-class FlashInferBackend(FlashInferPlanning, FlashInferCudaGraphs, AttentionBackend):
+class FlashInferBackend(AttentionBackend):
     """FlashInfer over the paged pool. ``checked=True`` validates every batch before a kernel launch
     (shared with the FA backend); off by default, no cost when off. ``q_dtype``: the dtype of the
     queries (the model's dtype; default the KV pool's, which differs under an FP8 KV cache). Each
     wrapper is planned with the head counts of the layers it serves.
+
+    Composed of the wrapper specs (:func:`wrapper_specs`), the eager wrapper set (:class:`FlashInferWrappers`,
+    ``self.wrappers``), the planner of every plan() call (:class:`FlashInferPlanner`, ``self.planner``) and the
+    CUDA-graph keeper (:class:`FlashInferCudaGraphs`, ``self.graphs``); the backend keeps what the current batch
+    runs on (eager or a graph's wrappers, and its path).
 
     Constructed with MLA layers, it builds a :class:`FlashInferMLABackend` instead (the latent
     cache needs other wrappers), as SGLang's ``flashinfer`` name serves MLA models through flashinfer_mla.
@@ -87,33 +93,11 @@ class FlashInferBackend(FlashInferPlanning, FlashInferCudaGraphs, AttentionBacke
         if problems:
             raise BackendRefusal(problems)
         self.fi = importlib.import_module("flashinfer")
-        gates = plan.flashinfer
-        self.prefill_fixed_split_size = gates.prefill_fixed_split_size
-        self.decode_fixed_split_size = gates.decode_fixed_split_size
-        self.cuda_graph_disable_split_kv = gates.cuda_graph_disable_split_kv
-        self.decode_use_tensor_cores = gates.decode_use_tensor_cores
-        self.graph_decode_replan, self.eager_decode_replan = gates.graph_decode_replan, gates.eager_decode_replan
-        fast = [
-            f"flashinfer.{name}"
-            for name, how in (
-                ("graph_decode_replan", self.graph_decode_replan),
-                ("eager_decode_replan", self.eager_decode_replan),
-            )
-            if how == "fast_decode_plan"
-        ]
-        if fast and not hasattr(self.fi, "fast_decode_plan"):
-            version = getattr(self.fi, "__version__", "version unknown")
-            raise BackendRefusal(
-                [
-                    Problem(gate, f"is fast_decode_plan, which this FlashInfer ({version}) does not export; 0.7.2 does")
-                    for gate in fast
-                ]
-            )
+        check_fast_decode_plan(self.fi, plan.flashinfer)
         self.page_size = check_pool_page_size(plan, kv_pool)
         self.checked = checked
         self.layer_gates = {kind: plan.layer(kind) for kind in LayerKind}
-        self.specs = self._wrapper_specs(gates.wrapper_dispatch)
-        self._kwargs_cache: dict[tuple[int, str, bool], dict] = {}
+        self.specs = wrapper_specs(plan, layers)
         unwritten = [
             lay.layer_id
             for lay in layers
@@ -133,42 +117,7 @@ class FlashInferBackend(FlashInferPlanning, FlashInferCudaGraphs, AttentionBacke
                     "paged wrapper (flashinfer.paged_kv_extent prefix_plus_new), which would read their stale slots",
                 )
             )
-        self.workspace = torch.empty(gates.workspace_size_mb << 20, dtype=torch.uint8, device=self.device)
-        n = len(self.specs)
-        # an explicit decode family: 'auto' re-probes for cuDNN on every plan() (about 100 µs per step, bench/RESULTS.md)
-        self.decode_kernel_family = gates.decode_kernel_family
-        self.decode_wrappers = [
-            self.fi.BatchDecodeWithPagedKVCacheWrapper(
-                self.workspace, "NHD", use_tensor_cores=self.decode_use_tensor_cores, backend=self.decode_kernel_family
-            )
-            for _ in range(n)
-        ]
-        self._decode_planned = [
-            False
-        ] * n  # eager decode wrapper i has run plan(): fast_decode_plan may reuse its kernel module
-        family = self.prefill_kernel_family = gates.prefill_kernel_family  # every prefill wrapper, graph ones included
-        self.paged_wrappers = [
-            self.fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend=family) for _ in range(n)
-        ]
-        self.ragged_wrappers = [
-            self.fi.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend=family) for _ in range(n)
-        ]
-        self._active_decode, self._active_paged = self.decode_wrappers, self.paged_wrappers  # graph replays swap these
-        self._graphs: dict[tuple[ForwardMode, int], CapturedWrappers] = {}
-        self._graph: CapturedWrappers | None = None  # the graph whose buffers the current forward reads (None: eager)
-        self._graph_max: tuple[int, int] | None = None  # (max_bs, max_num_tokens), set by init_cuda_graph_state
-        has_encoder = any(lay.kind == LayerKind.CROSS_ATTENTION for lay in layers)
-        self._shiftable = [s.window_left >= 0 or (has_encoder and not s.cross) for s in self.specs]
-        self._first_layer = [
-            min(
-                (lay.layer_id for lay in layers if self.layer_gates[lay.kind].flashinfer.wrapper_index == s.index),
-                default=-1,
-            )
-            for s in self.specs
-        ]
-        self._batch_path = BatchPath.NONE
-        self._merge_rows: torch.Tensor | None = None
-        self._dtype = kv_pool.dtype
+        self.wrappers = FlashInferWrappers(self.fi, plan.flashinfer, len(self.specs), self.device)
         if q_dtype is None and is_fp8(kv_pool.dtype):
             raise UsageError(
                 Problem(
@@ -177,9 +126,31 @@ class FlashInferBackend(FlashInferPlanning, FlashInferCudaGraphs, AttentionBacke
                     "and the raw K/V of a ragged extend keep",
                 )
             )
-        self.q_dtype = q_dtype or kv_pool.dtype
-
-    # ---- static layout --------------------------------------------------------------------------
+        self.planner = FlashInferPlanner(
+            self.fi,
+            plan.flashinfer,
+            req_to_token,
+            self.page_size,
+            self.device,
+            q_dtype=q_dtype or kv_pool.dtype,
+            kv_dtype=kv_pool.dtype,
+        )
+        self.graphs = FlashInferCudaGraphs(
+            plan,
+            self.specs,
+            layers,
+            self.wrappers,
+            self.planner,
+            req_to_token,
+            self.page_size,
+            self.device,
+            self.spec_tree,
+        )
+        # what the current batch runs on: the eager wrappers, or after a capture or replay hook a graph's
+        self._active_decode, self._active_paged = self.wrappers.decode, self.wrappers.paged
+        self._graph: CapturedWrappers | None = None  # the graph whose buffers the current forward reads (None: eager)
+        self._batch_path = BatchPath.NONE
+        self._merge_rows: torch.Tensor | None = None
 
     # ---- per batch ------------------------------------------------------------------------------
 
@@ -187,7 +158,7 @@ class FlashInferBackend(FlashInferPlanning, FlashInferCudaGraphs, AttentionBacke
         if self.checked:
             check_batch(batch, self.req_to_token, self.kv_pool.num_slots)
         mode = batch.forward_mode
-        self._active_decode, self._active_paged, self._graph = self.decode_wrappers, self.paged_wrappers, None
+        self._active_decode, self._active_paged, self._graph = self.wrappers.decode, self.wrappers.paged, None
         if mode == ForwardMode.IDLE:
             self._batch_path = BatchPath.NONE
             return
@@ -197,8 +168,8 @@ class FlashInferBackend(FlashInferPlanning, FlashInferCudaGraphs, AttentionBacke
         tree = self.spec_tree(mode, batch.spec_tree_mask, lens.new)
         if mode == ForwardMode.DECODE:
             self._batch_path = BatchPath.DECODE
-            for spec, wrapper in zip(self.specs, self.decode_wrappers):
-                self._plan_decode(wrapper, spec, lens)
+            for spec, wrapper in zip(self.specs, self.wrappers.decode):
+                self.planner.plan_decode(wrapper, spec, lens)
             return
         has_prefix = lens.has_prefix
         # the mode table decides: under ragged prefill the paged wrapper covers only the cached prefix
@@ -206,9 +177,9 @@ class FlashInferBackend(FlashInferPlanning, FlashInferCudaGraphs, AttentionBacke
         self._batch_path = (BatchPath.RAGGED_PAGED if has_prefix else BatchPath.RAGGED) if ragged else BatchPath.PAGED
         self._merge_rows = self._rows_with_prefix(lens) if ragged and has_prefix else None
         qo_indptr = host(lens.qo_indptr)
-        for spec, paged, rag in zip(self.specs, self.paged_wrappers, self.ragged_wrappers):
+        for spec, paged, rag in zip(self.specs, self.wrappers.paged, self.wrappers.ragged):
             if spec.cross or not ragged:
-                self._plan_paged(
+                self.planner.plan_paged(
                     paged,
                     spec,
                     qo_indptr,
@@ -218,9 +189,9 @@ class FlashInferBackend(FlashInferPlanning, FlashInferCudaGraphs, AttentionBacke
                     tree=None if spec.cross else tree,
                 )
                 continue
-            rag.plan(qo_indptr, qo_indptr, *spec.heads, causal=spec.causal, **self._plan_kwargs(spec, "ragged"))
+            rag.plan(qo_indptr, qo_indptr, *spec.heads, causal=spec.causal, **self.planner.plan_kwargs(spec, "ragged"))
             if has_prefix:
-                self._plan_paged(
+                self.planner.plan_paged(
                     paged, spec, qo_indptr, lens, prefix_only=True, causal=False, window_mask=spec.window_left >= 0
                 )
 
@@ -259,7 +230,7 @@ class FlashInferBackend(FlashInferPlanning, FlashInferCudaGraphs, AttentionBacke
             self._write(layer, batch, k, v, spec, save_kv_cache)
             return self._active_paged[i].run(q, self.paged_kv(layer.layer_id))
         if path == BatchPath.RAGGED:
-            out = self.ragged_wrappers[i].run(q, k, v)
+            out = self.wrappers.ragged[i].run(q, k, v)
         elif not self.layer_gates[layer.kind].common.write_kv_cache:
             raise BatchMetadataError(
                 Problem(
@@ -268,7 +239,7 @@ class FlashInferBackend(FlashInferPlanning, FlashInferCudaGraphs, AttentionBacke
                 )
             )
         else:
-            o_new, s_new = self.ragged_wrappers[i].run(q, k, v, return_lse=True)  # lse: [tokens, heads]
+            o_new, s_new = self.wrappers.ragged[i].run(q, k, v, return_lse=True)  # lse: [tokens, heads]
             o_pre, s_pre = self._active_paged[i].run(q, self.paged_kv(layer.layer_id), return_lse=True)
             if self._merge_rows is None:
                 out, _ = self.fi.merge_state(o_pre, s_pre, o_new, s_new)
@@ -277,3 +248,53 @@ class FlashInferBackend(FlashInferPlanning, FlashInferCudaGraphs, AttentionBacke
                 out = o_new
         self._write(layer, batch, k, v, spec, save_kv_cache)  # after attention: the paged half reads the prefix only
         return out
+
+    # ---- CUDA graphs (see :class:`attngate.backends.base.AttentionBackend`) ------------------------
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        self.graphs.init_state(max_bs, max_num_tokens)
+
+    def init_forward_metadata_capture_cuda_graph(
+        self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode
+    ):
+        g = self.graphs.capture(bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode)
+        self._run_on_graph(g, forward_mode)
+
+    def init_forward_metadata_replay_cuda_graph(
+        self,
+        bs,
+        req_pool_indices,
+        seq_lens,
+        seq_lens_cpu,
+        encoder_lens,
+        forward_mode,
+        encoder_lens_cpu=None,
+        spec_tree_mask=None,
+    ):
+        g = self.graphs.captured(forward_mode, bs)
+        if self.checked:
+            check_graph_batch(
+                self,
+                bs,
+                g.per_req,
+                req_pool_indices,
+                seq_lens,
+                seq_lens_cpu,
+                encoder_lens,
+                forward_mode,
+                encoder_lens_cpu,
+            )
+        self.graphs.replan(
+            g, req_pool_indices, seq_lens_cpu, encoder_lens, forward_mode, encoder_lens_cpu, spec_tree_mask
+        )
+        self._run_on_graph(g, forward_mode)
+
+    def _run_on_graph(self, g: CapturedWrappers, mode: ForwardMode) -> None:
+        """The forwards that follow run on ``g``'s wrappers (planned), their first layers filling its page ids."""
+        decode = mode == ForwardMode.DECODE
+        if decode:
+            self._active_decode = g.wrappers
+        else:
+            self._active_paged = g.wrappers
+        self._batch_path = BatchPath.DECODE if decode else BatchPath.PAGED
+        self._graph = g

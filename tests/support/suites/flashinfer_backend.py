@@ -126,8 +126,8 @@ class FlashInferBackendSuite:
                 mode,
             )
         gates = plan.flashinfer
-        decode = fi.decode_wrappers + fi._graphs[(M.DECODE, 4)].wrappers
-        prefill = fi.paged_wrappers + fi.ragged_wrappers + fi._graphs[(M.TARGET_VERIFY, 4)].wrappers
+        decode = fi.wrappers.decode + fi.graphs.captured(M.DECODE, 4).wrappers
+        prefill = fi.wrappers.paged + fi.wrappers.ragged + fi.graphs.captured(M.TARGET_VERIFY, 4).wrappers
         assert {_family(w) for w in decode} == {gates.decode_kernel_family}
         assert {_family(w) for w in prefill} == {gates.prefill_kernel_family}
 
@@ -259,7 +259,7 @@ class FlashInferBackendSuite:
                 backend.req_to_token[: rtt.shape[0]].copy_(rtt)
             assert max_diff(run(backend, case, layer), reference_out(env, case, plan, layer)) < env.tol, f"batch {i}"
         assert len(calls) == (len(batches) - 1 if replan == "fast_decode_plan" else 0)
-        assert all(w is backend.decode_wrappers[0] for w in calls)
+        assert all(w is backend.wrappers.decode[0] for w in calls)
 
     @pytest.mark.parametrize("page_size", PAGE_SIZES)
     @pytest.mark.parametrize("shape", ["extend_prefix", "decode", "target_verify"])
