@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, Optional, get_args, get_origin
 
 from pydantic.fields import FieldInfo
 
@@ -221,7 +221,7 @@ def _to_fields(given: dict[str, Any], fields: Mapping[str, FieldInfo], line: Lau
         renamed = RENAMED.get(name)
         if renamed is None or name in given and name not in renamed.sglang_fields:  # attngate's own spelling
             if name in given:
-                line.values[name] = given[name]
+                line.values[name] = _typed(given[name], fields[name])
         elif set(renamed.sglang_fields + renamed.launch_fields) & set(given):
             try:
                 line.values[name] = renamed.read(given)
@@ -230,6 +230,19 @@ def _to_fields(given: dict[str, Any], fields: Mapping[str, FieldInfo], line: Lau
                 problem = Problem(flags, f"bad value: {err}")
                 if problem not in line.problems:  # two fields read from one flag: one report
                     line.problems.append(problem)
+
+
+def _typed(value: Any, info: FieldInfo) -> Any:
+    """A number field's word read as SGLang's argparse ``type`` reads it, ``int()`` or ``float()``, and written back
+    in decimal (``1_6``, `` +16`` and fullwidth digits are ``16`` to SGLang); the word as given where that fails
+    (validation names it) and for every other field."""
+    for number in (int, float):
+        if isinstance(value, str) and info.annotation in (number, Optional[number]):
+            try:
+                return str(number(value))
+            except ValueError:
+                return value
+    return value
 
 
 def table_source() -> str:

@@ -12,6 +12,7 @@ import shlex
 import time
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
@@ -86,3 +87,26 @@ def test_every_spelling_of_a_launch_line_reads_as_its_arguments_alone(case):
         ), (one.line, program)
     event("refused" if isinstance(expected[-1], list) else "read")
     assert time.monotonic() - start < BUDGET_S
+
+
+@pytest.mark.parametrize(
+    ("flag", "word", "value"),
+    [
+        ("--page-size", "1_6", 16),
+        ("--page-size", "\uff11\uff16", 16),  # fullwidth digits
+        ("--page-size", " +16", 16),
+        ("--chunked-prefill-size", "4_096", 4096),
+        ("--speculative-accept-threshold-single", ".5", 0.5),
+        ("--page-size", "16.0", None),
+        ("--page-size", "0x10", None),
+    ],
+)
+def test_a_number_reads_as_sglangs_argparse_type_reads_it(flag, word, value):
+    """Found by tests/integrations/sglang/test_launch_spellings.py: int() and float() take underscores, signs, spaces
+    and any script's digits, so SGLang serves ``--page-size 1_6`` with 16 pages, where attngate refused it."""
+    if value is None:
+        with pytest.raises(AttngateError, match="takes an integer"):
+            ServerArgs.from_flags([flag, word])
+    else:
+        field = flag[2:].replace("-", "_")
+        assert getattr(ServerArgs.from_flags([flag, word]), field) == value
