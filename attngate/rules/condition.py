@@ -36,13 +36,33 @@ class Conjunct:
     raise on None). Compiled on first use: only explanations evaluate conjuncts one by one.
     """
 
-    __slots__ = ("text", "node", "guards", "_code")
+    __slots__ = ("text", "_node", "_guards", "_code", "_whole", "_index")
 
-    def __init__(self, text: str, node: ast.expr, guards: tuple[ast.expr, ...] = ()):
+    def __init__(self, text: str, node: ast.expr | None, guards: tuple[ast.expr, ...] = ()):
         self.text = text
-        self.node = node
-        self.guards = guards
+        self._node = node
+        self._guards = guards
         self._code: Any = None
+        self._whole: Condition | None = None  # node None: it is operand _index of this condition's tree
+        self._index = 0
+
+    @property
+    def node(self) -> ast.expr:
+        if self._node is None:
+            self._find()
+        return self._node  # type: ignore[return-value]
+
+    @property
+    def guards(self) -> tuple[ast.expr, ...]:
+        if self._node is None:
+            self._find()
+        return self._guards
+
+    def _find(self) -> None:
+        """A conjunct restored from the disk cache: its node and guards in the condition's tree, parsed again."""
+        assert self._whole is not None
+        parts = _conjuncts(self._whole.tree.body)
+        self._node, self._guards = parts[self._index], _guards(parts[: self._index], parts[self._index])
 
     def compiled(self) -> Any:
         """The code of this operand under its guards (compiled on first use; attngate.rules.cache stores it)."""
@@ -64,7 +84,16 @@ class Condition:
     code: Any
     conjuncts: tuple[Conjunct, ...]
     reads: tuple[str, ...]  # fact names (and gate names) the condition reads, in first-use order
-    tree: ast.Expression = field(repr=False, compare=False)
+    _tree: ast.Expression | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def tree(self) -> ast.Expression:
+        """The condition's syntax tree; parsed again from ``text`` on first use where it was left out (a rule set
+        read from the disk cache carries compiled code only: its trees cost more to unpickle than the few that are
+        read cost to parse)."""
+        if self._tree is None:
+            object.__setattr__(self, "_tree", _parse(self.text))
+        return self._tree  # type: ignore[return-value]
 
     def __call__(self, facts: dict[str, Any]) -> bool:
         return bool(eval(self.code, _NO_BUILTINS, facts))  # noqa: S307 - whitelisted AST, see module doc
@@ -72,6 +101,28 @@ class Condition:
     def failed(self, facts: dict[str, Any]) -> list[str]:
         """The top-level conjuncts that are false for ``facts``."""
         return [c.text for c in self.conjuncts if not c.holds(facts)]
+
+
+def restored_condition(
+    text: str, code: Any, conjuncts: tuple[tuple[str, Any], ...], reads: tuple[str, ...]
+) -> Condition:
+    """A condition as attngate.rules.cache stores it: its text, code, reads and each conjunct's (text, code); the
+    syntax trees are parsed again from the text where something reads them (lint, a conjunct without code)."""
+    parts = []
+    for conjunct_text, conjunct_code in conjuncts:
+        part = Conjunct(conjunct_text, None)
+        part._code = conjunct_code
+        parts.append(part)
+    condition = Condition(text, code, tuple(parts), reads)
+    for index, part in enumerate(parts):
+        part._whole, part._index = condition, index
+    return condition
+
+
+def _parse(text: str) -> ast.Expression:
+    with warnings.catch_warnings():  # Python's SyntaxWarnings ("invalid decimal literal") are reported as errors
+        warnings.simplefilter("ignore")
+        return ast.parse(text, mode="eval")
 
 
 class _GateRefRewriter(ast.NodeTransformer):
@@ -105,11 +156,7 @@ def compile_condition(
             [ConditionError(0, f"longer than {MAX_CONDITION_CHARS} characters; name parts of it as predicates")]
         )
     try:
-        with (
-            warnings.catch_warnings()
-        ):  # Python's SyntaxWarnings ("invalid decimal literal") are reported as errors below
-            warnings.simplefilter("ignore")
-            tree = ast.parse(text.strip(), mode="eval")
+        tree = _parse(text.strip())
     except SyntaxError as exc:
         raise ConditionErrors([ConditionError(max((exc.offset or 1) - 1, 0), f"syntax error: {exc.msg}")]) from None
     except (RecursionError, MemoryError):

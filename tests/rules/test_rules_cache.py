@@ -3,6 +3,8 @@ ignored and parsed again, and a cached rule set resolving and explaining exactly
 
 from __future__ import annotations
 
+import ast
+import io
 import json
 import os
 import pickle
@@ -98,10 +100,13 @@ def test_a_damaged_entry_is_ignored_parsed_again_and_rewritten(folder, damage):
     assert parse.calls == 2  # the rewritten entry is read
 
 
-def _entry(folder: Path, payload: bytes) -> None:
+def _entry(folder: Path, pickled: bytes, codes: tuple = ()) -> None:
+    """Replace the one entry by a well-formed one holding ``pickled`` (and ``codes``)."""
     import hashlib
+    import marshal
 
     (path,) = entries(folder)
+    payload = marshal.dumps((codes, pickled))
     path.write_bytes(cache.FORMAT + hashlib.sha256(payload).digest() + payload)
 
 
@@ -117,6 +122,14 @@ def test_an_entry_holding_anything_but_a_rule_set_is_never_unpickled_into_use(fo
     assert len(cache.load_or_parse(SHIPPED, "rules.yaml", parse).rules) > 100 and parse.calls == 2
     _entry(folder, pickle.dumps({"rules": []}))
     assert len(cache.load_or_parse(SHIPPED, "rules.yaml", parse).rules) > 100 and parse.calls == 3
+    for codes, pid in (((), 5), (("not code",), 0)):  # a code reference to nothing, or to no code
+        refs = io.BytesIO()
+        pickler = pickle.Pickler(refs)
+        pickler.persistent_id = lambda obj, pid=pid: pid if obj == "code" else None
+        pickler.dump(["code"])
+        _entry(folder, refs.getvalue(), codes)
+        assert len(cache.load_or_parse(SHIPPED, "rules.yaml", parse).rules) > 100
+    assert parse.calls == 5
 
 
 @pytest.mark.skipif(os.name != "posix", reason="file modes")
@@ -193,3 +206,23 @@ def test_a_fifo_in_place_of_the_entry_is_never_waited_on(folder):
     os.mkfifo(folder / f"rules-{cache.entry_key(SHIPPED, 'rules.yaml')}.pickle")
     parse = Counting()
     assert len(cache.load_or_parse(SHIPPED, "rules.yaml", parse).rules) > 100 and parse.calls == 1
+
+
+def test_a_cached_condition_parses_its_syntax_trees_again_as_they_were(folder):
+    """The entry leaves syntax trees out (lint and conjuncts without code read them): each is parsed again from the
+    condition's text, the same tree, the same conjunct operands and guards."""
+    parsed = parse_rules(SHIPPED, "rules.yaml")
+    cache.load_or_parse(SHIPPED, "rules.yaml", parse_rules)
+    cached = cache.load_or_parse(SHIPPED, "rules.yaml", lambda *a: pytest.fail("parsed again"))
+    pairs = [(a.condition, b.condition) for a, b in zip(parsed.rules, cached.rules)]
+    pairs += [(a.condition, b.condition) for a, b in zip(parsed.predicates, cached.predicates)]
+    pairs += [(a.condition, b.condition) for a, b in zip(parsed.invariants, cached.invariants)]
+    pairs += [(a.condition, b.condition) for a, b in zip(parsed.deviations, cached.deviations)]
+    assert len(pairs) > 250
+    for a, b in pairs:
+        assert (b.text, b.reads, [c.text for c in b.conjuncts]) == (a.text, a.reads, [c.text for c in a.conjuncts])
+        assert b._tree is None and ast.dump(b.tree) == ast.dump(a.tree)
+        for x, y in zip(a.conjuncts, b.conjuncts):
+            assert ast.dump(y.node) == ast.dump(x.node)
+            assert [ast.dump(g) for g in y.guards] == [ast.dump(g) for g in x.guards]
+            assert any(y.node is part for part in ast.walk(b.tree))  # an operand of the condition's own tree
