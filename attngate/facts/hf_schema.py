@@ -12,7 +12,8 @@ WhisperConfig, NemotronHConfig, DeepseekV2/V3Config) for the names, defaults and
 ``srt/configs/model_config.py`` for how it reads them (cited at each key where it differs from presence).
 """
 
-from __future__ import annotations
+# no `from __future__ import annotations`: pydantic would compile and evaluate each field's annotation string at
+# import, a few ms of a cold `attngate explain` over the models of this module (issue 53 item 9)
 
 from typing import Annotated, Any, Iterator, Literal, Optional, Union
 

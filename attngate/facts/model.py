@@ -8,7 +8,8 @@ Mllama ``cross_attention_layers``, NemotronH's ``hybrid_override_pattern``, Whis
 keys, Gemma3TextConfig's ``use_bidirectional_attention`` and the window it halves) and SGLang's ``ModelConfig`` (MLA where ``kv_lora_rank`` is present).
 """
 
-from __future__ import annotations
+# no `from __future__ import annotations`: pydantic would compile and evaluate each field's annotation string at
+# import, a few ms of a cold `attngate explain` over the models of this module (issue 53 item 9)
 
 from pathlib import Path
 from typing import Any, Literal, Optional

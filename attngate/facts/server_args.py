@@ -6,7 +6,8 @@ SGLang's own ``ServerArgs`` (:meth:`ServerArgs.from_object`). Every problem is r
 :class:`~attngate.errors.ServerArgsError`, naming the flag or key, with a did-you-mean suggestion.
 """
 
-from __future__ import annotations
+# no `from __future__ import annotations`: pydantic would compile and evaluate each field's annotation string at
+# import, a few ms of a cold `attngate explain` over the models of this module (issue 53 item 9)
 
 from collections.abc import Callable, Mapping
 from pathlib import Path

@@ -7,7 +7,8 @@ scope: *global* gates hold for the whole server; *mode* gates form one table per
 ``fa.skip_kv_cache``; the gate's type and default come from the field below.
 """
 
-from __future__ import annotations
+# no `from __future__ import annotations`: pydantic would compile and evaluate each field's annotation string at
+# import, a few ms of a cold `attngate explain` over the models of this module (issue 53 item 9)
 
 import hashlib
 import json
