@@ -23,10 +23,7 @@ import torch
 
 from attngate.backends.base import AttentionBackend
 from attngate.backends.capabilities import fa_refusals
-from attngate.backends.checks import (
-    check_batch,
-    check_pool_page_size,
-)
+from attngate.backends.checks import check_batch, check_graph_batch, check_pool_page_size
 from attngate.backends.fa_graphs import FaCudaGraphs
 from attngate.backends.fa_kernels import (
     Fa3Kernel,
@@ -34,15 +31,9 @@ from attngate.backends.fa_kernels import (
     FaMetadata,
     fa_window_size,
 )
-from attngate.backends.fa_local import local_decode_in_place, local_virtual_batches
-from attngate.backends.mla import (
-    absorb_q,
-    absorbed_for_batch,
-    check_mla_weights,
-    decompress,
-    project_out,
-)
-from attngate.backends.page_ids import page_ids, page_table
+from attngate.backends.fa_local import local_virtual_batches
+from attngate.backends.fa_metadata import FaKvMetadata
+from attngate.backends.fa_mla import FaMla
 from attngate.backends.runtime.batch_metadata import BatchLengths, check_page_aligned, host
 from attngate.backends.runtime.forward_batch import ForwardBatch
 from attngate.backends.runtime.layer import AttentionLayer
@@ -51,10 +42,15 @@ from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.plan.schema import Plan
 
 
-class FlashAttentionBackend(FaCudaGraphs, AttentionBackend):
+class FlashAttentionBackend(AttentionBackend):
     """FA3/FA4 over the paged pool. ``checked=True`` validates every batch before a kernel launch
     (indices inside the pool, lengths inside req_to_token) and raises BatchMetadataError instead of
-    an illegal memory access; off by default, no cost when off."""
+    an illegal memory access; off by default, no cost when off.
+
+    Composed of the kernel (:class:`Fa3Kernel` or :class:`Fa4Kernel`, as ``plan.fa.provider`` says), the KV
+    metadata (:class:`FaKvMetadata`, ``self.kv``: seqused_k and page tables), the MLA path where the layers have MLA
+    (:class:`FaMla`, ``self.mla``) and the CUDA-graph keeper (:class:`FaCudaGraphs`, ``self.graphs``); the backend
+    keeps the current batch's metadata (``self.md``)."""
 
     def __init__(
         self,
@@ -67,32 +63,29 @@ class FlashAttentionBackend(FaCudaGraphs, AttentionBackend):
         checked: bool = False,
     ):
         super().__init__(plan, kv_pool, req_to_token, layers, device)
-        fa = plan.fa
-        self.num_splits = fa.num_splits
-        self.precompute_scheduler_metadata = fa.precompute_scheduler_metadata
         self.page_size = check_pool_page_size(plan, kv_pool)
-        self.kernel = Fa3Kernel() if fa.provider == "flash_attn_interface" else Fa4Kernel()
+        self.kernel = Fa3Kernel() if plan.fa.provider == "flash_attn_interface" else Fa4Kernel()
         self.checked = checked
         self._layer_gates = {kind: plan.layer(kind).common for kind in LayerKind}
-        self._kv_extent = {mode: plan.mode(mode).fa.kv_extent for mode in ForwardMode}
         # the scheduler metadata is planned for full-attention layers; window and cross layers never take it
         self._scheduled = next((lay for lay in layers if lay.kind == LayerKind.FULL and not lay.is_mla), None)
         self._scheduled_ids = {
             lay.layer_id for lay in layers if lay.kind == LayerKind.FULL and _same_shape(lay, self._scheduled)
         }
-        self._mla = next((lay for lay in layers if lay.is_mla), None)
-        self._mla_absorbed, self._mla_kv = True, None
         self.chunk = next((lay.attention_chunk_size for lay in layers if lay.kind == LayerKind.CHUNKED_LOCAL), None)
         cuda = torch.device(device).type == "cuda"
         problems = fa_refusals(plan, layers, torch.cuda.get_device_capability(device)[0] if cuda else None)
         if problems:
             raise BackendRefusal(problems)
-        self._max_pages = -(-req_to_token.shape[1] // self.page_size)  # a full row of req_to_token
+        self.kv = FaKvMetadata(plan, req_to_token, self.page_size, self.chunk)
+        self.mla = (
+            FaMla(plan, self.kernel, kv_pool, req_to_token, self.page_size, self.device)
+            if any(lay.is_mla for lay in layers)
+            else None
+        )
+        self.graphs = FaCudaGraphs(plan, layers, self.kv, self.mla, self.page_size, self.device, self.chunk)
         self._arange = torch.arange(req_to_token.shape[0] + 1, dtype=torch.int32, device=self.device)
-        self.md: FaMetadata | None = None
-        self._graph: dict[str, torch.Tensor] | None = None
-        # per captured (mode, batch size): its own cu_seqlens_q, views of the shared static buffers that replays refill
-        self._graph_md: dict[tuple[ForwardMode, int], FaMetadata] = {}
+        self.md: FaMetadata | None = None  # the current batch's: an eager batch's, or a captured graph's
 
     # ---- metadata ----------------------------------------------------------------------------------
 
@@ -114,7 +107,7 @@ class FlashAttentionBackend(FaCudaGraphs, AttentionBackend):
             cu, max_q = host(lens.qo_indptr).to(self.device, non_blocking=True), lens.max_new
         self.md = FaMetadata(cu, max_q, None, None)
         max_k = lens.max_seq
-        self._fill_kv_metadata(
+        self.kv.fill(
             self.md,
             batch.forward_mode,
             batch.req_pool_indices,
@@ -123,8 +116,8 @@ class FlashAttentionBackend(FaCudaGraphs, AttentionBackend):
             batch.encoder_lens,
             pages=-(-max_k // self.page_size),
         )
-        if self._mla is not None:
-            self._mla_metadata(lens)
+        if self.mla is not None:
+            self.mla.prepare(lens)
         if self.chunk is not None:
             self.md.local = local_virtual_batches(
                 self.req_to_token,
@@ -136,127 +129,17 @@ class FlashAttentionBackend(FaCudaGraphs, AttentionBackend):
             )
         if (
             batch.forward_mode == ForwardMode.DECODE
-            and self.precompute_scheduler_metadata
+            and self.plan.fa.precompute_scheduler_metadata
             and self._scheduled is not None
         ):
             self.md.scheduler_metadata = self.kernel.scheduler_metadata(
                 self.md,
                 self._scheduled,
                 max_k,
-                num_splits=self.num_splits,
+                num_splits=self.plan.fa.num_splits,
                 page_size=self.page_size,
                 dtype=self.kv_pool.dtype,
             )
-
-    def _fill_kv_metadata(
-        self,
-        md: FaMetadata,
-        mode: ForwardMode,
-        rows: torch.Tensor,
-        seq_lens: torch.Tensor,
-        extend_seq_lens: torch.Tensor | int,
-        encoder_lens: torch.Tensor | None,
-        *,
-        in_place: bool = False,
-        pages: int | None = None,
-        encoder_lens_cpu: torch.Tensor | None = None,
-    ) -> None:
-        """seqused_k and page_table (and the encoder's) on the device; ``in_place`` refills a graph's static buffers
-        (``extend_seq_lens`` then the graph's new tokens per request; ``encoder_lens_cpu`` spares a sync)."""
-        extent = self._kv_extent[mode]
-        if extent == "none":
-            return
-        if in_place and encoder_lens is not None:  # eager batches checked this on their host copy
-            host_enc = encoder_lens_cpu if encoder_lens_cpu is not None else encoder_lens.cpu()
-            check_page_aligned(host_enc.numpy(), self.page_size, "encoder_lens", "FA")
-        seqused = seq_lens if encoder_lens is None else seq_lens - encoder_lens
-        if extent == "prefix":
-            seqused = seqused - extend_seq_lens
-        if in_place:
-            if (encoder_lens is None) != (md.encoder_seqused_k is None):  # the cross layers read the captured buffers
-                raise BatchMetadataError(
-                    Problem(
-                        "encoder_lens",
-                        "this CUDA graph was captured "
-                        + (
-                            "without encoder tokens; capture it with encoder_lens"
-                            if encoder_lens is not None
-                            else "with encoder tokens, which this replay does not give"
-                        ),
-                    )
-                )
-            md.seqused_k.copy_(seqused)
-            self._page_table(rows, encoder_lens, None, out=md.page_table)
-            if md.local is not None:
-                local_decode_in_place(md, self.req_to_token, rows, seqused, self.chunk, self.page_size)
-            if encoder_lens is not None:
-                md.encoder_seqused_k.copy_(encoder_lens)
-                self._page_table(rows, None, None, out=md.encoder_page_table)
-            return
-        md.seqused_k, md.page_table = seqused.to(torch.int32), self._page_table(rows, encoder_lens, pages)
-        if encoder_lens is not None:
-            md.encoder_seqused_k = encoder_lens.to(torch.int32)
-            md.encoder_page_table = self._page_table(rows, None, pages)
-
-    def _mla_metadata(self, lens: BatchLengths) -> None:
-        """MLA per batch: the form, and for non-absorbed attention over a prefix, every cached token's slot and cu_seqlens_k."""
-        self._mla_absorbed = absorbed_for_batch(self.plan.mode(lens.mode).common.mla_form, lens.has_prefix)
-        self._mla_kv = None
-        if not self._mla_absorbed and lens.has_prefix:
-            tokens = lens.kv_pages(1)  # page size 1: every cached token's slot
-            slots = page_ids(self.req_to_token, lens.rows, tokens, 1).long()
-            self._mla_kv = (slots, host(tokens.indptr).to(self.device), lens.max_seq)
-
-    def _forward_mla(
-        self, q, k, layer: AttentionLayer, batch: ForwardBatch, md: FaMetadata, write: bool
-    ) -> torch.Tensor:
-        """``q: [T, H, qk_nope + qk_rope]``, ``k``: the latent ``[T, 1, kv_lora_rank + qk_rope]`` -> ``[T, H, v_head_dim]``."""
-        check_mla_weights(layer)
-        if write and k is not None:
-            self.kv_pool.set_kv_buffer(layer.layer_id, batch.out_cache_loc, k)
-        cache = self.kv_pool.kv_buffer[layer.layer_id]
-        if self._mla_absorbed:
-            paged = cache.view(-1, self.page_size, 1, cache.shape[-1])
-            q_abs = absorb_q(q, layer)
-            r = layer.kv_lora_rank
-            out = self.kernel.mla_absorbed(
-                q_abs[..., r:],
-                paged[..., r:],
-                paged[..., :r],
-                q_abs[..., :r],
-                md=md,
-                layer=layer,
-                num_splits=self.num_splits,
-            )
-            return project_out(out, layer)
-        if self._mla_kv is None:  # no prefix: this forward's latent is all there is
-            k_full, v_full = decompress(k, layer)
-            cu_k, max_k = md.cu_seqlens_q, md.max_seqlen_q
-        else:
-            slots, cu_k, max_k = self._mla_kv
-            k_full, v_full = decompress(cache[slots], layer)
-        return self.kernel(
-            q,
-            k_full,
-            v_full,
-            cu_seqlens_q=md.cu_seqlens_q,
-            max_seqlen_q=md.max_seqlen_q,
-            cu_seqlens_k=cu_k,
-            max_seqlen_k=max_k,
-            layer=layer,
-            causal=True,
-            window=(None, None),
-            num_splits=self.num_splits,
-        )
-
-    def _page_table(
-        self, rows: torch.Tensor, offset: torch.Tensor | None, pages: int | None, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """``[bs, pages]`` int32 (default: as many as a row of req_to_token holds), starting ``offset`` tokens into the
-        row; ``out``: a graph's static table to fill instead."""
-        return page_table(
-            self.req_to_token, rows, self._max_pages if pages is None else pages, self.page_size, offset, out
-        )
 
     # ---- forward -----------------------------------------------------------------------------------
 
@@ -279,7 +162,7 @@ class FlashAttentionBackend(FaCudaGraphs, AttentionBackend):
         cached = gates.write_kv_cache  # the write side and the read side both read this
         cross = layer.kind == LayerKind.CROSS_ATTENTION
         if layer.is_mla:
-            return self._forward_mla(q, k, layer, batch, md, cached and save_kv_cache)
+            return self.mla.forward(q, k, layer, batch, md, cached and save_kv_cache)
         if save_kv_cache and cached and k is not None:
             loc = batch.encoder_out_cache_loc if cross else batch.out_cache_loc
             self.kv_pool.set_kv_buffer(layer.layer_id, loc, k, v)
@@ -288,7 +171,7 @@ class FlashAttentionBackend(FaCudaGraphs, AttentionBackend):
             layer=layer,
             causal=gates.causal,
             window=window,
-            num_splits=self.num_splits,
+            num_splits=self.plan.fa.num_splits,
             cu_seqlens_q=md.cu_seqlens_q,
             max_seqlen_q=md.max_seqlen_q,
         )
@@ -312,6 +195,55 @@ class FlashAttentionBackend(FaCudaGraphs, AttentionBackend):
             page_table=md.page_table,
             scheduler_metadata=scheduled,
             **common,
+        )
+
+    # ---- CUDA graphs (see :class:`attngate.backends.base.AttentionBackend`) ------------------------
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        self.graphs.init_state(max_bs)
+
+    def init_forward_metadata_capture_cuda_graph(
+        self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode
+    ):
+        self.md = self.graphs.capture(bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode)
+
+    def init_forward_metadata_replay_cuda_graph(
+        self,
+        bs,
+        req_pool_indices,
+        seq_lens,
+        seq_lens_cpu,
+        encoder_lens,
+        forward_mode,
+        encoder_lens_cpu=None,
+        spec_tree_mask=None,
+    ):
+        md = self.md = self.graphs.captured(forward_mode, bs)  # eager batches in between replaced self.md
+        if self.mla is not None:
+            self.mla.prepare_graph(forward_mode)
+        per_req = md.max_seqlen_q
+        self.spec_tree(forward_mode, spec_tree_mask, [per_req] * bs)  # chains only
+        if self.checked:
+            check_graph_batch(
+                self,
+                bs,
+                per_req,
+                req_pool_indices,
+                seq_lens,
+                seq_lens_cpu,
+                encoder_lens,
+                forward_mode,
+                encoder_lens_cpu,
+            )
+        self.kv.fill(
+            md,
+            forward_mode,
+            req_pool_indices,
+            seq_lens,
+            per_req,
+            encoder_lens,
+            in_place=True,
+            encoder_lens_cpu=encoder_lens_cpu,
         )
 
 
