@@ -20,9 +20,17 @@ from attngate.util.suggest import did_you_mean
 
 def shipped_rules_path() -> Path:
     """``rules.yaml`` inside the installed package, else at the root of a source checkout."""
-    packaged = resources.files("attngate") / "rules.yaml"
-    if packaged.is_file():
-        return Path(str(packaged))
+    import attngate
+
+    package = Path(attngate.__file__).parent
+    if package.is_dir():  # on disk, resources.files("attngate") is this folder: no resource reader to import
+        packaged = package / "rules.yaml"
+        if packaged.is_file():
+            return packaged
+    else:  # a zip import, say
+        resource = resources.files("attngate") / "rules.yaml"
+        if resource.is_file():
+            return Path(str(resource))
     return Path(__file__).resolve().parents[2] / "rules.yaml"
 
 
