@@ -20,9 +20,7 @@ from attngate.util.suggest import did_you_mean
 
 def shipped_rules_path() -> Path:
     """``rules.yaml`` inside the installed package, else at the root of a source checkout."""
-    import attngate
-
-    package = Path(attngate.__file__).parent
+    package = Path(__file__).resolve().parents[1]  # the attngate package (importing it would import the engine)
     if package.is_dir():  # on disk, resources.files("attngate") is this folder: no resource reader to import
         packaged = package / "rules.yaml"
         if packaged.is_file():
