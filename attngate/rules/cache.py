@@ -35,7 +35,7 @@ from attngate.rules.ruleset import FactValue, Predicate, Rule, RuleSet
 
 #: bump when the entry layout changes (the pickled classes themselves are covered by the source digest)
 FORMAT = b"attngate-rules-cache 2\n"
-#: entries kept in the folder; older ones are removed when a new one is written
+#: entries kept in the folder; the least recently used are removed when a new one is written
 MAX_ENTRIES = 16
 #: an entry larger than this is no entry of ours (the shipped rules make about 0.6 MB)
 MAX_BYTES = 64 << 20
@@ -99,6 +99,10 @@ def load_or_parse(text: str, filename: str, parse: Callable[[str, str], RuleSet]
         return parse(text, filename)
     cached = _read(path)
     if cached is not None and cached.filename == filename:
+        try:  # pruning removes the entries least recently used, not the oldest written
+            os.utime(path)
+        except OSError:
+            pass
         return cached
     rule_set = parse(text, filename)  # raises RulesError before anything is stored
     _write(path, rule_set)

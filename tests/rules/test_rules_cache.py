@@ -163,11 +163,21 @@ def test_off_or_unwritable_the_rules_still_load(folder, monkeypatch, tmp_path):
     assert len(cache.load_or_parse(SHIPPED, "rules.yaml", parse).rules) > 100 and parse.calls == 2
 
 
-def test_entries_beyond_the_limit_are_removed(folder, monkeypatch):
+def test_entries_beyond_the_limit_are_removed_least_recently_used_first(folder, monkeypatch):
     monkeypatch.setattr(cache, "MAX_ENTRIES", 2)
-    for i in range(4):
-        cache.load_or_parse(f"version: 1\nrules: []\n# {i}\n", "rules.yaml", parse_rules)
-    assert len(entries(folder)) == 2
+    texts = [f"version: 1\nrules: []\n# {i}\n" for i in range(3)]
+    for age, text in ((300, texts[0]), (200, texts[1])):  # written long ago, the first one first
+        cache.load_or_parse(text, "rules.yaml", parse_rules)
+        path = folder / f"rules-{cache.entry_key(text, 'rules.yaml')}.pickle"
+        os.utime(path, (10**9 - age, 10**9 - age))
+    parse = Counting()
+    cache.load_or_parse(texts[0], "rules.yaml", parse)  # the oldest entry, used now
+    cache.load_or_parse(texts[2], "rules.yaml", parse)  # a third: the least recently used one goes
+    assert parse.calls == 1 and len(entries(folder)) == 2
+    cache.load_or_parse(texts[0], "rules.yaml", parse)
+    assert parse.calls == 1
+    cache.load_or_parse(texts[1], "rules.yaml", parse)
+    assert parse.calls == 2
 
 
 @pytest.mark.parametrize(
