@@ -20,7 +20,9 @@ from attngate.util.suggest import did_you_mean
 
 def shipped_rules_path() -> Path:
     """``rules.yaml`` inside the installed package, else at the root of a source checkout."""
-    package = Path(__file__).resolve().parents[1]  # the attngate package (importing it would import the engine)
+    # the attngate package's folder, as resources.files("attngate") names it (not resolved: the same path string under a
+    # symlinked install); read off this module, since importing the package would import the engine
+    package = Path(__file__).parent.parent
     if package.is_dir():  # on disk, resources.files("attngate") is this folder: no resource reader to import
         packaged = package / "rules.yaml"
         if packaged.is_file():
