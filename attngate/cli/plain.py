@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import textwrap
+from typing import Any
 
 from attngate.errors import visible
 from attngate.util.text import bounded_width
@@ -43,9 +44,27 @@ def print_lines(lines: list[str]) -> None:
                 sys.stdout.write(line + "\n")
                 sys.stdout.flush()
             return
-    from attngate.cli.render import print_rich_lines
-
     print_rich_lines(shown)
+
+
+def print_rich_lines(lines: list[str]) -> None:
+    """``lines`` (made visible already) wrapped at the console width and printed by rich (imported here, where
+    print_lines cannot print them without it), laid out as attngate.cli.render's console lays them out."""
+    from rich.text import Text
+
+    console = rich_console()
+    for line in wrap_lines(lines, console.width):
+        console.print(Text(line), overflow="fold", crop=False)
+
+
+def rich_console() -> Any:
+    """A rich Console whose width is bounded (COLUMNS=0, 1 or 10**5 still give readable lines); made per call, so
+    that COLUMNS and the output stream are read when rendering. rich is imported here, not with this module."""
+    from rich.console import Console
+
+    console = Console()
+    console.width = bounded_width(console.width)
+    return console
 
 
 def console_width() -> int | None:

@@ -10,19 +10,16 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from attngate.cli.plain import print_lines, wrap_lines  # the plain-text screen, without rich where it can
+from attngate.cli.plain import print_lines, rich_console  # the plain-text screen, without rich where it can
 from attngate.engine.result import GateExplanation, Resolution
 from attngate.errors import MAX_PROBLEMS, PlanError, visible
-from attngate.util.text import bounded_width
 
 if TYPE_CHECKING:
     from attngate.facts.model import ModelFacts
 
 
 def _console() -> Console:
-    console = Console()  # per call, so that COLUMNS and the output stream are read when rendering
-    console.width = bounded_width(console.width)  # COLUMNS=0, 1 or 10**5 still give readable lines
-    return console
+    return rich_console()
 
 
 def _shown(text: Any) -> str:
@@ -54,14 +51,6 @@ def _gate_table(title: str, gates: dict[str, GateExplanation]) -> Table:
         origin = f"[green]{_shown(e.origin)}[/green]" if e.rules else f"[dim]{_shown(e.origin)}[/dim]"
         table.add_row(_shown(name), _shown(repr(e.value)), origin, _why(e))
     return table
-
-
-def print_rich_lines(lines: list[str]) -> None:
-    """``lines`` (made visible already) wrapped at the console width and printed by rich: attngate.cli.plain's
-    print_lines, where it cannot print them without rich."""
-    console = _console()
-    for line in wrap_lines(lines, console.width):
-        console.print(Text(line), overflow="fold", crop=False)
 
 
 def render_resolution(r: Resolution, mode: str | None) -> None:

@@ -58,7 +58,7 @@ def test_plain_lines_are_the_bytes_rich_prints(monkeypatch, env, terminal, lines
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(os, "get_terminal_size", _size(terminal))
     outputs = []
-    for printer in (plain.print_lines, lambda ls: render.print_rich_lines([plain.visible(x) for x in ls])):
+    for printer in (plain.print_lines, lambda ls: plain.print_rich_lines([plain.visible(x) for x in ls])):
         out = io.StringIO()
         monkeypatch.setattr(sys, "stdout", out)
         printer(lines)

@@ -46,7 +46,7 @@ def test_every_screen_fits_80_columns_by_60_lines(config):
 
 
 def test_wrapped_lines_continue_two_columns_right_of_their_text():
-    from attngate.cli.render import wrap_lines
+    from attngate.cli.plain import wrap_lines
 
     gate = "  flashinfer.use_ragged_prefill = False <- flashinfer.deterministic-no-ragged + flashinfer.no-ragged-multimodal"
     out = wrap_lines(["headline " * 12, gate, ""], 40)
