@@ -69,3 +69,35 @@ def test_attngates_refusal_of_what_sglang_serves_names_the_rules_that_refused(na
     assert result.origins[REFUSAL] == refused_by
     assert result.declared == {REFUSAL: ["sglang.known-failures-refused"]}
     assert result.verdict is Verdict.DEVIATION
+
+
+def _fallback_case(name: str, gpu: str, given: dict, sglang_changes: dict):
+    """A case where attngate refuses SGLang's default backend and runs another (a fallback); SGLang's side is attngate's
+    own resolved values with ``sglang_changes``."""
+    facts, platform, rules = model(name), Platform.from_name(gpu), load_rules()
+    from attngate import resolve
+
+    resolution = resolve(ServerArgs(**given), facts, platform, rules)
+    assert resolution.default_refusal is not None  # the case is a fallback
+    sglang = resolution.server_args.model_dump() | {"attn_dp_size": 1, "cuda_graph_config": None} | sglang_changes
+    return compare_case(f"{name}/{gpu}", _sglang_resolved() | given, sglang, None, facts, platform, rules)
+
+
+def test_a_fallback_that_lands_on_sglangs_own_values_agrees():
+    """Qwen2.5 with multi-item scoring and EAGLE on SM100: SGLang picks FlashInfer before filling the speculative
+    parameters; attngate refuses its default (trtllm_mha, through mis.flashinfer-only) and falls back to FlashInfer."""
+    result = _fallback_case("Qwen2.5-7B-Instruct", "sm100", {"enable_mis": True, "speculative_algorithm": "EAGLE"}, {})
+    assert result.attngate is not None and not result.differences and result.verdict is Verdict.AGREE
+
+
+def test_a_fallback_whose_values_differ_is_declared_only_by_deviations_naming_its_rules():
+    given = {"enable_mis": True}
+    kept = {"attention_backend": "trtllm_mha", "prefill_attention_backend": None, "decode_attention_backend": None}
+    result = _fallback_case("Qwen2.5-7B-Instruct", "sm100", given, kept)  # SGLang kept a default attngate refuses
+    assert set(result.differences) >= {"attention_backend"} and REFUSAL not in result.differences
+    assert result.origins["attention_backend"] == "mis.flashinfer-only"
+    assert not result.declared and result.verdict is Verdict.DISAGREE  # no deviation names mis.flashinfer-only here
+    # gemma-2 on SM80: SGLang's default FlashInfer runs it uncapped (sglang 33915); attngate falls back, declared
+    gemma = _fallback_case("gemma-2-9b-it", "sm80", {}, {"attention_backend": "flashinfer"} | dict.fromkeys(kept, None))
+    assert gemma.declared and all(ids == ["sglang.known-failures-refused"] for ids in gemma.declared.values())
+    assert gemma.verdict is Verdict.DEVIATION

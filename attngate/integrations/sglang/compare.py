@@ -65,7 +65,8 @@ class CaseResult:
     where that side refused; ``differences`` maps a field (or ``refusal``) to (SGLang's, attngate's) value;
     ``declared`` maps a differing field to the deviation ids that declare it; ``origins`` says which rule set
     each of attngate's differing values ("as given": no rule changed it) and, for attngate's refusal of what SGLang
-    serves, the rules that refused (comma-separated)."""
+    serves, the rules that refused (comma-separated); where attngate refused SGLang's default backend and ran another
+    (a fallback), each differing value's origin is the rules that refused the default."""
 
     name: str
     sglang: dict[str, Any] | None
@@ -146,13 +147,14 @@ def compare_case(
     result = CaseResult(name, sglang, None, sglang_refusal=sglang_refusal)
     args = None
     refused_by: frozenset[str] = frozenset()
+    fallback: frozenset[str] = frozenset()  # the rules through which attngate refused SGLang's default backend
     try:
         args = ServerArgs.from_mapping(attngate_values(given), source="sglang")
         resolution = resolve(args, model, platform, rules)
         if resolution.default_refusal is not None:
-            # SGLang keeps its default backend, which attngate refuses (and then runs another): compared as the
-            # refusal of that default, which the refusal deviations declare
-            raise PlanError(list(resolution.default_refusal[1]))
+            fallback = refusing_rules(list(resolution.default_refusal[1]))
+            if sglang is None:  # SGLang refuses; attngate runs another backend: scored as refusing that default
+                raise PlanError(list(resolution.default_refusal[1]))
     except PlanError as err:
         result.attngate_refusal = "; ".join(f"{v.where}: {v.message}" for v in err.violations)
         refused_by = refusing_rules(err.violations)
@@ -178,6 +180,15 @@ def compare_case(
             if not _same(key, sglang[key], value):
                 result.differences[key] = (sglang[key], value)
                 result.origins[key] = by_field.get(key, "as given")
+        if fallback and result.differences:
+            # attngate refused SGLang's default (and runs another backend, whose values differ from SGLang's): each
+            # difference is declared where the refusal deviations name the rules that refused the default, as
+            # attngate's refusal of it would be; a fallback landing on SGLang's own values is an agreement
+            refused = matching_deviations(rules, args, model, platform, fallback).get(REFUSAL, [])
+            for key in result.differences:
+                result.origins[key] = ", ".join(sorted(fallback))  # the rules that refused SGLang's default
+                if refused:
+                    deviations = {**deviations, key: [*deviations.get(key, []), *refused]}
     for key in result.differences:
         # a deviation of attention_backend covers the prefill and decode backends it stands for
         covering = deviations.get(key) or (
