@@ -228,3 +228,25 @@ def test_where_attngates_own_backends_run_the_plan_sglangs_failures_do_not_apply
     assert r.default_refusal is None and not r.allowed_known_failures
     assert r.server_args.disable_radix_cache is False
     assert not ({a.rule for a in r.adjustments} & {SOFTCAP, RAGGED_WINDOW, RADIX})
+
+
+# ---- torch_native's causal window on a bidirectional layer (sglang issue 33603) -------------------------------------
+
+TORCH_WINDOW = "known.torch-native-bidirectional-window-ignored"
+
+
+def test_torch_native_refuses_a_bidirectional_window_only_where_sglangs_backend_runs_it(rules):
+    from tests.support.helpers import embedding_gemma
+
+    args, platform = ServerArgs.from_flags("--attention-backend torch_native --is-embedding".split()), fa3_gpu("sm90")
+    with pytest.raises(PlanError) as err:
+        resolve(args, embedding_gemma(), platform)
+    assert [(v.rule, v.kind) for v in err.value.violations] == [(TORCH_WINDOW, "known_failure")]
+    assert matching_deviations(rules, args, embedding_gemma(), platform, frozenset({TORCH_WINDOW})) == {
+        "refusal": ["sglang.known-failures-refused"]
+    }
+    own = resolve(args, embedding_gemma(), platform.model_copy(update={"runs_sglang": False}))
+    assert own.plan.prefill_backend == "torch_native"  # attngate's torch_native takes the window both ways
+    # a causal model's window is SGLang's torch_native's own: not refused
+    causal = resolve(ServerArgs(attention_backend="torch_native"), model("gemma-3-1b-it"), platform)
+    assert TORCH_WINDOW not in {a.rule for a in causal.adjustments} and causal.plan.prefill_backend == "torch_native"
