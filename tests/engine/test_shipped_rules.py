@@ -1257,6 +1257,12 @@ def test_prefill_only_disable_kv_cache_takes_the_fa_fast_path_on_every_layer():
             "sm90",
             "trtllm-mha.prefill-cp-blackwell",
         ),
+        (
+            "--attention-backend trtllm_mha --kv-cache-dtype fp8_e4m3",
+            "Qwen3-8B",
+            "sm120",
+            "trtllm-mha.sm120-prefill-fp8-kv",
+        ),
         ("--attn-cp-size 3 --tp-size 4", "Llama-3.1-8B", "sm90", "attention-cp.divides-attention-tp"),
         (
             "--attn-cp-size 4 --tp-size 4 --dp-size 2 --enable-dp-attention",
