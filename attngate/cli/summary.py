@@ -12,6 +12,7 @@ from collections import Counter
 from typing import Any
 
 from attngate.engine.result import GateExplanation, Resolution
+from attngate.facts.choices import SGLANG_VERSION
 from attngate.facts.model import ModelFacts
 from attngate.plan.registry import GATES
 from attngate.rules.ruleset import RuleSet
@@ -219,7 +220,7 @@ def deviation_lines(deviations: list[Any], *, brief: bool = False) -> list[str]:
     (``brief``: ids and fields only)."""
     if not deviations:
         return []
-    lines = ["", "differs from SGLang 0.5.23 on purpose (deviations: in the rules file):"]
+    lines = ["", f"differs from SGLang {SGLANG_VERSION} on purpose (deviations: in the rules file):"]
     for d in deviations:
         if brief:
             lines.append(f"  {d.id} ({', '.join(d.fields)})")

@@ -20,7 +20,7 @@ from typing import Any, Literal, Optional, get_args, get_origin
 from pydantic.fields import FieldInfo
 
 from attngate.errors import MAX_PROBLEMS, Problem
-from attngate.facts.choices import NOT_MODELLED, SGLANG_REFUSES
+from attngate.facts.choices import NOT_MODELLED, SGLANG_REFUSES, SGLANG_VERSION
 from attngate.facts.launch_config import merge_config
 from attngate.facts.launch_head import env_notes, split_command, strip_command
 from attngate.facts.sglang_names import READ_BY_RENAMED, RENAMED
@@ -141,7 +141,7 @@ def parse_launch_line(argv: list[str], fields: Mapping[str, FieldInfo]) -> Launc
             line.warnings.append(
                 Problem(
                     where,
-                    "SGLang 0.5.23 reads a config file only from the two words --config FILE; this one is "
+                    f"SGLang {SGLANG_VERSION} reads a config file only from the two words --config FILE; this one is "
                     "parsed and never read, and neither is it here",
                 )
             )
@@ -157,7 +157,10 @@ def parse_launch_line(argv: list[str], fields: Mapping[str, FieldInfo]) -> Launc
         if line.values.get(name) in values:
             flag = "--" + name.replace("_", "-")
             line.problems.append(
-                Problem(flag, f"SGLang 0.5.23 accepts {line.values.pop(name)}, which attngate's rules do not model")
+                Problem(
+                    flag,
+                    f"SGLang {SGLANG_VERSION} accepts {line.values.pop(name)}, which attngate's rules do not model",
+                )
             )
     return line
 
@@ -173,7 +176,11 @@ def _chosen(action: Action, where: str, values: list[str], problems: list[Proble
                 Problem(
                     where,
                     f"invalid choice: {value[:200]!r} (choose from {', '.join(map(str, action.choices))})"
-                    + ("; SGLang 0.5.23 no longer offers it, though some rules still name it" if refused else ""),
+                    + (
+                        f"; SGLang {SGLANG_VERSION} no longer offers it, though some rules still name it"
+                        if refused
+                        else ""
+                    ),
                 )
             )
             return False

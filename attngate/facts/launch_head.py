@@ -22,6 +22,7 @@ from importlib import resources
 from pathlib import PurePosixPath
 
 from attngate.errors import Problem
+from attngate.facts.choices import SGLANG_VERSION
 
 _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 _PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
@@ -152,10 +153,12 @@ def env_notes(env: list[tuple[str, str]]) -> tuple[list[str], list[Problem]]:
             warnings.append(
                 Problem(
                     where,
-                    f"SGLang 0.5.23's attention code reads it ({files}); no rule reads it, so the plan "
+                    f"SGLang {SGLANG_VERSION}'s attention code reads it ({files}); no rule reads it, so the plan "
                     "does not account for it",
                 )
             )
         elif name.startswith("SGLANG_") and name not in read:
-            warnings.append(Problem(where, "SGLang 0.5.23 reads no such environment variable, and no rule reads it"))
+            warnings.append(
+                Problem(where, f"SGLang {SGLANG_VERSION} reads no such environment variable, and no rule reads it")
+            )
     return names, warnings

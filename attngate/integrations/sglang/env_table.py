@@ -15,7 +15,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-SOURCE = "sglang 0.5.23 sglang/srt/environ.py:Envs and every read of an environment variable by name in its sources"
+from attngate.facts.choices import SGLANG_VERSION
+
+SOURCE = f"sglang {SGLANG_VERSION} sglang/srt/environ.py:Envs and every read of an environment variable by name in its sources"
 #: SGLang's files (relative to the sglang package) whose variables change attention decisions
 ATTENTION_SOURCES = ("srt/layers/attention/", "srt/layers/radix_attention.py", "srt/arg_groups/attention_hook.py")
 _READ = re.compile(

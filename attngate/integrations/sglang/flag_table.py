@@ -17,7 +17,9 @@ import argparse
 import json
 from typing import Any
 
-SOURCE = "sglang 0.5.23 sglang.srt.server_args:ServerArgs.add_cli_args (argparse, allow_abbrev)"
+from attngate.facts.choices import SGLANG_VERSION
+
+SOURCE = f"sglang {SGLANG_VERSION} sglang.srt.server_args:ServerArgs.add_cli_args (argparse, allow_abbrev)"
 
 
 def _kind(action: argparse.Action) -> str:

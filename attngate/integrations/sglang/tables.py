@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
+from attngate.facts.choices import SGLANG_VERSION
 from attngate.integrations.sglang import env_table, flag_table
 
 FACTS = Path(__file__).resolve().parents[2] / "facts"
@@ -114,7 +115,9 @@ def problems(lists: dict[str, list[str]]) -> list[str]:
 
     out = []
     for name, refused in choices.SGLANG_REFUSES.items():
-        out += [f"choices.SGLANG_REFUSES: SGLang 0.5.23 accepts {name} {n!r}" for n in refused if n in lists[name]]
+        out += [
+            f"choices.SGLANG_REFUSES: SGLang {SGLANG_VERSION} accepts {name} {n!r}" for n in refused if n in lists[name]
+        ]
     typed = {f for fields, _ in SOURCES.values() for f in fields}
     for field, info in ServerArgs.model_fields.items():
         args = [a for a in get_args(info.annotation) if a is not type(None)] or [info.annotation]
@@ -178,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                 path.write_text(text)
                 print(f"wrote {path}")
     found = check(tables)
-    print("\n".join(found) or "every table is SGLang 0.5.23's")
+    print("\n".join(found) or f"every table is SGLang {SGLANG_VERSION}'s")
     return 1 if found else 0
 
 
