@@ -22,7 +22,7 @@ from attngate.facts.server_args import ServerArgs
 from attngate.facts.sglang_names import RENAMED
 from tests.support.spellings import ITEMS, MODELS, ODD, READ, SWITCHES, Item, Spelled, canonical, spelled
 
-BUDGET_S = 2.0  # one example: every spelling read twice (the line, and ServerArgs)
+BUDGET_S = 5.0  # one example: every spelling read twice (the line, and ServerArgs)
 FIELDS = ServerArgs.model_fields
 ENV_NAMES = {"A", "SGLANG_FLASHINFER_USE_PAGED", "CUDA_VISIBLE_DEVICES", "X", "Y"}
 

@@ -350,7 +350,7 @@ def test_fuzz_rules_loader_and_args_files(text):
         parse_rules(text, "fuzz.yaml")
     except RulesError:
         pass
-    assert time.perf_counter() - start < 2
+    assert time.perf_counter() - start < 5  # a bound against blow-ups, loose for a loaded host
 
 
 @settings(max_examples=60, deadline=2000)

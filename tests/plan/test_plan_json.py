@@ -186,7 +186,7 @@ def test_plan_json_mutation(case, mutations, indent, cut):
         event("loaded")
         assert says(text) == says(original.to_json()), "a JSON that says something else loaded"
         assert loaded == original and loaded.fingerprint == original.fingerprint
-    assert time.perf_counter() - start < 1.0
+    assert time.perf_counter() - start < 5.0  # a bound against hangs, loose for a loaded 2-core CI host
 
 
 # ---- each named case -----------------------------------------------------------------------------------------------

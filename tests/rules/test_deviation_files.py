@@ -39,7 +39,7 @@ rules:
   - {id: st, summary: s, why: w, source: s, when: use_mla, set: {fa.num_splits: 1}}
 """
 REFUSING = {"fb", "kf"}  # the rules above that refuse a configuration
-BUDGET_S = 2.0  # one example: load, lint and compare
+BUDGET_S = 5.0  # one example: load, lint and compare
 
 # ---- conditions, each with what it is: "taut" (holds for every configuration), "contra" (never holds), "bad"
 # (loading refuses it), "other" (may or may not hold: nothing asserted of lint) -----------------------------------

@@ -26,7 +26,7 @@ from attngate.facts.server_args import ServerArgs  # noqa: E402
 from attngate.facts.sglang_names import RENAMED  # noqa: E402
 from tests.support.spellings import ITEMS, MODELS, Spelled, spelled  # noqa: E402
 
-BUDGET_S = 2.0
+BUDGET_S = 5.0
 
 
 @cache
