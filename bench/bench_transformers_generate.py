@@ -15,7 +15,6 @@ kernel builds excluded), implementations alternating, the best of ``--reps``.
 from __future__ import annotations
 
 import argparse
-import copy
 import gc
 import json
 import sys
@@ -26,10 +25,11 @@ import torch
 import transformers
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT)]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from bench_transformers_plain import _model as build_model  # noqa: E402
 
 import attngate.integrations.transformers  # noqa: E402,F401 - registers "attngate"
-from attngate.integrations.transformers_plain import configure  # noqa: E402
 
 COMMON = dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, pad_token_id=0)
 COMMON |= dict(bos_token_id=1, eos_token_id=2, max_position_embeddings=40000)
@@ -55,16 +55,7 @@ ARCHS = {
 
 def _model(arch: str, impl: str, state=None):
     cls, overrides, _ = ARCHS[arch]
-    cfg = cls(**COMMON, **overrides)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=impl)
-    model = model.to(torch.bfloat16)
-    if state is not None:
-        model.load_state_dict(state)
-    model = model.cuda().eval()
-    if impl == "attngate":
-        configure(model)
-    return model
+    return build_model(impl, cls(**COMMON, **overrides), state)
 
 
 def _generate(model, ids, cache: str, new: int):

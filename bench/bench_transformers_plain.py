@@ -54,8 +54,10 @@ MODES = {"eager": None, "compiled": "default", "cudagraphs": "reduce-overhead"}
 
 
 def _model(impl: str, cfg, state=None):
+    """The causal LM of ``cfg`` (any architecture) in bf16 on the GPU, seeded weights or ``state``; configured for
+    attngate where ``impl`` is "attngate"."""
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM._from_config(
+    model = transformers.AutoModelForCausalLM.from_config(
         copy.deepcopy(cfg), attn_implementation=impl, dtype=torch.bfloat16
     )
     if state is not None:
