@@ -22,7 +22,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from common import cuda_ms, paired_ms  # noqa: E402
 
 from attngate import ForwardMode  # noqa: E402
-from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
+from attngate.backends.flashinfer import flashinfer_backend  # noqa: E402
 from attngate.backends.mla import absorb_q, decompress, project_out  # noqa: E402
 from tests.gpu.test_mla_and_local import MLA_MODELS, RANK, ROPE, mla_case, mla_layer  # noqa: E402
 from tests.support.backend_cases import GPU, plan_for  # noqa: E402
@@ -34,7 +34,7 @@ def decode(heads: int, bs: int = 64, ctx: int = 4096) -> dict:
     plan = plan_for(GPU, "flashinfer", PS, MLA_MODELS[heads])
     s, pools, q, latent = mla_case([(ctx - 1, 1)] * bs, ForwardMode.DECODE, PS, heads, num_slots=bs * ctx)
     layer = mla_layer(heads, torch.Generator(device="cuda").manual_seed(1))
-    fi = FlashInferBackend(plan, pools[0], s.req_to_token_pool.req_to_token, [layer], "cuda")
+    fi = flashinfer_backend(plan, pools[0], s.req_to_token_pool.req_to_token, [layer], "cuda")
     fi.init_forward_metadata(s.batch)
     wrapper, pool, loc = fi.mla_wrapper, pools[0], s.batch.out_cache_loc
     paged = pool.kv_buffer[0].view(-1, PS, RANK + ROPE)
@@ -62,7 +62,7 @@ def prefill(heads: int = 16, bs: int = 4, n: int = 4096) -> dict:
     plan = plan_for(GPU, "flashinfer", PS, MLA_MODELS[heads])
     s, pools, q, latent = mla_case([(0, n)] * bs, ForwardMode.EXTEND, PS, heads, num_slots=bs * n)
     layer = mla_layer(heads, torch.Generator(device="cuda").manual_seed(1))
-    fi = FlashInferBackend(plan, pools[0], s.req_to_token_pool.req_to_token, [layer], "cuda")
+    fi = flashinfer_backend(plan, pools[0], s.req_to_token_pool.req_to_token, [layer], "cuda")
     fi.init_forward_metadata(s.batch)
     ragged, pool, loc = fi.ragged_wrapper, pools[0], s.batch.out_cache_loc
 

@@ -39,6 +39,16 @@ class AttentionBackend(ABC):
         The layer specs this backend serves (heads on this rank, head dims, kind, window, soft-cap, sinks).
     device : torch.device or str
         Where the pool, the request table and the batches live.
+    checked : bool
+        Validate every batch before a kernel launch (indices inside the pool, lengths inside ``req_to_token``) and
+        raise BatchMetadataError instead of an illegal memory access; off by default, no cost when off. The
+        reference backend checks every batch.
+    q_dtype : torch.dtype or None
+        The queries' dtype (the model's); None: the pool's. Differs from the pool's under an FP8 KV cache, where the
+        FlashInfer backend needs it; backends that read 16-bit caches only take it and need none.
+
+    Every backend takes these parameters, in this order, the last two by keyword
+    (:class:`attngate.backends.factories.BackendFactory`): a caller never asks which a backend takes.
 
     Raises
     ------
@@ -57,6 +67,9 @@ class AttentionBackend(ABC):
         req_to_token: torch.Tensor,
         layers: list[AttentionLayer],
         device: torch.device | str = "cpu",
+        *,
+        checked: bool = False,
+        q_dtype: torch.dtype | None = None,
     ):
         plan.check_intact()  # a plan edited in place would steer this backend without its rules
         if plan.common.unified_kv_pool:
@@ -76,6 +89,8 @@ class AttentionBackend(ABC):
         self.req_to_token = req_to_token
         self.layers = layers
         self.device = torch.device(device)
+        self.checked = checked
+        self.q_dtype = q_dtype
         self._paged_views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def paged_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Callable
 
 from attngate.errors import Problem
 from attngate.facts.modes import ForwardMode, LayerKind
+from attngate.plan.backends import KERNEL_BACKEND_NAMES, backend_entry
 from attngate.plan.schema import Plan
 
 if TYPE_CHECKING:
@@ -203,8 +204,17 @@ def flashinfer_mla_refusals(plan: Plan, layers: list[AttentionLayer], sm_major: 
 
 Refusals = Callable[[Plan, "list[AttentionLayer]", "int | None"], "list[Problem]"]
 
-#: The backend names attngate runs on GPU kernels, and what each refuses.
-REFUSALS: dict[str, Refusals] = {"fa3": fa_refusals, "fa4": fa_refusals, "flashinfer": flashinfer_refusals}
+#: The backend names attngate runs on GPU kernels, and what each refuses (the registry names the function).
+REFUSALS: dict[str, Refusals] = {name: globals()[backend_entry(name).refusals] for name in KERNEL_BACKEND_NAMES}
+
+
+def no_kernel_backend(backend: str, where: str = "backend", *, hint: bool = False) -> Problem:
+    """The problem of a backend name attngate has no kernel backend for, naming the ones it has; ``hint`` adds the
+    reference backend and what to resolve with instead."""
+    message = f"{backend!r}: attngate runs {', '.join(sorted(REFUSALS))} on GPU kernels"
+    if hint:
+        message += " (and the reference backend on any device); resolve with --attention-backend set to one of them"
+    return Problem(where, message)
 
 
 def kernel_backend_refusals(
@@ -212,11 +222,7 @@ def kernel_backend_refusals(
 ) -> list[Problem]:
     """The plan's backends that attngate has no kernel backend for (empty: it runs both). Needs no kernel import."""
     return [
-        Problem(
-            side,
-            f"{name!r}: attngate runs {', '.join(sorted(REFUSALS))} on GPU kernels (and the reference "
-            "backend on any device); resolve with --attention-backend set to one of them",
-        )
+        no_kernel_backend(name, side, hint=True)
         for side, name in (("prefill_backend", plan.prefill_backend), ("decode_backend", plan.decode_backend))
         if name not in REFUSALS
     ]
@@ -226,5 +232,5 @@ def refusals(backend: str, plan: Plan, layers: list[AttentionLayer], sm_major: i
     """Why ``backend`` cannot serve ``layers`` under ``plan`` (see the module docstring); a name attngate has no
     kernel backend for is one problem naming the ones it has."""
     if backend not in REFUSALS:
-        return [Problem("backend", f"{backend!r}: attngate runs {', '.join(sorted(REFUSALS))} on GPU kernels")]
+        return [no_kernel_backend(backend)]
     return REFUSALS[backend](plan, layers, sm_major)

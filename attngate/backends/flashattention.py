@@ -45,7 +45,8 @@ from attngate.plan.schema import Plan
 class FlashAttentionBackend(AttentionBackend):
     """FA3/FA4 over the paged pool. ``checked=True`` validates every batch before a kernel launch
     (indices inside the pool, lengths inside req_to_token) and raises BatchMetadataError instead of
-    an illegal memory access; off by default, no cost when off.
+    an illegal memory access; off by default, no cost when off. ``q_dtype`` is taken and not needed: FA reads 16-bit
+    caches only, in the queries' dtype.
 
     Composed of the kernel (:class:`Fa3Kernel` or :class:`Fa4Kernel`, as ``plan.fa.provider`` says), the KV
     metadata (:class:`FaKvMetadata`, ``self.kv``: seqused_k and page tables), the MLA path where the layers have MLA
@@ -61,11 +62,11 @@ class FlashAttentionBackend(AttentionBackend):
         device: torch.device | str = "cuda",
         *,
         checked: bool = False,
+        q_dtype: torch.dtype | None = None,
     ):
-        super().__init__(plan, kv_pool, req_to_token, layers, device)
+        super().__init__(plan, kv_pool, req_to_token, layers, device, checked=checked, q_dtype=q_dtype)
         self.page_size = check_pool_page_size(plan, kv_pool)
         self.kernel = Fa3Kernel() if plan.fa.provider == "flash_attn_interface" else Fa4Kernel()
-        self.checked = checked
         self._layer_gates = {kind: plan.layer(kind).common for kind in LayerKind}
         # the scheduler metadata is planned for full-attention layers; window and cross layers never take it
         self._scheduled = next((lay for lay in layers if lay.kind == LayerKind.FULL and not lay.is_mla), None)

@@ -33,6 +33,7 @@ itself, in one copy (:meth:`GraphPageIds.load`); an eager batch hands it the dev
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import numpy as np
 import torch
@@ -68,14 +69,18 @@ class FlashInferBackend(AttentionBackend):
     CUDA-graph keeper (:class:`FlashInferCudaGraphs`, ``self.graphs``); the backend keeps what the current batch
     runs on (eager or a graph's wrappers, and its path).
 
-    Constructed with MLA layers, it builds a :class:`FlashInferMLABackend` instead (the latent
-    cache needs other wrappers), as SGLang's ``flashinfer`` name serves MLA models through flashinfer_mla.
-    """
+    MLA layers are :class:`FlashInferMLABackend`'s (the latent cache needs other wrappers): the ``flashinfer`` name
+    builds through :func:`flashinfer_backend`, which picks the class, as SGLang's ``flashinfer`` name serves MLA
+    models through flashinfer_mla.
 
-    def __new__(cls, plan: Plan, kv_pool, req_to_token: torch.Tensor, layers: list[AttentionLayer], *args, **kwargs):
-        if cls is FlashInferBackend and any(layer.is_mla for layer in layers):
-            return FlashInferMLABackend(plan, kv_pool, req_to_token, layers, *args, **kwargs)
-        return super().__new__(cls)
+    Raises
+    ------
+    BackendRefusal
+        What :func:`attngate.backends.capabilities.flashinfer_refusals` lists for the plan and the layers.
+    UsageError
+        MLA layers (build through :func:`flashinfer_backend`); layers that write no KV cache while EXTEND reads the
+        paged cache; no ``q_dtype`` with an FP8 pool.
+    """
 
     def __init__(
         self,
@@ -88,14 +93,17 @@ class FlashInferBackend(AttentionBackend):
         checked: bool = False,
         q_dtype: torch.dtype | None = None,
     ):
-        super().__init__(plan, kv_pool, req_to_token, layers, device)
+        super().__init__(plan, kv_pool, req_to_token, layers, device, checked=checked, q_dtype=q_dtype)
         problems = flashinfer_refusals(plan, layers)
         if problems:
             raise BackendRefusal(problems)
+        if any(layer.is_mla for layer in layers):
+            raise UsageError(
+                Problem("layers", "MLA layers run on FlashInferMLABackend: build through flashinfer_backend(...)")
+            )
         self.fi = importlib.import_module("flashinfer")
         check_fast_decode_plan(self.fi, plan.flashinfer)
         self.page_size = check_pool_page_size(plan, kv_pool)
-        self.checked = checked
         self.layer_gates = {kind: plan.layer(kind) for kind in LayerKind}
         self.specs = wrapper_specs(plan, layers)
         unwritten = [
@@ -298,3 +306,24 @@ class FlashInferBackend(AttentionBackend):
             self._active_paged = g.wrappers
         self._batch_path = BatchPath.DECODE if decode else BatchPath.PAGED
         self._graph = g
+
+
+def flashinfer_backend(
+    plan: Plan,
+    kv_pool,
+    req_to_token: torch.Tensor,
+    layers: list[AttentionLayer],
+    device: torch.device | str = "cuda",
+    **options: Any,
+) -> FlashInferBackend | FlashInferMLABackend:
+    """The backend of the ``flashinfer`` name (its registry factory): :class:`FlashInferMLABackend` where any layer is
+    an MLA layer, else :class:`FlashInferBackend`; the arguments, and ``options`` (``checked``, ``q_dtype``), as both
+    take them (:class:`attngate.backends.factories.BackendFactory`).
+
+    Raises
+    ------
+    BackendRefusal, BatchMetadataError, UsageError
+        As the chosen class raises them.
+    """
+    cls = FlashInferMLABackend if any(layer.is_mla for layer in layers) else FlashInferBackend
+    return cls(plan, kv_pool, req_to_token, layers, device, **options)

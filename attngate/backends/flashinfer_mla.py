@@ -62,7 +62,8 @@ class _MLAGraph:
 
 
 class FlashInferMLABackend(AttentionBackend):
-    """FlashInfer over the latent cache; built by ``FlashInferBackend(...)`` when the layers are MLA layers."""
+    """FlashInfer over the latent cache; built by :func:`attngate.backends.flashinfer.flashinfer_backend` (the
+    ``flashinfer`` name's factory) when the layers are MLA layers."""
 
     def __init__(
         self,
@@ -75,13 +76,12 @@ class FlashInferMLABackend(AttentionBackend):
         checked: bool = False,
         q_dtype: torch.dtype | None = None,
     ):
-        super().__init__(plan, kv_pool, req_to_token, layers, device)
+        super().__init__(plan, kv_pool, req_to_token, layers, device, checked=checked, q_dtype=q_dtype)
         problems = flashinfer_mla_refusals(plan, layers)
         if problems:
             raise BackendRefusal(problems)
         self.fi = importlib.import_module("flashinfer")
         self.page_size = check_pool_page_size(plan, kv_pool)
-        self.checked = checked
         self._head = layers[0]
         self._dtype = kv_pool.dtype
         self.q_dtype = q_dtype or kv_pool.dtype  # the model's dtype; differs from the pool's under an FP8 cache

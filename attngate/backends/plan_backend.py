@@ -15,25 +15,21 @@ import torch
 
 from attngate.backends.base import AttentionBackend
 from attngate.backends.capabilities import kernel_backend_refusals
-from attngate.backends.flashattention import FlashAttentionBackend
-from attngate.backends.flashinfer import FlashInferBackend
+from attngate.backends.factories import BackendFactory, backend_factory
 from attngate.backends.runtime.forward_batch import ForwardBatch
 from attngate.backends.runtime.layer import AttentionLayer
 from attngate.errors import BackendRefusal
 from attngate.facts.modes import ForwardMode
+from attngate.plan.backends import KERNEL_BACKEND_NAMES
 from attngate.plan.schema import Plan
 
-#: The backend names attngate runs on GPU kernels, and the class that runs each.
-KERNEL_BACKENDS: dict[str, type[AttentionBackend]] = {
-    "fa3": FlashAttentionBackend,
-    "fa4": FlashAttentionBackend,
-    "flashinfer": FlashInferBackend,
-}
+#: The backend names attngate runs on GPU kernels, and the factory that builds each (from the backend registry).
+KERNEL_BACKENDS: dict[str, BackendFactory] = {name: backend_factory(name) for name in KERNEL_BACKEND_NAMES}
 
 
 class PlanBackend(AttentionBackend):
     """The plan's prefill and decode backends behind one interface; every call goes to the backend of the batch's
-    forward mode (``plan.backend_for(mode)``). ``checked`` and ``q_dtype`` go to the backends that take them.
+    forward mode (``plan.backend_for(mode)``). ``checked`` and ``q_dtype`` go to every backend it builds.
 
     Raises BackendRefusal naming each side of the plan attngate has no kernel backend for (e.g. triton), and
     whatever the chosen backends raise for the model's layers, before any kernel runs.
@@ -50,16 +46,15 @@ class PlanBackend(AttentionBackend):
         checked: bool = False,
         q_dtype: torch.dtype | None = None,
     ):
-        super().__init__(plan, kv_pool, req_to_token, layers, device)
+        super().__init__(plan, kv_pool, req_to_token, layers, device, checked=checked, q_dtype=q_dtype)
         problems = kernel_backend_refusals(plan)
         if problems:
             raise BackendRefusal(problems)
-        built: dict[type[AttentionBackend], AttentionBackend] = {}
+        built: dict[BackendFactory, AttentionBackend] = {}  # fa3 and fa4 share one factory, so one backend
         for name in dict.fromkeys((plan.prefill_backend, plan.decode_backend)):
-            cls = KERNEL_BACKENDS[name]
-            if cls not in built:
-                extra = {"q_dtype": q_dtype} if cls is FlashInferBackend else {}
-                built[cls] = cls(plan, kv_pool, req_to_token, layers, device, checked=checked, **extra)
+            factory = KERNEL_BACKENDS[name]
+            if factory not in built:
+                built[factory] = factory(plan, kv_pool, req_to_token, layers, device, checked=checked, q_dtype=q_dtype)
         self.backends: list[AttentionBackend] = list(built.values())  # each distinct backend once
         self._by_mode = {mode: built[KERNEL_BACKENDS[plan.backend_for(mode)]] for mode in ForwardMode}
 

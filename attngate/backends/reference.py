@@ -66,9 +66,7 @@ class _Metadata:
 class ReferenceBackend(AttentionBackend):
     """Plain PyTorch attention over the paged pool; see the module docstring for the semantics."""
 
-    def __init__(self, plan, kv_pool, req_to_token, layers, device="cpu"):
-        super().__init__(plan, kv_pool, req_to_token, layers, device)
-        self._md: _Metadata | None = None
+    _md: _Metadata | None = None  # the current batch's (init_forward_metadata)
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         check_batch(batch, self.req_to_token, self.kv_pool.num_slots)

@@ -149,8 +149,8 @@ def matrix_cells(
     (text ``no: RULE, ...``); ``reasons`` maps each refusing rule id to its message. ``args``: server arguments every
     cell also takes (a launch line's), the column's backend on top."""
     from attngate.engine.resolve import resolve
-    from attngate.facts.choices import CANDIDATE_BACKENDS
     from attngate.facts.server_args import ServerArgs
+    from attngate.plan.backends import CANDIDATE_BACKENDS
 
     rows, reasons = [], {}
     for name, model in configs:

@@ -10,7 +10,7 @@ from attngate.engine.adjust import adjust
 from attngate.engine.index import RuleIndex, read_by
 from attngate.engine.result import BackendVerdict, Candidate, GateExplanation
 from attngate.errors import PlanError
-from attngate.facts.choices import CANDIDATE_BACKENDS
+from attngate.plan.backends import CANDIDATE_BACKENDS
 from attngate.plan.registry import GateSpec
 from attngate.rules.ruleset import Rule
 from attngate.types import VerdictStatus

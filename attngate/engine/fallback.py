@@ -15,8 +15,8 @@ from typing import Callable
 
 from attngate.engine.result import Adjustment, Resolution, Violation
 from attngate.errors import PlanError
-from attngate.facts.choices import CANDIDATE_BACKENDS
 from attngate.facts.server_args import ServerArgs
+from attngate.plan.backends import CANDIDATE_BACKENDS
 from attngate.rules.deviations import refusing_rules
 
 FALLBACK_RULE = "default-backend.fallback"

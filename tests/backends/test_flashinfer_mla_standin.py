@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from attngate import ForwardMode, ModelFacts, Platform, ServerArgs, resolve  # noqa: E402
-from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
+from attngate.backends.flashinfer import flashinfer_backend  # noqa: E402
 from attngate.backends.flashinfer_mla import FlashInferMLABackend  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
 from attngate.backends.runtime.kv_cache import MLATokenToKVPool  # noqa: E402
@@ -84,7 +84,7 @@ def test_flashinfer_mla_metadata_equals_the_reference(mode, flags, path, page_si
     plan = _plan(page_size, **flags)
     layer = _layer(torch.Generator().manual_seed(1))
     s, pools, q, latent = _case(REQUESTS[mode], mode, page_size)
-    fi = FlashInferBackend(plan, pools[0], s.req_to_token_pool.req_to_token, [layer], "cpu", checked=True)
+    fi = flashinfer_backend(plan, pools[0], s.req_to_token_pool.req_to_token, [layer], "cpu", checked=True)
     assert isinstance(fi, FlashInferMLABackend) and fi.mla_wrapper.backend == "fa3"
     ref = ReferenceBackend(plan, pools[1], s.req_to_token_pool.req_to_token, [layer])
     outs = []
@@ -100,7 +100,7 @@ def test_flashinfer_mla_extend_without_prefix_reads_only_this_forwards_latent():
     assert plan.mode("extend").common.mla_form == "non_absorbed_without_prefix"
     layer = _layer(torch.Generator().manual_seed(1))
     s, pools, q, latent = _case([(0, 7), (0, 2)], ForwardMode.EXTEND, 1)
-    fi = FlashInferBackend(plan, pools[0], s.req_to_token_pool.req_to_token, [layer], "cpu")
+    fi = flashinfer_backend(plan, pools[0], s.req_to_token_pool.req_to_token, [layer], "cpu")
     fi.init_forward_metadata(s.batch)
     out = fi.forward(q, latent, None, layer, s.batch)
     ref = ReferenceBackend(plan, pools[1], s.req_to_token_pool.req_to_token, [layer])
@@ -113,7 +113,7 @@ def test_flashinfer_mla_refuses_other_geometry_at_construction():
     layer = AttentionLayer(0, H, 1, 24, 12, 0.2, is_mla=True, kv_lora_rank=256, qk_rope_head_dim=64)
     pool = MLATokenToKVPool(64, 1, 1, 256, 64, dtype=torch.float32)
     with pytest.raises(BackendRefusal, match="kv_lora_rank 512"):
-        FlashInferBackend(_plan(1), pool, torch.zeros(1, 64, dtype=torch.int32), [layer], "cpu")
+        flashinfer_backend(_plan(1), pool, torch.zeros(1, 64, dtype=torch.int32), [layer], "cpu")
 
 
 @pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2])
@@ -124,7 +124,7 @@ def test_flashinfer_mla_graph_replay_metadata_follows_each_rounds_lengths(mode):
     plan = _plan(16)
     assert plan.mode(mode).common.capture_cuda_graph
     assert_mla_replays_match_reference(
-        FlashInferBackend,
+        flashinfer_backend,
         plan,
         _layer(torch.Generator().manual_seed(1)),
         mode,
@@ -155,7 +155,7 @@ def test_flashinfer_mla_graph_forward_must_run_the_first_layer_first():
     ]
     s, _, q, latent = _case([(5, 1), (40, 1)], ForwardMode.DECODE, 16)
     pool = MLATokenToKVPool(2048, 16, 5, RANK, ROPE, dtype=torch.float32)
-    fi = FlashInferBackend(plan, pool, s.req_to_token_pool.req_to_token, layers, "cpu")
+    fi = flashinfer_backend(plan, pool, s.req_to_token_pool.req_to_token, layers, "cpu")
     fi.init_cuda_graph_state(2, 2)
     fi.init_forward_metadata_capture_cuda_graph(
         2, 2, s.batch.req_pool_indices, s.batch.seq_lens, None, ForwardMode.DECODE
@@ -164,3 +164,18 @@ def test_flashinfer_mla_graph_forward_must_run_the_first_layer_first():
         fi.forward(q, latent, None, layers[1], s.batch)
     fi.forward(q, latent, None, layers[0], s.batch)
     fi.forward(q, latent, None, layers[1], s.batch)  # layer 3 filled them
+
+
+def test_the_flashinfer_name_builds_the_mla_backend_for_mla_layers_and_the_class_refuses_them():
+    """The registry's factory of ``flashinfer`` picks FlashInferMLABackend for MLA layers; FlashInferBackend itself
+    serves MHA layers only and names the factory."""
+    from attngate.backends import create_backend
+    from attngate.backends.flashinfer import FlashInferBackend
+    from attngate.errors import UsageError
+
+    plan, layer = _plan(1), _layer(torch.Generator().manual_seed(1))
+    s, pools, _, _ = _case(REQUESTS[ForwardMode.DECODE], ForwardMode.DECODE, 1)
+    rtt = s.req_to_token_pool.req_to_token
+    assert type(create_backend("flashinfer", plan, pools[0], rtt, [layer], "cpu")) is FlashInferMLABackend
+    with pytest.raises(UsageError, match="flashinfer_backend"):
+        FlashInferBackend(plan, pools[0], rtt, [layer], "cpu")

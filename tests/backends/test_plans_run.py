@@ -14,7 +14,6 @@ its backend refuses, or resolves a decision the backend reads differently from t
 
 from __future__ import annotations
 
-import functools
 import sys
 
 import pytest
@@ -95,9 +94,9 @@ def _batches(plan, facts: ModelFacts, speculative: str | None):
             yield M.TARGET_VERIFY, [(p + 1, 4 if speculative == "chain" else 8) for p in prefixes]
 
 
-def _backend_class(plan, facts: ModelFacts, mode: M):
+def _backend_factory(plan, facts: ModelFacts, mode: M):
     """What runs ``mode``: PlanBackend where attngate runs both of the plan's backends (so each mode reaches the one
-    ``common.runs_on`` names), else the class of the mode's own backend, or None where attngate has none for it.
+    ``common.runs_on`` names), else the factory of the mode's own backend, or None where attngate has none for it.
     attngate's FA and FlashInfer MLA backends read 16-bit caches only and refuse an FP8 plan saying so (tested apart)."""
     fp8 = plan.common.kv_cache_dtype != "auto"
     runs = {name for name in KERNEL_BACKENDS if not (fp8 and (name in ("fa3", "fa4") or facts.use_mla))}
@@ -166,17 +165,13 @@ def _run(cls, plan, facts: ModelFacts, mode: M, requests, seed: int):
             for layer, (q, k, v) in zip(layers, inputs)
         ]
 
-    queries = {"q_dtype": dtype} if cls in (FlashInferBackend, PlanBackend) else {}
     outs = {}
-    for name, backend, pool in (
-        ("eager", functools.partial(cls, **queries), pools[0]),
-        ("reference", ReferenceBackend, pools[1]),
-    ):
-        backend = backend(plan, pool, rtt, layers, "cpu")
+    for name, factory, pool in (("eager", cls, pools[0]), ("reference", ReferenceBackend, pools[1])):
+        backend = factory(plan, pool, rtt, layers, "cpu", q_dtype=dtype)  # every factory takes q_dtype
         backend.init_forward_metadata(s.batch)
         outs[name] = forward(backend)
     if plan.common.cuda_graph and plan.mode(mode).common.capture_cuda_graph:
-        outs["graph"] = _replayed(cls(plan, pools[0], rtt, layers, "cpu", **queries), s.batch, forward)
+        outs["graph"] = _replayed(cls(plan, pools[0], rtt, layers, "cpu", q_dtype=dtype), s.batch, forward)
     return layers, outs, TOL[dtype]
 
 
@@ -241,7 +236,7 @@ def test_every_resolved_plan_runs_on_its_backends_as_the_reference(
     except PlanError:
         assume(False)
     runs = [
-        (mode, requests, _backend_class(plan, facts, mode)) for mode, requests in _batches(plan, facts, speculative)
+        (mode, requests, _backend_factory(plan, facts, mode)) for mode, requests in _batches(plan, facts, speculative)
     ]
     runs = [run for run in runs if run[2] is not None]
     assume(runs)

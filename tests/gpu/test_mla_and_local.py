@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("flashinfer")
 
 from attngate import ForwardMode  # noqa: E402
-from attngate.backends.flashinfer import FlashInferBackend  # noqa: E402
+from attngate.backends.flashinfer import flashinfer_backend  # noqa: E402
 from attngate.backends.flashinfer_mla import FlashInferMLABackend  # noqa: E402
 from attngate.backends.reference import ReferenceBackend  # noqa: E402
 from attngate.backends.runtime.batch_builder import build_batch  # noqa: E402
@@ -65,7 +65,7 @@ def mla_case(requests, mode, page_size, heads, seed=0, num_slots=1 << 16):
 def mla_pair(plan, s, pools, layer):
     rtt = s.req_to_token_pool.req_to_token
     return (
-        FlashInferBackend(plan, pools[0], rtt, [layer], "cuda", checked=True),
+        flashinfer_backend(plan, pools[0], rtt, [layer], "cuda", checked=True),
         ReferenceBackend(plan, pools[1], rtt, [layer], "cuda"),
     )
 
@@ -106,7 +106,7 @@ def test_flashinfer_mla_cuda_graph_replay(mode, page_size):
     ]
     s0, pools0, q0, lat0 = mla_case(rounds[0], mode, page_size, heads)
     rtt = s0.req_to_token_pool.req_to_token
-    fi = FlashInferBackend(plan, pools0[0], rtt, [layer], "cuda")
+    fi = flashinfer_backend(plan, pools0[0], rtt, [layer], "cuda")
     fi.init_cuda_graph_state(bs, bs * per_req)
     b = s0.batch
     static_batch = ForwardBatch(

@@ -7,14 +7,13 @@ import pytest
 import torch
 
 from attngate import ForwardMode, LayerKind
-from attngate.backends.flashattention import FlashAttentionBackend
-from attngate.backends.flashinfer import FlashInferBackend
+from attngate.backends.factories import backend_factory
 from attngate.backends.runtime.batch_builder import build_batch
 from attngate.backends.runtime.dp_padding import pad_decode_batch
 from attngate.errors import BatchMetadataError
 from tests.support.backend_cases import layer_of, make_case, plan_for, reference_out
 
-BACKENDS = {"fa4": FlashAttentionBackend, "flashinfer": FlashInferBackend}
+BACKENDS = ("fa4", "flashinfer")
 PS = 16
 
 
@@ -32,7 +31,7 @@ class DpPaddingSuite:
     """The suite, run where a test module subclasses it (with its own ``env`` fixture): on the CPU stand-ins
     (tests/backends/test_standin_backends.py) and on the GPU kernels (tests/gpu)."""
 
-    @pytest.mark.parametrize("name", sorted(BACKENDS))
+    @pytest.mark.parametrize("name", BACKENDS)
     def test_dp_padded_decode_keeps_its_rows_and_writes_only_the_padding_slot(self, env, name):
         plan = plan_for(env, name, PS)
         layer = layer_of(env, LayerKind.FULL)
@@ -42,7 +41,7 @@ class DpPaddingSuite:
         padded = pad_decode_batch(case.setup.batch, 5, padding_row=0, padding_slot=pad_slot)
         assert padded.batch_size == 5 and padded.out_cache_loc.tolist()[3:] == [pad_slot] * 2
         before = pool.k_buffer[0].clone()
-        backend = BACKENDS[name](
+        backend = backend_factory(name)(
             plan, pool, case.setup.req_to_token_pool.req_to_token, [layer], env.device, checked=True
         )
         backend.init_forward_metadata(padded)
@@ -52,7 +51,7 @@ class DpPaddingSuite:
         changed = (pool.k_buffer[0] != before).flatten(1).any(1).nonzero().flatten().tolist()
         assert set(changed) <= {*case.setup.batch.out_cache_loc.tolist(), pad_slot} and pad_slot in changed
 
-    @pytest.mark.parametrize("name", sorted(BACKENDS))
+    @pytest.mark.parametrize("name", BACKENDS)
     def test_an_idle_rank_padded_to_the_global_batch_size_runs_a_decode_forward(self, env, name):
         plan = plan_for(env, name, PS)
         layer = layer_of(env, LayerKind.FULL)
@@ -64,7 +63,7 @@ class DpPaddingSuite:
             env, [(3, 1)], ForwardMode.DECODE, PS, num_slots=1 << 12, max_context_len=256
         )  # a pool to run in
         padded = pad_decode_batch(idle.batch, 4, padding_row=0, padding_slot=_free_slot(case))
-        backend = BACKENDS[name](
+        backend = backend_factory(name)(
             plan, case.pools[0], idle.req_to_token_pool.req_to_token, [layer], env.device, checked=True
         )
         backend.init_forward_metadata(padded)

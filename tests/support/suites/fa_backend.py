@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from attngate import ForwardMode, LayerKind, ModelFacts, Platform, ServerArgs, resolve
+from attngate.backends.factories import backend_factory
 from attngate.backends.flashattention import FlashAttentionBackend
 from attngate.errors import BackendRefusal, BatchMetadataError
 from tests.support.backend_cases import (
@@ -184,13 +185,12 @@ class FaBackendSuite:
         """IDLE batches run the padded DECODE graph, EXTEND is not captured, a graph needs a request and no more than the
         static buffers were sized for (a larger one would read slices of them shorter than itself), and the buffers must
         exist: a UsageError naming the argument from every GPU backend, before anything is allocated."""
-        from attngate.backends.flashinfer import FlashInferBackend
         from attngate.errors import UsageError
 
         case = make_case(env, [(5, 1), (9, 1)], M.DECODE, 16)
         layer = layer_of(env, LayerKind.FULL)
-        for cls, backend in ((FlashAttentionBackend, "fa4"), (FlashInferBackend, "flashinfer")):
-            b = cls(
+        for backend in ("fa4", "flashinfer"):
+            b = backend_factory(backend)(
                 plan_for(env, backend, 16),
                 case.pools[0],
                 case.setup.req_to_token_pool.req_to_token,
@@ -208,9 +208,7 @@ class FaBackendSuite:
         """SGLang captures decode and target-verify graphs at the same batch sizes: on one backend each graph replays with
         its own query layout (1 and 3 tokens per request), whichever was captured or replayed last; a replay of a
         (mode, batch size) never captured is a clear ValueError naming the graphs there are."""
-        from attngate.backends.flashinfer import FlashInferBackend
-
-        cls = FlashInferBackend if backend == "flashinfer" else FlashAttentionBackend
+        cls = backend_factory(backend)
         plan = plan_for(env, backend, 16, **SPECULATIVE)
         layer = layer_of(env, LayerKind.FULL)
         made = []
