@@ -14,6 +14,7 @@ from typing import Any
 from attngate.engine.result import GateExplanation, Resolution
 from attngate.facts.choices import SGLANG_VERSION
 from attngate.facts.model import ModelFacts
+from attngate.plan.backends import kernel_provider
 from attngate.plan.registry import GATES
 from attngate.rules.ruleset import RuleSet
 
@@ -21,17 +22,6 @@ HINT = (
     "more: --gate NAME (one gate's rules, why and source), --all (every table and message), --mode M, "
     "--format json; server flags: attngate flags"
 )
-
-#: who serves each backend's kernels where the plan does not say (fa3/fa4: the plan's fa.provider)
-_PROVIDERS = {
-    "flashinfer": "flashinfer",
-    "trtllm_mha": "flashinfer (trtllm-gen kernels)",
-    "trtllm_mla": "flashinfer (trtllm-gen kernels)",
-    "triton": "SGLang's triton kernels",
-    "torch_native": "torch SDPA",
-    "flashmla": "flash_mla",
-    "cutlass_mla": "sgl_kernel",
-}
 
 
 def _reads(name: str, backends: set[str]) -> bool:
@@ -48,10 +38,11 @@ def _facts(facts: dict[str, Any], limit: int = 3, *, backends: bool = False) -> 
 
 def provider(r: Resolution, backend: str) -> str:
     """The kernel package that serves ``backend`` in this plan, e.g. ``flash_attn.cute (FA4 kernels)`` for fa3."""
-    if backend in ("fa3", "fa4"):
-        kernels = "FA4" if r.plan.fa.provider == "flash_attn.cute" else "FA3"
-        return f"{r.plan.fa.provider} ({kernels} kernels)"
-    return _PROVIDERS.get(backend, "SGLang's own kernels")
+    named = kernel_provider(backend)
+    if named is not None:
+        return named
+    kernels = "FA4" if r.plan.fa.provider == "flash_attn.cute" else "FA3"  # the plan names fa3's and fa4's package
+    return f"{r.plan.fa.provider} ({kernels} kernels)"
 
 
 def model_line(m: ModelFacts) -> str:
