@@ -6,7 +6,8 @@ runs at call time. What each passes is decided from the Plan by the caller, exce
 
 from __future__ import annotations
 
-from typing import Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -20,17 +21,55 @@ from attngate.integrations.transformers_rows import (
     unpad,
 )
 
+# Every op is defined on the dispatcher directly (one Python kernel for every device, no autograd: this path serves
+# inference) rather than through torch.library.custom_op, whose Python wrappers (autograd_impl, backend_impl and their
+# checks) cost host time at every layer of a compiled step (measured: bench/RESULTS.md, commit b1962ee).
+_LIB = torch.library.Library("attngate", "FRAGMENT")
 
-# the unpadding path (FlashInfer's ragged wrapper, and FA on cross-attention and chunked-local layers): the varlen
-# lengths are read to the host inside the op
-@torch.library.custom_op("attngate::plain_kernel_attention", mutates_args=())
-def kernel_attention(
+
+def _define(
+    schema: str, kernel: Callable[..., Any], fake: Callable[..., Any], eager: Callable[..., Any] | None = None
+) -> Callable[..., Any]:
+    """Define one op of the ``attngate`` namespace on the dispatcher.
+
+    Parameters
+    ----------
+    schema : str
+        The op's schema, ``"name(Tensor q, ...) -> Tensor"``.
+    kernel : callable
+        Its implementation on every device (``CompositeExplicitAutograd``: no autograd), taking the schema's arguments
+        positionally.
+    fake : callable
+        Its meta implementation: empty outputs of the right shapes and dtypes, for torch.compile.
+    eager : callable, optional
+        What eager calls instead (default ``kernel``), say one returning None where the op must return a tensor.
+
+    Returns
+    -------
+    callable
+        The call: in a graph the op (``torch.ops.attngate.<name>.default``, one opaque node), in eager ``eager``
+        itself, with no dispatcher's host cost.
+    """
+    name = schema.partition("(")[0]
+    _LIB.define(schema)
+    _LIB.impl(name, kernel, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"attngate::{name}", fake, lib=_LIB)
+    op, eager = getattr(torch.ops.attngate, name).default, eager or kernel
+
+    def call(*args: Any) -> Any:
+        return (op if torch.compiler.is_compiling() else eager)(*args)
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+def _kernel_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
     visible: torch.Tensor,
-    attention_mask: Optional[torch.Tensor],
-    sinks: Optional[torch.Tensor],
+    attention_mask: torch.Tensor | None,
+    sinks: torch.Tensor | None,
     module_id: int,
     kernel: str,
     scale: float,
@@ -74,6 +113,20 @@ def kernel_attention(
     return rows.pad_back(out, query, value)
 
 
+def _kernel_attention_fake(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any) -> torch.Tensor:
+    b, h, s, _ = query.shape
+    return query.new_empty(b, s, h, value.shape[-1])
+
+
+# the unpadding path (FlashInfer's ragged wrapper, and FA on cross-attention and chunked-local layers): the varlen
+# lengths are read to the host inside the op
+kernel_attention = _define(
+    "plain_kernel_attention(Tensor query, Tensor key, Tensor value, Tensor visible, Tensor? attention_mask, "
+    "Tensor? sinks, int module_id, str kernel, float scale) -> Tensor",
+    _kernel_attention,
+    _kernel_attention_fake,
+)
+
 # keys per split of a decode step on the padded FA path (attngate.backends.fa_padded): 128 CTAs on an H100 for one
 # 32k request with 4 KV heads; a fixed count, so a request's split points do not depend on its batch
 DECODE_SPLIT_KEYS = 1024
@@ -116,7 +169,6 @@ def fa_in_place(
     q = query.transpose(1, 2)
     k, v, k_row = fa_padded.same_layout(key.transpose(1, 2), value.transpose(1, 2))
     extents = padded_extents(attention_mask, b, s, s_kv, query.device, d.causal)
-    call = fa_varlen if torch.compiler.is_compiling() else _fa_varlen_eager  # eager: no op dispatcher's host cost
     split = DECODE_SPLIT_KEYS
     if s == 1 and split and s_kv > split:
         cu_q, cu_k, used_k, pieces = per_mask(
@@ -125,7 +177,9 @@ def fa_in_place(
             lambda: fa_padded.split_rows(extents, k_row, s_kv, d.window, split),
         )
         q_rows = q.expand(b, pieces, h, dq).reshape(b * pieces, h, dq)
-        out, lse = call(q_rows, k, v, cu_q, cu_k, None, used_k, 1, split, None, scale, False, -1, d.logit_cap, True)
+        out, lse = fa_varlen(
+            q_rows, k, v, cu_q, cu_k, None, used_k, 1, split, None, scale, False, -1, d.logit_cap, True
+        )
         return _unless_one_run(fa_padded.merge_split(out, lse, pieces, sinks, extents), d, query, s_kv, attention_mask)
     cu_q, cu_k, used_q, used_k, valid = per_mask(
         attention_mask,
@@ -133,7 +187,7 @@ def fa_in_place(
         lambda: (*fa_padded.rows(extents, s, k_row), fa_padded.valid_queries(extents, s)),
     )
     window = -1 if d.window is None else d.window
-    out, _ = call(
+    out, _ = fa_varlen(
         q.reshape(b * s, h, dq), k, v, cu_q, cu_k, used_q, used_k, s, s_kv, sinks, scale, d.causal, window,
         d.logit_cap, False,
     )  # fmt: skip
@@ -155,6 +209,8 @@ def _unless_one_run(
 def _fa_varlen_eager(
     q, k, v, cu_q, cu_k, used_q, used_k, max_q, max_k, sinks, scale, causal, window_left, softcap, return_lse
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`attngate.backends.varlen.fa4_varlen` over the padded batch in place (``window_left`` -1: no window):
+    ``(out [total_q, H, Dv], lse [H, total_q] fp32 or None without return_lse)``."""
     return varlen.fa4_varlen(
         q, fa_padded.token_rows(k)[0], fa_padded.token_rows(v)[0], cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
         seqused_q=used_q, seqused_k=used_k, max_seqlen_q=max_q, max_seqlen_k=max_k, scale=scale, causal=causal,
@@ -162,52 +218,23 @@ def _fa_varlen_eager(
     )  # fmt: skip
 
 
-def _fa_varlen_op(
-    q,
-    k,
-    v,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    seqused_q,
-    seqused_k,
-    max_seqlen_q,
-    max_seqlen_k,
-    sinks,
-    scale,
-    causal,
-    window_left,
-    softcap,
-    return_lse,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`attngate.backends.varlen.fa4_varlen` over the padded batch in place as one op (``window_left`` -1: no
-    window): ``(out [total_q, H, Dv], lse [H, total_q] fp32, or [0] without return_lse)``."""
-    out, lse = _fa_varlen_eager(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, sinks, scale, causal,
-        window_left, softcap, return_lse,
-    )  # fmt: skip
+def _fa_varlen_kernel(*args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op's kernel: :func:`_fa_varlen_eager`, its lse ``[0]`` without return_lse (an op returns tensors)."""
+    out, lse = _fa_varlen_eager(*args)
     return out, lse if lse is not None else out.new_empty(0, dtype=torch.float32)
 
 
-# Registered on the dispatcher directly (one Python kernel for every device, no autograd: this path serves inference)
-# rather than through torch.library.custom_op, whose Python wrappers (autograd_impl, backend_impl and their checks)
-# cost host time at every layer of a compiled step.
-_LIB = torch.library.Library("attngate", "FRAGMENT")
-_LIB.define(
+def _fa_varlen_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    lse_shape = (q.shape[1], q.shape[0]) if args[-1] else (0,)  # return_lse
+    return q.new_empty(q.shape[0], q.shape[1], v.shape[-1]), q.new_empty(lse_shape, dtype=torch.float32)
+
+
+# the padded FA path's kernel call, whose metadata and epilogues are traced torch ops around it
+fa_varlen = _define(
     "fa_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q, "
     "Tensor seqused_k, SymInt max_seqlen_q, SymInt max_seqlen_k, Tensor? sinks, float scale, bool causal, "
-    "int window_left, float softcap, bool return_lse) -> (Tensor, Tensor)"
+    "int window_left, float softcap, bool return_lse) -> (Tensor, Tensor)",
+    _fa_varlen_kernel,
+    _fa_varlen_fake,
+    eager=_fa_varlen_eager,
 )
-_LIB.impl("fa_varlen", _fa_varlen_op, "CompositeExplicitAutograd")
-fa_varlen = torch.ops.attngate.fa_varlen.default
-
-
-@torch.library.register_fake("attngate::fa_varlen")
-def _(q, k, v, cu_q, cu_k, used_q, used_k, max_q, max_k, sinks, scale, causal, window_left, softcap, return_lse):
-    lse = q.new_empty((q.shape[1], q.shape[0]) if return_lse else (0,), dtype=torch.float32)
-    return q.new_empty(q.shape[0], q.shape[1], v.shape[-1]), lse
-
-
-@kernel_attention.register_fake
-def _(query, key, value, visible, attention_mask, sinks, module_id, kernel, scale) -> torch.Tensor:
-    b, h, s, _ = query.shape
-    return query.new_empty(b, s, h, value.shape[-1])
