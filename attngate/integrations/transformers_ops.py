@@ -1,8 +1,10 @@
-"""The plain transformers path's kernel calls as torch custom ops (:mod:`attngate.integrations.transformers_plain`),
-each with a fake (meta) implementation: to torch.compile each is one opaque op of the graph (as vLLM registers its
-attention), so a compiled model keeps one graph around it, and a kernel package's Python, which no graph can hold,
-runs at call time. What each passes is decided from the Plan by the caller, except where a decode step is split
-(:data:`DECODE_SPLIT_KEYS`): this path's own way round flash_attn.cute having no split-KV on SM90, batch-invariant."""
+"""The plain transformers path's kernel calls (:mod:`attngate.integrations.transformers_plain`) as operators of the
+``attngate`` namespace, each with a fake (meta) implementation: to torch.compile each is one opaque op of the graph (as
+vLLM registers its attention), so a compiled model keeps one graph around it, and a kernel package's Python, which no
+graph can hold, runs at call time. An op that needs its layer's decisions takes the layer by its stable name, as vLLM's
+``unified_attention`` takes ``layer_name`` (:func:`attngate.integrations.transformers_context.named`). What each passes
+is decided from the Plan by the caller, except where a decode step is split (:data:`DECODE_SPLIT_KEYS`): this path's own
+way round flash_attn.cute having no split-KV on SM90, batch-invariant."""
 
 from __future__ import annotations
 
@@ -12,14 +14,8 @@ from typing import Any
 import torch
 
 from attngate.backends import fa_padded, varlen
-from attngate.integrations.transformers_rows import (
-    DECISIONS,
-    LayerDecisions,
-    one_run_each,
-    padded_extents,
-    per_mask,
-    unpad,
-)
+from attngate.integrations.transformers_context import LayerDecisions, named
+from attngate.integrations.transformers_rows import PaddedBatch, unpad
 
 # Every op is defined on the dispatcher directly (one Python kernel for every device, no autograd: this path serves
 # inference) rather than through torch.library.custom_op, whose Python wrappers (autograd_impl, backend_impl and their
@@ -35,7 +31,7 @@ def _define(
     Parameters
     ----------
     schema : str
-        The op's schema, ``"name(Tensor q, ...) -> Tensor"``.
+        The op's schema, ``"name(Tensor q, ..., str layer_name, ...) -> Tensor"``.
     kernel : callable
         Its implementation on every device (``CompositeExplicitAutograd``: no autograd), taking the schema's arguments
         positionally.
@@ -70,16 +66,41 @@ def _kernel_attention(
     visible: torch.Tensor,
     attention_mask: torch.Tensor | None,
     sinks: torch.Tensor | None,
-    module_id: int,
+    layer_name: str,
     kernel: str,
     scale: float,
 ) -> torch.Tensor:
-    """The call on the GPU kernel ``kernel`` ("fa" or "flashinfer") for the attention module ``module_id`` (its
-    decisions as kept), over the batch unpadded into varlen rows: ``[B, S, H, Dv]``, zeros at padding queries.
-    ``attention_mask``, transformers' (``visible`` is made from it), names the batch's layout: every layer it reaches
-    shares one unpadding."""
-    d = DECISIONS[module_id]
-    rows = unpad(query, key, value, visible, d, attention_mask)
+    """``attngate::plain_kernel_attention``: the call on a GPU kernel over the batch unpadded into varlen rows (the
+    varlen lengths read to the host here).
+
+    Parameters
+    ----------
+    query : torch.Tensor
+        ``[B, H, S, D]`` bf16/fp16.
+    key, value : torch.Tensor
+        ``[B, H_kv, S_kv, D]`` and ``[B, H_kv, S_kv, Dv]`` (transformers' cache included).
+    visible : torch.Tensor
+        ``[B, S, S_kv]`` bool: the keys each query sees as transformers masks it.
+    attention_mask : torch.Tensor or None
+        transformers' (``visible`` is made from it): it names the batch's layout, so every layer it reaches shares one
+        unpadding.
+    sinks : torch.Tensor or None
+        ``[H]`` learned sink logits.
+    layer_name : str
+        The layer (:attr:`LayerDecisions.name`), whose decisions as kept give causality, window, soft-cap and rows.
+    kernel : str
+        ``"fa"`` (FA4's varlen kernel) or ``"flashinfer"`` (its ragged prefill wrapper).
+    scale : float
+        The softmax scale.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[B, S, H, Dv]`` in the query's dtype, zeros at padding queries.
+    """
+    context, d = named(layer_name)
+    batch = PaddedBatch(attention_mask, query.shape[0], query.shape[2], key.shape[2], query.device, context.masks)
+    rows = unpad(query, key, value, visible, d, batch)
     cu_q, cu_k = rows.cu_seqlens
     common = dict(
         cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, scale=scale, causal=d.causal, window_left=d.window, softcap=d.logit_cap
@@ -118,11 +139,10 @@ def _kernel_attention_fake(query: torch.Tensor, key: torch.Tensor, value: torch.
     return query.new_empty(b, s, h, value.shape[-1])
 
 
-# the unpadding path (FlashInfer's ragged wrapper, and FA on cross-attention and chunked-local layers): the varlen
-# lengths are read to the host inside the op
+# the unpadding path (FlashInfer's ragged wrapper, and FA on cross-attention and chunked-local layers)
 kernel_attention = _define(
     "plain_kernel_attention(Tensor query, Tensor key, Tensor value, Tensor visible, Tensor? attention_mask, "
-    "Tensor? sinks, int module_id, str kernel, float scale) -> Tensor",
+    "Tensor? sinks, str layer_name, str kernel, float scale) -> Tensor",
     _kernel_attention,
     _kernel_attention_fake,
 )
@@ -132,18 +152,15 @@ kernel_attention = _define(
 DECODE_SPLIT_KEYS = 1024
 
 
-def reads_in_place(attention_mask: torch.Tensor | None, b: int, s: int, s_kv: int, device, causal: bool) -> bool:
+def reads_in_place(batch: PaddedBatch, causal: bool) -> bool:
     """Whether :func:`fa_in_place` reads this batch: where each request's valid queries and keys are one run each
     (left padding, a right-padded prompt's own forward). Eager: one host read per mask; a decode step after right
     padding (the prompt, its padding, then what it generated) goes to the unpadding path instead. In a graph
     (torch.compile, CUDA-graph capture), which cannot read the host, always True: see :func:`fa_in_place`."""
-    if attention_mask is None or _in_graph(attention_mask):
+    if batch.mask is None or _in_graph(batch.mask):
         return True
-    return per_mask(
-        attention_mask,
-        ("in place", b, s, s_kv, device, causal),
-        lambda: bool(one_run_each(attention_mask, b, s, s_kv, device, causal).all()),
-    )
+    key = ("in place", batch.b, batch.s, batch.s_kv, batch.device, causal)
+    return batch.kept(key, lambda: bool(batch.one_run(causal).all()))
 
 
 def _in_graph(t: torch.Tensor) -> bool:
@@ -152,27 +169,46 @@ def _in_graph(t: torch.Tensor) -> bool:
 
 def fa_in_place(
     d: LayerDecisions,
+    batch: PaddedBatch,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
     sinks: torch.Tensor | None,
     scale: float,
 ) -> torch.Tensor:
-    """FA4 over transformers' padded batch and cache in place (attngate.backends.fa_padded): ``query: [B, H, S, D]``,
-    ``key``/``value: [B, H_kv, S_kv, D/Dv]`` -> ``[B, S, H, Dv]``, zeros at padding queries. The metadata is device
+    """FA4 over transformers' padded batch and cache in place (attngate.backends.fa_padded). The metadata is device
     tensors found once per mask (eager) or computed in the graph (compiled); the kernel call is one op. In a graph, a
     request whose valid keys are not one run (:func:`reads_in_place`) comes out NaN, never silently wrong: left-pad a
-    compiled model's batch, as transformers asks of decoder-only models."""
+    compiled model's batch, as transformers asks of decoder-only models.
+
+    Parameters
+    ----------
+    d : LayerDecisions
+        The layer's causality, window and soft-cap.
+    batch : PaddedBatch
+        The call's mask and shapes, with its model's findings.
+    query : torch.Tensor
+        ``[B, H, S, D]`` bf16/fp16.
+    key, value : torch.Tensor
+        ``[B, H_kv, S_kv, D]`` and ``[B, H_kv, S_kv, Dv]``, read in place (transformers' DynamicCache or static cache).
+    sinks : torch.Tensor or None
+        ``[H]`` learned sink logits.
+    scale : float
+        The softmax scale.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[B, S, H, Dv]`` in the query's dtype, zeros at padding queries.
+    """
     b, h, s, dq = query.shape
     s_kv = key.shape[2]
     q = query.transpose(1, 2)
     k, v, k_row = fa_padded.same_layout(key.transpose(1, 2), value.transpose(1, 2))
-    extents = padded_extents(attention_mask, b, s, s_kv, query.device, d.causal)
+    extents = batch.extents(d.causal)
     split = DECODE_SPLIT_KEYS
     if s == 1 and split and s_kv > split:
-        cu_q, cu_k, used_k, pieces = per_mask(
-            attention_mask,
+        cu_q, cu_k, used_k, pieces = batch.kept(
             ("fa split", b, s_kv, k_row, d.window, split, query.device),
             lambda: fa_padded.split_rows(extents, k_row, s_kv, d.window, split),
         )
@@ -180,9 +216,8 @@ def fa_in_place(
         out, lse = fa_varlen(
             q_rows, k, v, cu_q, cu_k, None, used_k, 1, split, None, scale, False, -1, d.logit_cap, True
         )
-        return _unless_one_run(fa_padded.merge_split(out, lse, pieces, sinks, extents), d, query, s_kv, attention_mask)
-    cu_q, cu_k, used_q, used_k, valid = per_mask(
-        attention_mask,
+        return _unless_one_run(fa_padded.merge_split(out, lse, pieces, sinks, extents), d, batch, query)
+    cu_q, cu_k, used_q, used_k, valid = batch.kept(
         ("fa rows", b, s, s_kv, k_row, query.device),
         lambda: (*fa_padded.rows(extents, s, k_row), fa_padded.valid_queries(extents, s)),
     )
@@ -191,19 +226,15 @@ def fa_in_place(
         q.reshape(b * s, h, dq), k, v, cu_q, cu_k, used_q, used_k, s, s_kv, sinks, scale, d.causal, window,
         d.logit_cap, False,
     )  # fmt: skip
-    return _unless_one_run(fa_padded.zero_padding(out.view(b, s, h, -1), valid), d, query, s_kv, attention_mask)
+    return _unless_one_run(fa_padded.zero_padding(out.view(b, s, h, -1), valid), d, batch, query)
 
 
-def _unless_one_run(
-    out: torch.Tensor, d: LayerDecisions, query: torch.Tensor, s_kv: int, attention_mask: torch.Tensor | None
-) -> torch.Tensor:
+def _unless_one_run(out: torch.Tensor, d: LayerDecisions, batch: PaddedBatch, query: torch.Tensor) -> torch.Tensor:
     """``out: [B, S, H, Dv]``, NaN for each request whose valid queries or keys are not one run, in a graph (where
     :func:`reads_in_place` could not send the batch elsewhere); as it is otherwise."""
-    if not _in_graph(query) or attention_mask is None:
+    if not _in_graph(query) or batch.mask is None:
         return out
-    b, _, s, _ = query.shape
-    one_run = one_run_each(attention_mask, b, s, s_kv, query.device, d.causal)
-    return torch.where(one_run[:, None, None, None], out, float("nan"))
+    return torch.where(batch.one_run(d.causal)[:, None, None, None], out, float("nan"))
 
 
 def _fa_varlen_eager(

@@ -1,7 +1,8 @@
 """``attn_implementation="attngate"`` without an AttngateRuntime: ``model(ids)`` and ``model.generate()``.
 
 The plan is resolved once per model from its config (SGLang's default ServerArgs, or those given to
-:func:`configure`) and cached on the config. Each attention call takes transformers' own K/V (its
+:func:`configure`) and kept in the model's context (:mod:`attngate.integrations.transformers_context`), which its
+attention modules hold. Each attention call takes transformers' own K/V (its
 DynamicCache or static cache) and its mask, and applies the plan's decisions for the layer's kind:
 causality and the window (``plan.layer(kind).common``), soft-cap, learned sinks and scaling from the
 same layer spec the runtime binds. transformers' mask supplies only what the plan cannot know: where
@@ -18,122 +19,21 @@ take the batch unpadded into varlen rows; otherwise attention runs in float32 to
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import torch
 
 from attngate.backends.reference import visible_keys
-from attngate.backends.runtime.layer import AttentionLayer, layers_from_model
-from attngate.engine.resolve import resolve
-from attngate.engine.result import Resolution
-from attngate.errors import BatchMetadataError, ModelConfigError, Problem, UsageError
-from attngate.facts.model import ModelFacts
+from attngate.errors import Problem, UsageError
 from attngate.facts.modes import LayerKind
-from attngate.facts.platform import Platform
-from attngate.facts.server_args import ServerArgs
 from attngate.integrations import transformers_ops
-from attngate.integrations.torch_platform import attngate_platform
-from attngate.integrations.transformers_rows import (
-    DECISIONS,
+from attngate.integrations.transformers_context import (  # noqa: F401 - configure and plan_of are public here
     LayerDecisions,
-    chunk_extents,
-    per_mask,
-    self_attention_valid,
-    visible_mask,
+    configure,
+    decisions_of,
+    plan_of,
 )
-
-# per config object (kept off the config itself, which transformers serializes and copies)
-_PLANS: dict[int, tuple[Resolution, list[AttentionLayer]]] = {}
-
-
-def configure(
-    model: torch.nn.Module, server_args: ServerArgs | None = None, platform: Platform | None = None
-) -> Resolution:
-    """Resolve (again) the plan ``model`` (or any module holding its ``config``) attends by outside a runtime;
-    returns the Resolution. Raises PlanError; UsageError for a ``model`` without a transformers ``config``."""
-    config = getattr(model, "config", None)
-    if config is None or not hasattr(config, "to_dict"):
-        raise UsageError(
-            Problem("model", f"takes a transformers model (or a module holding its config), not {type(model).__name__}")
-        )
-    source = (getattr(config, "architectures", None) or [type(model).__name__])[0]
-    try:
-        facts = ModelFacts.from_hf_dict(config.to_dict(), source=source)
-    except ModelConfigError as err:
-        key = getattr(config, "base_config_key", "")
-        if key and key != "text_config":  # a vision or audio tower's attention, under one attn_implementation for all
-            err.problems.append(
-                Problem(
-                    source,
-                    f"attngate resolves plans for language models; give the {key} tower its own "
-                    f"implementation: attn_implementation={{'text_config': 'attngate', '{key}': 'sdpa'}}",
-                )
-            )
-            raise ModelConfigError(err.problems) from None
-        raise
-    if platform is None:
-        platform = attngate_platform()
-    resolution = resolve(server_args or ServerArgs(), facts, platform)
-    entry = (resolution, layers_from_model(facts))
-    text = getattr(config, "text_config", None)
-    for cfg in (config, text) if text is not None else (config,):
-        if id(cfg) not in _PLANS:
-            weakref.finalize(cfg, _PLANS.pop, id(cfg), None)
-        _PLANS[id(cfg)] = entry
-    _keep_decisions(model)
-    return resolution
-
-
-def plan_of(module: torch.nn.Module) -> tuple[Resolution, list[AttentionLayer]] | None:
-    """The Resolution and layer specs a model (or one of its attention modules) attends by; None before the first call."""
-    return _PLANS.get(id(module.config))
-
-
-def _decide(module: torch.nn.Module) -> LayerDecisions:
-    """The module's decisions from its model's plan (resolved here on first use), kept for compiled graphs. Raises as
-    :func:`plain_attention` says."""
-    if plan_of(module) is None:
-        configure(module)
-    resolution, layers = plan_of(module)
-    layer = layers[_position(resolution.model, module)]
-    plan, gates = resolution.plan, resolution.plan.layer(layer.kind).common
-    decisions = LayerDecisions(
-        layer_id=layer.layer_id,
-        kind=layer.kind,
-        causal=gates.causal,
-        window=layer.sliding_window_size if gates.use_window and layer.sliding_window_size >= 0 else None,
-        scaling=layer.scaling,
-        logit_cap=layer.logit_cap,
-        attention_chunk_size=layer.attention_chunk_size or 0,
-        prefill_kernel=_kernel_of(resolution, plan.prefill_backend),
-        decode_kernel=_kernel_of(resolution, plan.decode_backend),
-        prefill_kernel_family=plan.flashinfer.prefill_kernel_family,
-        workspace_size_mb=plan.flashinfer.workspace_size_mb,
-    )
-    if id(module) not in DECISIONS:
-        weakref.finalize(module, DECISIONS.pop, id(module), None)
-    DECISIONS[id(module)] = decisions
-    return decisions
-
-
-# the first traced call of a module no eager call or configure() has seen: a graph break (fullgraph=True refuses it)
-_decide_outside_the_graph = torch.compiler.disable(
-    _decide,
-    reason="attngate resolves a model's plan on its first attention call, in Python: call "
-    "attngate.integrations.transformers.configure(model) before torch.compile(..., fullgraph=True)",
-)
-
-
-def _keep_decisions(model: torch.nn.Module) -> None:
-    """Decide again for every attention module under ``model`` that attends by a configured plan (a module the plan
-    cannot place, an MLP say, is no attention module of it)."""
-    for module in model.modules():
-        if hasattr(module, "config") and plan_of(module) is not None:
-            try:
-                _decide(module)
-            except BatchMetadataError:
-                DECISIONS.pop(id(module), None)
+from attngate.integrations.transformers_rows import PaddedBatch, chunk_extents, self_attention_valid
 
 
 def plain_attention(
@@ -145,51 +45,75 @@ def plain_attention(
     scaling: float | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """``query: [B, H, S, D]``, ``key``/``value: [B, H_kv, S_kv, D/Dv]`` (transformers' cache included),
-    ``attention_mask: [B, 1, S, S_kv]`` bool or additive, or None -> ``([B, S, H, Dv], None)``. Raises
-    BatchMetadataError where a chunked-local layer's mask does not chunk as the plan says or the module has no place
-    in the plan (no layer_idx); ModelConfigError where the
-    module's config is no language model's (a vision tower's, naming the sub-config to give another implementation).
+    """The attention call of ``attn_implementation="attngate"`` outside a runtime, by the plan's decisions for the
+    module's layer (its model's context, :mod:`attngate.integrations.transformers_context`).
 
     Traceable by torch.compile with ``fullgraph=True`` once the model is configured (or has run): a call on a GPU
     kernel is one opaque op of the graph (``attngate::fa_varlen``, ``attngate::plain_kernel_attention`` where the batch
-    is unpadded), the float32 path is traced, except on
-    chunked-local layers, whose mask check reads the host (a graph break)."""
-    if torch.compiler.is_compiling():
-        d = DECISIONS.get(id(module)) or _decide_outside_the_graph(module)
-    else:  # every eager call reads the plan afresh: an edit to its layer specs applies at once
-        d = _decide(module)
+    is unpadded), the float32 path is traced, except on chunked-local layers, whose mask check reads the host (a graph
+    break).
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        The transformers attention module (its ``config``, ``layer_idx`` and ``sinks``).
+    query : torch.Tensor
+        ``[B, H, S, D]``.
+    key, value : torch.Tensor
+        ``[B, H_kv, S_kv, D]`` and ``[B, H_kv, S_kv, Dv]``, transformers' cache included.
+    attention_mask : torch.Tensor or None
+        ``[B|1, 1|H, S|1, >=S_kv]`` bool (True: seen) or additive float, or None.
+    scaling : float, optional
+        The model's softmax scale (default the layer spec's).
+
+    Returns
+    -------
+    tuple of (torch.Tensor, None)
+        ``[B, S, H, Dv]`` in the query's dtype, and no attention weights.
+
+    Raises
+    ------
+    BatchMetadataError
+        Where a chunked-local layer's mask does not chunk as the plan says, or the module has no place in the plan
+        (no layer_idx).
+    ModelConfigError
+        Where the module's config is no language model's (a vision tower's, naming the sub-config to give another
+        implementation).
+    UsageError
+        For a mask no attention takes (see :func:`_mask_kind`).
+    """
+    context, d = decisions_of(module)
     scale = d.scaling if scaling is None else float(scaling)
     sinks = getattr(module, "sinks", None)
     b, h, s, _ = query.shape
-    s_kv = key.shape[2]
-    general = _mask_kind(attention_mask, b, h, s, s_kv) == "general"
-    on_kernel = _on_gpu(query) and not general and s_kv > 0
-    visible = visible_mask(attention_mask, b, s, s_kv, query.device, d.causal)  # [B, S, S_kv] as transformers masks it
-    if on_kernel and not _plan_expresses(d, attention_mask, visible):
+    batch = PaddedBatch(attention_mask, b, s, key.shape[2], query.device, context.masks)
+    general = _mask_kind(batch, h) == "general"
+    on_kernel = _on_gpu(query) and not general and batch.s_kv > 0
+    visible = batch.visible(d.causal)  # [B, S, S_kv] as transformers masks it
+    if on_kernel and not _plan_expresses(d, batch, visible):
         general = on_kernel = False  # a caller's keep-mask with holes of its own: float32 torch applies it
     kernel = (d.prefill_kernel if s > 1 else d.decode_kernel) if on_kernel else None
     if (
         kernel == "fa"
         and d.kind != LayerKind.CROSS_ATTENTION
         and not d.attention_chunk_size
-        and transformers_ops.reads_in_place(attention_mask, b, s, s_kv, query.device, d.causal)
+        and transformers_ops.reads_in_place(batch, d.causal)
     ):
-        return transformers_ops.fa_in_place(d, query, key, value, attention_mask, sinks, scale), None
+        return transformers_ops.fa_in_place(d, batch, query, key, value, sinks, scale), None
     if kernel is not None:
         return transformers_ops.kernel_attention(
-            query, key, value, visible, attention_mask, sinks, id(module), kernel, scale
+            query, key, value, visible, attention_mask, sinks, d.name, kernel, scale
         ), None
     return _float_attention(d, query, key, value, attention_mask if general else None, visible, sinks, scale), None
 
 
-def _plan_expresses(d: LayerDecisions, attention_mask: torch.Tensor | None, visible: torch.Tensor) -> bool:
+def _plan_expresses(d: LayerDecisions, batch: PaddedBatch, visible: torch.Tensor) -> bool:
     """Whether the kernels, which take padding and where each query sits from the mask and causality and the window
     from the plan, compute what ``visible`` shows: true of the masks transformers makes (and of no mask); a caller's
     mask that hides keys of its own (one key from one query) is not. On cross-attention and chunked-local layers the
     kernels take each query's keys from the mask itself. Eager: one host read per mask and layer shape, kept; a graph cannot look and
     takes the mask as transformers makes it."""
-    if attention_mask is None or d.kind == LayerKind.CROSS_ATTENTION or d.attention_chunk_size:
+    if batch.mask is None or d.kind == LayerKind.CROSS_ATTENTION or d.attention_chunk_size:
         return True  # cross and chunked-local rows are cut from the mask itself
     if torch.compiler.is_compiling():
         return True
@@ -199,7 +123,7 @@ def _plan_expresses(d: LayerDecisions, attention_mask: torch.Tensor | None, visi
         q_valid = self_attention_valid(visible, d.causal)[0][..., None]
         return bool(((_plan_mask(d, visible, unpadded=True) == visible) | ~q_valid).all())
 
-    return per_mask(attention_mask, ("expressed", d.causal, d.window, d.attention_chunk_size, *visible.shape), make)
+    return batch.kept(("expressed", d.causal, d.window, d.attention_chunk_size, *visible.shape), make)
 
 
 def _plan_mask(d: LayerDecisions, visible: torch.Tensor, *, unpadded: bool = False) -> torch.Tensor:
@@ -224,7 +148,7 @@ def _plan_mask(d: LayerDecisions, visible: torch.Tensor, *, unpadded: bool = Fal
     return seen & visible_keys(q_pos, rank, causal=d.causal, window=d.window)
 
 
-def _mask_kind(attention_mask: torch.Tensor | None, b: int, h: int, s: int, s_kv: int) -> str:
+def _mask_kind(batch: PaddedBatch, h: int) -> str:
     """``"keep"``: no mask, or a bool keep-mask shared by the heads (what transformers' mask function makes; the
     kernels express it); ``"general"``: a caller's 4D mask the kernels cannot express, a per-head bool mask or an
     additive float mask (soft biases, -inf, NaN), which float32 torch applies as transformers' eager attention does.
@@ -232,6 +156,7 @@ def _mask_kind(attention_mask: torch.Tensor | None, b: int, h: int, s: int, s_kv
     a shape that does not broadcast over ``[B, H, S, S_kv]``). A float or per-head mask is read once (eager; kept per
     mask) to find whether it only keeps or hides, as transformers' own additive masks (Mllama's cross attention) do;
     in a graph such a mask is general."""
+    attention_mask, b, s, s_kv = batch.mask, batch.b, batch.s, batch.s_kv
     if attention_mask is None:
         return "keep"
     problems = []
@@ -246,9 +171,7 @@ def _mask_kind(attention_mask: torch.Tensor | None, b: int, h: int, s: int, s_kv
         return "keep"
     if torch.compiler.is_compiling():  # a graph cannot look at the values: torch computes what the mask says
         return "general"
-    return per_mask(
-        attention_mask, ("kind", s_kv), lambda: "keep" if _keeps_only(attention_mask[..., :s_kv]) else "general"
-    )
+    return batch.kept(("kind", s_kv), lambda: "keep" if _keeps_only(attention_mask[..., :s_kv]) else "general")
 
 
 def _keeps_only(mask: torch.Tensor) -> bool:
@@ -301,41 +224,6 @@ def _float_attention(
     return out.to(query.dtype)
 
 
-def _position(model: ModelFacts, module: torch.nn.Module) -> int:
-    """The plan's layer of an attention module: by its model ``layer_idx`` (a hybrid's attention layers only); in an
-    encoder-decoder (Whisper: the encoder's layers, then each decoder layer's self and cross attention) the encoder's
-    modules, which carry no index, by their kind, and a decoder's by index and causality. Raises BatchMetadataError
-    where the module cannot be placed."""
-    idx = getattr(module, "layer_idx", None)
-    if model.is_encoder_decoder:
-        encoder = model.layer_kinds.count(LayerKind.ENCODER_ONLY)
-        if not getattr(module, "is_decoder", True):
-            return 0  # every encoder layer is one spec: non-causal, no window
-        if isinstance(idx, int):
-            idx = encoder + 2 * idx + (0 if getattr(module, "is_causal", True) else 1)
-    if not isinstance(idx, int):
-        raise BatchMetadataError(
-            Problem(
-                type(module).__name__,
-                "an attention module without a layer_idx: attngate cannot tell which of the plan's layers it is",
-            )
-        )
-    try:
-        return model.attention_position(idx)
-    except ValueError as err:
-        raise BatchMetadataError(Problem(type(module).__name__, str(err))) from None
-
-
 def _on_gpu(t: torch.Tensor) -> bool:
     """On a GPU in a dtype the kernels take (a float32 model attends in float32 torch, as on the CPU)."""
     return t.is_cuda and t.dtype in (torch.float16, torch.bfloat16)
-
-
-def _kernel_of(resolution: Resolution, backend: str) -> str | None:
-    """Which kernel runs a phase on ``backend`` on a GPU: ``"fa"`` (FA4's varlen kernel, where the plan runs FA
-    through flash_attn.cute), ``"flashinfer"`` (its ragged prefill wrapper), or None (float32 torch: a provider
-    this path does not call)."""
-    plan = resolution.plan
-    if backend in ("fa3", "fa4") and plan.fa.provider == "flash_attn.cute":
-        return "fa"
-    return "flashinfer" if backend == "flashinfer" else None

@@ -1,40 +1,193 @@
-"""transformers' padded attention batch as varlen rows, for the plain path's kernel calls
-(:mod:`attngate.integrations.transformers_plain`): which queries and keys are valid, read from transformers' mask,
-and the rows each layer kind attends in (one per request; per chunk on a chunked-local layer; per run of queries that
-see the same keys on a cross-attention layer)."""
+"""transformers' padded attention batch as its mask lays it out, for the plain path
+(:mod:`attngate.integrations.transformers_plain`) and its kernel ops (:mod:`attngate.integrations.transformers_ops`):
+which queries and keys are valid (:class:`PaddedBatch`, each finding kept per mask in its model's
+:class:`MaskFindings`), and the varlen rows each layer kind attends in (one per request; per chunk on a chunked-local
+layer; per run of queries that see the same keys on a cross-attention layer)."""
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from attngate.errors import BatchMetadataError, Problem
 from attngate.facts.modes import LayerKind
 
+if TYPE_CHECKING:  # the context holds this module's MaskFindings; decisions are only read here
+    from attngate.integrations.transformers_context import LayerDecisions
 
-@dataclass(frozen=True)
-class LayerDecisions:
-    """What the plan decides for one attention module, as plain values (what a torch.compile graph reads)."""
-
-    layer_id: int
-    kind: LayerKind
-    causal: bool
-    window: int | None  # earlier keys a query sees; None: no window on this layer
-    scaling: float
-    logit_cap: float
-    attention_chunk_size: int  # 0: not chunked local
-    prefill_kernel: str | None  # on a GPU: "fa", "flashinfer", or None (float32 torch)
-    decode_kernel: str | None
-    prefill_kernel_family: str  # FlashInfer's ragged wrapper's
-    workspace_size_mb: int
+T = TypeVar("T")
 
 
-# each attention module's latest decisions (by id), read by torch.compile graphs and the kernel ops (which cannot run
-# the plan's Python): kept by every eager call and by configure() for every module of the model it is given; a graph
-# guards on its entry, so a plan configured again retraces the graphs that read the old one
-DECISIONS: dict[int, LayerDecisions] = {}
+class MaskFindings:
+    """What is found from the masks of one model's forwards in flight (host syncs on the unpadding path, the padded
+    FA path's device metadata), kept per mask: transformers hands every layer of a forward the same mask object (one
+    per layer type), so the work is paid once per forward, not per layer.
+
+    A mask's findings are kept in a slot with the mask itself (held weakly, so dropped with it) and its version
+    counter (a caller's own 4D mask edited in place is another layout), the ``max_masks`` latest masks; without a
+    mask, findings are kept by key alone (shapes), the ``max_unmasked`` latest. In a graph nothing is kept: the graph
+    computes each finding in place (once per mask: common subexpressions).
+
+    Parameters
+    ----------
+    max_masks : int
+        How many masks' findings are kept at most (transformers' masks of one forward: one per layer type).
+    max_unmasked : int
+        How many findings of calls without a mask are kept at most (a decode step grows ``S_kv`` every step).
+    """
+
+    def __init__(self, max_masks: int = 8, max_unmasked: int = 64) -> None:
+        self._slots: list[list[Any]] = []  # [weakref to the mask, its version, {key: finding}], newest first
+        self._unmasked: dict[Hashable, Any] = {}
+        self._max_masks, self._max_unmasked = max_masks, max_unmasked
+
+    def get(self, mask: torch.Tensor | None, key: Hashable, make: Callable[[], T]) -> T:
+        """``make()``, kept for ``mask`` as it is now and ``key``.
+
+        Parameters
+        ----------
+        mask : torch.Tensor or None
+            transformers' attention mask, ``[B, 1|H, S, >=S_kv]`` bool or additive; None: kept by ``key`` alone.
+        key : Hashable
+            What is found and from which shapes, e.g. ``("visible", B, S, S_kv, device, causal)``.
+        make : callable
+            Finds it (may itself ask for other keys of the same mask).
+
+        Returns
+        -------
+        object
+            What ``make()`` returned, now or for an earlier call (device tensors: callers must not write to them).
+        """
+        if torch.compiler.is_compiling():
+            return make()
+        found = self._unmasked if mask is None else self._found(mask)
+        if key in found:
+            return found[key]
+        if mask is None and len(found) >= self._max_unmasked:  # shapes alone: a decode grows S_kv every step
+            found.clear()
+        value = found[key] = make()
+        return value
+
+    def __len__(self) -> int:
+        """How many masks' findings are kept (those of masks alive and unedited since)."""
+        return sum(1 for ref, _, found in self._slots if found and ref() is not None)
+
+    def _found(self, mask: torch.Tensor) -> dict[Hashable, Any]:
+        version = mask._version
+        for slot in self._slots:
+            if slot[0]() is mask:
+                if slot[1] != version:  # edited in place since: its findings are of another layout
+                    slot[1] = version
+                    slot[2].clear()
+                return slot[2]
+        found: dict[Hashable, Any] = {}
+        # the findings (device tensors) go with the mask; the callback holds them alone, so no cycle keeps either
+        ref = weakref.ref(mask, lambda _, found=found: found.clear())
+        live = [slot for slot in self._slots if slot[0]() is not None]
+        self._slots = [[ref, version, found], *live[: self._max_masks - 1]]
+        return found
+
+
+@dataclass
+class PaddedBatch:
+    """One attention call's padded batch as transformers' mask lays it out. What is found from the mask is kept in
+    ``found`` (its model's, per mask: every layer of a step shares it); findings are tensors callers must not write to.
+
+    Parameters
+    ----------
+    mask : torch.Tensor or None
+        transformers' mask, ``[B, 1|H, S, >=S_kv]`` bool (True: seen) or additive float; None: no padding, causal
+        as :func:`unmasked_keys` says.
+    b, s, s_kv : int
+        Requests, queries per request and keys per request (transformers' cache included).
+    device : torch.device
+        The queries' device, where findings are made.
+    found : MaskFindings
+        The model's findings (its :class:`~attngate.integrations.transformers_context.PlainContext`'s).
+    """
+
+    mask: torch.Tensor | None
+    b: int
+    s: int
+    s_kv: int
+    device: torch.device
+    found: MaskFindings
+
+    def kept(self, key: Hashable, make: Callable[[], T]) -> T:
+        """``make()``, kept while the mask lives and is not edited in place (see :class:`MaskFindings`)."""
+        return self.found.get(self.mask, key, make)
+
+    def visible(self, causal: bool) -> torch.Tensor:
+        """``[B, S, S_kv]`` bool: the keys each query may see as transformers masks it (without a mask:
+        :func:`unmasked_keys`)."""
+        b, s, s_kv, device, mask = self.b, self.s, self.s_kv, self.device, self.mask
+
+        def make() -> torch.Tensor:
+            if mask is None:  # causal over the first unmasked_keys keys, bottom-right among them
+                end = unmasked_keys(s, s_kv, causal)
+                j, i = torch.arange(s_kv, device=device), torch.arange(s, device=device)
+                visible = j[None, :] < end
+                if causal:
+                    visible = visible & (j[None, :] <= i[:, None] + (end - s))
+                return visible.expand(b, s, s_kv)
+            given = mask[..., :s_kv]
+            # an additive mask hides what is at its dtype's minimum or -inf (a NaN or +inf is seen: eager propagates
+            # it); a per-head mask shows a key that some head sees
+            visible = given if given.dtype == torch.bool else ~(given <= torch.finfo(given.dtype).min / 2)
+            return visible.any(1).expand(b, s, s_kv)
+
+        return self.kept(("visible", b, s, s_kv, device, causal), make)
+
+    def valid_sets(self, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[B, S]`` and ``[B, S_kv]`` bool: the valid queries and keys (:func:`self_attention_valid`) of a batch
+        with a mask, which holds its own causality."""
+        key = ("valid", self.b, self.s, self.s_kv, self.device, causal)
+        return self.kept(key, lambda: self_attention_valid(self.visible(causal=True), causal))
+
+    def extents(self, causal: bool) -> torch.Tensor:
+        """``[4, B]`` int32 on the device, without a host sync (the padded FA path, attngate.backends.fa_padded):
+        each request's first valid query, end of valid queries, first valid key and end of valid keys in
+        transformers' padded positions, each taken to be one run (left padding, or a right-padded prompt's own
+        forward; :meth:`one_run` says where it is)."""
+
+        def make() -> torch.Tensor:
+            if self.mask is None:  # every query valid, the keys of :func:`unmasked_keys`
+                end = unmasked_keys(self.s, self.s_kv, causal)
+                return torch.tensor([0, self.s, 0, end], dtype=torch.int32, device=self.device)[:, None].expand(
+                    4, self.b
+                )
+            q_valid, kv_valid = self.valid_sets(causal)
+            return torch.stack([*_run(q_valid), *_run(kv_valid)]).to(torch.int32)
+
+        return self.kept(("extents", self.b, self.s, self.s_kv, self.device, causal), make)
+
+    def one_run(self, causal: bool) -> torch.Tensor:
+        """``[B]`` bool on the device: whether each request's valid queries and valid keys are one run each, as
+        :meth:`extents` takes them. Not so where a request decodes after right padding (its prompt, the padding,
+        then what it generated) or a caller's mask has holes."""
+
+        def make() -> torch.Tensor:
+            if self.mask is None:
+                return torch.ones(self.b, dtype=torch.bool, device=self.device)
+            q_valid, kv_valid = self.valid_sets(causal)
+            return _is_one_run(q_valid) & _is_one_run(kv_valid)
+
+        return self.kept(("one run", self.b, self.s, self.s_kv, self.device, causal), make)
+
+    def valid_positions(self, visible: torch.Tensor, causal: bool) -> _ValidPositions:
+        """The valid positions of ``visible: [B, S, S_kv]`` (made from the mask, or without one from the shape
+        alone: causal, or every key). One host sync where not kept."""
+
+        def make() -> _ValidPositions:
+            q_valid, kv_valid = self_attention_valid(visible, causal)
+            lens = torch.stack([q_valid.sum(1), kv_valid.sum(1)]).to(torch.int32).cpu()
+            return _ValidPositions(q_valid.nonzero(as_tuple=True), kv_valid.nonzero(as_tuple=True), lens)
+
+        return self.kept(("rows", causal, *visible.shape, visible.device), make)
 
 
 @dataclass
@@ -61,18 +214,16 @@ class _Rows:
         return padded
 
 
-def unpad(
-    query, key, value, visible: torch.Tensor, layer: LayerDecisions, attention_mask: torch.Tensor | None = None
-) -> _Rows:
+def unpad(query, key, value, visible: torch.Tensor, layer: LayerDecisions, batch: PaddedBatch) -> _Rows:
     """Varlen rows from transformers' mask ``visible: [B, S, S_kv]``: one per request (its valid queries over its
-    valid keys), where each valid position is found once per ``attention_mask`` (see :func:`_valid_positions`); on a
+    valid keys), where each valid position is found once per mask (:meth:`PaddedBatch.valid_positions`); on a
     chunked-local layer one per request and chunk; on a cross-attention layer one per run of a request's queries that
     see the same keys (host syncs at every call)."""
     if layer.attention_chunk_size:
         return _chunk_rows(query, key, value, visible, self_attention_valid(visible, layer.causal)[0], layer)
     if layer.kind == LayerKind.CROSS_ATTENTION:
         return _key_set_rows(query, key, value, visible, visible.any(-1))
-    at = _valid_positions(visible, attention_mask, layer.causal)
+    at = batch.valid_positions(visible, layer.causal)
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     return _Rows(q[at.q], k[at.k], v[at.k], at.q, at.lens)
 
@@ -84,84 +235,6 @@ class _ValidPositions:
     q: tuple[torch.Tensor, torch.Tensor]
     k: tuple[torch.Tensor, torch.Tensor]
     lens: torch.Tensor  # [2, B] int32 on the host
-
-
-# what is found from the masks of the forwards in flight: transformers hands every layer of a forward the same mask
-# object (one per layer type), so its work (host syncs on the unpadding path) is paid once per forward, not per layer
-_PER_MASK: dict[tuple, object] = {}
-
-
-def per_mask(attention_mask: torch.Tensor | None, key: tuple, make):
-    """``make()``, kept while ``attention_mask`` lives and is not edited in place (its version counter: a caller's own
-    4D mask, reused, is another layout); without a mask, kept by ``key`` alone (shapes), the 64 latest."""
-    if torch.compiler.is_compiling():  # a graph computes it in place (once per mask: common subexpressions)
-        return make()
-    full = (None if attention_mask is None else (id(attention_mask), attention_mask._version), *key)
-    if full in _PER_MASK:
-        return _PER_MASK[full]
-    found = make()
-    if attention_mask is not None:
-        weakref.finalize(attention_mask, _PER_MASK.pop, full, None)
-    elif sum(k[0] is None for k in _PER_MASK) >= 64:  # shapes alone: a decode grows S_kv every step
-        for stale in [k for k in _PER_MASK if k[0] is None]:
-            del _PER_MASK[stale]
-    _PER_MASK[full] = found
-    return found
-
-
-def _valid_positions(visible: torch.Tensor, attention_mask: torch.Tensor | None, causal: bool) -> _ValidPositions:
-    """The valid positions of ``visible: [B, S, S_kv]``, made from ``attention_mask`` (see :func:`per_mask`), or
-    without one from the shape alone (causal, or every key). One host sync where not kept."""
-
-    def make() -> _ValidPositions:
-        q_valid, kv_valid = self_attention_valid(visible, causal)
-        lens = torch.stack([q_valid.sum(1), kv_valid.sum(1)]).to(torch.int32).cpu()
-        return _ValidPositions(q_valid.nonzero(as_tuple=True), kv_valid.nonzero(as_tuple=True), lens)
-
-    return per_mask(attention_mask, ("rows", causal, *visible.shape, visible.device), make)
-
-
-def padded_extents(
-    attention_mask: torch.Tensor | None, b: int, s: int, s_kv: int, device, causal: bool
-) -> torch.Tensor:
-    """``[4, B]`` int32 on the device, without a host sync (the padded FA path, attngate.backends.fa_padded): each
-    request's first valid query, end of valid queries, first valid key and end of valid keys in transformers' padded
-    positions, valid as :func:`self_attention_valid` finds them, each taken to be one run (left padding, or a
-    right-padded prompt's own forward; :func:`one_run_each` says where it is). Found
-    once per mask (:func:`per_mask`)."""
-
-    def make() -> torch.Tensor:
-        if attention_mask is None:  # every query valid, the keys of :func:`unmasked_keys`
-            end = unmasked_keys(s, s_kv, causal)
-            return torch.tensor([0, s, 0, end], dtype=torch.int32, device=device)[:, None].expand(4, b)
-        q_valid, kv_valid = _valid_sets(attention_mask, b, s, s_kv, device, causal)
-        return torch.stack([*_run(q_valid), *_run(kv_valid)]).to(torch.int32)
-
-    return per_mask(attention_mask, ("extents", b, s, s_kv, device, causal), make)
-
-
-def one_run_each(attention_mask: torch.Tensor | None, b: int, s: int, s_kv: int, device, causal: bool) -> torch.Tensor:
-    """``[B]`` bool on the device: whether each request's valid queries and valid keys are one run each, as
-    :func:`padded_extents` takes them. Not so where a request decodes after right padding (its prompt, the padding,
-    then what it generated) or a caller's mask has holes. Found once per mask."""
-
-    def make() -> torch.Tensor:
-        if attention_mask is None:
-            return torch.ones(b, dtype=torch.bool, device=device)
-        q_valid, kv_valid = _valid_sets(attention_mask, b, s, s_kv, device, causal)
-        return _is_one_run(q_valid) & _is_one_run(kv_valid)
-
-    return per_mask(attention_mask, ("one run", b, s, s_kv, device, causal), make)
-
-
-def _valid_sets(
-    attention_mask: torch.Tensor, b: int, s: int, s_kv: int, device, causal: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    def make() -> tuple[torch.Tensor, torch.Tensor]:
-        visible = visible_mask(attention_mask, b, s, s_kv, device, causal=True)  # a mask holds its own causality
-        return self_attention_valid(visible, causal)
-
-    return per_mask(attention_mask, ("valid", b, s, s_kv, device, causal), make)
 
 
 def self_attention_valid(visible: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -284,25 +357,3 @@ def unmasked_keys(s: int, s_kv: int, causal: bool) -> int:
     ``s > 1`` queries sit top-left (query i sees keys 0..i): keys past ``s`` are a static cache's empty slots
     (transformers skips the mask of an empty static cache's prefill); one query, or a non-causal layer, sees every key."""
     return s if causal and s > 1 else s_kv
-
-
-def visible_mask(attention_mask: torch.Tensor | None, b: int, s: int, s_kv: int, device, causal: bool) -> torch.Tensor:
-    """``[B, S, S_kv]`` bool: the keys each query may see as transformers masks it (``attention_mask: [B, 1|H, S,
-    >=S_kv]`` bool or additive, or None: :func:`unmasked_keys`). Found once per mask (:func:`per_mask`): every layer
-    of a step shares it; callers must not write to it."""
-
-    def make() -> torch.Tensor:
-        if attention_mask is None:  # causal over the first unmasked_keys keys, bottom-right among them
-            end = unmasked_keys(s, s_kv, causal)
-            j, i = torch.arange(s_kv, device=device), torch.arange(s, device=device)
-            visible = j[None, :] < end
-            if causal:
-                visible = visible & (j[None, :] <= i[:, None] + (end - s))
-            return visible.expand(b, s, s_kv)
-        mask = attention_mask[..., :s_kv]
-        # an additive mask hides what is at its dtype's minimum or -inf (a NaN or +inf is seen: eager propagates it);
-        # a per-head mask shows a key that some head sees
-        visible = mask if mask.dtype == torch.bool else ~(mask <= torch.finfo(mask.dtype).min / 2)
-        return visible.any(1).expand(b, s, s_kv)
-
-    return per_mask(attention_mask, ("visible", b, s, s_kv, device, causal), make)

@@ -125,7 +125,7 @@ def test_the_unpadding_path_finds_a_masks_valid_positions_once_per_forward(name,
     layer type: gemma-2's window and full layers), not at every layer; an in-place edit of a mask is a new layout."""
     import sys
 
-    from attngate.integrations import transformers_plain, transformers_rows
+    from attngate.integrations import transformers_context, transformers_plain, transformers_rows
     from tests.support.standins import flashinfer as fi_standin
 
     file, overrides, _ = MODELS_UNDER_TEST[name]
@@ -145,15 +145,16 @@ def test_the_unpadding_path_finds_a_masks_valid_positions_once_per_forward(name,
         expected, got = ref(ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits
     assert (expected - got)[mask.bool()].abs().max().item() < ATOL
     assert len(found) == per_forward
-    assert not [k for k in transformers_rows._PER_MASK if k[0] is not None]  # dropped with the forward's masks
+    assert not len(transformers_context.context_of(ours).masks)  # dropped with the forward's masks
 
     visible = torch.ones(2, 1, 5, dtype=torch.bool)
     four_d = visible[:, None].clone()
-    first = transformers_rows._valid_positions(visible, four_d, True)
-    assert transformers_rows._valid_positions(visible, four_d, True) is first
+    batch = transformers_rows.PaddedBatch(four_d, 2, 1, 5, visible.device, transformers_rows.MaskFindings())
+    first = batch.valid_positions(visible, True)
+    assert batch.valid_positions(visible, True) is first
     four_d[1, 0, 0, :2] = False
     edited = four_d[:, 0]
-    assert transformers_rows._valid_positions(edited, four_d, True).lens.tolist() == [[1, 1], [5, 3]]
+    assert batch.valid_positions(edited, True).lens.tolist() == [[1, 1], [5, 3]]
 
 
 # plain full attention, soft-cap with alternating windows, learned sinks
