@@ -114,6 +114,8 @@ class Encoder:
         per_dp_group = z3.If(v("enable_dp_attention"), tp / dp, tp)  # z3's Int "/" floors for positive divisors
         attn_tp = v("attn_tp_size")
         q, kv = v("num_attention_heads"), z3.If(v("use_mla"), 1, v("num_key_value_heads"))
+        swa_q, swa_kv = v("swa_num_attention_heads"), z3.If(v("use_mla"), 1, v("swa_num_key_value_heads"))
+        splits = lambda q, kv: z3.And(q % attn_tp == 0, z3.Or(kv % attn_tp == 0, attn_tp % kv == 0))  # noqa: E731
         steps, draft, topk = v("speculative_num_steps"), v("speculative_num_draft_tokens"), v("speculative_eagle_topk")
         ngram_none = z3.Or(none("speculative_num_draft_tokens"), none("speculative_eagle_topk"), topk == 0)
         attn_tp_def = [attn_tp == at_least_one(per_dp_group / cp)]
@@ -122,8 +124,11 @@ class Encoder:
             "attn_tp_size": attn_tp_def,
             "num_q_heads_per_rank": attn_tp_def + [v("num_q_heads_per_rank") == at_least_one(q / attn_tp)],
             "num_kv_heads_per_rank": attn_tp_def + [v("num_kv_heads_per_rank") == at_least_one(kv / attn_tp)],
+            "swa_num_q_heads_per_rank": attn_tp_def + [v("swa_num_q_heads_per_rank") == at_least_one(swa_q / attn_tp)],
+            "swa_num_kv_heads_per_rank": attn_tp_def
+            + [v("swa_num_kv_heads_per_rank") == at_least_one(swa_kv / attn_tp)],
             "attn_heads_split_evenly": attn_tp_def
-            + [v("attn_heads_split_evenly") == z3.And(q % attn_tp == 0, z3.Or(kv % attn_tp == 0, attn_tp % kv == 0))],
+            + [v("attn_heads_split_evenly") == z3.And(splits(q, kv), splits(swa_q, swa_kv))],
             "dp_divides_tp": [v("dp_divides_tp") == (tp % dp == 0)],
             "attn_dp_group_size": [v("attn_dp_group_size") == per_dp_group],
             "attn_cp_divides_tp": [v("attn_cp_divides_tp") == (per_dp_group % cp == 0)],
@@ -147,7 +152,7 @@ class Encoder:
         model_facts = [
             v("use_mla") == z3.Not(none("kv_lora_rank")),
             z3.Or(z3.Not(v("use_mla")), z3.Not(none("qk_rope_head_dim"))),
-            v("has_asymmetric_kv") == (v("head_dim") != v("v_head_dim")),
+            v("has_asymmetric_kv") == z3.Or(v("head_dim") != v("v_head_dim"), v("swa_head_dim") != v("swa_v_head_dim")),
             z3.Implies(v("is_hybrid_swa"), v("has_sliding_window")),
         ]
         self.links = list(dict.fromkeys([*model_facts, *(c for cs in self.definitions.values() for c in cs)]))

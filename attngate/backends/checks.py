@@ -184,20 +184,20 @@ def captured_graph(graphs: dict, mode: ForwardMode, bs: int):
 
 
 def check_heads_per_rank(plan: Plan, layers: list[AttentionLayer]) -> None:
-    """Under attention TP (``plan.common.attn_tp_size > 1``) every layer carries the plan's per-rank heads
-    (build them with ``layers_from_model(model, plan)``); BatchMetadataError naming each layer that does not."""
-    common = plan.common
-    if common.attn_tp_size == 1:
+    """Under attention TP (``plan.common.attn_tp_size > 1``) every layer carries the plan's per-rank heads for its kind
+    (``plan.heads_per_rank``; build the layers with ``layers_from_model(model, plan)``); BatchMetadataError naming each
+    layer that does not."""
+    tp = plan.common.attn_tp_size
+    if tp == 1:
         return
-    want = (common.num_q_heads_per_rank, common.num_kv_heads_per_rank)
     problems = [
         Problem(
             f"layer {lay.layer_id}",
             f"has {lay.num_q_heads}/{lay.num_kv_heads} query/KV heads; attention TP "
-            f"{common.attn_tp_size} gives each rank {want[0]}/{want[1]}",
+            f"{tp} gives each rank of its {lay.kind.value} layers {want[0]}/{want[1]}",
         )
         for lay in layers
-        if (lay.num_q_heads, lay.num_kv_heads) != want
+        if (lay.num_q_heads, lay.num_kv_heads) != (want := plan.heads_per_rank(lay.kind))
     ]
     if problems:
         raise BatchMetadataError(problems)

@@ -13,7 +13,8 @@ from typing import Any
 
 from attngate.engine.result import GateExplanation, Resolution
 from attngate.facts.choices import SGLANG_VERSION
-from attngate.facts.model import ModelFacts
+from attngate.facts.model import HeadShape, ModelFacts
+from attngate.facts.modes import LayerKind
 from attngate.plan.backends import kernel_provider
 from attngate.plan.registry import GATES
 from attngate.rules.ruleset import RuleSet
@@ -45,6 +46,12 @@ def provider(r: Resolution, backend: str) -> str:
     return f"{r.plan.fa.provider} ({kernels} kernels)"
 
 
+def _heads(shape: HeadShape) -> str:
+    dims = f"{shape.head_dim}" if shape.head_dim == shape.v_head_dim else f"{shape.head_dim}/v {shape.v_head_dim}"
+    group = shape.num_attention_heads // max(shape.num_key_value_heads, 1)
+    return f"{shape.num_attention_heads}/{shape.num_key_value_heads} q/kv heads (GQA {group}) x {dims}"
+
+
 def model_line(m: ModelFacts) -> str:
     """One line of the facts read from config.json, so that a reader can check them: architecture, layer kinds and
     counts, heads (GQA), head dims, window, chunk, soft-cap, sinks, MLA ranks, dtype."""
@@ -56,9 +63,11 @@ def model_line(m: ModelFacts) -> str:
             f" qk head_dim {m.head_dim}, v_head_dim {m.v_head_dim}"
         )
     else:
-        dims = f"{m.head_dim}" if m.head_dim == m.v_head_dim else f"{m.head_dim}/v {m.v_head_dim}"
-        group = m.num_attention_heads // max(m.num_key_value_heads, 1)
-        parts.append(f"{m.num_attention_heads}/{m.num_key_value_heads} q/kv heads (GQA {group}) x {dims}")
+        swa = m.swa_shape if LayerKind.SLIDING_WINDOW in m.layer_kinds else None
+        if swa is None or any(kind != LayerKind.SLIDING_WINDOW for kind in m.layer_kinds):
+            parts.append(_heads(m.shape(LayerKind.FULL)))
+        if swa is not None:
+            parts.append(f"sliding_window layers {_heads(swa)}")
     extras = [
         (m.sliding_window is not None, f"window {m.sliding_window}"),
         (m.attention_chunk_size is not None, f"chunk {m.attention_chunk_size}"),

@@ -40,13 +40,18 @@ _MODEL_FACTS = [
     _model_fact("gqa_group_size", int, "query heads per KV head", minimum=1),
     _model_fact("head_dim", int, "QK head dim, elements", minimum=1),
     _model_fact("v_head_dim", int, "V head dim, elements", minimum=1),
+    _model_fact("swa_num_attention_heads", int, "query heads of the sliding-window layers (config swa_*)", minimum=1),
+    _model_fact("swa_num_key_value_heads", int, "KV heads of the sliding-window layers", minimum=1),
+    _model_fact("swa_head_dim", int, "QK head dim of the sliding-window layers, elements", minimum=1),
+    _model_fact("swa_v_head_dim", int, "V head dim of the sliding-window layers, elements", minimum=1),
     _model_fact("kv_lora_rank", Optional[int], "MLA latent (ckv) width, elements; None without MLA", minimum=1),
     _model_fact("qk_rope_head_dim", Optional[int], "MLA rope part (kpe) of the QK head dim, elements", minimum=1),
-    _model_fact("has_asymmetric_kv", bool, "head_dim != v_head_dim"),
+    _model_fact("has_asymmetric_kv", bool, "head_dim != v_head_dim, or swa_head_dim != swa_v_head_dim"),
     _model_fact(
         "head_dims_multiple_of_8",
         bool,
-        "head_dim and v_head_dim are multiples of 8 (FlashAttention's 16-bit alignment)",
+        "every head dim (full and sliding-window layers, q·k and V) is a multiple of 8 (FlashAttention's 16-bit "
+        "alignment)",
     ),
     _model_fact("sliding_window", Optional[int], "active sliding window, tokens", minimum=1),
     _model_fact("has_sliding_window", bool, "some layer uses a sliding window"),
@@ -115,10 +120,23 @@ _DERIVED_FACTS = [
         "KV heads of one attention TP rank (replicated when attn_tp_size exceeds them; 1 for MLA's latent)",
     ),
     FactSpec(
+        "swa_num_q_heads_per_rank",
+        FactType("int", minimum=1),
+        "derived",
+        "query heads of one attention TP rank in a sliding-window layer",
+    ),
+    FactSpec(
+        "swa_num_kv_heads_per_rank",
+        FactType("int", minimum=1),
+        "derived",
+        "KV heads of one attention TP rank in a sliding-window layer (SGLang's get_swa_num_kv_heads)",
+    ),
+    FactSpec(
         "attn_heads_split_evenly",
         FactType("bool"),
         "derived",
-        "query heads divide by attn_tp_size, and KV heads divide by it or it by them",
+        "query heads divide by attn_tp_size, and KV heads divide by it or it by them, in the full and the "
+        "sliding-window layers",
     ),
     FactSpec("dp_divides_tp", FactType("bool"), "derived", "tp_size is a multiple of dp_size"),
     FactSpec(
@@ -187,6 +205,7 @@ def derived_facts(values: dict[str, Any]) -> dict[str, Any]:
     per_dp_group = tp // dp if values["enable_dp_attention"] else tp
     attn_tp = max(per_dp_group // values["attn_cp_size"], 1)
     q, kv = values["num_attention_heads"], 1 if values["use_mla"] else values["num_key_value_heads"]
+    swa_q, swa_kv = values["swa_num_attention_heads"], 1 if values["use_mla"] else values["swa_num_key_value_heads"]
     chunk, page = values["attention_chunk_size"], values["page_size"]
     return {
         "prefill_backend": values["prefill_attention_backend"] or values["attention_backend"],
@@ -194,7 +213,12 @@ def derived_facts(values: dict[str, Any]) -> dict[str, Any]:
         "attn_tp_size": attn_tp,
         "num_q_heads_per_rank": max(q // attn_tp, 1),
         "num_kv_heads_per_rank": max(kv // attn_tp, 1),
-        "attn_heads_split_evenly": q % attn_tp == 0 and (kv % attn_tp == 0 or attn_tp % kv == 0),
+        "swa_num_q_heads_per_rank": max(swa_q // attn_tp, 1),
+        "swa_num_kv_heads_per_rank": max(swa_kv // attn_tp, 1),
+        "attn_heads_split_evenly": all(
+            heads % attn_tp == 0 and (kv_heads % attn_tp == 0 or attn_tp % kv_heads == 0)
+            for heads, kv_heads in ((q, kv), (swa_q, swa_kv))
+        ),
         "dp_divides_tp": tp % dp == 0,
         "attn_dp_group_size": per_dp_group,
         "attn_cp_divides_tp": per_dp_group % values["attn_cp_size"] == 0,

@@ -184,6 +184,9 @@ class _Reader:
         else:
             heads, kv_heads = shape.num_attention_heads, shape.kv_heads
         head_dim, v_head_dim = mla.head_dims if is_mla else (shape.derived_head_dim(), shape.derived_v_head_dim())
+        swa_shape = shape.swa_shape() if isinstance(shape, AttentionShape) and not is_mla else None
+        if swa_shape == (heads, kv_heads, head_dim, v_head_dim):
+            swa_shape = None
         return dict(
             source=self.source,
             architectures=tuple(model.architectures),
@@ -193,6 +196,7 @@ class _Reader:
             num_key_value_heads=kv_heads,
             head_dim=head_dim,
             v_head_dim=v_head_dim,
+            swa_shape=swa_shape,
             kv_lora_rank=mla.kv_lora_rank,
             qk_rope_head_dim=mla.qk_rope_head_dim,
             sliding_window=found.window,

@@ -3,7 +3,8 @@
 Sources (transformers' config classes): Gemma2's alternation, Gemma3's ``sliding_window_pattern``, EXAONE 4's letter
 pattern, ``layer_types`` (hybrid models' included), Qwen2's ``use_sliding_window`` / ``max_window_layers``,
 Llama-4's ``attention_chunk_size`` / ``no_rope_layers``, Mllama's ``cross_attention_layers``, NemotronH's
-``hybrid_override_pattern``.
+``hybrid_override_pattern``; MiMo-V2's ``hybrid_layer_pattern`` / ``sliding_window_size`` (SGLang 0.5.23
+configs/model_config.py ``get_hybrid_layer_ids`` l.2723-2729 and its generic fallback l.2812-2821).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def layout(keys: LayerLayout, n: int, model_type: str) -> tuple[Layout, list[tup
     if model_type in _BIDIRECTIONAL_MODEL_TYPES or keys.is_causal is False:
         return Layout((LayerKind.ENCODER_ONLY,) * n), []
     window, chunk = keys.sliding_window, keys.attention_chunk_size
+    if keys.hybrid_layer_pattern is not None and keys.sliding_window_size is not None:
+        window = keys.sliding_window_size  # what SGLang's MiMo-V2 layers are given
     if keys.cross_attention_layers is not None:  # Mllama: no window or chunk on any layer
         window = chunk = None
     if keys.use_sliding_window is False:  # Qwen2Config: a window is configured but switched off
@@ -75,6 +78,8 @@ def _kinds(
     if keys.cross_attention_layers is not None:
         cross = set(keys.cross_attention_layers)
         return tuple(LayerKind.CROSS_ATTENTION if i in cross else LayerKind.FULL for i in range(n))
+    if keys.hybrid_layer_pattern is not None:  # read before layer_types, as SGLang reads MiMo-V2
+        return tuple(LayerKind.SLIDING_WINDOW if flag else LayerKind.FULL for flag in keys.hybrid_layer_pattern)
     if keys.layer_types is not None:
         return {i: kind for i, name in enumerate(keys.layer_types) if (kind := _LAYER_KINDS[name]) is not None}
     if keys.hybrid_override_pattern is not None:  # "*" attention, "M" Mamba-2, "-" MLP, "E" MoE

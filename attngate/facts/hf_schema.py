@@ -86,8 +86,9 @@ class AttentionShape(Concern):
     ``num_key_value_heads`` null: as many as query heads (MHA, SGLang model_config.py's fallback);
     ``head_dim`` null: ``hidden_size // num_attention_heads``, as transformers derives it; ``v_head_dim`` null: the
     head dim (an MHA model's V rows may be narrower, MiMo-V2's 128 beside 192: SGLang 0.5.23 model_config.py l.1352).
-    The ``swa_*`` keys give the sliding-window layers their own shape (SGLang l.1357-1365, MiMo-V2); attngate plans
-    one shape for every layer, so one that differs is refused."""
+    The ``swa_*`` keys give the sliding-window layers their own shape (SGLang 0.5.23 model_config.py l.1357-1365 and
+    ``get_swa_num_kv_heads`` l.1713, models/mimo_v2.py l.192-204): each absent key is the model's value, except
+    ``swa_v_head_dim``, which defaults to ``swa_head_dim`` as SGLang reads it."""
 
     num_hidden_layers: Layers
     num_attention_heads: Heads
@@ -110,27 +111,28 @@ class AttentionShape(Concern):
     def derived_v_head_dim(self) -> int | None:
         return self.v_head_dim or self.derived_head_dim()
 
+    def swa_shape(self) -> tuple[int, int, int | None, int | None]:
+        """(query heads, KV heads, head dim, V head dim) of the sliding-window layers: the ``swa_*`` keys, each absent
+        one the model's (``swa_v_head_dim``: ``swa_head_dim`` where that is given, SGLang's default)."""
+        head_dim = self.swa_head_dim or self.derived_head_dim()
+        v_head_dim = self.swa_v_head_dim or self.swa_head_dim or self.derived_v_head_dim()
+        return (
+            self.swa_num_attention_heads or self.num_attention_heads,
+            self.swa_num_key_value_heads or self.kv_heads,
+            head_dim,
+            v_head_dim,
+        )
+
     def requirements(self) -> Iterator[tuple[str, str]]:
         heads = self.num_attention_heads
         if heads % self.kv_heads:
             yield "num_key_value_heads", f"{self.kv_heads} does not divide num_attention_heads={heads}"
         yield from _head_dim_problems(self.head_dim, self.hidden_size, "hidden_size", heads, "num_attention_heads")
-        swa_v = self.swa_v_head_dim or self.swa_head_dim  # SGLang: swa_v_head_dim defaults to swa_head_dim
-        layer_wide = {
-            "swa_num_attention_heads": (self.swa_num_attention_heads, "num_attention_heads", heads),
-            "swa_num_key_value_heads": (self.swa_num_key_value_heads, "num_key_value_heads", self.kv_heads),
-            "swa_head_dim": (self.swa_head_dim, "head_dim", self.derived_head_dim()),
-            "swa_v_head_dim": (swa_v, "v_head_dim", self.derived_v_head_dim()),
-        }
-        for key, (given, model_key, value) in layer_wide.items():
-            if given is not None and value is not None and given != value:
-                said = (
-                    given if getattr(self, key) is not None else f"missing, so swa_head_dim={given} (SGLang's default),"
-                )
-                yield (
-                    key,
-                    f"{said} differs from {model_key}={value}; attngate plans one attention shape for every layer",
-                )
+        swa_heads, swa_kv_heads, _, _ = self.swa_shape()
+        given = self.swa_num_attention_heads is not None or self.swa_num_key_value_heads is not None
+        if given and swa_heads % swa_kv_heads:  # the model's own counts are checked above
+            key = "swa_num_key_value_heads" if self.swa_num_key_value_heads else "swa_num_attention_heads"
+            yield key, f"{swa_kv_heads} KV heads do not divide {swa_heads} query heads of the sliding-window layers"
 
 
 class EncoderDecoderShape(Concern):
@@ -215,6 +217,8 @@ class LayerLayout(Concern):
     model_config.py l.648 sets it for its embedding models)."""
 
     sliding_window: Optional[Tokens] = None
+    #: MiMo-V2's window key: SGLang 0.5.23's models/mimo_v2.py hands ``sliding_window_size`` to its window layers
+    sliding_window_size: Optional[Tokens] = None
     use_sliding_window: Optional[bool] = Field(default=None, description="true or false")
     max_window_layers: Optional[Annotated[int, Field(ge=0, le=_LAYERS)]] = Field(
         default=None, description="an integer >= 0"
@@ -231,6 +235,10 @@ class LayerLayout(Concern):
     hybrid_override_pattern: Optional[Annotated[str, Field(pattern=r"^[*M\-E]+$")]] = Field(
         default=None, description="a string of characters from '*M-E' ('*': attention)"
     )
+    #: MiMo-V2 (and SGLang's generic hybrid fallback): 1 a sliding-window layer, 0 a full-attention layer
+    hybrid_layer_pattern: Optional[list[Annotated[int, Field(ge=0, le=1, strict=True)]]] = Field(
+        default=None, description="a list of 0 (full attention) and 1 (sliding window), one per layer"
+    )
     cross_attention_layers: Optional[list[Annotated[int, Field(ge=0, le=_LAYERS)]]] = Field(
         default=None, description="a list of layer indices"
     )
@@ -242,6 +250,7 @@ class LayerLayout(Concern):
         for key, what in (
             ("layer_types", "layer types"),
             ("hybrid_override_pattern", "characters"),
+            ("hybrid_layer_pattern", "flags"),
             ("no_rope_layers", "flags"),
         ):
             value = getattr(self, key)

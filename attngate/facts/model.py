@@ -12,7 +12,7 @@ keys, Gemma3TextConfig's ``use_bidirectional_attention`` and the window it halve
 # import, a few ms of a cold `attngate explain` over the models of this module (issue 53 item 9)
 
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, NamedTuple, Optional
 
 from pydantic import ConfigDict, model_validator
 
@@ -23,6 +23,15 @@ from attngate.util.inputs import is_directory, parse_json, read_text
 from attngate.util.validated import ValidatedModel
 
 
+class HeadShape(NamedTuple):
+    """One layer kind's attention shape: query heads, KV heads, and the q·k and V head dims (elements)."""
+
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    v_head_dim: int
+
+
 class ModelFacts(ValidatedModel):
     """Attention facts of one model.
 
@@ -31,6 +40,9 @@ class ModelFacts(ValidatedModel):
     followed by its cross attention). A hybrid model's layers without softmax attention (linear
     attention, Mamba, short convolution) hold no KV cache and are not listed, so entry i is the
     model's i-th attention layer, as SGLang numbers the layers of a hybrid model's KV pool.
+
+    The head counts and dims are the full-attention layers'; ``swa_shape`` gives the sliding-window layers their own
+    where they differ (MiMo-V2: 64 / 8 heads beside 64 / 4), and :meth:`shape` is one layer kind's.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -44,6 +56,8 @@ class ModelFacts(ValidatedModel):
     num_key_value_heads: int
     head_dim: int
     v_head_dim: int
+    #: the sliding-window layers' shape where it differs from the model's (config ``swa_*`` keys); None: the model's
+    swa_shape: Optional[HeadShape] = None
     kv_lora_rank: Optional[int] = None
     qk_rope_head_dim: Optional[int] = None
     sliding_window: Optional[int] = None
@@ -80,6 +94,18 @@ class ModelFacts(ValidatedModel):
             problems.append(
                 f"num_key_value_heads {self.num_key_value_heads} does not divide num_attention_heads {self.num_attention_heads}"
             )
+        swa = self.swa_shape
+        if swa is not None:
+            problems += [
+                f"swa_shape.{name} must be positive, got {value}" for name, value in swa._asdict().items() if value <= 0
+            ]
+            if min(swa) > 0 and swa.num_attention_heads % swa.num_key_value_heads:
+                problems.append(
+                    f"swa_shape.num_key_value_heads {swa.num_key_value_heads} does not divide its "
+                    f"num_attention_heads {swa.num_attention_heads}"
+                )
+            if self.attention_arch == "mla":
+                problems.append("swa_shape is for MHA models (MLA layers share one latent shape)")
         if (self.attention_arch == "mla") != (self.kv_lora_rank is not None):
             problems.append("kv_lora_rank is set exactly for attention_arch 'mla'")
         if self.attention_arch == "mla" and not self.qk_rope_head_dim:
@@ -111,6 +137,34 @@ class ModelFacts(ValidatedModel):
         )
 
     # ---- derived facts -------------------------------------------------------------------------
+
+    def shape(self, kind: LayerKind) -> HeadShape:
+        """The heads and head dims of ``kind``'s layers: ``swa_shape`` for sliding-window layers where the config gives
+        one, else the model's."""
+        if kind == LayerKind.SLIDING_WINDOW and self.swa_shape is not None:
+            return self.swa_shape
+        return HeadShape(self.num_attention_heads, self.num_key_value_heads, self.head_dim, self.v_head_dim)
+
+    @property
+    def head_shapes(self) -> tuple[HeadShape, ...]:
+        """The distinct shapes of the model's attention layers, in layer order."""
+        return tuple(dict.fromkeys(self.shape(kind) for kind in self.layer_kinds))
+
+    @property
+    def swa_num_attention_heads(self) -> int:
+        return self.shape(LayerKind.SLIDING_WINDOW).num_attention_heads
+
+    @property
+    def swa_num_key_value_heads(self) -> int:
+        return self.shape(LayerKind.SLIDING_WINDOW).num_key_value_heads
+
+    @property
+    def swa_head_dim(self) -> int:
+        return self.shape(LayerKind.SLIDING_WINDOW).head_dim
+
+    @property
+    def swa_v_head_dim(self) -> int:
+        return self.shape(LayerKind.SLIDING_WINDOW).v_head_dim
 
     @property
     def architecture(self) -> str:
@@ -151,12 +205,18 @@ class ModelFacts(ValidatedModel):
 
     @property
     def has_asymmetric_kv(self) -> bool:
-        return self.head_dim != self.v_head_dim
+        """Some layer's V rows differ in width from its K rows (SGLang 0.5.23 ModelConfig.has_asymmetric_kv: the full
+        or the sliding-window shape)."""
+        return any(
+            s.head_dim != s.v_head_dim for s in (self.shape(LayerKind.FULL), self.shape(LayerKind.SLIDING_WINDOW))
+        )
 
     @property
     def head_dims_multiple_of_8(self) -> bool:
-        """FlashAttention's head-dim alignment for 16-bit inputs (flash_attn.cute's _validate_head_dims)."""
-        return self.head_dim % 8 == 0 and self.v_head_dim % 8 == 0
+        """FlashAttention's head-dim alignment for 16-bit inputs (flash_attn.cute's _validate_head_dims), on every
+        layer kind's shape."""
+        shapes = (self.shape(LayerKind.FULL), self.shape(LayerKind.SLIDING_WINDOW))
+        return all(s.head_dim % 8 == 0 and s.v_head_dim % 8 == 0 for s in shapes)
 
     # ---- reading a config.json -----------------------------------------------------------------
 

@@ -151,6 +151,20 @@ class CommonGates(_Group):
         ge=1,
         le=_HEADS,
     )
+    swa_num_q_heads_per_rank: int = gate(
+        1,
+        "query heads of one attention TP rank in a sliding-window layer (its own where the config gives swa_* keys)",
+        from_fact="swa_num_q_heads_per_rank",
+        ge=1,
+        le=_HEADS,
+    )
+    swa_num_kv_heads_per_rank: int = gate(
+        1,
+        "KV heads of one rank in a sliding-window layer (replicated beyond the layer's KV heads)",
+        from_fact="swa_num_kv_heads_per_rank",
+        ge=1,
+        le=_HEADS,
+    )
     kv_cache_dtype: KvCacheDtype = gate(
         "auto", "KV cache storage dtype (ServerArgs' choices)", from_fact="kv_cache_dtype"
     )
@@ -282,6 +296,13 @@ class Plan(ValidatedModel):
         """The backend that runs forward mode ``mode``: ``decode_backend`` where the mode's ``common.runs_on`` is
         "decode", else ``prefill_backend``. UsageError for a mode that does not exist."""
         return self.decode_backend if self.mode(mode).common.runs_on == "decode" else self.prefill_backend
+
+    def heads_per_rank(self, kind: LayerKind | str) -> tuple[int, int]:
+        """(query heads, KV heads) one attention TP rank holds in a layer of ``kind``: ``common.swa_num_*_per_rank``
+        for sliding-window layers, else ``common.num_*_per_rank``. UsageError for no LayerKind."""
+        if _member(LayerKind, kind, "kind") == LayerKind.SLIDING_WINDOW:
+            return self.common.swa_num_q_heads_per_rank, self.common.swa_num_kv_heads_per_rank
+        return self.common.num_q_heads_per_rank, self.common.num_kv_heads_per_rank
 
     def layer(self, kind: LayerKind | str) -> LayerGates:
         """The gates of one layer kind (a LayerKind or its value, e.g. ``"sliding_window"``); UsageError for none such."""

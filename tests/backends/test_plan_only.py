@@ -107,5 +107,35 @@ def test_backends_take_each_ranks_heads_from_the_plan():
     per_rank = layers_from_model(facts, plan)
     assert (per_rank[0].num_q_heads, per_rank[0].num_kv_heads) == (8, 2)
     ReferenceBackend(plan, MHATokenToKVPool(64, 1, len(per_rank), 2, 128), rtt, per_rank)
-    with pytest.raises(BatchMetadataError, match="attention TP 4 gives each rank 8/2"):
+    with pytest.raises(BatchMetadataError, match="attention TP 4 gives each rank of its full layers 8/2"):
         ReferenceBackend(plan, MHATokenToKVPool(64, 1, 32, 8, 128), rtt, layers_from_model(facts))
+
+
+@pytest.mark.parametrize("tp, full, sliding", [(1, (64, 4), (64, 8)), (4, (16, 1), (16, 2)), (8, (8, 1), (8, 1))])
+def test_each_layer_kind_takes_its_own_shape_and_heads_per_rank(tp, full, sliding):
+    """MiMo-V2-Flash: the sliding-window layers' 64/8 heads (swa_* keys) beside the full layers' 64/4, split over
+    attention TP per kind as SGLang's get_num_kv_heads / get_swa_num_kv_heads split them (replicated below one a
+    rank); the KV pool holds each layer's own rows, and a layer given the other kind's heads is refused."""
+    torch = pytest.importorskip("torch")
+    import dataclasses
+
+    from attngate.backends.reference import ReferenceBackend
+    from attngate.backends.runtime.kv_cache import kv_pool_for
+    from attngate.backends.runtime.layer import layers_from_model
+    from attngate.errors import BatchMetadataError
+    from attngate.facts.modes import LayerKind
+
+    facts = ModelFacts.from_hf_config(MODELS / "MiMo-V2-Flash.json")
+    plan = resolve(ServerArgs(attention_backend="fa3", tp_size=tp), facts, Platform.from_name("sm90")).plan
+    layers = layers_from_model(facts, plan)
+    want = {LayerKind.FULL: full, LayerKind.SLIDING_WINDOW: sliding}
+    assert {(lay.kind, lay.num_q_heads, lay.num_kv_heads, lay.head_dim, lay.v_head_dim) for lay in layers} == {
+        (kind, *heads, 192, 128) for kind, heads in want.items()
+    }
+    pool = kv_pool_for(facts, 64, 1, len(layers), torch.float32, "cpu")
+    assert [tuple(pool.k_buffer[i].shape[1:]) for i in (0, 1)] == [(4, 192), (8, 192)]
+    assert [tuple(pool.v_buffer[i].shape[1:]) for i in (0, 1)] == [(4, 128), (8, 128)]
+    if tp > 1 and full != sliding:
+        swapped = [dataclasses.replace(lay, num_kv_heads=full[1]) for lay in layers]
+        with pytest.raises(BatchMetadataError, match="of its sliding_window layers"):
+            ReferenceBackend(plan, pool, torch.zeros(1, 64, dtype=torch.int32), swapped)

@@ -14,13 +14,14 @@ its backend refuses, or resolves a decision the backend reads differently from t
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
+from hypothesis import HealthCheck, assume, example, given, settings  # noqa: E402
 from hypothesis import strategies as st
 
 from attngate import (  # noqa: E402
@@ -48,6 +49,11 @@ from tests.support.standins import flash_attn_cute, flashinfer  # noqa: E402
 
 M = ForwardMode
 CONFIGS = {path.stem: ModelFacts.from_hf_config(path) for path in sorted(MODELS.glob("*.json"))}
+# sliding-window layers with a shape of their own on head dims FlashInfer runs (MiMo-V2's 192/128 it does not)
+_GEMMA3 = json.loads((MODELS / "gemma-3-27b-it.json").read_text())
+CONFIGS["gemma-3-27b+swa-kv-8"] = ModelFacts.from_hf_dict(
+    {**_GEMMA3, "text_config": {**_GEMMA3["text_config"], "swa_num_key_value_heads": 8}}, source="gemma-3+swa"
+)
 SPECULATIVE = {"chain": SPECULATIVE_CHAIN, "tree": SPECULATIVE_TREE}
 TOL = {torch.bfloat16: 3e-2, torch.float32: 1e-4}
 
@@ -129,15 +135,21 @@ def _run(cls, plan, facts: ModelFacts, mode: M, requests, seed: int):
             MLATokenToKVPool(slots, ps, len(layers), lay0.kv_lora_rank, lay0.qk_rope_head_dim, dtype=kv_dtype)
             for _ in range(2)
         ]
-        width = (1, lay0.latent_dim)
-    else:
+    else:  # each layer its own K and V rows (MiMo-V2's sliding-window layers have more KV heads, V narrower than K)
+        shapes = [(lay.num_kv_heads, lay.head_dim, lay.v_head_dim) for lay in layers]
         pools = [
-            MHATokenToKVPool(slots, ps, len(layers), lay0.num_kv_heads, lay0.head_dim, dtype=kv_dtype) for _ in range(2)
+            MHATokenToKVPool(slots, ps, len(layers), *shapes[0], dtype=kv_dtype, layer_shapes=shapes) for _ in range(2)
         ]
-        width = (lay0.num_kv_heads, lay0.head_dim)
+
+    def widths(layer):  # (K row, V row) shape of one token
+        if mla:
+            return (1, lay0.latent_dim), (1, lay0.latent_dim)
+        return (layer.num_kv_heads, layer.head_dim), (layer.num_kv_heads, layer.v_head_dim)
+
     for layer in layers:
+        k_width, v_width = widths(layer)
         for (prefix, _), req_slots, e in zip(requests, s.slots, enc or [0] * len(requests)):
-            k, v = (stored(torch.randn(e + prefix, *width, generator=gen, dtype=dtype)) for _ in range(2))
+            k, v = (stored(torch.randn(e + prefix, *w, generator=gen, dtype=dtype)) for w in (k_width, v_width))
             for pool in pools:
                 pool.set_kv_buffer(layer.layer_id, req_slots[: e + prefix], k, None if mla else v)
     if plan.mode(mode).common.tree_mask:
@@ -147,8 +159,8 @@ def _run(cls, plan, facts: ModelFacts, mode: M, requests, seed: int):
     inputs = [
         (
             torch.randn(n, layer.num_q_heads, layer.head_dim, generator=gen, dtype=dtype),
-            stored(torch.randn(n, *width, generator=gen, dtype=dtype)),
-            stored(torch.randn(n, *width, generator=gen, dtype=dtype)),
+            stored(torch.randn(n, *widths(layer)[0], generator=gen, dtype=dtype)),
+            stored(torch.randn(n, *widths(layer)[1], generator=gen, dtype=dtype)),
         )
         for layer in layers
     ]
@@ -212,6 +224,10 @@ def _replayed(backend, batch, forward):
     verify_on=st.sampled_from(["prefill", "decode"]),
     seed=st.integers(0, 3),
 )
+@example("MiMo-V2-Flash", "fa3", None, "sm90", None, (4, False), False, False, None, "auto", "prefill", 0)
+@example("MiMo-V2-Flash", None, None, "sm100", None, (1, False), False, False, None, "auto", "prefill", 1)
+@example("gemma-3-27b+swa-kv-8", "flashinfer", None, "sm90", 16, (2, False), False, False, None, "auto", "prefill", 0)
+@example("gemma-3-27b+swa-kv-8", "fa3", None, "sm90", 1, (1, False), False, False, "chain", "auto", "decode", 2)
 def test_every_resolved_plan_runs_on_its_backends_as_the_reference(
     model, backend, split, gpu, page_size, tp, deterministic, embedding, speculative, kv_cache, verify_on, seed
 ):

@@ -6,6 +6,8 @@ import json
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attngate import ModelConfigError, ModelFacts
 from attngate.facts.modes import LayerKind as K
@@ -31,6 +33,7 @@ EXPECTED = {
     "gemma-3-1b-it": ("mha", 4, 1, 256, 256, 512, None, {K.SLIDING_WINDOW: 22, K.FULL: 4}, False, None, False),
     "gemma-3-27b-it": ("mha", 32, 16, 128, 128, 1024, None, {K.SLIDING_WINDOW: 52, K.FULL: 10}, False, None, False),
     "gpt-oss-20b": ("mha", 64, 8, 64, 64, 128, None, {K.SLIDING_WINDOW: 12, K.FULL: 12}, True, None, False),
+    "MiMo-V2-Flash": ("mha", 64, 4, 192, 128, 128, None, {K.SLIDING_WINDOW: 39, K.FULL: 9}, True, None, False),
     "gpt-oss-120b": ("mha", 64, 8, 64, 64, 128, None, {K.SLIDING_WINDOW: 18, K.FULL: 18}, True, None, False),
     "Llama-3.2-11B-Vision-Instruct": (
         "mha",
@@ -370,31 +373,63 @@ def test_an_mha_models_narrower_v_rows_are_read_as_sglang_reads_them():
     assert [p.where for p in err.value.problems] == ["DeepSeek-V3: v_head_dim"]
 
 
-@pytest.mark.parametrize(
-    "edit, problems",
-    [
-        ({"swa_num_key_value_heads": 4}, ["swa_num_key_value_heads: 4 differs from num_key_value_heads=8"]),
-        (
-            {"swa_head_dim": 64},
-            [
-                "swa_head_dim: 64 differs from head_dim=128",
-                "swa_v_head_dim: missing, so swa_head_dim=64 (SGLang's default), differs from v_head_dim=128",
-            ],
-        ),
-        ({"swa_num_attention_heads": 32, "swa_num_key_value_heads": 8, "swa_head_dim": 128}, []),
-    ],
+def test_mimo_v2_reads_its_sliding_layers_own_shape_and_pattern():
+    """MiMo-V2-Flash: ``hybrid_layer_pattern`` (1 sliding, 0 full: layers 0, 5, 11, ... 47 full), the window from
+    ``sliding_window_size``, and the sliding layers' own 64/8 heads beside the full layers' 64/4 (SGLang 0.5.23
+    model_config.py get_hybrid_layer_ids, models/mimo_v2.py l.192-204)."""
+    m = ModelFacts.from_hf_config(MODELS / "MiMo-V2-Flash.json")
+    assert [i for i, k in enumerate(m.layer_kinds) if k == K.FULL] == [0, 5, 11, 17, 23, 29, 35, 41, 47]
+    assert m.swa_shape == (64, 8, 192, 128) and m.shape(K.FULL) == (64, 4, 192, 128)
+    assert m.head_shapes == ((64, 4, 192, 128), (64, 8, 192, 128))
+    assert (m.swa_num_key_value_heads, m.num_key_value_heads, m.has_asymmetric_kv) == (8, 4, True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    heads=st.sampled_from([8, 16, 32]),
+    kv=st.sampled_from([None, 1, 2, 4, 8]),
+    swa_heads=st.sampled_from([None, 8, 16, 32]),
+    swa_kv=st.sampled_from([None, 1, 2, 4, 8]),
+    swa_dim=st.sampled_from([None, 64, 128, 192]),
+    swa_v_dim=st.sampled_from([None, 64, 128]),
+    pattern=st.lists(st.integers(0, 1), min_size=4, max_size=4),
 )
-def test_a_sliding_layer_shape_of_its_own_is_refused_naming_its_key(edit, problems):
-    """SGLang gives sliding-window layers their own heads and head dims through the ``swa_*`` keys; attngate plans
-    one shape for every layer, so a ``swa_*`` value that differs is refused, each named (equal ones are read)."""
-    raw = {**json.loads((MODELS / "Qwen3-8B.json").read_text()), **edit}
-    if not problems:
-        assert ModelFacts.from_hf_dict(raw, source="Qwen3-8B").head_dim == 128
+def test_any_swa_shape_is_the_sliding_layers_and_only_theirs(heads, kv, swa_heads, swa_kv, swa_dim, swa_v_dim, pattern):
+    """For any ``swa_*`` keys: each sliding-window layer has the keys' shape (an absent key the model's;
+    ``swa_v_head_dim`` absent: ``swa_head_dim``, SGLang's default), each full layer the model's; a shape whose KV heads
+    do not divide its query heads is refused naming the key, and so is nothing else."""
+    raw = {
+        "architectures": ["MiMoV2FlashForCausalLM"],
+        "model_type": "mimo_v2_flash",
+        "num_hidden_layers": 4,
+        "num_attention_heads": heads,
+        "head_dim": 128,
+        "sliding_window_size": 128,
+        "hybrid_layer_pattern": pattern,
+    }
+    given_keys = {
+        "num_key_value_heads": kv,
+        "swa_num_attention_heads": swa_heads,
+        "swa_num_key_value_heads": swa_kv,
+        "swa_head_dim": swa_dim,
+        "swa_v_head_dim": swa_v_dim,
+    }
+    raw.update({k: v for k, v in given_keys.items() if v is not None})
+    model_kv = kv or heads
+    want_swa = (swa_heads or heads, swa_kv or model_kv, swa_dim or 128, swa_v_dim or swa_dim or 128)
+    bad = [k for k, (q, h) in {"num_key_value_heads": (heads, model_kv)}.items() if q % h]
+    if want_swa[0] % want_swa[1]:
+        bad.append("swa_num_key_value_heads" if swa_kv else "swa_num_attention_heads")
+    if bad:
+        with pytest.raises(ModelConfigError) as err:
+            ModelFacts.from_hf_dict(raw, source="m")
+        assert [p.where for p in err.value.problems] == [f"m: {k}" for k in bad]
         return
-    with pytest.raises(ModelConfigError) as err:
-        ModelFacts.from_hf_dict(raw, source="Qwen3-8B")
-    found = [f"{p.where}: {p.message}".removeprefix("Qwen3-8B: ") for p in err.value.problems]
-    assert [f.split(";")[0] for f in found] == problems
+    m = ModelFacts.from_hf_dict(raw, source="m")
+    for flag, kind in zip(pattern, m.layer_kinds):
+        assert kind == (K.SLIDING_WINDOW if flag else K.FULL)
+        assert m.shape(kind) == (want_swa if flag else (heads, model_kv, 128, 128))
+    assert m.has_asymmetric_kv == (want_swa[2] != want_swa[3])
 
 
 @pytest.mark.parametrize(

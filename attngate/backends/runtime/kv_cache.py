@@ -165,7 +165,11 @@ class _PoolBase:
 
 
 class MHATokenToKVPool(_PoolBase):
-    """Per-layer K and V buffers: ``k: [num_slots, num_kv_heads, head_dim]``, ``v: [num_slots, num_kv_heads, v_head_dim]``."""
+    """Per-layer K and V buffers: ``k: [num_slots, num_kv_heads, head_dim]``, ``v: [num_slots, num_kv_heads, v_head_dim]``.
+
+    ``layer_shapes``: ``(num_kv_heads, head_dim, v_head_dim)`` of each of the ``num_layers`` layers, for a model whose
+    layer kinds differ in shape (MiMo-V2's sliding-window layers: 8 KV heads beside 4); given, it replaces the three
+    shared values. UsageError naming every bad argument."""
 
     def __init__(
         self,
@@ -177,25 +181,36 @@ class MHATokenToKVPool(_PoolBase):
         v_head_dim: int | None = None,
         dtype: torch.dtype = torch.bfloat16,
         device: torch.device | str = "cpu",
+        *,
+        layer_shapes: list[tuple[int, int, int]] | None = None,
     ):
+        counts = [
+            ("num_kv_heads", num_kv_heads, 1),
+            ("head_dim", head_dim, 1),
+            *([("v_head_dim", v_head_dim, 1)] if v_head_dim is not None else []),
+        ]
+        if layer_shapes is not None:
+            counts = [
+                (f"layer_shapes[{i}].{name}", value, 1)
+                for i, shape in enumerate(layer_shapes)
+                for name, value in zip(("num_kv_heads", "head_dim", "v_head_dim"), shape)
+            ]
         check_pool_arguments(
             ("num_slots", num_slots, 1),
             ("page_size", page_size, 1),
             ("num_layers", num_layers, 0),
-            ("num_kv_heads", num_kv_heads, 1),
-            ("head_dim", head_dim, 1),
-            *([("v_head_dim", v_head_dim, 1)] if v_head_dim is not None else []),
+            *counts,
             dtype=dtype,
             device=device,
         )
+        if layer_shapes is not None and len(layer_shapes) != num_layers:
+            raise UsageError(
+                Problem("layer_shapes", f"gives {len(layer_shapes)} layers' shapes for num_layers={num_layers}")
+            )
         self.num_slots, self.page_size, self.dtype = num_slots, page_size, dtype
-        v_head_dim = v_head_dim or head_dim
-        self.k_buffer = [
-            torch.zeros((num_slots, num_kv_heads, head_dim), dtype=dtype, device=device) for _ in range(num_layers)
-        ]
-        self.v_buffer = [
-            torch.zeros((num_slots, num_kv_heads, v_head_dim), dtype=dtype, device=device) for _ in range(num_layers)
-        ]
+        shapes = layer_shapes or [(num_kv_heads, head_dim, v_head_dim or head_dim)] * num_layers
+        self.k_buffer = [torch.zeros((num_slots, h, d), dtype=dtype, device=device) for h, d, _ in shapes]
+        self.v_buffer = [torch.zeros((num_slots, h, dv), dtype=dtype, device=device) for h, _, dv in shapes]
         self._k_words = [_as_words(b) for b in self.k_buffer]
         self._v_words = [_as_words(b) for b in self.v_buffer]
 
@@ -258,6 +273,13 @@ def kv_pool_for(
         return MLATokenToKVPool(
             num_slots, page_size, num_layers, model.kv_lora_rank, model.qk_rope_head_dim, dtype=dtype, device=device
         )
+    shapes = None
+    if model.swa_shape is not None:  # the layer kinds differ: each layer's own K/V rows
+        if num_layers != len(model.layer_kinds):
+            raise UsageError(
+                Problem("num_layers", f"is {num_layers}; {model.source} has {len(model.layer_kinds)} attention layers")
+            )
+        shapes = [(s.num_key_value_heads, s.head_dim, s.v_head_dim) for s in map(model.shape, model.layer_kinds)]
     return MHATokenToKVPool(
         num_slots,
         page_size,
@@ -267,4 +289,5 @@ def kv_pool_for(
         model.v_head_dim,
         dtype=dtype,
         device=device,
+        layer_shapes=shapes,
     )

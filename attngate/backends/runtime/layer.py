@@ -95,37 +95,37 @@ class AttentionLayer:
 def layers_from_model(
     model: ModelFacts, plan: "Plan | None" = None, *, scaling: float | None = None, include_encoder: bool = True
 ) -> list[AttentionLayer]:
-    """One AttentionLayer per entry of ``model.layer_kinds``, with one attention TP rank's heads when ``plan``
-    is given (``plan.common.num_q_heads_per_rank`` / ``num_kv_heads_per_rank``), else the model's.
+    """One AttentionLayer per entry of ``model.layer_kinds``, each with its layer kind's shape (``model.shape``: a
+    sliding-window layer's own heads and head dims where the config gives them), and one attention TP rank's heads
+    when ``plan`` is given (``plan.heads_per_rank(kind)``), else the model's.
 
     ``include_encoder=False`` leaves out an encoder-decoder model's encoder layers (each layer keeps its
     ``layer_id``): they attend over the encoder input (Whisper's audio frames), not over the batch's tokens, so a
     paged attention backend does not serve them (SGLang's Whisper runs them with SDPA; see
     :func:`attngate.backends.checks.check_served_layers`).
 
-    ``scaling`` defaults to ``query_pre_attn_scalar ** -0.5`` when the config has it, else
+    ``scaling`` defaults to ``query_pre_attn_scalar ** -0.5`` when the config has it, else the layer's
     ``head_dim ** -0.5``. MLA layers carry no ``w_kc`` / ``w_vc`` yet: the caller binds them from
     the model's weights.
     """
-    if scaling is None:
-        scaling = (model.query_pre_attn_scalar or model.head_dim) ** -0.5
-    q_heads = plan.common.num_q_heads_per_rank if plan is not None else model.num_attention_heads
-    kv_heads = (
-        plan.common.num_kv_heads_per_rank if plan is not None else (1 if model.use_mla else model.num_key_value_heads)
-    )
     layers = []
     for i, kind in enumerate(model.layer_kinds):
         if not include_encoder and model.is_encoder_decoder and kind == LayerKind.ENCODER_ONLY:
             continue
+        shape = model.shape(kind)
+        if plan is not None:
+            q_heads, kv_heads = plan.heads_per_rank(kind)
+        else:
+            q_heads, kv_heads = shape.num_attention_heads, 1 if model.use_mla else shape.num_key_value_heads
         window = (model.sliding_window - 1) if kind == LayerKind.SLIDING_WINDOW and model.sliding_window else -1
         layers.append(
             AttentionLayer(
                 layer_id=i,
                 num_q_heads=q_heads,
                 num_kv_heads=kv_heads,
-                head_dim=model.head_dim,
-                v_head_dim=model.v_head_dim,
-                scaling=scaling,
+                head_dim=shape.head_dim,
+                v_head_dim=shape.v_head_dim,
+                scaling=scaling if scaling is not None else (model.query_pre_attn_scalar or shape.head_dim) ** -0.5,
                 kind=kind,
                 sliding_window_size=window,
                 attention_chunk_size=model.attention_chunk_size if kind == LayerKind.CHUNKED_LOCAL else None,
