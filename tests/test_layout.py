@@ -9,7 +9,7 @@ import grimp
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "attngate"
-MAX_LINES = 350
+MAX_LINES = 400  # the project standard: modules of about 400 lines at most
 
 
 @pytest.fixture(scope="module")

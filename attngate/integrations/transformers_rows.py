@@ -9,15 +9,23 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 
 from attngate.errors import BatchMetadataError, Problem
 from attngate.facts.modes import LayerKind
 
-if TYPE_CHECKING:  # the context holds this module's MaskFindings; decisions are only read here
-    from attngate.integrations.transformers_context import LayerDecisions
+
+class LayerDecisions(Protocol):
+    """What these rows read of a layer's decisions (transformers_context.LayerDecisions, which imports this module for
+    its MaskFindings; a protocol here keeps the import one way)."""
+
+    layer_id: int
+    kind: LayerKind
+    causal: bool
+    attention_chunk_size: int | None
+
 
 T = TypeVar("T")
 
