@@ -1577,7 +1577,6 @@ def test_mla_prefill_cp_runs_dp_groups_as_attention_dp_and_the_rest_as_attention
             "sm100",
             "sglang.ngram-tree-on-trtllm-mha",
         ),
-        ("--kv-cache-dtype nvfp4", "gpt-oss-20b", "sm100", "sglang.nvfp4-decode-backend-before-gpt-oss-override"),
         (
             "--kv-cache-dtype fp4_mx_block16 --enable-hierarchical-cache",
             "Mistral-7B-v0.1",
