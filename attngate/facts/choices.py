@@ -69,9 +69,6 @@ SGLANG_REFUSES: dict[str, tuple[str, ...]] = {"AttentionBackendName": ("cutlass_
 NOT_MODELLED: dict[str, tuple[str, ...]] = {"speculative_algorithm": ("UNO", "DSPARK", "FROZEN_KV_MTP")}
 GpuArch = Literal["sm80", "sm86", "sm89", "sm90", "sm100", "sm103", "sm120", "sm121"]
 
-#: The backends attngate ships or plans (the candidates `explain` evaluates for rejection reasons).
-CANDIDATE_BACKENDS: tuple[str, ...] = ("fa3", "fa4", "flashinfer", "triton", "torch_native")
-
 #: Kernel packages the attngate backends call (Platform facts ``has_flashinfer``, ``has_flash_attn_cute``,
 #: ``has_flash_attn_interface``).
 KERNEL_PROVIDERS: tuple[str, ...] = ("flashinfer", "flash_attn.cute", "flash_attn_interface")

@@ -33,7 +33,6 @@ backend attends absorbed or non-absorbed as the plan's ``common.mla_form`` says.
 from __future__ import annotations
 
 import contextvars
-import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -176,9 +175,8 @@ class AttngateRuntime:
         self.req_to_token_pool = ReqToTokenPool(max_requests, max_context_len, device)
         if backend_cls is None:
             backend_cls = PlanBackend if torch.device(device).type == "cuda" else ReferenceBackend
-        queries = {"q_dtype": dtype} if "q_dtype" in inspect.signature(backend_cls).parameters else {}  # FlashInfer's
-        self.backend = backend_cls(
-            self.plan, self.pool, self.req_to_token_pool.req_to_token, self.layers, device, **queries
+        self.backend = backend_cls(  # every backend takes q_dtype (attngate.backends.factories); FlashInfer reads it
+            self.plan, self.pool, self.req_to_token_pool.req_to_token, self.layers, device, q_dtype=dtype
         )
         self.batch: ForwardBatch | None = None
         self._requests: dict[int, _Request] = {}
