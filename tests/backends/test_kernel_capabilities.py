@@ -55,7 +55,7 @@ def test_every_resolved_plan_names_backends_that_accept_every_layer():
         CONFIGS, CANDIDATE_BACKENDS, ("sm80", "sm90", "sm100", "sm120"), KERNELS
     ):
         facts = read()
-        platform = Platform.from_name(gpu, kernels=KERNELS[kernels])
+        platform = Platform.from_name(gpu, kernels=KERNELS[kernels], runs_sglang=False)  # attngate's backends run it
         try:
             plan = resolve(ServerArgs(attention_backend=backend), facts, platform).plan
         except PlanError as err:
@@ -234,7 +234,7 @@ def test_flash_attn_cute_limits_refuse_in_the_plan_and_in_the_backend(facts, arg
     """flash_attn.cute's own limits (paged KV on SM90/SM100 only, FP8 on SM100 only, head dims): the plan refuses what
     the kernel would assert on at its first launch, and the backend's refusals say the same (FP8 aside: attngate's FA
     backend reads 16-bit caches only, on every GPU)."""
-    platform = Platform.from_name(gpu, kernels=KERNELS["gpu-extra"])
+    platform = Platform.from_name(gpu, kernels=KERNELS["gpu-extra"], runs_sglang=False)
     layers = layers_from_model(facts)
     if rule is None:
         plan = resolve(ServerArgs(**args), facts, platform).plan
@@ -338,7 +338,7 @@ def test_no_plan_over_any_arguments_names_a_backend_whose_kernels_refuse_the_mod
     else:
         raw = {**raw, **overrides}
     facts = ModelFacts.from_hf_dict(raw, source=f"{name} {overrides}")
-    platform = Platform.from_name(gpu, kernels=kernels)
+    platform = Platform.from_name(gpu, kernels=kernels, runs_sglang=False)  # attngate's backends
     try:
         plan = resolve(ServerArgs(**args), facts, platform).plan
     except (PlanError, ServerArgsError):

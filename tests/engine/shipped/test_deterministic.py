@@ -61,16 +61,18 @@ def test_deterministic_fa_num_splits(backend, gpu):
     assert r.plan.fa.provider == "flash_attn_interface"
 
 
-def test_fa3_interface_never_serves_a_model_with_sinks():
-    """Upstream flash_attn_interface has no learned sinks: gpt-oss on fa3 runs flash_attn.cute, with its limits."""
+@pytest.mark.parametrize("runs_sglang", [True, False])
+def test_fa3_interface_serves_a_model_with_sinks_in_sglang_only(runs_sglang):
+    """Upstream flash_attn_interface (attngate's own backends) has no learned sinks: gpt-oss on fa3 runs
+    flash_attn.cute, with its limits. SGLang's FA3 is sgl_kernel's, which takes them."""
     for name in ("gpt-oss-20b", "Llama-3.1-8B"):
         for installed in (True, False):
             r = resolve(
                 ServerArgs(attention_backend="fa3"),
                 model(name),
-                Platform.from_name("sm90", has_flash_attn_interface=installed),
+                Platform.from_name("sm90", has_flash_attn_interface=installed, runs_sglang=runs_sglang),
             )
-            interface = installed and not model(name).has_attention_sinks
+            interface = installed and (runs_sglang or not model(name).has_attention_sinks)
             assert r.plan.fa.provider == ("flash_attn_interface" if interface else "flash_attn.cute")
             assert r.plan.fa.num_splits == (0 if interface else 1)
 

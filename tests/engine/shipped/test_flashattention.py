@@ -127,14 +127,15 @@ def test_dp_attention_without_dp_size_is_switched_off_with_a_warning():
     [
         ("sm90", "fa4", None, False),
         ("sm100", "fa4", None, False),
+        ("sm120", "fa4", None, False),  # SGLang's FA4 pages on SM12x, with a runtime policy and no schedule
         ("sm90", "fa3", ("attngate",), False),  # flash_attn.cute serves both names
         ("sm90", "fa3", None, True),  # a stock SGLang install: sgl_kernel's FA3
         ("sm90", "fa3", ("flash_attn_interface",), True),
     ],
 )
-def test_fa4_takes_no_precomputed_schedule_outside_sm120(gpu, backend, kernels, precompute):
-    """fa.fa4-no-scheduler-precompute: SGLang leaves FA4's get_scheduler_metadata unset except on SM120, where
-    flash_attn.cute pages no KV cache (fa.cute-pages-on-sm90-and-sm100-only refuses it), so only FA3 precomputes one."""
+def test_fa4_takes_no_precomputed_schedule(gpu, backend, kernels, precompute):
+    """fa.fa4-no-scheduler-precompute: SGLang 0.5.23 leaves FA4's get_scheduler_metadata unset on every architecture,
+    so only FA3 precomputes one."""
     platform = Platform.from_name(gpu, kernels=kernels) if kernels else Platform.from_name(gpu)
     r = resolve(ServerArgs(attention_backend=backend), model("Llama-3.1-8B"), platform)
     assert r.plan.fa.precompute_scheduler_metadata is precompute
