@@ -96,3 +96,24 @@ def test_fa_kernel_limits_follow_whose_kernels_run(name, gpu, backend, kv):
     fired = _refusals(args, name, sglang) & FA_LIMITS
     assert bool(fired) == _sglang_fa_fails(backend, sglang.sm_major, facts.use_mla, kv == "fp8_e4m3"), fired
     assert fired <= _refusals(args, name, sglang.model_copy(update={"runs_sglang": False}))
+
+
+@pytest.mark.parametrize(
+    "flags, gpu, refused",
+    [
+        ("--attention-backend trtllm_mla", "sm120", True),  # sglang issue 24633: TllmGenFmhaRunner on SM12x
+        ("--attention-backend trtllm_mla --kv-cache-dtype fp8_e4m3", "sm121", True),
+        ("--prefill-attention-backend trtllm_mla --decode-attention-backend flashinfer", "sm120", True),
+        ("--decode-attention-backend trtllm_mla --prefill-attention-backend flashinfer", "sm120", False),  # xqa decode
+        ("--attention-backend trtllm_mla", "sm100", False),
+        ("--attention-backend trtllm_mla", "sm103", False),
+    ],
+)
+def test_trtllm_mla_prefill_runs_on_sm100_and_sm103_only(rules, flags, gpu, refused):
+    """trtllm-mla.prefill-sm100-only: SGLang admits trtllm_mla on every Blackwell and its prefill then fails on SM12x
+    (a limit of its deployment's kernel, declared in sglang.kernel-limits-at-start-up); its decode runs there."""
+    rule = "trtllm-mla.prefill-sm100-only"
+    args, platform = ServerArgs.from_flags(flags.split()), Platform.from_name(gpu)
+    assert (rule in _refusals(args, "DeepSeek-V3", platform)) == refused
+    if refused:
+        assert matching_deviations(rules, args, model("DeepSeek-V3"), platform, frozenset({rule})) == DEVIATION

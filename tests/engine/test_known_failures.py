@@ -7,8 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attngate import ModelFacts, PlanError, Platform, ServerArgs, resolve
+from attngate.errors import AttngateError
 from attngate.rules.deviations import matching_deviations
 from tests.support.helpers import MODELS, fa3_gpu, model, refusing_rules_of
 
@@ -18,6 +21,7 @@ SOFTCAP = "known.flashinfer-softcap-planned-uncapped"
 RAGGED_WINDOW = "known.flashinfer-ragged-prefill-drops-window"
 RADIX = "known.deterministic-radix-cache-diverges"
 FP8 = "--kv-cache-dtype fp8_e4m3"
+DP_FA = "known.fa-dp-attention-padded-rows-nan"
 DP = "--enable-dp-attention --dp-size 2 --tp-size 4"  # attention TP 2: each DP group's rows padded to a multiple of 2
 
 
@@ -31,6 +35,7 @@ def _refused_by(flags: str, name: str, gpu: str) -> set[str]:
     [
         (f"--attention-backend fa3 {FP8}", "Qwen2.5-7B-Instruct", "sm90", FP8_QUERY),
         (f"--attention-backend flashinfer {DP}", "DeepSeek-V2-Lite", "sm90", DP_PADDED_RAGGED),
+        (f"--attention-backend fa3 {DP}", "Qwen3-30B-A3B", "sm90", DP_FA),  # sglang issue 18668's launch
         ("--decode-attention-backend flashinfer --prefill-attention-backend fa3", "gemma-2-9b-it", "sm90", SOFTCAP),
         ("--attention-backend flashinfer", "gemma-3-1b-it", "sm90", RAGGED_WINDOW),
     ],
@@ -250,3 +255,28 @@ def test_torch_native_refuses_a_bidirectional_window_only_where_sglangs_backend_
     # a causal model's window is SGLang's torch_native's own: not refused
     causal = resolve(ServerArgs(attention_backend="torch_native"), model("gemma-3-1b-it"), platform)
     assert TORCH_WINDOW not in {a.rule for a in causal.adjustments} and causal.plan.prefill_backend == "torch_native"
+
+
+# ---- FA over DP attention's padded rows (sglang issue 18668) --------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=5000)
+@given(
+    tp=st.sampled_from([1, 2, 4, 8]),
+    dp=st.sampled_from([1, 2, 4, 8]),
+    backend=st.sampled_from(["fa3", "fa4", "flashinfer", "triton"]),
+    name=st.sampled_from(["Qwen3-30B-A3B", "Llama-3.1-8B"]),
+)
+def test_fa_over_dp_padded_rows_is_refused_exactly_where_attention_tp_pads(tp, dp, backend, name):
+    """Over TP x DP sizes x backends: the known failure fires on fa3/fa4 under DP attention where the attention TP size
+    (tp / dp) is above 1, the padding's condition, and nowhere else; attngate's own backends are never refused it."""
+    gpu = "sm100" if backend == "fa4" else "sm90"
+    flags = f"--attention-backend {backend} --tp-size {tp} --dp-size {dp} --enable-dp-attention"
+    try:
+        args = ServerArgs.from_flags(flags.split())
+    except AttngateError:
+        return  # a DP size that does not divide TP is refused as an argument
+    fired = DP_FA in _refused_by(flags, name, gpu)
+    assert fired == (backend in ("fa3", "fa4") and dp > 1 and tp // dp > 1 and tp % dp == 0)
+    own = fa3_gpu(gpu).model_copy(update={"runs_sglang": False})
+    assert DP_FA not in refusing_rules_of(lambda: resolve(args, model(name), own))
