@@ -1,6 +1,7 @@
-"""Every error type attngate raises. Each carries *all* problems found, each with its location, a stable code
-(for tools that match on errors: the error type's ``code`` unless the problem names its own) and an optional help
-line (what to do about it)."""
+"""Every error type attngate raises. Each carries *all* problems found, each with its location, a stable code of its
+kind (for tools that match on errors: ``<area>.<kind>``, e.g. ``server-args.unknown-flag``, given where the problem
+is constructed; the error type's ``code`` for a problem that names none) and an optional help line (what to do about
+it: a did-you-mean goes there, not into the message)."""
 
 from __future__ import annotations
 
@@ -99,7 +100,7 @@ class AttngateError(Exception):
 
     def __init__(self, problems: list[Problem] | Problem | str):
         if isinstance(problems, str):
-            problems = [Problem(None, problems)]
+            problems = [Problem(None, problems, code=self.code)]
         elif isinstance(problems, Problem):
             problems = [problems]
         self.problems: list[Problem] = [
@@ -180,6 +181,39 @@ class PlanLoadError(AttngateError):
     code = "plan-load"
 
 
+class PlanMismatchError(AttngateError):
+    """Ranks of one server that resolved different plans (attngate.integrations.distributed): each problem names a
+    rank that differs from rank 0, with the gates (and the facts behind them) that differ."""
+
+    title = "ranks resolved different attention plans"
+    code = "plan-mismatch"
+
+
+class ConditionError(Exception):
+    """One problem in a rule condition, before it has a file location: ``col`` the column (0-based) of the
+    condition text, ``message`` what is wrong, ``help`` what to do (a did-you-mean). attngate.rules.check turns each
+    into a :class:`Problem` at ``file:line:col``."""
+
+    def __init__(self, col: int, message: str, help: str | None = None):
+        self.col = col
+        self.message = message
+        self.help = help
+        super().__init__(message)
+
+    def problem(self, where: str, label: str) -> Problem:
+        """This error as a Problem at ``where`` (the condition's ``file:line:col``), its message under ``label``
+        (``rule 'x'``, ``predicate 'p'``)."""
+        return Problem(where, f"{label}: {self.message}", code="rules.condition", help=self.help)
+
+
+class ConditionErrors(Exception):
+    """Every :class:`ConditionError` of one condition (``errors``)."""
+
+    def __init__(self, errors: list[ConditionError]):
+        self.errors = errors
+        super().__init__("; ".join(e.message for e in errors))
+
+
 class Reason(Protocol):
     """What PlanError reads of each violation (attngate.engine.result.Violation)."""
 
@@ -258,7 +292,11 @@ def check_arguments(*checks: tuple[str, object, type | tuple[type, ...], str]) -
         if not isinstance(value, types):
             accepted = " or ".join(_type_name(t) for t in (types if isinstance(types, tuple) else (types,)))
             problems.append(
-                Problem(name, f"takes {accepted}, not {_type_name(type(value))}" + (f"; {hint}" if hint else ""))
+                Problem(
+                    name,
+                    f"takes {accepted}, not {_type_name(type(value))}" + (f"; {hint}" if hint else ""),
+                    code="usage.argument-type",
+                )
             )
     if problems:
         raise UsageError(problems)
@@ -282,7 +320,7 @@ def count_problems(*checks: tuple[str, object, int]) -> list[Problem]:
     """A Problem per ``(parameter, value, least)`` whose value is no integer (``int`` or one with ``__index__``, such
     as numpy's; a bool is none) or is below ``least``."""
     return [
-        Problem(name, f"takes an integer >= {least}, not {value!r}")
+        Problem(name, f"takes an integer >= {least}, not {value!r}", code="usage.count")
         for name, value, least in checks
         if isinstance(value, bool) or not hasattr(type(value), "__index__") or operator.index(value) < least
     ]

@@ -15,6 +15,9 @@ def require_z3() -> None:
     if importlib.util.find_spec("z3") is None:
         raise UsageError(
             Problem(
-                "z3", "rule analysis (attngate lint, diff, prove) needs z3-solver, which is not installed", help=INSTALL
+                "z3",
+                "rule analysis (attngate lint, diff, prove) needs z3-solver, which is not installed",
+                help=INSTALL,
+                code="usage.z3-missing",
             )
         )

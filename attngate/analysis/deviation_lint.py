@@ -37,6 +37,7 @@ def lint_tautologies(rules: RuleSet, enc: Encoder, solver: z3.Solver) -> list[Fi
                     deviation.where,
                     f"deviation {deviation.id!r} holds for every configuration: it would excuse every difference of "
                     f"{', '.join(excused)}; state in `when` the configurations it covers",
+                    "lint.deviation-tautology",
                 )
             )
         elif verdict.unknown:

@@ -28,8 +28,14 @@ from attngate.types import FactType
 
 @dataclass(frozen=True, slots=True)
 class Finding:
+    """One static finding of the analysis (lint, prove): ``where`` the rule file location, ``message`` what holds,
+    ``code`` its kind (``lint.set-conflict``, ``lint.dead-rule``, ``lint.invariant-violated`` ...), ``help`` what to
+    do about it, if anything beyond the message."""
+
     where: str
     message: str
+    code: str
+    help: str | None = None
 
     def __str__(self) -> str:
         return f"{self.where}: {self.message}"

@@ -56,10 +56,11 @@ def lint_rules(rules: RuleSet) -> list[Finding | Unknown]:
         return _lint(rules)
 
 
-def _dead(where: str, what: str, verdict: Verdict, never: str) -> list[Finding | Unknown]:
-    """The finding of a condition that can never hold (unsat), or the Unknown of one z3 could not decide."""
+def _dead(where: str, what: str, verdict: Verdict, never: str, code: str) -> list[Finding | Unknown]:
+    """The finding (of kind ``code``) of a condition that can never hold (unsat), or the Unknown of one z3 could
+    not decide."""
     if verdict.unsat:
-        return [Finding(where, f"{what} can never {never}")]
+        return [Finding(where, f"{what} can never {never}", code)]
     return [Unknown(where, f"can {what} {never}", verdict.reason)] if verdict.unknown else []
 
 
@@ -78,10 +79,10 @@ def _lint(rules: RuleSet) -> list[Finding | Unknown]:
     for p in rules.predicates:
         reads = inputs_read([rules], [], (p.name,), through_gates=False)
         verdict = can_hold(solver, enc, enc.encode(p.condition.tree.body), reads)
-        findings += _dead(p.where, f"predicate {p.name!r}", verdict, "be true")
+        findings += _dead(p.where, f"predicate {p.name!r}", verdict, "be true", "lint.dead-predicate")
     for rule in rules.rules:
         verdict = can_hold(solver, enc, cond[rule.id], inputs_read([rules], [rule], through_gates=False))
-        findings += _dead(rule.where, f"rule {rule.id!r}", verdict, "match")
+        findings += _dead(rule.where, f"rule {rule.id!r}", verdict, "match", "lint.dead-rule")
     for kind, values in (("set", lambda r: r.sets), ("adjust", lambda r: r.adjusts)):
         by_name: dict[tuple[str, ...], list[tuple[Rule, Rule, Any]]] = {}
         for a, b, witness in conflicts(rules, kind, values, cond, accepted, enc.links, findings, enc):
@@ -101,7 +102,7 @@ def _lint(rules: RuleSet) -> list[Finding | Unknown]:
                     f"{len(pairs)} pairs of {kind} rules can both match and disagree on {what}: {listed}; "
                     f"e.g. {a.id} / {b.id} with {shown}"
                 )
-            findings.append(Finding(b.where, message))
+            findings.append(Finding(b.where, message, f"lint.{kind}-conflict"))
 
     findings += _adjust_cycles(rules, enc, cond)
     findings += _lint_deviations(rules, enc, solver) + lint_tautologies(rules, enc, solver)
@@ -190,6 +191,7 @@ def _adjust_cycles(rules: RuleSet, enc: Encoder, cond: dict[str, Any]) -> list[F
                     f"adjust rules {a.id!r} and {b.id!r} undo each other: {a.id} sets {name} to "
                     f"{a.adjusts[name]!r} where {b.id} then sets it back to {b.adjusts[name]!r}, and so on "
                     "(resolve() stops with an oscillation)",
+                    "lint.adjust-cycle",
                 )
             )
     return findings
@@ -204,7 +206,7 @@ def _lint_deviations(rules: RuleSet, enc: Encoder, solver: z3.Solver) -> list[Fi
         condition = enc.encode(deviation.condition.tree.body)
         reads = inputs_read([rules], [], deviation.condition.reads, through_gates=False)
         verdict = can_hold(solver, enc, condition, reads)
-        findings += _dead(deviation.where, f"deviation {deviation.id!r}", verdict, "hold")
+        findings += _dead(deviation.where, f"deviation {deviation.id!r}", verdict, "hold", "lint.dead-deviation")
         if not verdict.unsat:  # an undecided one may hold: its pairs are still checked
             held.append((deviation, condition))
     for (a, cond_a), (b, cond_b) in combinations(held, 2):
@@ -223,6 +225,7 @@ def _lint_deviations(rules: RuleSet, enc: Encoder, solver: z3.Solver) -> list[Fi
                     b.where,
                     f"deviations {a.id!r} and {b.id!r} both declare {', '.join(shared)} "
                     "for some configuration; one deviation per difference",
+                    "lint.deviation-overlap",
                 )
             )
     return findings

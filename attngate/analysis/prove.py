@@ -56,7 +56,9 @@ def _prove(rules: RuleSet, timeout_ms: int, encoded: tuple[Encoder, dict[str, An
         if counter is not None:
             keep = inputs_read([rules], [], inv.condition.reads)
             witness = simplest_witness(solver, enc, [violated], counter, keep)
-            findings.append(Finding(inv.where, _counterexample(inv, enc, witness, setters, cond, keep)))
+            findings.append(
+                Finding(inv.where, _counterexample(inv, enc, witness, setters, cond, keep), "lint.invariant-violated")
+            )
         elif verdict.unknown:
             query = f"does invariant {inv.id!r} hold for every accepted input (within {timeout_ms} ms)"
             findings.append(Unknown(inv.where, query, verdict.reason))

@@ -66,6 +66,9 @@ class Unknown:
     where: str
     query: str
     reason: str
+    #: the kind of every Unknown, as a Finding's ``code`` names its kind
+    code = "lint.unknown"
+    help = None
 
     @property
     def message(self) -> str:

@@ -78,6 +78,7 @@ class AttentionBackend(ABC):
                     "common.unified_kv_pool",
                     "attngate's backends read their own KV pool's page ids; "
                     "SGLang's unified memory pool (--enable-unified-memory) needs its index translator",
+                    code="backend-refusal.unified-kv-pool",
                 )
             )
         check_heads_per_rank(plan, layers)

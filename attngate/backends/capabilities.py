@@ -32,6 +32,7 @@ def chain_verify_only(plan: Plan, backend: str) -> list[Problem]:
             "common.tree_mask",
             f"attngate's {backend} verifies speculative chains only, and the plan verifies a tree "
             "(speculative_eagle_topk > 1); the flashinfer backend (MHA) verifies trees",
+            code="backend-refusal.tree-verify",
         )
     ]
 
@@ -46,6 +47,7 @@ def sixteen_bit_kv_only(plan: Plan, backend: str) -> list[Problem]:
             "common.kv_cache_dtype",
             f"{name!r}: attngate's {backend} reads 16-bit KV caches only (no descale "
             "tensors); the flashinfer backend (MHA) reads FP8 ones",
+            code="backend-refusal.kv-cache-dtype",
         )
     ]
 
@@ -58,6 +60,7 @@ def mla_reads_what_it_writes(plan: Plan, layers: list[AttentionLayer]) -> list[P
             f"layer {layer.layer_id}",
             f"an MLA layer reads the latent cache, but the plan writes none for "
             f"{layer.kind.value} layers (common.write_kv_cache)",
+            code="backend-refusal.mla-without-cache",
         )
         for layer in layers
         if layer.is_mla and not plan.layer(layer.kind).common.write_kv_cache
@@ -79,6 +82,7 @@ def fa_refusals(plan: Plan, layers: list[AttentionLayer], sm_major: int | None =
                 "fa.provider",
                 f"flash_attn.cute reads no paged KV cache on SM{sm_major}x "
                 "(SM90 and SM100 only), and every FA path but the embedding fast path reads one",
+                code="backend-refusal.fa-cute-arch",
             )
         )
     for layer in layers:
@@ -88,6 +92,7 @@ def fa_refusals(plan: Plan, layers: list[AttentionLayer], sm_major: int | None =
                 Problem(
                     where,
                     f"flash_attn.cute runs no head dims {layer.head_dim}/{layer.v_head_dim} (q·k / v) on SM{sm_major}x",
+                    code="backend-refusal.head-dims",
                 )
             )
         if (layer.has_sinks or layer.sinks is not None) and provider == "flash_attn_interface":
@@ -95,6 +100,7 @@ def fa_refusals(plan: Plan, layers: list[AttentionLayer], sm_major: int | None =
                 Problem(
                     where,
                     "flash_attn_interface (FA3) has no learned attention sinks; the plan must pick flash_attn.cute",
+                    code="backend-refusal.sinks",
                 )
             )
         if layer.kind == LayerKind.CHUNKED_LOCAL and (layer.attention_chunk_size or 0) % page_size:
@@ -102,6 +108,7 @@ def fa_refusals(plan: Plan, layers: list[AttentionLayer], sm_major: int | None =
                 Problem(
                     where,
                     f"attention_chunk_size {layer.attention_chunk_size} is not a multiple of page_size {page_size}",
+                    code="backend-refusal.chunk-not-page-multiple",
                 )
             )
         if layer.is_mla and sm_major is not None:
@@ -110,7 +117,11 @@ def fa_refusals(plan: Plan, layers: list[AttentionLayer], sm_major: int | None =
             )
             if not runs:
                 problems.append(
-                    Problem(where, f"{provider} runs no absorbed MLA on SM{sm_major}x (FA3 on SM90, FA4 on SM100)")
+                    Problem(
+                        where,
+                        f"{provider} runs no absorbed MLA on SM{sm_major}x (FA3 on SM90, FA4 on SM100)",
+                        code="backend-refusal.absorbed-mla-arch",
+                    )
                 )
     return problems
 
@@ -135,6 +146,7 @@ def flashinfer_refusals(plan: Plan, layers: list[AttentionLayer], sm_major: int 
                 "flashinfer.multi_item_scoring",
                 "attngate's FlashInfer backend does not implement multi-item "
                 "scoring (SGLang's MultiItemScoringParams); this plan is for SGLang's flashinfer backend",
+                code="backend-refusal.multi-item-scoring",
             )
         )
     if any(layer.is_mla for layer in layers):
@@ -145,15 +157,23 @@ def flashinfer_refusals(plan: Plan, layers: list[AttentionLayer], sm_major: int 
                 Problem(
                     f"layer {layer.layer_id}",
                     f"FlashInfer runs head dims 64, 128 and 256 (q·k = v), not {layer.head_dim}/{layer.v_head_dim}",
+                    code="backend-refusal.head-dims",
                 )
             )
         if layer.has_sinks or layer.sinks is not None:
-            problems.append(Problem(f"layer {layer.layer_id}", "FlashInfer runs no learned attention sinks"))
+            problems.append(
+                Problem(
+                    f"layer {layer.layer_id}",
+                    "FlashInfer runs no learned attention sinks",
+                    code="backend-refusal.sinks",
+                )
+            )
         if layer.kind == LayerKind.CHUNKED_LOCAL:
             problems.append(
                 Problem(
                     f"layer {layer.layer_id}",
                     "FlashInfer runs no chunked local attention (a window would let a query see the previous chunk)",
+                    code="backend-refusal.chunked-local",
                 )
             )
         gates = plan.layer(layer.kind).common
@@ -163,6 +183,7 @@ def flashinfer_refusals(plan: Plan, layers: list[AttentionLayer], sm_major: int 
                     f"layer {layer.layer_id}",
                     "FlashInfer's window_left bounds a window before the query only; "
                     "this bidirectional layer's window also bounds it after the query",
+                    code="backend-refusal.bidirectional-window",
                 )
             )
     return problems
@@ -178,18 +199,27 @@ def flashinfer_mla_refusals(plan: Plan, layers: list[AttentionLayer], sm_major: 
     for layer in layers:
         where = f"layer {layer.layer_id}"
         if not layer.is_mla:
-            problems.append(Problem(where, "FlashInfer MLA serves MLA layers only; a model mixes none"))
+            problems.append(
+                Problem(
+                    where, "FlashInfer MLA serves MLA layers only; a model mixes none", code="backend-refusal.mla-only"
+                )
+            )
         elif (layer.kv_lora_rank, layer.qk_rope_head_dim) != (512, 64):
             problems.append(
                 Problem(
                     where,
                     f"FlashInfer MLA runs kv_lora_rank 512 / qk_rope_head_dim 64, not "
                     f"{layer.kv_lora_rank} / {layer.qk_rope_head_dim}",
+                    code="backend-refusal.mla-geometry",
                 )
             )
         if layer.kind != LayerKind.FULL or layer.logit_cap or layer.has_sinks or layer.sinks is not None:
             problems.append(
-                Problem(where, "FlashInfer MLA runs full causal attention only (no window, chunk, soft-cap or sinks)")
+                Problem(
+                    where,
+                    "FlashInfer MLA runs full causal attention only (no window, chunk, soft-cap or sinks)",
+                    code="backend-refusal.mla-full-causal-only",
+                )
             )
     shapes = {(lay.num_q_heads, lay.head_dim, lay.v_head_dim, lay.scaling) for lay in layers}
     if len(shapes) > 1:  # one plan per batch serves every layer
@@ -197,6 +227,7 @@ def flashinfer_mla_refusals(plan: Plan, layers: list[AttentionLayer], sm_major: 
             Problem(
                 "layers",
                 f"FlashInfer MLA plans once per batch for all layers; these differ in heads, dims or scaling: {sorted(shapes)}",
+                code="backend-refusal.mla-mixed-layers",
             )
         )
     return problems
@@ -214,7 +245,7 @@ def no_kernel_backend(backend: str, where: str = "backend", *, hint: bool = Fals
     message = f"{backend!r}: attngate runs {', '.join(sorted(REFUSALS))} on GPU kernels"
     if hint:
         message += " (and the reference backend on any device); resolve with --attention-backend set to one of them"
-    return Problem(where, message)
+    return Problem(where, message, code="backend-refusal.no-kernel-backend")
 
 
 def kernel_backend_refusals(

@@ -32,6 +32,7 @@ def tree_mask_of(
                     "spec_tree_mask",
                     f"given, but the plan's {mode.value} attends causally "
                     "(common.tree_mask false: no speculative tree, speculative_eagle_topk <= 1)",
+                    code="batch-metadata.tree-mask-unexpected",
                 )
             )
         return None
@@ -41,17 +42,26 @@ def tree_mask_of(
                 "spec_tree_mask",
                 f"missing: the plan's {mode.value} verifies a speculative tree "
                 "(common.tree_mask), and a causal mask would mix its sibling branches",
+                code="batch-metadata.tree-mask-missing",
             )
         )
     d = new[0] if len(new) else 0
     problems = []
     if any(n != d for n in new):
         problems.append(
-            Problem("extend_seq_lens", f"a tree verify has the same draft tokens in every request, got {list(new)[:8]}")
+            Problem(
+                "extend_seq_lens",
+                f"a tree verify has the same draft tokens in every request, got {list(new)[:8]}",
+                code="batch-metadata.tree-draft-tokens",
+            )
         )
     if mask.dtype != torch.bool or tuple(mask.shape) != (len(new), d, d):
         problems.append(
-            Problem("spec_tree_mask", f"must be [{len(new)}, {d}, {d}] bool, got {mask.dtype} {tuple(mask.shape)}")
+            Problem(
+                "spec_tree_mask",
+                f"must be [{len(new)}, {d}, {d}] bool, got {mask.dtype} {tuple(mask.shape)}",
+                code="batch-metadata.tree-mask-shape",
+            )
         )
     if problems:
         raise BatchMetadataError(problems)
@@ -67,17 +77,35 @@ def check_batch(batch: ForwardBatch, req_to_token: torch.Tensor, num_slots: int)
     b = batch.batch_size
     for name in ("req_pool_indices", "seq_lens", "extend_prefix_lens", "extend_seq_lens"):
         if getattr(batch, name).shape[0] != b:
-            problems.append(Problem(name, f"has {getattr(batch, name).shape[0]} entries for batch_size {b}"))
+            problems.append(
+                Problem(
+                    name,
+                    f"has {getattr(batch, name).shape[0]} entries for batch_size {b}",
+                    code="batch-metadata.batch-size",
+                )
+            )
     if problems:
         raise BatchMetadataError(problems)
     seq_lens, prefix, ext = batch.seq_lens.cpu(), batch.extend_prefix_lens.cpu(), batch.extend_seq_lens.cpu()
     enc = batch.encoder_lens.cpu() if batch.encoder_lens is not None else torch.zeros_like(seq_lens)
     width = req_to_token.shape[1]
     if b and int(seq_lens.max()) > width:
-        problems.append(Problem("seq_lens", f"max {int(seq_lens.max())} exceeds the req_to_token width {width}"))
+        problems.append(
+            Problem(
+                "seq_lens",
+                f"max {int(seq_lens.max())} exceeds the req_to_token width {width}",
+                code="batch-metadata.seq-lens-too-long",
+            )
+        )
     rows = batch.req_pool_indices.cpu()
     if b and (int(rows.min()) < 0 or int(rows.max()) >= req_to_token.shape[0]):
-        problems.append(Problem("req_pool_indices", f"rows outside req_to_token's {req_to_token.shape[0]} rows"))
+        problems.append(
+            Problem(
+                "req_pool_indices",
+                f"rows outside req_to_token's {req_to_token.shape[0]} rows",
+                code="batch-metadata.rows-outside-table",
+            )
+        )
     host_copies = (
         ("seq_lens_cpu", batch.seq_lens_cpu, seq_lens),
         ("encoder_lens_cpu", batch.encoder_lens_cpu, enc),
@@ -90,23 +118,47 @@ def check_batch(batch: ForwardBatch, req_to_token: torch.Tensor, num_slots: int)
     for name, copy, device_value in host_copies:  # backends size kernels from the host copies
         if copy is not None and copy.tolist() != device_value.tolist():
             problems.append(
-                Problem(name, f"{copy.tolist()[:8]} differs from the device tensor {device_value.tolist()[:8]}")
+                Problem(
+                    name,
+                    f"{copy.tolist()[:8]} differs from the device tensor {device_value.tolist()[:8]}",
+                    code="batch-metadata.host-copy-differs",
+                )
             )
     if not torch.equal(enc + prefix + ext, seq_lens):
         problems.append(
-            Problem("seq_lens", "must equal encoder_lens + extend_prefix_lens + extend_seq_lens (post-write lengths)")
+            Problem(
+                "seq_lens",
+                "must equal encoder_lens + extend_prefix_lens + extend_seq_lens (post-write lengths)",
+                code="batch-metadata.seq-lens-sum",
+            )
         )
     if int(ext.sum()) != batch.num_tokens:
-        problems.append(Problem("out_cache_loc", f"has {batch.num_tokens} slots for {int(ext.sum())} new tokens"))
+        problems.append(
+            Problem(
+                "out_cache_loc",
+                f"has {batch.num_tokens} slots for {int(ext.sum())} new tokens",
+                code="batch-metadata.slot-count",
+            )
+        )
     for name, loc in (("out_cache_loc", batch.out_cache_loc), ("encoder_out_cache_loc", batch.encoder_out_cache_loc)):
         if loc is not None and loc.numel() and (int(loc.min()) < 0 or int(loc.max()) >= num_slots):
             bad = loc[(loc < 0) | (loc >= num_slots)][:4].tolist()
-            problems.append(Problem(name, f"slot indices {bad} lie outside the pool of {num_slots} slots"))
+            problems.append(
+                Problem(
+                    name,
+                    f"slot indices {bad} lie outside the pool of {num_slots} slots",
+                    code="batch-metadata.slots-outside-pool",
+                )
+            )
     if not problems and b:
         used = torch.cat([req_to_token[int(r), : int(s)].cpu() for r, s in zip(rows, seq_lens)])
         if used.numel() and (int(used.min()) < 0 or int(used.max()) >= num_slots):
             problems.append(
-                Problem("req_to_token", f"rows of this batch hold slots outside the pool of {num_slots} slots")
+                Problem(
+                    "req_to_token",
+                    f"rows of this batch hold slots outside the pool of {num_slots} slots",
+                    code="batch-metadata.slots-outside-pool",
+                )
             )
     if problems:
         raise BatchMetadataError(problems)
@@ -155,15 +207,32 @@ def check_capture_mode(plan: Plan, bs: int, mode: ForwardMode, max_bs: int | Non
                 "forward_mode",
                 "IDLE batches replay the DECODE graph padded to its batch size "
                 "(attngate.backends.runtime.dp_padding.pad_decode_batch); capture DECODE",
+                code="usage.cuda-graph-idle",
             )
         )
     if not plan.mode(mode).common.capture_cuda_graph:
-        raise UsageError(Problem("forward_mode", f"the plan captures no CUDA graph for forward mode {mode.value}"))
+        raise UsageError(
+            Problem(
+                "forward_mode",
+                f"the plan captures no CUDA graph for forward mode {mode.value}",
+                code="usage.cuda-graph-mode",
+            )
+        )
     if max_bs is None:
-        raise UsageError(Problem("init_cuda_graph_state", "not called: it sizes the static buffers a capture reads"))
+        raise UsageError(
+            Problem(
+                "init_cuda_graph_state",
+                "not called: it sizes the static buffers a capture reads",
+                code="usage.cuda-graph-uninitialised",
+            )
+        )
     if not 1 <= bs <= max_bs:
         raise UsageError(
-            Problem("bs", f"a CUDA graph serves 1 to {max_bs} requests (init_cuda_graph_state's max_bs), not {bs}")
+            Problem(
+                "bs",
+                f"a CUDA graph serves 1 to {max_bs} requests (init_cuda_graph_state's max_bs), not {bs}",
+                code="usage.cuda-graph-batch-size",
+            )
         )
 
 
@@ -177,7 +246,9 @@ def captured_graph(graphs: dict, mode: ForwardMode, bs: int):
         )
         raise UsageError(
             Problem(
-                "bs", f"no CUDA graph was captured for forward mode {mode.value} at batch size {bs} (captured: {have})"
+                "bs",
+                f"no CUDA graph was captured for forward mode {mode.value} at batch size {bs} (captured: {have})",
+                code="usage.cuda-graph-not-captured",
             )
         )
     return graph
@@ -195,6 +266,7 @@ def check_heads_per_rank(plan: Plan, layers: list[AttentionLayer]) -> None:
             f"layer {lay.layer_id}",
             f"has {lay.num_q_heads}/{lay.num_kv_heads} query/KV heads; attention TP "
             f"{tp} gives each rank of its {lay.kind.value} layers {want[0]}/{want[1]}",
+            code="batch-metadata.heads-per-rank",
         )
         for lay in layers
         if (lay.num_q_heads, lay.num_kv_heads) != (want := plan.heads_per_rank(lay.kind))
@@ -218,6 +290,7 @@ def check_served_layers(layers: list[AttentionLayer]) -> None:
                     "an encoder-decoder model's encoder layers: they attend over the encoder input, outside the paged backend (SGLang's "
                     "Whisper runs them with SDPA); build the backend's layers with layers_from_model(..., include_encoder=False)"
                 ),
+                code="batch-metadata.encoder-layers",
             )
         )
 
@@ -245,6 +318,7 @@ def kv_storage_dtype(plan: Plan, model_dtype: torch.dtype) -> torch.dtype:
                 f"{name!r}: attngate's KV pools store "
                 f"{', '.join(sorted(KV_STORAGE_DTYPES))} or the model's dtype ('auto'); "
                 "FP4 and MXFP8 caches need per-block scales they do not keep",
+                code="backend-refusal.kv-cache-dtype",
             )
         )
     return KV_STORAGE_DTYPES[name]
@@ -263,6 +337,7 @@ def check_pool_dtype(plan: Plan, kv_pool) -> None:
                 "kv_pool",
                 f"holds {dtype}, the plan's kv_cache_dtype {plan.common.kv_cache_dtype!r} "
                 f"is {want}: build the pool with kv_storage_dtype(plan, model_dtype)",
+                code="batch-metadata.pool-dtype",
             )
         )
 
@@ -274,5 +349,11 @@ def is_fp8(dtype: torch.dtype) -> bool:
 def check_pool_page_size(plan: Plan, kv_pool) -> int:
     """The plan's page_size; UsageError when the KV pool was built with another (every paged GPU backend)."""
     if kv_pool.page_size != plan.common.page_size:
-        raise UsageError(Problem("kv_pool", f"has page_size {kv_pool.page_size}, the plan {plan.common.page_size}"))
+        raise UsageError(
+            Problem(
+                "kv_pool",
+                f"has page_size {kv_pool.page_size}, the plan {plan.common.page_size}",
+                code="usage.pool-page-size",
+            )
+        )
     return plan.common.page_size

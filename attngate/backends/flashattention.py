@@ -152,7 +152,11 @@ class FlashAttentionBackend(AttentionBackend):
         if layer.kind == LayerKind.CHUNKED_LOCAL:  # the local virtual batches replace the request batch
             if md.local is None:
                 raise BatchMetadataError(
-                    Problem(f"layer {layer.layer_id}", "chunked-local layer, but no local metadata was built")
+                    Problem(
+                        f"layer {layer.layer_id}",
+                        "chunked-local layer, but no local metadata was built",
+                        code="batch-metadata.no-local-metadata",
+                    )
                 )
             md = (
                 md.local
@@ -180,7 +184,11 @@ class FlashAttentionBackend(AttentionBackend):
             return self.kernel(q, k, v, cu_seqlens_k=md.cu_seqlens_q, max_seqlen_k=md.max_seqlen_q, **common)
         if md.seqused_k is None:
             raise BatchMetadataError(
-                Problem(f"forward mode {batch.forward_mode.value}", "the plan reads no KV cache in this mode")
+                Problem(
+                    f"forward mode {batch.forward_mode.value}",
+                    "the plan reads no KV cache in this mode",
+                    code="batch-metadata.no-kv-read",
+                )
             )
         k_cache, v_cache = self.paged_kv(layer.layer_id)
         if cross:

@@ -99,7 +99,11 @@ class FlashInferBackend(AttentionBackend):
             raise BackendRefusal(problems)
         if any(layer.is_mla for layer in layers):
             raise UsageError(
-                Problem("layers", "MLA layers run on FlashInferMLABackend: build through flashinfer_backend(...)")
+                Problem(
+                    "layers",
+                    "MLA layers run on FlashInferMLABackend: build through flashinfer_backend(...)",
+                    code="usage.mla-layers",
+                )
             )
         self.fi = importlib.import_module("flashinfer")
         check_fast_decode_plan(self.fi, plan.flashinfer)
@@ -123,6 +127,7 @@ class FlashInferBackend(AttentionBackend):
                     f"layers {unwritten}",
                     "write no KV cache (common.write_kv_cache) but EXTEND runs through the "
                     "paged wrapper (flashinfer.paged_kv_extent prefix_plus_new), which would read their stale slots",
+                    code="usage.unwritten-layers-paged-extend",
                 )
             )
         self.wrappers = FlashInferWrappers(self.fi, plan.flashinfer, len(self.specs), self.device)
@@ -132,6 +137,7 @@ class FlashInferBackend(AttentionBackend):
                     "q_dtype",
                     f"needed with a {kv_pool.dtype} KV pool: the model's dtype, which the queries "
                     "and the raw K/V of a ragged extend keep",
+                    code="usage.q-dtype-missing",
                 )
             )
         self.planner = FlashInferPlanner(
@@ -244,6 +250,7 @@ class FlashInferBackend(AttentionBackend):
                 Problem(
                     f"layer {layer.layer_id} ({layer.kind.value})",
                     "writes no KV cache, so it cannot attend to a cached prefix",
+                    code="batch-metadata.prefix-without-cache",
                 )
             )
         else:

@@ -149,6 +149,7 @@ class FlashInferCudaGraphs:
                         "encoder_lens",
                         "this CUDA graph's layers have no cross attention and read "
                         "from token 0, but the batch has encoder tokens",
+                        code="batch-metadata.encoder-tokens",
                     )
                 )
         g.rows.copy_(rows, non_blocking=True)

@@ -200,6 +200,7 @@ class FlashInferMLABackend(AttentionBackend):
                     "forward_mode",
                     f"the plan runs MLA non-absorbed in {forward_mode.value}; only absorbed modes "
                     "replay as CUDA graphs",
+                    code="usage.cuda-graph-mode",
                 )
             )
         max_pages = bs * (self.req_to_token.shape[1] // self.page_size + 1)

@@ -43,7 +43,13 @@ def wrapper_specs(plan: Plan, layers: list[AttentionLayer]) -> list[WrapperSpec]
         gates = plan.layer(layer.kind)
         i = gates.flashinfer.wrapper_index
         if i >= count:
-            raise UsageError(Problem(f"layer {layer.layer_id}", f"({layer.kind.value}) maps to wrapper {i} of {count}"))
+            raise UsageError(
+                Problem(
+                    f"layer {layer.layer_id}",
+                    f"({layer.kind.value}) maps to wrapper {i} of {count}",
+                    code="usage.wrapper-index",
+                )
+            )
         spec = WrapperSpec(
             i,
             gates.common.causal,
@@ -61,6 +67,7 @@ def wrapper_specs(plan: Plan, layers: list[AttentionLayer]) -> list[WrapperSpec]
                     f"layer {layer.layer_id}",
                     f"disagrees with the other layers of wrapper {i} ({specs[i]} vs "
                     f"{spec}); one wrapper serves one kind of layer",
+                    code="usage.wrapper-layers-differ",
                 )
             )
     head = layers[0]  # a wrapper no layer uses is planned like the first layer, never run
@@ -88,7 +95,11 @@ def check_fast_decode_plan(fi: ModuleType, gates: FlashInferGates) -> None:
         version = getattr(fi, "__version__", "version unknown")
         raise BackendRefusal(
             [
-                Problem(gate, f"is fast_decode_plan, which this FlashInfer ({version}) does not export; 0.7.2 does")
+                Problem(
+                    gate,
+                    f"is fast_decode_plan, which this FlashInfer ({version}) does not export; 0.7.2 does",
+                    code="backend-refusal.kernel-version",
+                )
                 for gate in fast
             ]
         )

@@ -26,7 +26,11 @@ def check_mla_weights(layer: AttentionLayer) -> None:
     """Raise BatchMetadataError when an MLA layer has no bound w_kc / w_vc."""
     if layer.w_kc is None or layer.w_vc is None:
         raise BatchMetadataError(
-            Problem(f"layer {layer.layer_id}", "an MLA layer needs w_kc and w_vc (kv_b_proj) bound")
+            Problem(
+                f"layer {layer.layer_id}",
+                "an MLA layer needs w_kc and w_vc (kv_b_proj) bound",
+                code="batch-metadata.mla-weights-unbound",
+            )
         )
 
 

@@ -122,6 +122,7 @@ class GraphPageIds:
                 Problem(
                     f"layer {layer_id}",
                     f"a CUDA-graph forward runs layer {self.first_layer} first: it fills the page ids this layer reads",
+                    code="batch-metadata.page-ids-unfilled",
                 )
             )
 

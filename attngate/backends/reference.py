@@ -81,7 +81,11 @@ class ReferenceBackend(AttentionBackend):
         md = self._md
         if md is None:
             raise BatchMetadataError(
-                Problem("init_forward_metadata", "call init_forward_metadata(batch) before forward")
+                Problem(
+                    "init_forward_metadata",
+                    "call init_forward_metadata(batch) before forward",
+                    code="batch-metadata.metadata-missing",
+                )
             )
         gates = self.plan.layer(layer.kind).common
         cached = gates.write_kv_cache  # one value for the write and the read side
@@ -92,7 +96,11 @@ class ReferenceBackend(AttentionBackend):
             absorbed = absorbed_for_batch(self.plan.mode(batch.forward_mode).common.mla_form, any(md.prefix))
         if save_kv_cache and cached:
             if k is None:
-                raise BatchMetadataError(Problem(f"layer {layer.layer_id}", "k/v are needed to write the cache"))
+                raise BatchMetadataError(
+                    Problem(
+                        f"layer {layer.layer_id}", "k/v are needed to write the cache", code="batch-metadata.kv-missing"
+                    )
+                )
             self.kv_pool.set_kv_buffer(layer.layer_id, batch.out_cache_loc, k, v)
         k_buf, v_buf = self.kv_pool.get_kv_buffer(layer.layer_id) if cached else (None, None)
         out = q.new_empty((q.shape[0], layer.num_q_heads, layer.v_head_dim))
@@ -106,7 +114,11 @@ class ReferenceBackend(AttentionBackend):
             else:
                 if md.prefix[r]:
                     raise BatchMetadataError(
-                        Problem(f"request {r}", "a layer without KV cache cannot attend to a cached prefix")
+                        Problem(
+                            f"request {r}",
+                            "a layer without KV cache cannot attend to a cached prefix",
+                            code="batch-metadata.prefix-without-cache",
+                        )
                     )
                 keys, values = k[rows], v[rows] if v is not None else None
                 k_pos = q_pos
@@ -140,7 +152,11 @@ class ReferenceBackend(AttentionBackend):
         if k is not None and save_kv_cache:
             if batch.encoder_out_cache_loc is None:
                 raise BatchMetadataError(
-                    Problem("encoder_out_cache_loc", "needed to write the encoder K/V of a cross-attention layer")
+                    Problem(
+                        "encoder_out_cache_loc",
+                        "needed to write the encoder K/V of a cross-attention layer",
+                        code="batch-metadata.encoder-slots-missing",
+                    )
                 )
             self.kv_pool.set_kv_buffer(layer.layer_id, batch.encoder_out_cache_loc, k, v)
         k_buf, v_buf = self.kv_pool.get_kv_buffer(layer.layer_id)

@@ -140,7 +140,9 @@ def _run(argv: list[str]) -> int:
     """Run the command; a usage error shown (as JSON under ``--format json``); its exit status."""
     if len(argv) > MAX_WORDS:
         where = Problem(
-            "command line", f"{len(argv)} words; attngate reads at most {MAX_WORDS} (a launch line has dozens)"
+            "command line",
+            f"{len(argv)} words; attngate reads at most {MAX_WORDS} (a launch line has dozens)",
+            code="usage.too-many-words",
         )
         return fail(ServerArgsError(where)).exit_code
     try:

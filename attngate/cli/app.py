@@ -50,7 +50,7 @@ def fail(err: Exception, code: int = EXIT_BAD_INPUT) -> "typer.Exit":
     """Report a command's bad input (an AttngateError, every problem in it): on stderr as is, or as JSON on stdout
     under ``--format json``; returns the Exit to raise."""
     if JSON_ERRORS.get():
-        problems = getattr(err, "problems", None) or [Problem(None, str(err))]
+        problems = getattr(err, "problems", None) or [Problem(None, str(err), code="attngate.error")]
         typer.echo(json.dumps(error_document(problems, code), indent=2, default=str))
     else:
         typer.echo(visible(str(err)), err=True)  # an AttngateError's str is visible already; any other's may not be

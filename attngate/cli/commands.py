@@ -168,8 +168,8 @@ def lint(
         "deviations": len(rule_set.deviations),
     }
     if output is OutputFormat.json:
-        report = {"file": rule_set.filename, **counts, "findings": [str(f) for f in findings]}
-        typer.echo(json.dumps(report | {"unknown": [str(u) for u in unknown]}, indent=2))
+        report = {"file": rule_set.filename, **counts, "findings": [_finding(f) for f in findings]}
+        typer.echo(json.dumps(report | {"unknown": [_finding(u) for u in unknown]}, indent=2))
     else:
         for finding in [*findings, *unknown]:
             typer.echo(str(finding))
@@ -184,6 +184,11 @@ def lint(
         raise typer.Exit(EXIT_UNKNOWN)
     if findings:
         raise typer.Exit(EXIT_INVALID_CONFIG)
+
+
+def _finding(finding) -> dict[str, str | None]:
+    """A lint Finding or Unknown as ``lint --format json`` lists it: the fields an error's problems have."""
+    return {"where": finding.where, "code": finding.code, "message": finding.message, "help": finding.help}
 
 
 @app.command()

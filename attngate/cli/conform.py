@@ -50,7 +50,7 @@ def conform(
 
     try:
         if (cases is None) == (generate is None):
-            raise UsageError(Problem("--cases/--generate", "give exactly one of them"))
+            raise UsageError(Problem("--cases/--generate", "give exactly one of them", code="usage.exclusive-options"))
         require_sglang()
         rule_set = load_rules(rules)
         if cases is not None:
@@ -58,7 +58,9 @@ def conform(
         else:
             models = sorted(generate.glob("*.json")) + sorted(generate.glob("*/config.json"))
             if not models:
-                raise UsageError(Problem("--generate", f"{generate} holds no *.json or */config.json"))
+                raise UsageError(
+                    Problem("--generate", f"{generate} holds no *.json or */config.json", code="usage.no-models")
+                )
             chosen = generate_cases(models, [g.strip() for g in gpu.split(",") if g.strip()], rule_set)
     except AttngateError as err:
         raise fail(err, EXIT_BAD_INPUT) from None

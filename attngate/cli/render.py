@@ -137,7 +137,9 @@ def load_model_configs(paths: list[Path]) -> list[tuple[str, ModelFacts]]:
 
     files = [p for path in paths for p in (sorted(path.glob("*.json")) if is_directory(path) else [path])]
     if not files:
-        raise ModelConfigError(Problem("MODELS", f"no config.json files in {', '.join(map(str, paths))}"))
+        raise ModelConfigError(
+            Problem("MODELS", f"no config.json files in {', '.join(map(str, paths))}", code="model-config.no-models")
+        )
     facts = load_all(*(lambda f=f: ModelFacts.from_hf_config(f) for f in files))
     return [(f.stem, m) for f, m in zip(files, facts)]
 

@@ -47,7 +47,7 @@ from attngate.rules.deviations import applicable_deviations, refusing_rules
 from attngate.rules.load import load_rules
 from attngate.rules.ruleset import RuleSet
 from attngate.types import ViolationKind
-from attngate.util.suggest import did_you_mean
+from attngate.util.suggest import suggestion
 
 
 def resolve(
@@ -147,7 +147,7 @@ def _check_allowed(rules: RuleSet, ids: Iterable[str]) -> set[str]:
         raise PlanError(
             [
                 Violation.of_argument(
-                    "allow_known_failures", f"{i!r} is not a known_failure rule" + did_you_mean(i, known)
+                    "allow_known_failures", f"{i!r} is not a known_failure rule", help=suggestion(i, known)
                 )
                 for i in unknown
             ],

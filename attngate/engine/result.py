@@ -63,8 +63,8 @@ class Violation:
         return cls(message, kind, ViolationSource.ENGINE, help=help)
 
     @classmethod
-    def of_argument(cls, argument: str, message: str) -> Violation:
-        return cls(message, ViolationKind.BAD_ARGUMENT, ViolationSource.ARGUMENT, argument=argument)
+    def of_argument(cls, argument: str, message: str, help: str | None = None) -> Violation:
+        return cls(message, ViolationKind.BAD_ARGUMENT, ViolationSource.ARGUMENT, help=help, argument=argument)
 
     @property
     def rule(self) -> str | None:

@@ -90,7 +90,7 @@ class _Reader:
         self.problems: list[Problem] = []
 
     def _bad(self, key: str, message: str) -> None:
-        self.problems.append(Problem(f"{self.source}: {key}", message))
+        self.problems.append(Problem(f"{self.source}: {key}", message, code="model-config.bad-key"))
 
     def _concern(self, model: type[Concern], values: dict[str, Any], prefix: str) -> Any:
         """The validated concern, its requirements checked; None (its problems recorded) where it does not validate."""

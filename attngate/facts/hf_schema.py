@@ -283,7 +283,9 @@ def problems(error: ValidationError, model: type[Concern], prefix: str, source: 
         key, *rest = item["loc"]
         path = prefix + str(key) + "".join(f"[{i}]" for i in rest if isinstance(i, int))
         if path not in found:
-            found[path] = Problem(f"{source}: {path}", _message(item, model.model_fields.get(str(key))))
+            found[path] = Problem(
+                f"{source}: {path}", _message(item, model.model_fields.get(str(key))), code="model-config.invalid-value"
+            )
     return list(found.values())
 
 

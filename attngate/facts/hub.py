@@ -85,18 +85,28 @@ def _cached_or_fetched(text: str) -> Path:
     except LocalEntryNotFoundError:
         pass
     except (HfHubHTTPError, OSError, ValueError) as err:
-        raise ModelConfigError(Problem(text, f"cannot read config.json from the hub cache: {err}")) from None
+        raise ModelConfigError(
+            Problem(text, f"cannot read config.json from the hub cache: {err}", code="model-config.hub-cache")
+        ) from None
     missing = f"config.json is not in the hub cache ({constants.HF_HUB_CACHE})"
     if constants.HF_HUB_OFFLINE:
         raise ModelConfigError(
             Problem(
-                text, f"{missing} and HF_HUB_OFFLINE is set; unset it to fetch it, or pass the model's local folder"
+                text,
+                f"{missing} and HF_HUB_OFFLINE is set; unset it to fetch it, or pass the model's local folder",
+                code="model-config.hub-offline",
             )
         )
     timeout = _timeout()
     unreachable = _probe(repo_id, revision or None, timeout)
     if isinstance(unreachable, HfHubHTTPError):  # the hub answered: no such repo or file, gated, bad revision
-        raise ModelConfigError(Problem(text, f"cannot fetch config.json from the hub: {_first_line(unreachable)}"))
+        raise ModelConfigError(
+            Problem(
+                text,
+                f"cannot fetch config.json from the hub: {_first_line(unreachable)}",
+                code="model-config.hub-refused",
+            )
+        )
     if unreachable is not None:
         raise ModelConfigError(
             Problem(
@@ -104,12 +114,15 @@ def _cached_or_fetched(text: str) -> Path:
                 f"{missing} and the hub ({constants.ENDPOINT}) could not be reached in one attempt of {timeout:g} s "
                 f"({_first_line(unreachable)}); pass the model's local folder, or run where the hub is reachable "
                 "(HF_HUB_OFFLINE=1 reads the cache only; HF_HUB_ETAG_TIMEOUT=S waits longer)",
+                code="model-config.hub-unreachable",
             )
         )
     try:
         return Path(hf_hub_download(repo_id, "config.json", revision=revision or None, etag_timeout=timeout))
     except (HfHubHTTPError, OSError, ValueError) as err:  # gated, missing repo, bad revision, unwritable cache
-        raise ModelConfigError(Problem(text, f"cannot fetch config.json from the hub: {_first_line(err)}")) from None
+        raise ModelConfigError(
+            Problem(text, f"cannot fetch config.json from the hub: {_first_line(err)}", code="model-config.hub-refused")
+        ) from None
 
 
 def _timeout() -> float:

@@ -24,7 +24,7 @@ from attngate.facts.choices import NOT_MODELLED, SGLANG_REFUSES, SGLANG_VERSION
 from attngate.facts.launch_config import merge_config
 from attngate.facts.launch_head import env_notes, split_command, strip_command
 from attngate.facts.sglang_names import READ_BY_RENAMED, RENAMED
-from attngate.util.suggest import did_you_mean
+from attngate.util.suggest import suggestion
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
@@ -82,19 +82,24 @@ def _table(fields: Mapping[str, FieldInfo]) -> dict[str, Action]:
     return {option: a for a in actions for option in a.options}
 
 
-def _lookup(flag: str, by_option: dict[str, Action], ordered: list[str], suggest: bool) -> tuple[Action | None, str]:
+def _lookup(
+    flag: str, where: str, by_option: dict[str, Action], ordered: list[str], suggest: bool
+) -> tuple[Action | None, Problem | None]:
     """The action an option names: exactly, else by unambiguous prefix (argparse's allow_abbrev); else None and
-    why. ``ordered``: the options sorted (those a prefix names are one run of it, found by bisection); ``suggest``:
-    search a did-you-mean (a pass over every option: a line's first MAX_PROBLEMS problems get one)."""
+    the problem, at ``where``. ``ordered``: the options sorted (those a prefix names are one run of it, found by
+    bisection); ``suggest``: search a did-you-mean (a pass over every option: a line's first MAX_PROBLEMS problems
+    get one)."""
     if flag in by_option:
-        return by_option[flag], ""
+        return by_option[flag], None
     after = itertools.islice(ordered, bisect.bisect_left(ordered, flag), None)
     matches = {by_option[o].dest: o for o in itertools.takewhile(lambda o: o.startswith(flag), after)}
     if len(matches) == 1:
-        return by_option[next(iter(matches.values()))], ""
+        return by_option[next(iter(matches.values()))], None
     if matches:
-        return None, f"ambiguous abbreviation: could be {', '.join(sorted(matches.values()))}"
-    return None, "unknown SGLang server argument" + (did_you_mean(flag, ordered) if suggest else "")
+        why = f"ambiguous abbreviation: could be {', '.join(sorted(matches.values()))}"
+        return None, Problem(where, why, code="server-args.ambiguous-flag")
+    hint = suggestion(flag, ordered) if suggest else None
+    return None, Problem(where, "unknown SGLang server argument", code="server-args.unknown-flag", help=hint)
 
 
 def _is_value(token: str) -> bool:
@@ -120,13 +125,17 @@ def parse_launch_line(argv: list[str], fields: Mapping[str, FieldInfo]) -> Launc
     while i < len(argv):
         where, token, i = origins.get(i), argv[i], i + 1
         if not token.startswith("--"):
-            line.problems.append(Problem(token, "unexpected argument: server arguments are --flag [value]"))
+            line.problems.append(
+                Problem(
+                    token, "unexpected argument: server arguments are --flag [value]", code="server-args.positional"
+                )
+            )
             continue
         flag, eq, inline = token.partition("=")
-        action, why = _lookup(flag, by_option, ordered, len(line.problems) < MAX_PROBLEMS)
         where = where or flag
+        action, unknown = _lookup(flag, where, by_option, ordered, len(line.problems) < MAX_PROBLEMS)
         if action is None:
-            line.problems.append(Problem(where, why))
+            line.problems.append(unknown)
             i += 0 if eq or i >= len(argv) or not _is_value(argv[i]) else 1  # its value: no second report
             continue
         values: list[str] = [inline] if eq else []
@@ -143,10 +152,17 @@ def parse_launch_line(argv: list[str], fields: Mapping[str, FieldInfo]) -> Launc
                     where,
                     f"SGLang {SGLANG_VERSION} reads a config file only from the two words --config FILE; this one is "
                     "parsed and never read, and neither is it here",
+                    code="server-args.config-not-read",
                 )
             )
         if action.dest in given and given[action.dest] != value:
-            line.warnings.append(Problem(where, f"given twice, {given[action.dest]!r} then {value!r}; the last wins"))
+            line.warnings.append(
+                Problem(
+                    where,
+                    f"given twice, {given[action.dest]!r} then {value!r}; the last wins",
+                    code="server-args.given-twice",
+                )
+            )
         given[action.dest] = value
         read = action.dest in fields or action.dest in READ_BY_RENAMED or action.dest == "model_path"
         if not read and action.options[0] not in line.not_read:
@@ -160,6 +176,7 @@ def parse_launch_line(argv: list[str], fields: Mapping[str, FieldInfo]) -> Launc
                 Problem(
                     flag,
                     f"SGLang {SGLANG_VERSION} accepts {line.values.pop(name)}, which attngate's rules do not model",
+                    code="server-args.not-modelled",
                 )
             )
     return line
@@ -181,6 +198,7 @@ def _chosen(action: Action, where: str, values: list[str], problems: list[Proble
                         if refused
                         else ""
                     ),
+                    code="server-args.invalid-choice",
                 )
             )
             return False
@@ -205,10 +223,10 @@ def _value(action: Action, flag: str, values: list[str], inline: bool, problems:
             return action.kind != "store_false"
         if values[0].lower() in _TRUE | _FALSE and not action.kind:  # attngate's own switches take =true/false
             return values[0].lower() in _TRUE
-        problems.append(Problem(where, f"a switch takes no value, got {values[0]!r}"))
+        problems.append(Problem(where, f"a switch takes no value, got {values[0]!r}", code="server-args.switch-value"))
         return _BAD
     if not values and action.nargs in (1, "+"):
-        problems.append(Problem(where, "expects a value"))
+        problems.append(Problem(where, "expects a value", code="server-args.missing-value"))
         return _BAD
     if action.nargs in ("*", "+"):
         return values
@@ -222,7 +240,9 @@ def _to_fields(given: dict[str, Any], fields: Mapping[str, FieldInfo], line: Lau
         try:
             given["cuda_graph_config"] = json.loads(given["cuda_graph_config"])
         except json.JSONDecodeError as err:
-            line.problems.append(Problem("--cuda-graph-config", f"not JSON: {err}"))
+            line.problems.append(
+                Problem("--cuda-graph-config", f"not JSON: {err}", code="server-args.cuda-graph-config")
+            )
             given.pop("cuda_graph_config")
     for name in fields:
         renamed = RENAMED.get(name)
@@ -234,7 +254,7 @@ def _to_fields(given: dict[str, Any], fields: Mapping[str, FieldInfo], line: Lau
                 line.values[name] = renamed.read(given)
             except (TypeError, ValueError) as err:
                 flags = ", ".join("--" + f.replace("_", "-") for f in renamed.sglang_fields if f in given)
-                problem = Problem(flags, f"bad value: {err}")
+                problem = Problem(flags, f"bad value: {err}", code="server-args.invalid-value")
                 if problem not in line.problems:  # two fields read from one flag: one report
                     line.problems.append(problem)
 

@@ -28,13 +28,20 @@ def merge_config(
             Problem(
                 "--config",
                 "given twice: SGLang takes one config file ('Multiple config files specified! Only one allowed.')",
+                code="server-args.config-twice",
             )
         )
         return [w for i, w in enumerate(argv) if i not in at and i - 1 not in at], {}
     if not at:
         return argv, {}
     if at[0] == len(argv) - 1:
-        problems.append(Problem("--config", "expects a YAML file ('No config file specified after --config flag!')"))
+        problems.append(
+            Problem(
+                "--config",
+                "expects a YAML file ('No config file specified after --config flag!')",
+                code="server-args.config-missing",
+            )
+        )
         return argv[:-1], {}
     flags, origins = _config_args(argv[at[0] + 1], actions, by_option, problems)
     return flags + argv[: at[0]] + argv[at[0] + 2 :], origins
@@ -53,7 +60,9 @@ def _config_args(
     from attngate.util.yaml_source import load_yaml
 
     if Path(path).suffix.lower() not in (".yaml", ".yml"):
-        problems.append(Problem(f"--config {path}", "SGLang reads only .yaml/.yml config files"))
+        problems.append(
+            Problem(f"--config {path}", "SGLang reads only .yaml/.yml config files", code="server-args.config-suffix")
+        )
         return [], {}
     try:
         text = read_text(Path(path), ServerArgsError, "--config file")
@@ -62,7 +71,14 @@ def _config_args(
         return [], {}
     doc, yaml_problems = load_yaml(text, path)
     if yaml_problems or not isinstance(doc.data, (dict, type(None))):
-        problems.extend(yaml_problems or [Problem(path, "a config file holds a mapping of flag names to values")])
+        problems.extend(
+            yaml_problems
+            or [
+                Problem(
+                    path, "a config file holds a mapping of flag names to values", code="server-args.config-not-mapping"
+                )
+            ]
+        )
         return [], {}
     supported = {k for a in actions if a.config != "unsupported" for k in _config_keys(a)}
     store_true = {k for a in actions if a.config == "store_true" for k in _config_keys(a)}
@@ -74,13 +90,19 @@ def _config_args(
     for key, value in (doc.data or {}).items():
         where = f"{doc.where((key,))}: {key}"
         if not isinstance(key, str):
-            problems.append(Problem(where, "a config key is a flag name"))
+            problems.append(Problem(where, "a config key is a flag name", code="server-args.config-key"))
             continue
         norm, flag = key.replace("-", "_"), f"--{key}"
         if norm in unsupported:  # refused before anything is parsed, as SGLang refuses it
             action = unsupported[norm]
             takes = f"a {action.options[0]}/--no-... switch" if action.kind == "boolean_optional" else "not one value"
-            problems.append(Problem(where, f"SGLang's --config does not take {action.options[0]} ({takes})"))
+            problems.append(
+                Problem(
+                    where,
+                    f"SGLang's --config does not take {action.options[0]} ({takes})",
+                    code="server-args.config-unsupported",
+                )
+            )
             continue
         if "_" in key and flag not in by_option and "--" + key.replace("_", "-") in by_option:
             problems.append(
@@ -88,6 +110,7 @@ def _config_args(
                     where,
                     f"SGLang's --config passes this key as {flag}, which its parser does not know: write "
                     f"{key.replace('_', '-')}",
+                    code="server-args.config-underscore",
                 )
             )
             continue

@@ -85,6 +85,7 @@ def _serve(args: list[str], head: Head) -> list[str]:
                         f"{backend[:_QUOTE]!r}: attngate plans SGLang's LLM server (--model-type llm or auto)"
                         if backend
                         else "requires a value (sglang serve: 'Error: --model-type requires a value.')",
+                        code="server-args.model-type",
                     )
                 )
             continue
@@ -155,10 +156,15 @@ def env_notes(env: list[tuple[str, str]]) -> tuple[list[str], list[Problem]]:
                     where,
                     f"SGLang {SGLANG_VERSION}'s attention code reads it ({files}); no rule reads it, so the plan "
                     "does not account for it",
+                    code="server-args.environment-unmodelled",
                 )
             )
         elif name.startswith("SGLANG_") and name not in read:
             warnings.append(
-                Problem(where, f"SGLang {SGLANG_VERSION} reads no such environment variable, and no rule reads it")
+                Problem(
+                    where,
+                    f"SGLang {SGLANG_VERSION} reads no such environment variable, and no rule reads it",
+                    code="server-args.environment-unknown",
+                )
             )
     return names, warnings

@@ -230,7 +230,9 @@ class ModelFacts(ValidatedModel):
             path = path / "config.json"
         raw = parse_json(read_text(path, ModelConfigError, "config.json"), str(path), ModelConfigError)
         if not isinstance(raw, dict):
-            raise ModelConfigError(Problem(str(path), "config.json must hold a JSON object"))
+            raise ModelConfigError(
+                Problem(str(path), "config.json must hold a JSON object", code="model-config.not-object")
+            )
         return cls.from_hf_dict(raw, source=str(path))
 
     @classmethod

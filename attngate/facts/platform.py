@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from attngate.errors import PlatformError, Problem, check_arguments
 from attngate.facts.choices import GPU_ARCHS, KERNEL_PROVIDERS, SGLANG_VERSION, GpuArch
-from attngate.util.suggest import did_you_mean
+from attngate.util.suggest import suggestion
 
 #: What ``pip install attngate[gpu]`` installs: FlashInfer and FA4's flash_attn.cute (no FA3 wheel on PyPI).
 ATTNGATE_KERNELS: tuple[str, ...] = ("flashinfer", "flash_attn.cute")
@@ -167,7 +167,9 @@ class Platform(BaseModel):
                 Problem(
                     "--gpu",
                     f"unknown GPU {name!r}; an architecture ({', '.join(GPU_ARCHS)}) or a product name "
-                    f"({', '.join(sorted(GPU_PRODUCTS))})" + did_you_mean(arch, [*get_args(GpuArch), *GPU_PRODUCTS]),
+                    f"({', '.join(sorted(GPU_PRODUCTS))})",
+                    help=suggestion(arch, [*get_args(GpuArch), *GPU_PRODUCTS]),
+                    code="platform.unknown-gpu",
                 )
             )
         providers = dict.fromkeys(_PROVIDER_FIELD.values(), False)
@@ -184,19 +186,26 @@ class Platform(BaseModel):
                     Problem(
                         "--kernels",
                         f"unknown kernel provider {kernel!r}; one of {', '.join(KERNEL_PROVIDERS)}, or a preset: "
-                        f"{', '.join(KERNEL_PRESETS)}" + did_you_mean(kernel, [*KERNEL_PROVIDERS, *KERNEL_PRESETS]),
+                        f"{', '.join(KERNEL_PRESETS)}",
+                        help=suggestion(kernel, [*KERNEL_PROVIDERS, *KERNEL_PRESETS]),
+                        code="platform.unknown-kernel",
                     )
                 )
         settable = [*providers, "runs_sglang"]
         unknown = [k for k in facts if k not in settable]
-        problems += [Problem(k, f"not a platform fact; one of {', '.join(settable)}") for k in unknown]
+        problems += [
+            Problem(k, f"not a platform fact; one of {', '.join(settable)}", code="platform.unknown-fact")
+            for k in unknown
+        ]
         if problems:
             raise PlatformError(problems)
         try:
             kernel_source = source or ("sglang" if stock and not set(facts) - {"runs_sglang"} else "given")
             return cls(gpu_arch=arch, kernel_source=kernel_source, **{**providers, **facts})
         except ValidationError as err:
-            raise PlatformError([Problem(".".join(map(str, e["loc"])), e["msg"]) for e in err.errors()]) from None
+            raise PlatformError(
+                [Problem(".".join(map(str, e["loc"])), e["msg"], code="platform.invalid-value") for e in err.errors()]
+            ) from None
 
     @classmethod
     def detect(cls) -> "Platform":
@@ -207,7 +216,11 @@ class Platform(BaseModel):
         except Exception as exc:  # torch missing, no CUDA device, driver error: all mean "pass --gpu"
             reason = "torch is not installed" if isinstance(exc, ImportError) else str(exc)
             raise PlatformError(
-                Problem("--gpu", f"cannot detect the GPU ({reason}); pass --gpu sm80|sm90|sm100|sm120")
+                Problem(
+                    "--gpu",
+                    f"cannot detect the GPU ({reason}); pass --gpu sm80|sm90|sm100|sm120",
+                    code="platform.undetected",
+                )
             ) from None
         return cls.from_name(f"{major}{minor}", kernels=installed_kernel_providers(), source="detected")
 

@@ -28,7 +28,7 @@ from attngate.facts.choices import (
     SpeculativeAttentionMode,
 )
 from attngate.util.inputs import parse_json, read_text
-from attngate.util.suggest import did_you_mean
+from attngate.util.suggest import suggestion
 from attngate.util.validated import ValidatedModel
 
 
@@ -127,9 +127,22 @@ class ServerArgs(ValidatedModel):
         for key, value in data.items():
             name = str(key).replace("-", "_").lstrip("_")
             if name not in cls.model_fields:
-                problems.append(Problem(locate(key), "unknown server argument" + did_you_mean(name, cls.model_fields)))
+                problems.append(
+                    Problem(
+                        locate(key),
+                        "unknown server argument",
+                        help=suggestion(name, cls.model_fields),
+                        code="server-args.unknown-argument",
+                    )
+                )
             elif name in spelled:
-                problems.append(Problem(locate(key), f"sets {name} again (also given as {spelled[name]!r})"))
+                problems.append(
+                    Problem(
+                        locate(key),
+                        f"sets {name} again (also given as {spelled[name]!r})",
+                        code="server-args.given-twice",
+                    )
+                )
             else:
                 clean[name], spelled[name] = value, key
         return cls._validate(clean, problems, lambda n: locate(spelled.get(n, n)))
@@ -149,6 +162,7 @@ class ServerArgs(ValidatedModel):
                     "argv",
                     f"takes a list of flag strings (e.g. {'--tp-size 2'.split()!r}), not a "
                     f"{type(argv).__name__}" + ("; split it: s.split()" if isinstance(argv, str) else ""),
+                    code="usage.argv",
                 )
             )
         not_str = [
@@ -157,7 +171,7 @@ class ServerArgs(ValidatedModel):
             if not isinstance(a, str)
         ]
         if not_str:
-            raise UsageError([Problem("argv", message) for message in not_str])
+            raise UsageError([Problem("argv", message, code="usage.argv") for message in not_str])
         line = parse_launch_line(list(argv), cls.model_fields)
         return cls._validate(line.values, line.problems, lambda n: "--" + n.replace("_", "-"))
 
@@ -180,7 +194,13 @@ class ServerArgs(ValidatedModel):
         if data is None:
             data = {}
         if not isinstance(data, dict):
-            raise ServerArgsError(Problem(str(path), "an args file must hold a mapping of argument names to values"))
+            raise ServerArgsError(
+                Problem(
+                    str(path),
+                    "an args file must hold a mapping of argument names to values",
+                    code="server-args.file-not-mapping",
+                )
+            )
         return cls.from_mapping(data, source=str(path), locate=locate)
 
     @classmethod
@@ -194,6 +214,7 @@ class ServerArgs(ValidatedModel):
                     "obj",
                     f"takes an object with server-argument attributes, not a {type(obj).__name__}; "
                     "for a mapping: ServerArgs(**mapping)",
+                    code="usage.server-args-object",
                 )
             )
         missing, data, failed = object(), {}, []
@@ -201,7 +222,13 @@ class ServerArgs(ValidatedModel):
             try:
                 value = getattr(obj, name, missing)
             except Exception as exc:  # noqa: BLE001 - a property of the caller's object raised; name it, do not pass it on
-                failed.append(Problem(f"{type(obj).__name__}.{name}", f"reading it raised {type(exc).__name__}: {exc}"))
+                failed.append(
+                    Problem(
+                        f"{type(obj).__name__}.{name}",
+                        f"reading it raised {type(exc).__name__}: {exc}",
+                        code="server-args.attribute-raised",
+                    )
+                )
                 continue
             if value is not missing:
                 data[name] = value
@@ -213,6 +240,7 @@ class ServerArgs(ValidatedModel):
                     "obj",
                     f"{type(obj).__name__} has none of the server arguments as attributes "
                     "(e.g. attention_backend, page_size)",
+                    code="usage.server-args-object",
                 )
             )
         return cls._validate(data, [], lambda n: f"{type(obj).__name__}.{n}")
@@ -222,7 +250,10 @@ class ServerArgs(ValidatedModel):
         try:
             args = cls(**data)
         except ServerArgsError as exc:
-            problems += [Problem(where(name.split(".")[0]) if name else None, message) for name, message in exc.fields]
+            problems += [
+                Problem(where(name.split(".")[0]) if name else None, message, code="server-args.invalid-value")
+                for name, message in exc.fields
+            ]
             raise ServerArgsError(problems) from None
         if problems:
             raise ServerArgsError(problems)

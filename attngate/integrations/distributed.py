@@ -16,14 +16,12 @@ import dataclasses
 from typing import Any
 
 from attngate.engine.result import Resolution
-from attngate.errors import AttngateError, Problem, UsageError, argument_problems, count_problems
+from attngate.errors import PlanMismatchError, Problem, UsageError, argument_problems, count_problems
 from attngate.facts.catalogue import base_facts
 from attngate.plan.compare import differing, gate_values
 from attngate.plan.schema import Plan
 
-
-class PlanMismatchError(AttngateError):
-    title = "ranks resolved different attention plans"
+__all__ = ["PlanMismatchError", "check_plan_consistency", "dp_max_batch_size"]  # the error lives in attngate.errors
 
 
 def check_plan_consistency(plan_or_resolution: Plan | Resolution, group: Any = None) -> None:
@@ -56,13 +54,13 @@ def check_plan_consistency(plan_or_resolution: Plan | Resolution, group: Any = N
     plan = resolution.plan if resolution else plan_or_resolution
     world = dist.get_world_size(group)
     verdicts: list[Any] = [None] * world
-    own = ("bad", [(p.where, p.message) for p in problems]) if problems else ("ok", plan.fingerprint)
+    own = ("bad", [(p.where, p.message, p.code) for p in problems]) if problems else ("ok", plan.fingerprint)
     dist.all_gather_object(verdicts, own, group=group)
     bad = [
-        Problem(f"rank {rank}: {where}", message)
+        Problem(f"rank {rank}: {where}", message, code=code)
         for rank, (status, found) in enumerate(verdicts)
         if status == "bad"
-        for where, message in found
+        for where, message, code in found
     ]
     if bad:
         raise UsageError(bad)
@@ -84,7 +82,7 @@ def check_plan_consistency(plan_or_resolution: Plan | Resolution, group: Any = N
         text = "; ".join(f"{k}: {a!r} on rank 0, {b!r} on rank {rank}" for k, (a, b) in gates.items())
         if facts:
             text += " -- facts behind them: " + "; ".join(f"{k}: {a!r} vs {b!r}" for k, (a, b) in facts.items())
-        problems.append(Problem(f"rank {rank}", text))
+        problems.append(Problem(f"rank {rank}", text, code="plan-mismatch.ranks-differ"))
     raise PlanMismatchError(problems)
 
 
@@ -116,7 +114,9 @@ def dp_max_batch_size(batch_size: int, group: Any = None) -> int:
     if int(size[1].item()):
         raise UsageError(
             Problem(
-                f"rank {int(size[1].item()) - 1}", "was given a bad argument of dp_max_batch_size (its error names it)"
+                f"rank {int(size[1].item()) - 1}",
+                "was given a bad argument of dp_max_batch_size (its error names it)",
+                code="usage.rank-argument",
             )
         )
     return int(size[0].item())
@@ -126,7 +126,9 @@ def _group_of(dist: Any, group: Any, caller: str) -> Any:
     """``group`` as given; UsageError, before any collective, on a rank outside it (new_group's NON_GROUP_MEMBER):
     the group's members do not wait for such a rank."""
     if group is dist.GroupMember.NON_GROUP_MEMBER:
-        raise UsageError(Problem("group", f"this rank is not a member of the group given to {caller}"))
+        raise UsageError(
+            Problem("group", f"this rank is not a member of the group given to {caller}", code="usage.process-group")
+        )
     return group
 
 
@@ -134,4 +136,5 @@ def _bad_group(group: Any) -> Problem:
     return Problem(
         "group",
         f"takes a torch.distributed ProcessGroup or None (the default group), not {type(group).__name__} {group!r:.80}",
+        code="usage.process-group",
     )

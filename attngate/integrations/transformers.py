@@ -191,7 +191,13 @@ class AttngateRuntime:
 
     def free_request(self, req: int) -> None:
         if req not in self._requests:
-            raise BatchMetadataError(Problem(f"request {req}", "unknown request (freed already, or never added)"))
+            raise BatchMetadataError(
+                Problem(
+                    f"request {req}",
+                    "unknown request (freed already, or never added)",
+                    code="batch-metadata.unknown-request",
+                )
+            )
         r = self._requests.pop(req)
         self.allocator.free(r.pages)
         self.req_to_token_pool.free(r.row)
@@ -208,6 +214,7 @@ class AttngateRuntime:
                     "mode",
                     f"extend runs {', '.join(m.value for m in _EXTEND_MODES)}, not {mode!r}; "
                     "one token per request: decode()",
+                    code="usage.extend-mode",
                 )
             )
         return self._forward(ForwardMode(mode), new_tokens)
@@ -220,10 +227,16 @@ class AttngateRuntime:
         """Each request's ids as a 1-D integer tensor; BatchMetadataError naming every value that is not one."""
         if not isinstance(new_tokens, dict):
             raise UsageError(
-                Problem("new_tokens", f"takes a dict {{request: token ids}}, not {type(new_tokens).__name__}")
+                Problem(
+                    "new_tokens",
+                    f"takes a dict {{request: token ids}}, not {type(new_tokens).__name__}",
+                    code="usage.new-tokens",
+                )
             )
         if not new_tokens:
-            raise UsageError(Problem("new_tokens", "names no request; a forward runs one request or more"))
+            raise UsageError(
+                Problem("new_tokens", "names no request; a forward runs one request or more", code="usage.new-tokens")
+            )
         ids, problems = {}, []
         for req, value in new_tokens.items():
             try:
@@ -235,7 +248,11 @@ class AttngateRuntime:
             if t is None or t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool or t.dim() > 1:
                 got = f"a {t.dim()}-D {t.dtype} tensor" if t is not None else type(value).__name__
                 problems.append(
-                    Problem(f"request {req}", f"token ids must be a 1-D integer tensor or a list of ints, not {got}")
+                    Problem(
+                        f"request {req}",
+                        f"token ids must be a 1-D integer tensor or a list of ints, not {got}",
+                        code="usage.token-ids",
+                    )
                 )
             else:
                 ids[req] = t.reshape(-1).to(torch.int64)  # the embedding takes int64 (or int32), not uint8

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from attngate.errors import Problem, UsageError
-from attngate.util.suggest import did_you_mean
+from attngate.util.suggest import suggestion
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +106,9 @@ def backend_entry(name: str) -> BackendEntry:
         raise UsageError(
             Problem(
                 "backend",
-                f"{name!r}: not a backend attngate knows; one of {', '.join(_BY_NAME)}" + did_you_mean(name, _BY_NAME),
+                f"{name!r}: not a backend attngate knows; one of {', '.join(_BY_NAME)}",
+                help=suggestion(name, _BY_NAME),
+                code="usage.unknown-backend",
             )
         )
     return entry

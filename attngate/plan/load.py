@@ -27,7 +27,7 @@ from pydantic import BaseModel, ValidationError
 from attngate.errors import AttngateError, PlanLoadError, Problem
 from attngate.types import FactType
 from attngate.util.inputs import MAX_NESTING, nesting_depth
-from attngate.util.suggest import did_you_mean
+from attngate.util.suggest import suggestion
 
 #: problems listed before the rest are only counted (a text of a million unknown keys stays a short error)
 MAX_PROBLEMS = 100
@@ -84,14 +84,15 @@ class _Found:
     def full(self) -> bool:
         return len(self.problems) >= MAX_PROBLEMS
 
-    def add(self, where: str, message: str) -> None:
+    def add(self, where: str, message: str, code: str, help: str | None = None) -> None:
+        """Note one problem of kind ``code`` (counted only, past the first MAX_PROBLEMS)."""
         if self.full:
             self.more += 1
         else:
-            self.problems.append(Problem(where, message))
+            self.problems.append(Problem(where, message, code=code, help=help))
 
     def all(self) -> list[Problem]:
-        return self.problems + ([Problem("$", f"and {self.more} more problems")] if self.more else [])
+        return self.problems + ([Problem("$", f"and {self.more} more problems", code="more")] if self.more else [])
 
 
 @functools.cache
@@ -105,13 +106,15 @@ def load_plan(cls: type[BaseModel], text: str) -> BaseModel:
     MAX_NESTING deep, a key missing, unknown or repeated, a value outside its gate's domain, a fingerprint absent,
     malformed or not the plan's."""
     if nesting_depth(text) > MAX_NESTING:
-        raise PlanLoadError(Problem("$", f"nested more than {MAX_NESTING} levels deep"))
+        raise PlanLoadError(Problem("$", f"nested more than {MAX_NESTING} levels deep", code="plan-load.too-deep"))
     try:
         data = json.loads(text, object_pairs_hook=_Object)
     except json.JSONDecodeError as exc:
-        raise PlanLoadError(Problem(f"plan:{exc.lineno}:{exc.colno}", f"not JSON: {exc.msg}")) from None
+        raise PlanLoadError(
+            Problem(f"plan:{exc.lineno}:{exc.colno}", f"not JSON: {exc.msg}", code="plan-load.json-syntax")
+        ) from None
     except (ValueError, RecursionError) as exc:  # an integer of more digits than Python converts
-        raise PlanLoadError(Problem("$", f"not JSON: {exc}")) from None
+        raise PlanLoadError(Problem("$", f"not JSON: {exc}", code="plan-load.json-syntax")) from None
     found = _Found()
     _check_object(data, plan_shape(cls), "$", found)
     if found.problems:
@@ -120,13 +123,14 @@ def load_plan(cls: type[BaseModel], text: str) -> BaseModel:
     try:
         plan = cls.model_validate(data)
     except (AttngateError, ValidationError, ValueError) as exc:  # the checks above leave none: a second guard
-        raise PlanLoadError(Problem("$", f"not a Plan: {exc}")) from None
+        raise PlanLoadError(Problem("$", f"not a Plan: {exc}", code="plan-load.not-a-plan")) from None
     if claimed != plan.fingerprint:
         raise PlanLoadError(
             Problem(
                 "$.fingerprint",
                 f"{claimed} does not match the plan's content ({plan.fingerprint}): a gate was changed after the "
                 "plan was resolved, or the fingerprint was",
+                code="plan-load.fingerprint",
             )
         )
     return plan
@@ -134,30 +138,32 @@ def load_plan(cls: type[BaseModel], text: str) -> BaseModel:
 
 def _check_object(value: Any, shape: Shape, path: str, found: _Found) -> None:
     if not isinstance(value, dict):
-        found.add(path, f"takes a JSON object (of {', '.join(shape)}), got {_show(value)}")
+        found.add(path, f"takes a JSON object (of {', '.join(shape)}), got {_show(value)}", "plan-load.not-object")
         return
     for key in getattr(value, "repeated", ()):
         found.add(
             _at(path, key),
             "appears more than once in one object; a plan's JSON holds each key once (JSON readers differ on "
             "which value wins, so one fingerprint would stand for two plans)",
+            "plan-load.repeated-key",
         )
     for key, item in value.items():
         domain = shape.get(key)
         if found.full and not isinstance(domain, dict):  # only counted from here: no message to build
             found.more += domain is None or not domain.accepts(item)
         elif domain is None:
-            found.add(_at(path, key), "unknown key" + did_you_mean(key[:_SHOWN], shape))
+            found.add(_at(path, key), "unknown key", "plan-load.unknown-key", suggestion(key[:_SHOWN], shape))
         elif isinstance(domain, dict):
             _check_object(item, domain, _at(path, key), found)
         elif not domain.accepts(item):
-            hint = did_you_mean(item[:_SHOWN], map(str, domain.choices)) if _has_choices(domain, item) else ""
-            found.add(_at(path, key), f"takes {domain.describe()}, got {_show(item)}{hint}")
+            hint = suggestion(item[:_SHOWN], map(str, domain.choices)) if _has_choices(domain, item) else None
+            found.add(_at(path, key), f"takes {domain.describe()}, got {_show(item)}", "plan-load.value-type", hint)
     for key in shape:
         if key not in value:
             found.add(
                 _at(path, key),
                 "missing; a plan loads only whole, as resolve() wrote it (Plan.to_json): no key takes a default on load",
+                "plan-load.missing-key",
             )
 
 

@@ -25,7 +25,7 @@ from pydantic import (
 from attngate.errors import PlanLoadError, Problem, UsageError, check_arguments
 from attngate.facts.choices import AttentionBackendName, KvCacheDtype
 from attngate.facts.modes import ForwardMode, LayerKind
-from attngate.util.suggest import did_you_mean
+from attngate.util.suggest import suggestion
 from attngate.util.validated import ValidatedModel
 
 
@@ -264,7 +264,10 @@ def _member(enum: type[ForwardMode] | type[LayerKind], value: object, parameter:
         names = [m.value for m in enum]
         raise UsageError(
             Problem(
-                parameter, f"no {enum.__name__} {value!r}; one of {', '.join(names)}" + did_you_mean(str(value), names)
+                parameter,
+                f"no {enum.__name__} {value!r}; one of {', '.join(names)}",
+                help=suggestion(str(value), names),
+                code="usage.unknown-enum-value",
             )
         ) from None
 
@@ -316,7 +319,11 @@ class Plan(ValidatedModel):
         pydantic's frozen models refuse only plain attribute assignment."""
         if self.fingerprint != self._sealed:
             raise PlanLoadError(
-                Problem("plan", "changed after it was validated; resolve() or Plan.from_json() a new one")
+                Problem(
+                    "plan",
+                    "changed after it was validated; resolve() or Plan.from_json() a new one",
+                    code="plan-load.edited",
+                )
             )
 
     def canonical_json(self) -> str:

@@ -20,7 +20,7 @@ from attngate.rules.ruleset import FactValue, Predicate, Rule
 from attngate.rules.spec import RuleFileSpec, RuleSpec
 from attngate.rules.typecheck import ConditionErrors
 from attngate.types import FactType, Scope
-from attngate.util.suggest import did_you_mean
+from attngate.util.suggest import suggestion
 from attngate.util.yaml_source import YamlDocument
 
 _PREDICATE_NAME = re.compile(r"[a-z_][a-z0-9_]*")
@@ -41,7 +41,13 @@ _SCOPE_HINTS = {
 def check_document(doc: YamlDocument, problems: list[Problem]) -> tuple[list[Rule], list[Predicate]]:
     data = doc.data
     if not isinstance(data, dict):
-        problems.append(Problem(doc.where(()), "a rules file is a mapping with 'version: 1' and 'rules: [...]'"))
+        problems.append(
+            Problem(
+                doc.where(()),
+                "a rules file is a mapping with 'version: 1' and 'rules: [...]'",
+                code="rules.not-mapping",
+            )
+        )
         return [], []
     try:  # each entry is checked on its own below; a section that is no list (null included) is the schema's error
         RuleFileSpec.model_validate(
@@ -54,7 +60,7 @@ def check_document(doc: YamlDocument, problems: list[Problem]) -> tuple[list[Rul
     raw_rules = data.get("rules")
     if not isinstance(raw_rules, list):
         if "rules" in data:
-            problems.append(Problem(doc.where(("rules",)), "'rules' must be a list"))
+            problems.append(Problem(doc.where(("rules",)), "'rules' must be a list", code="rules.not-list"))
         return [], predicates
     rules: list[Rule] = []
     seen: dict[str, str] = {}
@@ -65,7 +71,11 @@ def check_document(doc: YamlDocument, problems: list[Problem]) -> tuple[list[Rul
             continue
         if spec.id in seen:
             problems.append(
-                Problem(doc.where(path + ("id",)), f"duplicate rule id {spec.id!r} (first at {seen[spec.id]})")
+                Problem(
+                    doc.where(path + ("id",)),
+                    f"duplicate rule id {spec.id!r} (first at {seen[spec.id]})",
+                    code="rules.duplicate-id",
+                )
             )
         seen.setdefault(spec.id, doc.where(path + ("id",)))
         rule = _check_rule(spec, doc, path, problems, fact_types)
@@ -87,17 +97,23 @@ def _check_predicates(raw: Any, doc: YamlDocument, problems: list[Problem]) -> l
                 Problem(
                     doc.where(path),
                     f"predicate name {name!r} must be a lower-case ASCII identifier (a-z, 0-9, _) and no keyword",
+                    code="rules.predicate-name",
                 )
             )
             continue
         if name in readable:
-            problems.append(Problem(doc.where(path), f"predicate {name!r} shadows a fact or an earlier predicate"))
+            problems.append(
+                Problem(
+                    doc.where(path),
+                    f"predicate {name!r} shadows a fact or an earlier predicate",
+                    code="rules.predicate-shadows",
+                )
+            )
             continue
         try:
             condition = compile_condition(text, readable, None, _SCOPE_HINTS)
         except ConditionErrors as exc:
-            for err in exc.errors:
-                problems.append(Problem(doc.where(path, err.col), f"predicate {name!r}: {err.message}"))
+            problems += [err.problem(doc.where(path, err.col), f"predicate {name!r}") for err in exc.errors]
             continue
         readable[name] = FactType("bool")
         predicates.append(Predicate(name, condition, doc.where(path)))
@@ -137,10 +153,16 @@ def _check_rule(
         key = "set" if name == "set_" else name
         present = getattr(spec, name) is not None
         if name in required and not present:
-            problems.append(Problem(doc.where(path), f"rule {spec.id!r}: kind {spec.kind} needs '{key}'"))
+            problems.append(
+                Problem(doc.where(path), f"rule {spec.id!r}: kind {spec.kind} needs '{key}'", code="rules.missing-key")
+            )
         elif present and name not in required | extra:
             problems.append(
-                Problem(doc.where(path + (key,)), f"rule {spec.id!r}: '{key}' does not belong to kind {spec.kind}")
+                Problem(
+                    doc.where(path + (key,)),
+                    f"rule {spec.id!r}: '{key}' does not belong to kind {spec.kind}",
+                    code="rules.extra-key",
+                )
             )
     scope = _scope_of(spec, doc, path, problems)
     sets = _check_values(spec.set_ or {}, GATES_TYPES.get(scope, {}), "gate", doc, path + ("set",), problems)
@@ -179,6 +201,7 @@ def _scope_of(spec: RuleSpec, doc: YamlDocument, path: tuple, problems: list[Pro
             Problem(
                 doc.where(path + ("set",)),
                 f"rule {spec.id!r} sets gates of different scopes {sorted(scopes)}; split it",
+                code="rules.mixed-scopes",
             )
         )
     return scopes.pop() if len(scopes) == 1 else "global"
@@ -203,18 +226,19 @@ def _check_values(
         ftype = types.get(name)
         if ftype is None:
             other = GATES.get(name)
-            hint = f" ({name} is a {other.scope} gate)" if other and what == "gate" else did_you_mean(str(name), types)
-            problems.append(Problem(where, f"unknown {what} {name!r}{hint}"))
+            hint = f"{name} is a {other.scope} gate" if other and what == "gate" else suggestion(str(name), types)
+            problems.append(Problem(where, f"unknown {what} {name!r}", code="rules.unknown-name", help=hint))
         elif isinstance(value, dict) and what == "server argument":
             out[name] = _fact_value(name, value, ftype, where, problems)
         elif not ftype.accepts(value):
             problems.append(
                 Problem(
                     where,
-                    f"{name} is {ftype.describe()}, got {value!r}"
-                    + (
-                        did_you_mean(value, map(str, ftype.choices)) if ftype.choices and isinstance(value, str) else ""
-                    ),
+                    f"{name} is {ftype.describe()}, got {value!r}",
+                    code="rules.value-type",
+                    help=suggestion(value, map(str, ftype.choices))
+                    if ftype.choices and isinstance(value, str)
+                    else None,
                 )
             )
     return out
@@ -224,15 +248,30 @@ def _fact_value(name: str, value: dict, ftype: FactType, where: str, problems: l
     """``{from: FACT}``: FACT must be a global fact whose values ``name`` accepts."""
     fact = value.get("from") if set(value) == {"from"} else None
     if not isinstance(fact, str):
-        problems.append(Problem(where, f"{name}: a computed value is written {{from: FACT}}, got {value!r}"))
+        problems.append(
+            Problem(
+                where, f"{name}: a computed value is written {{from: FACT}}, got {value!r}", code="rules.computed-value"
+            )
+        )
         return None
     source = _GLOBAL_FACT_TYPES.get(fact)
     if source is None:
-        problems.append(Problem(where, f"{name}: unknown fact {fact!r}" + did_you_mean(fact, _GLOBAL_FACT_TYPES)))
+        problems.append(
+            Problem(
+                where,
+                f"{name}: unknown fact {fact!r}",
+                help=suggestion(fact, _GLOBAL_FACT_TYPES),
+                code="rules.unknown-fact",
+            )
+        )
         return None
     choices_fit = not ftype.choices or (source.choices is not None and set(source.choices) <= set(ftype.choices))
     if source.base != ftype.base or (source.optional and not ftype.optional) or not choices_fit:
-        problems.append(Problem(where, f"{name} is {ftype.describe()}; fact {fact} is {source.describe()}"))
+        problems.append(
+            Problem(
+                where, f"{name} is {ftype.describe()}; fact {fact} is {source.describe()}", code="rules.computed-type"
+            )
+        )
         return None
     return FactValue(fact)
 
@@ -256,7 +295,7 @@ def _check_condition(
         shift = len(text) - len(spec.when if isinstance(spec.when, str) else text)
         for err in exc.errors:
             offset = err.col - (shift - 1) if spec.backends else err.col  # text = prefix + "(" + when + ")"
-            problems.append(Problem(doc.where(path + ("when",), max(offset, 0)), f"rule {spec.id!r}: {err.message}"))
+            problems.append(err.problem(doc.where(path + ("when",), max(offset, 0)), f"rule {spec.id!r}"))
         return None
     if spec.backends:  # show the synthesized conjunct as the user wrote it
         first = condition.conjuncts[0].with_text(f"backends: [{', '.join(spec.backends)}]")

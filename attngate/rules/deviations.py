@@ -26,7 +26,7 @@ from attngate.facts.model import ModelFacts
 from attngate.facts.platform import Platform
 from attngate.facts.server_args import ServerArgs
 from attngate.rules.condition import Condition, compile_condition
-from attngate.util.suggest import did_you_mean
+from attngate.util.suggest import suggestion
 
 if TYPE_CHECKING:
     from attngate.rules.spec import DeviationSpec
@@ -69,8 +69,9 @@ def check_deviations(
             problems.append(
                 Problem(
                     doc.where(path + ("fields",)),
-                    f"deviation {spec.id!r}: {name!r} is neither a server "
-                    "argument nor refusal / sglang_refusal" + did_you_mean(name, DEVIATION_FIELDS),
+                    f"deviation {spec.id!r}: {name!r} is neither a server argument nor refusal / sglang_refusal",
+                    help=suggestion(name, DEVIATION_FIELDS),
+                    code="rules.deviation-field",
                 )
             )
         if bool(spec.rules) != (REFUSAL in fields):
@@ -79,6 +80,7 @@ def check_deviations(
                     doc.where(path + ("rules",) if spec.rules else path + ("fields",)),
                     f"deviation {spec.id!r}: fields: refusal (attngate refuses) goes with rules: the "
                     "refusing rules it declares, and rules: with fields: refusal",
+                    code="rules.deviation-refusal",
                 )
             )
         problems += _unbounded(spec, fields, doc, path) + _not_refusing(spec, doc, path)
@@ -88,8 +90,9 @@ def check_deviations(
         try:
             condition = compile_condition(text, readable)
         except ConditionErrors as exc:
-            for err in exc.errors:
-                problems.append(Problem(doc.where(path + ("when",), err.col), f"deviation {spec.id!r}: {err.message}"))
+            problems += [
+                err.problem(doc.where(path + ("when",), err.col), f"deviation {spec.id!r}") for err in exc.errors
+            ]
             continue
         out.append(
             Deviation(
@@ -112,6 +115,7 @@ def _unbounded(spec: DeviationSpec, fields: tuple[str, ...], doc: YamlDocument, 
             + ("with when: true" if given else "without a when")
             + ", which would excuse every such difference of every configuration",
             help="state the configurations it covers in `when`",
+            code="rules.deviation-unbounded",
         )
     ]
 
@@ -134,6 +138,7 @@ def _not_refusing(spec: DeviationSpec, doc: YamlDocument, path: tuple) -> list[P
             doc.where(path + ("rules", index)),
             f"deviation {spec.id!r}: rule {rule!r} is of kind {kinds[rule]}, which never refuses a configuration; "
             "fields: refusal names forbid and known_failure rules (without a fallback)",
+            code="rules.deviation-rule-kind",
         )
         for index, rule in enumerate(spec.rules)
         if kinds.get(rule, "forbid") not in ("forbid", "known_failure")

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from attngate.errors import Problem
-from attngate.util.suggest import did_you_mean
+from attngate.util.suggest import suggestion
 from attngate.util.yaml_source import YamlDocument
 
 Spec = TypeVar("Spec", bound=BaseModel)
@@ -23,11 +23,18 @@ def pydantic_problems(
         if err["type"] == "extra_forbidden":
             name = loc[-1]
             known = [f.alias or n for n, f in spec.model_fields.items()]
-            problems.append(Problem(doc.where(base + loc), f"unknown key {name!r}" + did_you_mean(str(name), known)))
+            problems.append(
+                Problem(
+                    doc.where(base + loc),
+                    f"unknown key {name!r}",
+                    help=suggestion(str(name), known),
+                    code="rules.unknown-key",
+                )
+            )
         else:
             loc = tuple(p for p in loc if not (isinstance(p, str) and p in ("str", "bool")))
             label = ".".join(map(str, loc)) or "rule"
-            problems.append(Problem(doc.where(base + loc), f"{label}: {err['msg']}"))
+            problems.append(Problem(doc.where(base + loc), f"{label}: {err['msg']}", code="rules.schema"))
 
 
 def validated_entries(
@@ -48,7 +55,11 @@ def validated_entries(
         entry_id = entry.id  # type: ignore[attr-defined]
         if entry_id in seen:
             problems.append(
-                Problem(doc.where(path + ("id",)), f"duplicate {what} id {entry_id!r} (first at {seen[entry_id]})")
+                Problem(
+                    doc.where(path + ("id",)),
+                    f"duplicate {what} id {entry_id!r} (first at {seen[entry_id]})",
+                    code="rules.duplicate-id",
+                )
             )
         seen.setdefault(entry_id, doc.where(path + ("id",)))
         yield path, entry

@@ -48,10 +48,9 @@ def check_invariants(
         try:
             condition = compile_condition(spec.assert_, readable, _ALL_GATE_TYPES)
         except ConditionErrors as exc:
-            for err in exc.errors:
-                problems.append(
-                    Problem(doc.where(path + ("assert",), err.col), f"invariant {spec.id!r}: {err.message}")
-                )
+            problems += [
+                err.problem(doc.where(path + ("assert",), err.col), f"invariant {spec.id!r}") for err in exc.errors
+            ]
             continue
         out.append(Invariant(spec.id, spec.summary, spec.source, doc.where(path + ("assert",)), condition))
     return out

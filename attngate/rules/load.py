@@ -15,7 +15,7 @@ from attngate.rules.invariants import Invariant, check_invariants
 from attngate.rules.ruleset import Predicate, Rule, RuleSet
 from attngate.types import FactType
 from attngate.util.inputs import read_text
-from attngate.util.suggest import did_you_mean
+from attngate.util.suggest import suggestion
 
 
 def shipped_rules_path() -> Path:
@@ -79,7 +79,12 @@ def parse_rules(text: str, filename: str = "rules.yaml") -> RuleSet:
             deviations = check_deviations(doc.data.get("deviations"), doc, problems, predicate_types)
             known = {r.id for r in rules}
             problems += [
-                Problem(d.where, f"deviation {d.id!r}: no rule {rule!r}" + did_you_mean(rule, known))
+                Problem(
+                    d.where,
+                    f"deviation {d.id!r}: no rule {rule!r}",
+                    help=suggestion(rule, known),
+                    code="rules.deviation-rule",
+                )
                 for d in deviations
                 for rule in d.rules
                 if rule not in known

@@ -58,7 +58,11 @@ class Rule:
             return self.condition(facts)
         except TypeError as exc:  # an order comparison met None: the condition lacks a guard
             raise RulesError(
-                Problem(self.where, f"rule {self.id!r}: {exc}; guard the fact with 'is not None'")
+                Problem(
+                    self.where,
+                    f"rule {self.id!r}: {exc}; guard the fact with 'is not None'",
+                    code="rules.unguarded-none",
+                )
             ) from None
 
 

@@ -8,25 +8,13 @@ import ast
 from dataclasses import replace
 from typing import Any
 
+from attngate.errors import ConditionError, ConditionErrors
 from attngate.types import FactType
-from attngate.util.suggest import did_you_mean
+from attngate.util.suggest import suggestion
+
+__all__ = ["ConditionError", "ConditionErrors", "TypeChecker"]  # the two errors live in attngate.errors
 
 _ORDER_OPS = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
-
-
-class ConditionError(Exception):
-    """One problem in a condition, at a column (0-based) of the condition text."""
-
-    def __init__(self, col: int, message: str):
-        self.col = col
-        self.message = message
-        super().__init__(message)
-
-
-class ConditionErrors(Exception):
-    def __init__(self, errors: list[ConditionError]):
-        self.errors = errors
-        super().__init__("; ".join(e.message for e in errors))
 
 
 class TypeChecker:
@@ -39,8 +27,8 @@ class TypeChecker:
         self.errors: list[ConditionError] = []
         self.reads: list[str] = []
 
-    def fail(self, node: ast.AST, message: str) -> None:
-        self.errors.append(ConditionError(getattr(node, "col_offset", 0), message))
+    def fail(self, node: ast.AST, message: str, help: str | None = None) -> None:
+        self.errors.append(ConditionError(getattr(node, "col_offset", 0), message, help))
 
     # A boolean expression: what `and`/`or`/`not` combine and what a rule's `when` must be.
     # ``guarded``: optional facts known not to be None where ``node`` is evaluated (Python's
@@ -78,19 +66,21 @@ class TypeChecker:
                 return None
             name = self.ref_name(node)
             if name not in self.gates:
-                hint = (
-                    did_you_mean(name, self.gates)
-                    if self.gates
-                    else " (gate values are readable only by per-mode and per-layer rules)"
-                )
-                self.fail(node, f"unknown gate {name!r}{hint}")
+                if self.gates:
+                    self.fail(node, f"unknown gate {name!r}", suggestion(name, self.gates))
+                else:
+                    self.fail(
+                        node, f"unknown gate {name!r} (gate values are readable only by per-mode and per-layer rules)"
+                    )
                 return None
             self.reads.append(name)
             return self.gates[name]
         assert isinstance(node, ast.Name)
         if node.id not in self.facts:
-            hint = self.hints.get(node.id) or did_you_mean(node.id, self.facts)
-            self.fail(node, f"unknown fact {node.id!r}{hint}")
+            scope = self.hints.get(node.id)  # a name this scope cannot read: why, in the message
+            self.fail(
+                node, f"unknown fact {node.id!r}{scope or ''}", None if scope else suggestion(node.id, self.facts)
+            )
             return None
         self.reads.append(node.id)
         return self.facts[node.id]
@@ -180,7 +170,7 @@ class TypeChecker:
         if ftype.choices and isinstance(value, str):
             choices = f"{len(ftype.choices)} choices" if len(ftype.choices) > 8 else ftype.describe()
             self.fail(
-                node, f"{value!r} is not a value of {name} ({choices})" + did_you_mean(value, map(str, ftype.choices))
+                node, f"{value!r} is not a value of {name} ({choices})", suggestion(value, map(str, ftype.choices))
             )
         else:
             self.fail(node, f"{name} is {ftype.describe()}, compared with {value!r}")

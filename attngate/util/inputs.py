@@ -49,27 +49,39 @@ def read_text(path: str | Path, error: type[AttngateError], what: str) -> str:
     path = Path(path)
     try:
         if is_directory(path):  # before opening: a directory does not open everywhere
-            raise error(Problem(str(path), f"is a directory, not a {what}"))
+            raise error(Problem(str(path), f"is a directory, not a {what}", code="input.is-directory"))
         fd = os.open(path, _OPEN_FLAGS)
         with open(fd, "rb", closefd=True) as handle:
             mode = os.fstat(fd).st_mode
             if stat.S_ISDIR(mode):
-                raise error(Problem(str(path), f"is a directory, not a {what}"))
+                raise error(Problem(str(path), f"is a directory, not a {what}", code="input.is-directory"))
             if not stat.S_ISREG(mode):  # a FIFO would wait for a writer to come; a device never ends
-                raise error(Problem(str(path), f"is not a regular file (a FIFO, device or socket), not a {what}"))
+                raise error(
+                    Problem(
+                        str(path),
+                        f"is not a regular file (a FIFO, device or socket), not a {what}",
+                        code="input.not-regular-file",
+                    )
+                )
             data = handle.read(MAX_FILE_BYTES + 1)  # bounded (it may grow while read); O_NONBLOCK: no effect here
         if len(data) > MAX_FILE_BYTES:
-            raise error(Problem(str(path), f"more than the {MAX_FILE_BYTES} bytes a {what} may have"))
+            raise error(
+                Problem(str(path), f"more than the {MAX_FILE_BYTES} bytes a {what} may have", code="input.too-large")
+            )
     except OSError as exc:
-        raise error(Problem(str(path), f"cannot read the {what}: {exc.strerror or exc}")) from None
+        raise error(
+            Problem(str(path), f"cannot read the {what}: {exc.strerror or exc}", code="input.unreadable")
+        ) from None
     except ValueError as exc:  # a NUL byte in the name: the OS takes no such path
-        raise error(Problem(repr(str(path)), f"cannot read the {what}: {exc}")) from None
+        raise error(Problem(repr(str(path)), f"cannot read the {what}: {exc}", code="input.unreadable")) from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise error(Problem(f"{path}:{line}:{col}", f"not UTF-8 text (byte 0x{data[exc.start]:02x})")) from None
+        raise error(
+            Problem(f"{path}:{line}:{col}", f"not UTF-8 text (byte 0x{data[exc.start]:02x})", code="input.not-utf8")
+        ) from None
 
 
 def nesting_depth(text: str) -> int:
@@ -98,7 +110,7 @@ def nesting_depth(text: str) -> int:
 def parse_json(text: str, source: str, error: type[AttngateError], *, unique_keys: bool = False) -> Any:
     """``json.loads`` with nesting bounded and, with ``unique_keys``, duplicate keys an error."""
     if nesting_depth(text) > MAX_NESTING:
-        raise error(Problem(source, f"nested more than {MAX_NESTING} levels deep"))
+        raise error(Problem(source, f"nested more than {MAX_NESTING} levels deep", code="input.too-deep"))
     duplicates: list[str] = []
 
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -112,9 +124,11 @@ def parse_json(text: str, source: str, error: type[AttngateError], *, unique_key
     try:
         data = json.loads(text, object_pairs_hook=pairs if unique_keys else None)
     except json.JSONDecodeError as exc:
-        raise error(Problem(f"{source}:{exc.lineno}:{exc.colno}", f"not JSON: {exc.msg}")) from None
+        raise error(
+            Problem(f"{source}:{exc.lineno}:{exc.colno}", f"not JSON: {exc.msg}", code="input.json-syntax")
+        ) from None
     except (ValueError, RecursionError) as exc:  # e.g. an integer of more digits than Python converts
-        raise error(Problem(source, f"not JSON: {exc}")) from None
+        raise error(Problem(source, f"not JSON: {exc}", code="input.json-syntax")) from None
     if duplicates:
-        raise error([Problem(source, f"duplicate key {key!r}") for key in duplicates])
+        raise error([Problem(source, f"duplicate key {key!r}", code="input.duplicate-key") for key in duplicates])
     return data

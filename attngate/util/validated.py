@@ -33,7 +33,12 @@ class ValidatedModel(BaseModel):
             super().__init__(**data)
         except ValidationError as exc:
             fields = field_problems(exc)
-            err = self.error([Problem(".".join(filter(None, [type(self).__name__, f])), m) for f, m in fields])
+            err = self.error(
+                [
+                    Problem(".".join(filter(None, [type(self).__name__, f])), m, code="input.invalid-value")
+                    for f, m in fields
+                ]
+            )
             err.fields = tuple(fields)  # for callers that locate fields their own way (a flag, an args-file key)
             raise err from None
 

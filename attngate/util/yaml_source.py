@@ -62,17 +62,17 @@ def load_yaml(text: str, filename: str) -> tuple[YamlDocument | None, list[Probl
     problems: list[Problem] = []
     loader = None
     if nesting_depth(text) > MAX_DEPTH:
-        return None, [Problem(filename, f"nested more than {MAX_DEPTH} levels deep")]
+        return None, [Problem(filename, f"nested more than {MAX_DEPTH} levels deep", code="input.too-deep")]
     try:
         loader = _Loader(text)
         node = loader.get_single_node()
     except RecursionError:
-        return None, [Problem(filename, f"nested more than {MAX_DEPTH} levels deep")]
+        return None, [Problem(filename, f"nested more than {MAX_DEPTH} levels deep", code="input.too-deep")]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{filename}:{mark.line + 1}:{mark.column + 1}" if mark else filename
         reason = getattr(exc, "problem", None) or str(exc)
-        return None, [Problem(where, f"YAML syntax error: {reason}")]
+        return None, [Problem(where, f"YAML syntax error: {reason}", code="input.yaml-syntax")]
     finally:
         if loader is not None:
             loader.dispose()
@@ -82,7 +82,7 @@ def load_yaml(text: str, filename: str) -> tuple[YamlDocument | None, list[Probl
     try:
         doc.data = _walk(node, (), doc, loader, problems, [-len(text)])  # counts up to MAX_VALUES past the text
     except _TooLarge as exc:
-        return None, [Problem(doc.where(exc.args[0]), exc.args[1])]
+        return None, [Problem(doc.where(exc.args[0]), exc.args[1], code="input.too-large")]
     return doc, problems
 
 
@@ -108,18 +108,26 @@ def _walk(
     )
     expected = _STANDARD_TAGS.get(type(node))
     if expected is not None and node.tag != expected:
-        problems.append(Problem(doc.where(path), f"unsupported YAML tag {node.tag!r}"))
+        problems.append(Problem(doc.where(path), f"unsupported YAML tag {node.tag!r}", code="input.yaml-tag"))
         return None
     if isinstance(node, yaml.MappingNode):
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
             key = _walk(key_node, path + ("<key>",), doc, loader, problems, count)
             if isinstance(key, (list, dict)):
-                problems.append(Problem(doc.where(path + ("<key>",)), "a mapping key must be a scalar"))
+                problems.append(
+                    Problem(doc.where(path + ("<key>",)), "a mapping key must be a scalar", code="input.yaml-key")
+                )
                 continue
             if key in out:
                 mark = key_node.start_mark
-                problems.append(Problem(f"{doc.filename}:{mark.line + 1}:{mark.column + 1}", f"duplicate key {key!r}"))
+                problems.append(
+                    Problem(
+                        f"{doc.filename}:{mark.line + 1}:{mark.column + 1}",
+                        f"duplicate key {key!r}",
+                        code="input.duplicate-key",
+                    )
+                )
                 continue
             out[key] = _walk(value_node, path + (key,), doc, loader, problems, count)
         return out
@@ -129,6 +137,10 @@ def _walk(
         return loader.construct_object(node, deep=True)
     except Exception as exc:  # noqa: BLE001 - PyYAML's constructors raise more than YAMLError (``!!timestamp nope``)
         problems.append(
-            Problem(doc.where(path), f"bad scalar {node.value!r} ({node.tag}): {getattr(exc, 'problem', None) or exc}")
+            Problem(
+                doc.where(path),
+                f"bad scalar {node.value!r} ({node.tag}): {getattr(exc, 'problem', None) or exc}",
+                code="input.yaml-scalar",
+            )
         )
         return None

@@ -93,11 +93,20 @@ def test_lint_reports_what_z3_cannot_decide_never_a_dead_rule_or_no_finding(unde
     code, out, _ = run(["lint", str(rules_file), "--format", "json"], capsys)
     report = json.loads(out)
     assert code == 3 and report["findings"] == [] and len(report["unknown"]) == len(results)
+    assert {tuple(u) for u in report["unknown"]} == {("where", "code", "message", "help")}
+    assert {u["code"] for u in report["unknown"]} == {"lint.unknown"}
 
 
 def test_without_a_timeout_the_same_file_has_its_findings(rules_file, capsys):
     code, out, _ = run(["lint", str(rules_file)], capsys)
     assert code == 1 and "rule 'dead' can never match" in out and "unknown" not in out
+    code, out, _ = run(["lint", str(rules_file), "--format", "json"], capsys)
+    findings = json.loads(out)["findings"]  # each a structured object, its kind in its code
+    assert code == 1 and {tuple(f) for f in findings} == {("where", "code", "message", "help")}
+    dead = [f for f in findings if f["code"] == "lint.dead-rule"]
+    assert [f["message"] for f in dead] == ["rule 'dead' can never match"] and dead[0]["where"].startswith(
+        str(rules_file)
+    )
 
 
 def test_diff_reports_what_z3_cannot_decide_never_no_difference(undecided, rules_file, capsys):

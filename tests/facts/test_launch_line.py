@@ -64,7 +64,9 @@ def test_renamed_fields_follow_sglangs_hooks():
 def test_every_problem_at_once_with_suggestions():
     line = read("--attention-backnd fa3 x --page-size --xyz 1 --is-embedding=yes")
     messages = [str(p) for p in line.problems]
-    assert "--attention-backnd: unknown SGLang server argument (did you mean '--attention-backend'?)" in messages
+    assert (
+        "--attention-backnd: unknown SGLang server argument\n    help: did you mean '--attention-backend'?" in messages
+    )
     assert "x: unexpected argument: server arguments are --flag [value]" in messages
     assert "--page-size: expects a value" in messages and any(m.startswith("--is-embedding") for m in messages)
     assert len(messages) == 5  # --xyz's value is not reported again as a stray argument

@@ -259,7 +259,7 @@ def test_unknown_keys_are_refused_with_their_path():
     data["modes"]["decode"]["common"]["x y"] = None
     data["extra"] = {}
     found = refused(json.dumps(data))
-    assert "$.fa.num_split: unknown key (did you mean 'num_splits'?)" in found
+    assert "$.fa.num_split: unknown key\n    help: did you mean 'num_splits'?" in found
     assert '$.modes.decode.common["x y"]: unknown key' in found and "$.extra: unknown key" in found
 
 
@@ -284,7 +284,7 @@ def test_values_outside_a_gates_domain_or_type_are_each_refused_at_once():
     }, found
     assert 'got the string "rm -rf /"' in where["$.common.kv_cache_dtype"]
     assert "int in [1, 65536]" in where["$.common.page_size"]
-    assert "(did you mean 'fa3'?)" in where["$.prefill_backend"]
+    assert "help: did you mean 'fa3'?" in where["$.prefill_backend"]
     assert "takes a JSON object" in where["$.layers.full"]
 
 

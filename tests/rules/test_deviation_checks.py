@@ -111,7 +111,7 @@ def test_a_refusal_deviation_naming_a_rule_that_never_refuses_is_refused(rule: s
 
 def test_a_refusal_deviation_naming_no_rule_of_the_file_is_refused():
     entry = "  - {id: d, fields: refusal, rules: [fbb], reason: r, source: s}\n"
-    assert _problems(entry) == [f"{_at(entry, 'd,')}: deviation 'd': no rule 'fbb' (did you mean 'fb'?)"]
+    assert _problems(entry) == [f"{_at(entry, 'd,')}: deviation 'd': no rule 'fbb'\n    help: did you mean 'fb'?"]
 
 
 # ---- lint ------------------------------------------------------------------------------------------------------

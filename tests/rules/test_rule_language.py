@@ -34,11 +34,14 @@ def problems(text: str) -> list[str]:
 @pytest.mark.parametrize(
     "when, expected",
     [
-        ("is_embeding", "rules.yaml:7:11: rule 'r': unknown fact 'is_embeding' (did you mean 'is_embedding'?)"),
+        (
+            "is_embeding",
+            "rules.yaml:7:11: rule 'r': unknown fact 'is_embeding'\n    help: did you mean 'is_embedding'?",
+        ),
         ("page_size == 'x'", "rules.yaml:7:24: rule 'r': page_size is int in [1, 65536] or None, compared with 'x'"),
         (
             "attention_backend == 'fa33'",
-            ("rules.yaml:7:32: rule 'r': 'fa33' is not a value of attention_backend (", "(did you mean 'fa3'?)"),
+            ("rules.yaml:7:32: rule 'r': 'fa33' is not a value of attention_backend (", "help: did you mean 'fa3'?"),
         ),
         (
             "page_size",
@@ -161,8 +164,8 @@ def test_an_unknown_key_is_matched_against_the_keys_of_its_own_section():
         rules: []
         """)
     found = problems(text)
-    assert "rules.yaml:2:8: unknown key 'rulez' (did you mean 'rules'?)" in found
-    assert "rules.yaml:4:36: unknown key 'asert' (did you mean 'assert'?)" in found
+    assert "rules.yaml:2:8: unknown key 'rulez'\n    help: did you mean 'rules'?" in found
+    assert "rules.yaml:4:36: unknown key 'asert'\n    help: did you mean 'assert'?" in found
     assert "rules.yaml:4:76: unknown key 'why'" in found  # an invariant has no why: its summary and source say it
 
 

@@ -56,7 +56,9 @@ def build_batch(
     width = rtp.req_to_token.shape[1]
     too_long = [
         Problem(
-            f"request {r}", f"holds {e + p + n} tokens, more than the {width} of a req_to_token row (max_context_len)"
+            f"request {r}",
+            f"holds {e + p + n} tokens, more than the {width} of a req_to_token row (max_context_len)",
+            code="batch-metadata.request-too-long",
         )
         for r, ((p, n), e) in enumerate(zip(requests, encoder_lens))
         if e + p + n > width
@@ -108,12 +110,22 @@ def _check_arguments(
     )
     if isinstance(requests, (list, tuple)):
         problems += [
-            Problem(f"requests[{i}]", f"takes (prefix_len, new_len), two integers >= 0, not {r!r:.80}")
+            Problem(
+                f"requests[{i}]",
+                f"takes (prefix_len, new_len), two integers >= 0, not {r!r:.80}",
+                code="usage.request-shape",
+            )
             for i, r in enumerate(requests)
             if not isinstance(r, (list, tuple)) or len(r) != 2 or count_problems(("", r[0], 0), ("", r[1], 0))
         ][:10]
         if isinstance(encoder_lens, (list, tuple)) and len(encoder_lens) != len(requests):
-            problems.append(Problem("encoder_lens", f"holds {len(encoder_lens)} counts for {len(requests)} requests"))
+            problems.append(
+                Problem(
+                    "encoder_lens",
+                    f"holds {len(encoder_lens)} counts for {len(requests)} requests",
+                    code="usage.encoder-lens-count",
+                )
+            )
     if isinstance(encoder_lens, (list, tuple)):
         problems += count_problems(*((f"encoder_lens[{i}]", e, 0) for i, e in enumerate(encoder_lens)))[:10]
     if problems:

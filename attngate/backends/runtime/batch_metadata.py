@@ -188,4 +188,10 @@ def _encoder_lens(device_lens: torch.Tensor | None, host_lens: torch.Tensor | No
 def check_page_aligned(lens: np.ndarray, page_size: int, what: str, backend: str) -> None:
     """BatchMetadataError when ``lens`` (e.g. encoder_lens) are not whole pages."""
     if page_size > 1 and bool((lens % page_size).any()):
-        raise BatchMetadataError(Problem(what, f"must be multiples of page_size {page_size} on the {backend} backend"))
+        raise BatchMetadataError(
+            Problem(
+                what,
+                f"must be multiples of page_size {page_size} on the {backend} backend",
+                code="batch-metadata.not-whole-pages",
+            )
+        )

@@ -30,14 +30,36 @@ def pad_decode_batch(batch: ForwardBatch, batch_size: int, *, padding_row: int, 
     problems = []
     if batch.forward_mode not in (ForwardMode.DECODE, ForwardMode.IDLE):
         problems.append(
-            Problem("forward_mode", f"only DECODE and IDLE batches are padded, not {batch.forward_mode.value}")
+            Problem(
+                "forward_mode",
+                f"only DECODE and IDLE batches are padded, not {batch.forward_mode.value}",
+                code="usage.dp-padding-mode",
+            )
         )
     if batch_size < batch.batch_size:
-        problems.append(Problem("batch_size", f"{batch_size} is smaller than the batch's {batch.batch_size} requests"))
+        problems.append(
+            Problem(
+                "batch_size",
+                f"{batch_size} is smaller than the batch's {batch.batch_size} requests",
+                code="usage.dp-padding-size",
+            )
+        )
     if batch.encoder_lens is not None:
-        problems.append(Problem("encoder_lens", "encoder-decoder batches are not padded for DP attention"))
+        problems.append(
+            Problem(
+                "encoder_lens",
+                "encoder-decoder batches are not padded for DP attention",
+                code="usage.dp-padding-encoder",
+            )
+        )
     if padding_row < 0 or padding_slot < 0:
-        problems.append(Problem("padding_row / padding_slot", f"must be >= 0, got {padding_row} / {padding_slot}"))
+        problems.append(
+            Problem(
+                "padding_row / padding_slot",
+                f"must be >= 0, got {padding_row} / {padding_slot}",
+                code="usage.dp-padding-negative",
+            )
+        )
     if problems:
         raise BatchMetadataError(problems)
     n, dev = batch_size - batch.batch_size, batch.seq_lens.device

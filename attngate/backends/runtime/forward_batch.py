@@ -60,7 +60,13 @@ class ForwardBatch:
             self.forward_mode = ForwardMode(self.forward_mode)
         except (ValueError, TypeError):
             modes = ", ".join(m.value for m in ForwardMode)
-            problems.append(Problem("forward_mode", f"takes a ForwardMode ({modes}), not {self.forward_mode!r:.80}"))
+            problems.append(
+                Problem(
+                    "forward_mode",
+                    f"takes a ForwardMode ({modes}), not {self.forward_mode!r:.80}",
+                    code="usage.forward-mode",
+                )
+            )
         problems += argument_problems(
             *((name, getattr(self, name), torch.Tensor, "") for name in _TENSORS),
             *((name, getattr(self, name), (torch.Tensor, type(None)), "") for name in _OPTIONAL_TENSORS),

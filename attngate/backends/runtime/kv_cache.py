@@ -31,7 +31,13 @@ def check_pool_arguments(*counts: tuple[str, object, int], dtype: object = torch
             raise TypeError
         torch.device(device)
     except (TypeError, RuntimeError, ValueError):
-        problems.append(Problem("device", f"takes a torch device ('cpu', 'cuda:0', torch.device), not {device!r:.80}"))
+        problems.append(
+            Problem(
+                "device",
+                f"takes a torch device ('cpu', 'cuda:0', torch.device), not {device!r:.80}",
+                code="usage.device",
+            )
+        )
     if problems:
         raise UsageError(problems)
 
@@ -55,7 +61,7 @@ class PageAllocator:
         if any(isinstance(p, bool) or not isinstance(p, int) for p in self._free) or sorted(self._free) != list(
             range(num_pages)
         ):
-            raise UsageError(Problem("order", "must be a permutation of range(num_pages)"))
+            raise UsageError(Problem("order", "must be a permutation of range(num_pages)", code="usage.page-order"))
         self._free.reverse()  # pop() from the end hands pages out in `order`
         self._in_use: set[int] = set()
 
@@ -68,7 +74,9 @@ class PageAllocator:
         if n > len(self._free):
             raise KVCacheExhausted(
                 Problem(
-                    "kv pool", f"need {n} pages of {self.page_size} tokens, {len(self._free)} of {self.num_pages} free"
+                    "kv pool",
+                    f"need {n} pages of {self.page_size} tokens, {len(self._free)} of {self.num_pages} free",
+                    code="kv-cache-exhausted.pages",
                 )
             )
         pages = [self._free.pop() for _ in range(n)]
@@ -82,9 +90,21 @@ class PageAllocator:
         stray = sorted(p for p in counts if p not in self._in_use)
         twice = sorted(p for p, n in counts.items() if n > 1 and p in self._in_use)
         problems = (
-            [Problem("kv pool", f"pages {stray[:8]} are not in use (freed twice, or never allocated)")] if stray else []
+            [
+                Problem(
+                    "kv pool",
+                    f"pages {stray[:8]} are not in use (freed twice, or never allocated)",
+                    code="batch-metadata.pages-not-in-use",
+                )
+            ]
+            if stray
+            else []
         )
-        problems += [Problem("kv pool", f"pages {twice[:8]} are given more than once")] if twice else []
+        problems += (
+            [Problem("kv pool", f"pages {twice[:8]} are given more than once", code="batch-metadata.pages-twice")]
+            if twice
+            else []
+        )
         if problems:
             raise BatchMetadataError(problems)
         self._in_use.difference_update(pages)
@@ -108,7 +128,11 @@ class ReqToTokenPool:
     def alloc(self) -> int:
         if not self._free:
             raise KVCacheExhausted(
-                Problem("req_to_token", f"all {self.req_to_token.shape[0]} request slots are in use")
+                Problem(
+                    "req_to_token",
+                    f"all {self.req_to_token.shape[0]} request slots are in use",
+                    code="kv-cache-exhausted.requests",
+                )
             )
         index = self._free.pop()
         self._in_use.add(index)
@@ -118,7 +142,11 @@ class ReqToTokenPool:
         """Take row ``index`` back; BatchMetadataError for a row not in use (two requests would share it)."""
         if index not in self._in_use:
             raise BatchMetadataError(
-                Problem("req_to_token", f"row {index} is not in use (freed twice, or never allocated)")
+                Problem(
+                    "req_to_token",
+                    f"row {index} is not in use (freed twice, or never allocated)",
+                    code="batch-metadata.row-not-in-use",
+                )
             )
         self._in_use.remove(index)
         self._free.append(index)
@@ -160,7 +188,11 @@ class _PoolBase:
         if loc.numel() and (int(loc.min()) < 0 or int(loc.max()) >= self.num_slots):
             bad = loc[(loc < 0) | (loc >= self.num_slots)][:4].tolist()
             raise BatchMetadataError(
-                Problem(what, f"slot indices {bad} lie outside the pool of {self.num_slots} slots")
+                Problem(
+                    what,
+                    f"slot indices {bad} lie outside the pool of {self.num_slots} slots",
+                    code="batch-metadata.slots-outside-pool",
+                )
             )
 
 
@@ -205,7 +237,11 @@ class MHATokenToKVPool(_PoolBase):
         )
         if layer_shapes is not None and len(layer_shapes) != num_layers:
             raise UsageError(
-                Problem("layer_shapes", f"gives {len(layer_shapes)} layers' shapes for num_layers={num_layers}")
+                Problem(
+                    "layer_shapes",
+                    f"gives {len(layer_shapes)} layers' shapes for num_layers={num_layers}",
+                    code="usage.layer-shapes-count",
+                )
             )
         self.num_slots, self.page_size, self.dtype = num_slots, page_size, dtype
         shapes = layer_shapes or [(num_kv_heads, head_dim, v_head_dim or head_dim)] * num_layers
@@ -277,7 +313,11 @@ def kv_pool_for(
     if model.swa_shape is not None:  # the layer kinds differ: each layer's own K/V rows
         if num_layers != len(model.layer_kinds):
             raise UsageError(
-                Problem("num_layers", f"is {num_layers}; {model.source} has {len(model.layer_kinds)} attention layers")
+                Problem(
+                    "num_layers",
+                    f"is {num_layers}; {model.source} has {len(model.layer_kinds)} attention layers",
+                    code="usage.layer-count",
+                )
             )
         shapes = [(s.num_key_value_heads, s.head_dim, s.v_head_dim) for s in map(model.shape, model.layer_kinds)]
     return MHATokenToKVPool(

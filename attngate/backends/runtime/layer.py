@@ -69,12 +69,18 @@ class AttentionLayer:
         for name in ("scaling", "logit_cap"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, Real) or not value >= 0 or value == math.inf:
-                problems.append(Problem(name, f"takes a finite real number >= 0, not {value!r:.80}"))
+                problems.append(
+                    Problem(name, f"takes a finite real number >= 0, not {value!r:.80}", code="usage.layer-scalar")
+                )
         try:
             self.kind = LayerKind(self.kind)
         except (ValueError, TypeError):
             problems.append(
-                Problem("kind", f"takes a LayerKind ({', '.join(k.value for k in LayerKind)}), not {self.kind!r:.80}")
+                Problem(
+                    "kind",
+                    f"takes a LayerKind ({', '.join(k.value for k in LayerKind)}), not {self.kind!r:.80}",
+                    code="usage.layer-kind",
+                )
             )
         problems += argument_problems(
             *((name, getattr(self, name), (torch.Tensor, type(None)), "") for name in ("sinks", "w_kc", "w_vc"))
