@@ -128,15 +128,15 @@ def _resolve_once(
     # 4. build
     explain = functools.cache(lambda: tables.explain(index, facts, server_args.model_dump(), fixed))
     return Resolution(
-        tables.plan(facts),
-        adjusted,
-        server_args,
-        model,
-        platform,
-        adjustments,
-        explain,
-        opted_in,
-        deviations.accepted(),
+        plan=tables.plan(facts),
+        server_args=adjusted,
+        requested_args=server_args,
+        model=model,
+        platform=platform,
+        adjustments=adjustments,
+        _explain=explain,
+        allowed_known_failures=opted_in,
+        deviations=deviations.accepted(),
     )
 
 

@@ -115,9 +115,9 @@ class Explanation:
     backends: list[BackendVerdict]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Resolution:
-    """The result of :func:`attngate.resolve`: the Plan plus everything needed to explain it."""
+    """The result of :func:`attngate.resolve`: the Plan plus everything needed to explain it (built by keyword)."""
 
     plan: Plan
     server_args: ServerArgs  # after adjustment
@@ -164,9 +164,13 @@ class Resolution:
     def __reduce__(self) -> tuple:
         """Pickles with its explanation built (the builder is a closure over the engine's state): a Resolution
         travels to another process (a server's scheduler or TP workers) whole."""
-        fields = [getattr(self, f.name) for f in dataclasses.fields(self)]
-        fields[[f.name for f in dataclasses.fields(self)].index("_explain")] = _Built(self.explanation)
-        return (type(self), tuple(fields))
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return (_resolution, ({**fields, "_explain": _Built(self.explanation)},))
+
+
+def _resolution(fields: dict[str, Any]) -> Resolution:
+    """A Resolution from its fields by name (it is built by keyword only): what unpickling calls."""
+    return Resolution(**fields)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from attngate.rules.invariants import Invariant
 from attngate.rules.ruleset import FactValue, Predicate, Rule, RuleSet
 
 #: bump when the entry layout changes (the pickled classes themselves are covered by the source digest)
-FORMAT = b"attngate-rules-cache 2\n"
+FORMAT = b"attngate-rules-cache 3\n"
 #: entries kept in the folder; the least recently used are removed when a new one is written
 MAX_ENTRIES = 16
 #: an entry larger than this is no entry of ours (the shipped rules make about 0.6 MB)
@@ -178,8 +178,17 @@ def _prune(folder: Path) -> None:
 
 #: stored by their fields, rebuilt by their constructors (pickle's state protocol for frozen slotted dataclasses
 #: costs more: a fields() call and a setattr per field of each of ~600 objects)
-_BY_FIELDS: tuple[type, ...] = (RuleSet, Rule, Predicate, Invariant, Deviation, FactValue)
-_GLOBALS = {(c.__module__, c.__qualname__): c for c in (*_BY_FIELDS, restored_condition)}
+_BY_FIELDS: tuple[type, ...] = (RuleSet, Predicate, Invariant, Deviation, FactValue)
+#: the names of a Rule's fields, stored once an entry (pickle memoizes the tuple): a Rule is built by keyword only
+_RULE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Rule))
+
+
+def restored_rule(names: tuple[str, ...], values: tuple[Any, ...]) -> Rule:
+    """A Rule from its fields' names and values, as an entry stores it."""
+    return Rule(**dict(zip(names, values)))
+
+
+_GLOBALS = {(c.__module__, c.__qualname__): c for c in (*_BY_FIELDS, restored_condition, restored_rule)}
 
 
 class _Pickler(pickle.Pickler):
@@ -201,6 +210,8 @@ class _Pickler(pickle.Pickler):
             return restored_condition, (obj.text, obj.code, conjuncts, obj.reads)
         if type(obj) in _BY_FIELDS:
             return type(obj), tuple(getattr(obj, f.name) for f in dataclasses.fields(obj))
+        if type(obj) is Rule:
+            return restored_rule, (_RULE_FIELDS, tuple(getattr(obj, name) for name in _RULE_FIELDS))
         return NotImplemented
 
 

@@ -178,19 +178,19 @@ def _check_rule(
     if len(problems) > start or condition is None:
         return None
     return Rule(
-        spec.id,
-        spec.kind,
-        spec.summary,
-        spec.why,
-        spec.source,
-        doc.where(path),
-        condition,
-        scope,
-        sets,
-        adjusts,
-        spec.message,
-        spec.issue,
-        tuple(spec.backends or ()),
+        id=spec.id,
+        kind=spec.kind,
+        summary=spec.summary,
+        why=spec.why,
+        source=spec.source,
+        where=doc.where(path),
+        condition=condition,
+        scope=scope,
+        sets=sets,
+        adjusts=adjusts,
+        message=spec.message,
+        issue=spec.issue,
+        backends=tuple(spec.backends or ()),
     )
 
 
