@@ -99,18 +99,31 @@ def zero_padding(out: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return torch.where(valid, out, 0)
 
 
-def merge_split(
-    out: torch.Tensor, lse: torch.Tensor, pieces: int, sinks: torch.Tensor | None, extents: torch.Tensor
-) -> torch.Tensor:
-    """The split rows' states ``out: [B * P, H, Dv]``, ``lse: [H, B * P]`` (-inf where a piece holds no key) merged
-    in float32, learned sinks ``[H]`` added once -> ``[B, 1, H, Dv]`` in out's dtype (merge_state)."""
+def merge_split(out: torch.Tensor, lse: torch.Tensor, pieces: int, sinks: torch.Tensor | None) -> torch.Tensor:
+    """The split rows' states merged (merge_state), learned sinks added once, in float32.
+
+    Parameters
+    ----------
+    out : torch.Tensor
+        ``[B * P, H, Dv]``: each piece's normalised output (row ``b * P + p``).
+    lse : torch.Tensor
+        ``[H, B * P]`` float32: each piece's log-sum-exp of scaled scores, -inf where it holds no key.
+    pieces : int
+        ``P``, pieces per request.
+    sinks : torch.Tensor or None
+        ``[H]`` learned sink logits, one more term of every request's softmax.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[B, 1, H, Dv]`` in out's dtype; zeros for a request with no key (and no sinks). Few kernels: a softmax over
+        the pieces (the sink one more piece with no output) gives each piece's weight.
+    """
     h = out.shape[1]
     b = out.shape[0] // pieces
     lse = lse.view(h, b, pieces).permute(1, 2, 0)  # [B, P, H]
-    total = torch.logsumexp(lse, 1)
     if sinks is not None:
-        total = torch.logaddexp(total, sinks.float()[None, :])
-    weights = torch.exp(lse - total[:, None]).nan_to_num(0.0)
-    merged = (weights[..., None] * out.view(b, pieces, h, -1).float()).sum(1)
-    valid = extents[1] > extents[0]
-    return torch.where(valid[:, None, None], merged, 0).to(out.dtype).unsqueeze(1)
+        lse = torch.cat([lse, sinks.float().view(1, 1, h).expand(b, 1, h)], 1)
+    weights = torch.softmax(lse, 1)[:, :pieces, :, None]  # [B, P, H, 1]; NaN where every term is -inf
+    merged = (weights * out.view(b, pieces, h, -1).float()).sum(1)
+    return merged.nan_to_num_(0.0).to(out.dtype).unsqueeze(1)

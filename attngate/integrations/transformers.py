@@ -47,7 +47,6 @@ from attngate.backends.runtime.kv_cache import PageAllocator, ReqToTokenPool, kv
 from attngate.backends.runtime.layer import AttentionLayer, layers_from_model
 from attngate.engine.resolve import resolve
 from attngate.errors import BatchMetadataError, Problem, UsageError, check_arguments
-from attngate.facts.model import ModelFacts
 from attngate.facts.modes import ForwardMode
 from attngate.facts.platform import Platform
 from attngate.facts.server_args import ServerArgs
@@ -59,6 +58,7 @@ from attngate.integrations.transformers_checks import (
     check_pool_fits_plan,
     check_runtime_arguments,
     check_softmax_attention_only,
+    model_facts,
 )
 from attngate.integrations.transformers_plain import configure, plain_attention  # noqa: F401 - configure is public here
 from attngate.plan.schema import Plan
@@ -153,7 +153,7 @@ class AttngateRuntime:
         self.model = model
         page_size = check_runtime_arguments(model, server_args, page_size, num_slots, max_requests, max_context_len)
         config = model.config
-        self.facts = ModelFacts.from_hf_dict(config.to_dict(), source=type(model).__name__)
+        self.facts = model_facts(config, type(model).__name__)
         check_softmax_attention_only(model, self.facts)
         if platform is None:
             platform = attngate_platform()

@@ -1,14 +1,16 @@
 """The checks of :class:`attngate.integrations.transformers.AttngateRuntime`'s arguments (UsageError, before
-anything is allocated) and of each call's new tokens (BatchMetadataError), each listing every problem."""
+anything is allocated) and of each call's new tokens (BatchMetadataError), each listing every problem, and the model
+facts of a transformers config (both the runtime and the plain path read them)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from attngate.backends.runtime.layer import AttentionLayer
-from attngate.errors import BatchMetadataError, Problem, UsageError
+from attngate.errors import BatchMetadataError, ModelConfigError, Problem, UsageError
 from attngate.facts.model import ModelFacts
 from attngate.facts.modes import ForwardMode
 from attngate.facts.server_args import ServerArgs
@@ -154,3 +156,39 @@ def check_softmax_attention_only(model: torch.nn.Module, facts: ModelFacts) -> N
                 f"transformers' own cache instead",
             )
         )
+
+
+def model_facts(config: Any, source: str) -> ModelFacts:
+    """The model facts of a transformers ``config`` (``PretrainedConfig``), as SGLang reads its config.json.
+
+    Parameters
+    ----------
+    config : transformers.PretrainedConfig
+        The config (its ``to_dict()``); a sub-config (``base_config_key``) of a multimodal model too.
+    source : str
+        What problems name it by (its architecture, or the model's class name).
+
+    Returns
+    -------
+    ModelFacts
+
+    Raises
+    ------
+    ModelConfigError
+        Where the config is no language model's; for a vision or audio tower's sub-config the problems end with how
+        to give that tower another implementation.
+    """
+    try:
+        return ModelFacts.from_hf_dict(config.to_dict(), source=source)
+    except ModelConfigError as err:
+        key = getattr(config, "base_config_key", "")
+        if key and key != "text_config":  # a vision or audio tower's attention, under one attn_implementation for all
+            tower = Problem(
+                source,
+                f"the {key} tower's attention: attngate resolves plans for language models",
+                code="model-config.not-a-language-model",
+                help=f"give the tower its own implementation: attn_implementation={{'text_config': 'attngate', "
+                f"'{key}': 'sdpa'}}",
+            )
+            raise ModelConfigError([*err.problems, tower]) from None
+        raise

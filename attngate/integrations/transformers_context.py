@@ -23,12 +23,13 @@ import torch
 from attngate.backends.runtime.layer import AttentionLayer, layers_from_model
 from attngate.engine.resolve import resolve
 from attngate.engine.result import Resolution
-from attngate.errors import BatchMetadataError, ModelConfigError, Problem, UsageError
+from attngate.errors import BatchMetadataError, Problem, UsageError
 from attngate.facts.model import ModelFacts
 from attngate.facts.modes import LayerKind
 from attngate.facts.platform import Platform
 from attngate.facts.server_args import ServerArgs
 from attngate.integrations.torch_platform import attngate_platform
+from attngate.integrations.transformers_checks import model_facts
 from attngate.integrations.transformers_rows import MaskFindings
 
 # the module attributes (plain values in the module's __dict__, never parameters or buffers) an attention call reads
@@ -117,6 +118,8 @@ class PlainContext:
         self.layer_names: list[str] = []
         self.decisions: dict[str, LayerDecisions] = {}
         self.masks = MaskFindings()
+        # by layer name: the spec (its position, the values read) each kept decision was made from
+        self._made: dict[str, tuple[int, AttentionLayer, tuple[Any, ...], LayerDecisions]] = {}
 
     def holds(self, config: Any) -> bool:
         """Whether ``config`` (by identity: configs compare by value) is one this context attends for."""
@@ -129,10 +132,11 @@ class PlainContext:
         """Attend for ``configs`` by this plan from now on; every decision is made again."""
         self.configs, self.resolution, self.layers = configs, resolution, layers
         self.layer_names = [f"{self.name}.layers.{i}" for i in range(len(layers))]
-        self.decisions = {}
+        self.decisions, self._made = {}, {}
 
     def decide(self, module: torch.nn.Module) -> LayerDecisions:
-        """The module's decisions from the plan as it is now, kept by its layer name (and the name on the module).
+        """The module's decisions from the plan as it is now, kept by its layer name (and the name on the module):
+        made again only where the layer's spec was edited (any value they read) or replaced, or the plan bound anew.
 
         Parameters
         ----------
@@ -148,6 +152,11 @@ class PlainContext:
         BatchMetadataError
             Where the module has no place in the plan (see :func:`_position`).
         """
+        made = self._made.get(module.__dict__.get(_LAYER, ""))
+        if made is not None:
+            position, layer, values, decisions = made
+            if self.layers[position] is layer and _values(layer) == values:  # the plan's spec as decided from
+                return decisions
         resolution = self.resolution
         position = _position(resolution.model, module)
         layer = self.layers[position]
@@ -167,6 +176,7 @@ class PlainContext:
             prefill_kernel_family=plan.flashinfer.prefill_kernel_family,
             workspace_size_mb=plan.flashinfer.workspace_size_mb,
         )
+        self._made[name] = (position, layer, _values(layer), decisions)
         module.__dict__[_LAYER] = name
         return decisions
 
@@ -179,6 +189,12 @@ class PlainContext:
 
 def _no_context() -> None:
     return None
+
+
+def _values(layer: AttentionLayer) -> tuple[Any, ...]:
+    """What :meth:`PlainContext.decide` reads of a layer spec (a mutable dataclass: an edit applies at once)."""
+    return (layer.layer_id, layer.kind, layer.sliding_window_size, layer.scaling, layer.logit_cap,
+            layer.attention_chunk_size)  # fmt: skip
 
 
 # live contexts by name (weakly: each lives while a module holds it), for the kernel ops, which take a layer name, and
@@ -220,21 +236,7 @@ def configure(
         raise UsageError(
             Problem("model", f"takes a transformers model (or a module holding its config), not {type(model).__name__}")
         )
-    source = (getattr(config, "architectures", None) or [type(model).__name__])[0]
-    try:
-        facts = ModelFacts.from_hf_dict(config.to_dict(), source=source)
-    except ModelConfigError as err:
-        key = getattr(config, "base_config_key", "")
-        if key and key != "text_config":  # a vision or audio tower's attention, under one attn_implementation for all
-            err.problems.append(
-                Problem(
-                    source,
-                    f"attngate resolves plans for language models; give the {key} tower its own "
-                    f"implementation: attn_implementation={{'text_config': 'attngate', '{key}': 'sdpa'}}",
-                )
-            )
-            raise ModelConfigError(err.problems) from None
-        raise
+    facts = model_facts(config, (getattr(config, "architectures", None) or [type(model).__name__])[0])
     if platform is None:
         platform = attngate_platform()
     resolution = resolve(server_args or ServerArgs(), facts, platform)
@@ -312,8 +314,8 @@ def _context_for(config: Any, module: torch.nn.Module | None = None) -> PlainCon
 
 
 def decisions_of(module: torch.nn.Module) -> tuple[PlainContext, LayerDecisions]:
-    """The module's context and decisions: eager, decided afresh from the plan (an edit to its layer specs applies at
-    once); in a graph, as last kept (the graph guards on them, so a plan configured again retraces it), or for a module
+    """The module's context and decisions: eager, as the plan is now (an edit to its layer specs applies at once:
+    :meth:`PlainContext.decide`); in a graph, as last kept (the graph guards on them, so a plan configured again retraces it), or for a module
     no eager call or configure() has seen, resolved outside the graph (a graph break, which fullgraph=True refuses).
 
     Returns

@@ -147,9 +147,11 @@ kernel_attention = _define(
     _kernel_attention_fake,
 )
 
-# keys per split of a decode step on the padded FA path (attngate.backends.fa_padded): 128 CTAs on an H100 for one
-# 32k request with 4 KV heads; a fixed count, so a request's split points do not depend on its batch
-DECODE_SPLIT_KEYS = 1024
+# keys per split of a decode step on the padded FA path (attngate.backends.fa_padded), a fixed count, so a request's
+# split points do not depend on its batch. Splitting costs host time (the query copied per piece, the states merged:
+# about 100 us a call in eager on an H100 host) and saves GPU time only where a request's keys are long: unsplit, one
+# 16k request with 4 KV heads takes 170 us of kernel time a layer (4 CTAs), split every 4096 keys about 45 us
+DECODE_SPLIT_KEYS = 4096
 
 
 def reads_in_place(batch: PaddedBatch, causal: bool) -> bool:
@@ -159,8 +161,19 @@ def reads_in_place(batch: PaddedBatch, causal: bool) -> bool:
     (torch.compile, CUDA-graph capture), which cannot read the host, always True: see :func:`fa_in_place`."""
     if batch.mask is None or _in_graph(batch.mask):
         return True
-    key = ("in place", batch.b, batch.s, batch.s_kv, batch.device, causal)
-    return batch.kept(key, lambda: bool(batch.one_run(causal).all()))
+    return _host_layout(batch, causal)[0]
+
+
+def _host_layout(batch: PaddedBatch, causal: bool) -> tuple[bool, bool]:
+    """Eager, one host read per mask (kept): whether every request's valid queries and keys are one run each, and
+    whether every padded query position is a valid query."""
+
+    def make() -> tuple[bool, bool]:
+        q_start, q_end, _, _ = batch.extents(causal)
+        one_run, full = torch.stack([batch.one_run(causal).all(), (q_end - q_start == batch.s).all()]).tolist()
+        return bool(one_run), bool(full)
+
+    return batch.kept(("layout", batch.b, batch.s, batch.s_kv, batch.device, causal), make)
 
 
 def _in_graph(t: torch.Tensor) -> bool:
@@ -216,7 +229,9 @@ def fa_in_place(
         out, lse = fa_varlen(
             q_rows, k, v, cu_q, cu_k, None, used_k, 1, split, None, scale, False, -1, d.logit_cap, True
         )
-        return _unless_one_run(fa_padded.merge_split(out, lse, pieces, sinks, extents), d, batch, query)
+        merged = fa_padded.merge_split(out, lse, pieces, sinks)
+        valid = None if _every_query_valid(batch, d.causal) else (extents[1] > extents[0])[:, None, None, None]
+        return _unless_one_run(merged if valid is None else fa_padded.zero_padding(merged, valid), d, batch, query)
     cu_q, cu_k, used_q, used_k, valid = batch.kept(
         ("fa rows", b, s, s_kv, k_row, query.device),
         lambda: (*fa_padded.rows(extents, s, k_row), fa_padded.valid_queries(extents, s)),
@@ -226,7 +241,18 @@ def fa_in_place(
         q.reshape(b * s, h, dq), k, v, cu_q, cu_k, used_q, used_k, s, s_kv, sinks, scale, d.causal, window,
         d.logit_cap, False,
     )  # fmt: skip
-    return _unless_one_run(fa_padded.zero_padding(out.view(b, s, h, -1), valid), d, batch, query)
+    out = out.view(b, s, h, -1)
+    if not _every_query_valid(batch, d.causal):  # rows the kernel did not write hold whatever was there
+        out = fa_padded.zero_padding(out, valid)
+    return _unless_one_run(out, d, batch, query)
+
+
+def _every_query_valid(batch: PaddedBatch, causal: bool) -> bool:
+    """Whether every padded query position is a valid query (nothing to zero): without a mask, true; eager, as
+    :func:`_host_layout` finds it; in a graph, which cannot look, False (the graph zeroes on the device)."""
+    if batch.mask is None:
+        return True
+    return False if _in_graph(batch.mask) else _host_layout(batch, causal)[1]
 
 
 def _unless_one_run(out: torch.Tensor, d: LayerDecisions, batch: PaddedBatch, query: torch.Tensor) -> torch.Tensor:

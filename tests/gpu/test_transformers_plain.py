@@ -124,7 +124,7 @@ def test_prefill_and_decode_on_the_plans_kernels_match_sdpa(name, cache):
     _prefill_and_decode_match(*model_pair(name), cache)
 
 
-# decode split every 16 keys (the 40-token prompts cross it; 1024 in use): full attention, a window, sinks beside one
+# decode split every 16 keys (the 40-token prompts cross it; DECODE_SPLIT_KEYS in use): full attention, a window, sinks beside one
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("name", ["llama", "mistral-swa", "gpt-oss-sinks"])
 def test_a_split_decode_on_fa4_matches_sdpa(name, cache, monkeypatch):
