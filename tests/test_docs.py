@@ -52,3 +52,12 @@ def test_the_rule_language_page_lists_every_derived_fact():
     listed = text[text.index("; derived\n") : text.index("(arithmetic lives here")]
     derived = {name for name, spec in FACTS.items() if spec.origin == "derived"}
     assert set(re.findall(r"`(\w+)`", listed)) == derived
+
+
+def test_the_plan_page_gate_table_is_the_generated_one():
+    """docs/plan.md's gate table is generated from the Plan schema (docs/generate.py plan_page): the committed page is
+    what the generator makes of it, a row per gate of the registry, so it cannot fall behind the schema."""
+    gen = _generator()
+    committed = (ROOT / "docs" / "plan.md").read_text()
+    assert committed == gen.plan_page(committed), "docs/plan.md is stale: run python docs/generate.py"
+    assert all(f"[`{name}`](reference/gates/{name}.md)" in committed for name in GATES)
