@@ -124,7 +124,7 @@ def render_error(err: PlanError) -> None:
             console.print(f"  {_shown(backend):<12} {verdict}")
     from attngate.cli.summary import deviation_lines
 
-    for line in deviation_lines(err.deviations):
+    for line in deviation_lines(err.deviations, brief=True):  # a refusal stays one screen: reasons in the rules file
         console.print(Text(visible(line)), overflow="fold")
 
 
