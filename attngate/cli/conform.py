@@ -17,9 +17,15 @@ from attngate.cli.app import (
     app,
     fail,
 )
+from attngate.facts.choices import SGLANG_VERSION
+
+CONFORM_HELP = (
+    f"Run every case through SGLang {SGLANG_VERSION}'s resolution and through resolve(); report agreement per field, "
+    "the declared deviations (rules.yaml `deviations:`) and every undeclared difference. Exit 1 on any undeclared one."
+)
 
 
-@app.command()
+@app.command(help=CONFORM_HELP)
 def conform(
     cases: Optional[Path] = typer.Option(
         None,
@@ -39,8 +45,7 @@ def conform(
         OutputFormat.table, "--format", help="table, or json with both sides' values per case"
     ),
 ) -> None:
-    """Run every case through SGLang 0.5.23's resolution and through resolve(); report agreement per field, the
-    declared deviations (rules.yaml `deviations:`) and every undeclared difference. Exit 1 on any undeclared one."""
+    """``attngate conform``: its help is ``CONFORM_HELP``, which names the SGLang version (``SGLANG_VERSION``)."""
     from attngate.errors import AttngateError, Problem, UsageError
     from attngate.integrations.sglang.cases import generate_cases, load_cases
     from attngate.integrations.sglang.conform import run_cases, summarize

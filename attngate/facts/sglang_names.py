@@ -9,6 +9,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from attngate.facts.choices import SGLANG_VERSION
+
 
 def _graph_backend(values: Mapping[str, Any], phase: str) -> str | None:
     """The phase's CUDA-graph backend: --cuda-graph-config (resolved object or JSON mapping) over
@@ -52,7 +54,7 @@ def _attention_dp(values: Mapping[str, Any]) -> bool:
 def _write_piecewise(value: Any, args: Mapping[str, Any]) -> dict[str, Any]:
     if value:
         raise ValueError(
-            "SGLang 0.5.23 has no user-selectable torch.compile piecewise prefill graph (its "
+            f"SGLang {SGLANG_VERSION} has no user-selectable torch.compile piecewise prefill graph (its "
             "cuda_graph backends are full, breakable and disabled)"
         )
     return {}
