@@ -4,6 +4,7 @@ time, the ms per step without the profiler, and (attngate) the host time spent i
 
     python3 bench/profile_transformers_plain.py --batch 1 --prompt 512
     python3 bench/profile_transformers_plain.py --phase prefill --batch 1 --prompt 8192   # the GPU kernels of a prefill
+    python3 bench/profile_transformers_plain.py --phase calls    # one decode attention call and its parts, beside sdpa
 """
 
 from __future__ import annotations
@@ -122,6 +123,61 @@ def prefill_kernels(impl: str, batch: int, prompt: int, top: int) -> None:
     print(f"===== prefill {impl} b{batch} p{prompt}: {ms:.3f} ms a forward\n{table}")
 
 
+def _per_call_us(fn, calls: int = 300) -> float:
+    """Wall µs a call of ``fn`` over ``calls`` back-to-back calls, synchronised at the end, the best of 5."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return best * 1e6
+
+
+def decode_calls(shapes: list[tuple[int, int]]) -> None:
+    """One decode step's attention call of layer 0, timed alone per (batch, keys): sdpa (no mask, as transformers
+    calls it for an all-ones mask; and with a bool mask), attngate's whole call (no mask; a bool mask), and its parts:
+    the layer's decisions, the padded FA call (:func:`attngate.integrations.transformers_ops.fa_in_place`) and the
+    kernel call with its arguments alone (the FA4 fast launch)."""
+    import torch.nn.functional as F
+
+    from attngate.backends import fa_padded
+    from attngate.integrations import transformers_ops, transformers_plain
+    from attngate.integrations.transformers_rows import PaddedBatch
+
+    model = _model("attngate", transformers.LlamaConfig(**SHAPE))
+    module = model.model.layers[0].self_attn
+    h, h_kv, d = SHAPE["num_attention_heads"], SHAPE["num_key_value_heads"], SHAPE["head_dim"]
+    for b, s_kv in shapes:
+        q = torch.randn(b, h, 1, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, h_kv, s_kv, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        mask = torch.ones(b, 1, 1, s_kv, dtype=torch.bool, device="cuda")
+        context, decisions = transformers_plain.decisions_of(module)
+        batch = PaddedBatch(None, b, 1, s_kv, q.device, context.masks)
+        q_rows = q.transpose(1, 2).reshape(b, h, d)
+        k_rows, v_rows, row = fa_padded.same_layout(k.transpose(1, 2), v.transpose(1, 2))
+        cu_q, cu_k, used_q, used_k = fa_padded.rows(batch.extents(True), 1, row)
+        scale = d**-0.5
+        timings = {
+            "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+            "sdpa, bool mask": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True),
+            "attngate": lambda: transformers_plain.plain_attention(module, q, k, v, None),
+            "attngate, bool mask": lambda: transformers_plain.plain_attention(module, q, k, v, mask),
+            "decisions": lambda: transformers_plain.decisions_of(module),
+            "padded FA call": lambda: transformers_ops.fa_in_place(decisions, batch, q, k, v, None, scale),
+            "kernel call alone": lambda: transformers_ops._fa_varlen_eager(
+                q_rows, k_rows, v_rows, cu_q, cu_k, used_q, used_k, 1, s_kv, None, scale, True, -1, 0.0, False
+            ),
+        }
+        line = ", ".join(f"{name} {_per_call_us(fn):.1f}" for name, fn in timings.items())
+        print(f"b{b} keys {s_kv} (us a call, split every {transformers_ops.DECODE_SPLIT_KEYS}): {line}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch", type=int, default=1)
@@ -130,8 +186,12 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--impls", default="attngate,sdpa")
     parser.add_argument("--modes", default="eager,compiled")
-    parser.add_argument("--phase", choices=["decode", "prefill"], default="decode")
+    parser.add_argument("--phase", choices=["decode", "prefill", "calls"], default="decode")
+    parser.add_argument("--calls", default="1x513,8x2049,1x16385", help="--phase calls: batch x keys, comma-separated")
     args = parser.parse_args()
+    if args.phase == "calls":
+        decode_calls([tuple(map(int, shape.split("x"))) for shape in args.calls.split(",")])
+        return
     if args.phase == "prefill":
         for impl in args.impls.split(","):
             prefill_kernels(impl, args.batch, args.prompt, args.top)
