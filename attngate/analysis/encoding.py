@@ -19,7 +19,7 @@ import z3
 
 from attngate.analysis.verdict import Verdict, check
 from attngate.facts.catalogue import FACTS, LAYER_FACT, MODE_FACT
-from attngate.facts.choices import GPU_ARCHS
+from attngate.facts.gpus import GPUS
 from attngate.facts.modes import LayerKind
 from attngate.plan.registry import GATES
 from attngate.rules.ruleset import FactValue, RuleSet
@@ -97,7 +97,7 @@ class Encoder:
     def _link_gpu_arch(self) -> None:
         arch, _ = self.var("gpu_arch")
         major, _ = self.var("sm_major")
-        self.axioms.append(z3.Or(*[z3.And(arch == z3.StringVal(a), major == int(a[2:-1])) for a in GPU_ARCHS]))
+        self.axioms.append(z3.Or(*[z3.And(arch == z3.StringVal(a), major == gpu.major) for a, gpu in GPUS.items()]))
 
     def _link_layer_kind(self) -> None:
         """A layer kind exists only in a model that has it (ModelFacts derives these facts from its layer kinds),

@@ -11,7 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
-from attngate.facts.choices import ATTENTION_BACKENDS, GPU_ARCHS
+from attngate.facts.choices import ATTENTION_BACKENDS
+from attngate.facts.gpus import GPU_ARCHS
 from attngate.facts.model import ModelFacts
 from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.facts.platform import Platform

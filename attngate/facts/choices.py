@@ -13,6 +13,10 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
+# the GPU architectures are attngate.facts.gpus' table, not an SGLang choice list; named here too for the callers
+# that import them from here (attngate.integrations.sglang)
+from attngate.facts.gpus import GPU_ARCHS, GpuArch  # noqa: F401
+
 #: The SGLang release whose argument resolution, choice lists and kernels rules.yaml models.
 SGLANG_VERSION = "0.5.23"
 
@@ -67,11 +71,9 @@ SpeculativeAttentionMode = Literal["prefill", "decode"]
 SGLANG_REFUSES: dict[str, tuple[str, ...]] = {"AttentionBackendName": ("cutlass_mla",), "KvCacheDtype": ("fp4_e2m1",)}
 #: Values SGLang 0.5.23 accepts that attngate's rules do not model, by ServerArgs field: refused with that reason.
 NOT_MODELLED: dict[str, tuple[str, ...]] = {"speculative_algorithm": ("UNO", "DSPARK", "FROZEN_KV_MTP")}
-GpuArch = Literal["sm80", "sm86", "sm89", "sm90", "sm100", "sm103", "sm120", "sm121"]
 
 #: Kernel packages the attngate backends call (Platform facts ``has_flashinfer``, ``has_flash_attn_cute``,
 #: ``has_flash_attn_interface``).
 KERNEL_PROVIDERS: tuple[str, ...] = ("flashinfer", "flash_attn.cute", "flash_attn_interface")
 
 ATTENTION_BACKENDS: tuple[str, ...] = get_args(AttentionBackendName)
-GPU_ARCHS: tuple[str, ...] = get_args(GpuArch)

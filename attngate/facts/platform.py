@@ -12,12 +12,13 @@ import importlib
 import importlib.util
 import re
 import sys
-from typing import Literal, get_args
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from attngate.errors import PlatformError, Problem, check_arguments
-from attngate.facts.choices import GPU_ARCHS, KERNEL_PROVIDERS, SGLANG_VERSION, GpuArch
+from attngate.facts.choices import KERNEL_PROVIDERS, SGLANG_VERSION
+from attngate.facts.gpus import GPU_ARCHS, GPUS, GpuArch
 from attngate.util.suggest import suggestion
 
 #: What ``pip install attngate[gpu]`` installs: FlashInfer and FA4's flash_attn.cute (no FA3 wheel on PyPI).
@@ -39,21 +40,12 @@ def sglang_kernels(gpu_arch: str) -> tuple[str, ...]:
     """The kernel families a stock SGLang install brings on ``gpu_arch`` (e.g. ``sm90``): FlashInfer and FA4
     everywhere (sglang depends on flashinfer-python and ships flash_attn.cute), FA3 through sgl_kernel's build on
     SM80-SM90 only."""
-    fa3 = int(gpu_arch[2:-1]) in _SGL_KERNEL_FA3_MAJORS
+    fa3 = GPUS[gpu_arch].major in _SGL_KERNEL_FA3_MAJORS
     return tuple(p for p in KERNEL_PROVIDERS if p != "flash_attn_interface" or fa3)
 
 
 #: data-center and workstation GPUs by product name (lower case, no spaces or dashes) -> their architecture
-GPU_PRODUCTS: dict[str, str] = {
-    "a100": "sm80", "a800": "sm80", "a30": "sm80",
-    "a10": "sm86", "a10g": "sm86", "a40": "sm86", "a6000": "sm86", "rtxa6000": "sm86", "rtx3090": "sm86",
-    "l4": "sm89", "l40": "sm89", "l40s": "sm89", "rtx4090": "sm89", "rtx6000ada": "sm89",
-    "h100": "sm90", "h800": "sm90", "h200": "sm90", "h20": "sm90", "gh200": "sm90",
-    "b200": "sm100", "gb200": "sm100",
-    "b300": "sm103", "gb300": "sm103",
-    "rtx5090": "sm120", "rtxpro6000": "sm120",
-    "gb10": "sm121", "dgxspark": "sm121",
-}  # fmt: skip
+GPU_PRODUCTS: dict[str, str] = {product: gpu.name for gpu in GPUS.values() for product in gpu.products}
 _ARCH = re.compile(r"(?:sm_?)?(\d{2,3})|(\d{1,2})\.(\d)")
 
 
@@ -122,7 +114,7 @@ class Platform(BaseModel):
     @property
     def sm_major(self) -> int:
         """Compute-capability major version: 8, 9, 10 or 12."""
-        return int(self.gpu_arch[2:-1])
+        return GPUS[self.gpu_arch].major
 
     @property
     def kernel_providers(self) -> tuple[str, ...]:
@@ -168,7 +160,7 @@ class Platform(BaseModel):
                     "--gpu",
                     f"unknown GPU {name!r}; an architecture ({', '.join(GPU_ARCHS)}) or a product name "
                     f"({', '.join(sorted(GPU_PRODUCTS))})",
-                    help=suggestion(arch, [*get_args(GpuArch), *GPU_PRODUCTS]),
+                    help=suggestion(arch, [*GPU_ARCHS, *GPU_PRODUCTS]),
                     code="platform.unknown-gpu",
                 )
             )
