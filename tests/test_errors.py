@@ -100,11 +100,7 @@ def test_a_library_call_given_the_wrong_type_names_the_parameter(value):
 
 
 #: modules whose Problems do not yet name their own kind (issue 54 item 5): they take their error type's code
-_OWN_CODES_PENDING = (
-    "attngate/integrations/sglang/",
-    "attngate/integrations/transformers_",
-    "attngate/backends/fa_",
-)
+_OWN_CODES_PENDING = ("attngate/integrations/sglang/",)
 
 
 def test_every_problem_attngate_constructs_names_its_kind():

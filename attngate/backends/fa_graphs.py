@@ -86,6 +86,7 @@ class FaCudaGraphs:
                     "forward_mode",
                     f"chunked-local layers replay DECODE graphs only, not {forward_mode.value}: "
                     "their local batches vary in number",
+                    code="usage.cuda-graph-mode",
                 )
             )
         if self.mla is not None:
@@ -101,6 +102,7 @@ class FaCudaGraphs:
                     Problem(
                         "encoder_lens",
                         "a CUDA graph with encoder tokens needs a cross-attention layer among the backend's layers",
+                        code="usage.cuda-graph-encoder-tokens",
                     )
                 )
             md.encoder_seqused_k, md.encoder_page_table = g["encoder_seqused_k"][:bs], g["encoder_page_table"][:bs]

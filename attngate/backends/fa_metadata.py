@@ -66,10 +66,12 @@ class FaKvMetadata:
                         "encoder_lens",
                         "this CUDA graph was captured "
                         + (
-                            "without encoder tokens; capture it with encoder_lens"
+                            "without encoder tokens"
                             if encoder_lens is not None
                             else "with encoder tokens, which this replay does not give"
                         ),
+                        code="batch-metadata.encoder-tokens",
+                        help="capture it with encoder_lens" if encoder_lens is not None else None,
                     )
                 )
             md.seqused_k.copy_(seqused)

@@ -68,6 +68,7 @@ class FaMla:
                 Problem(
                     "forward_mode",
                     f"the plan runs MLA non-absorbed in {mode.value}; only absorbed modes replay as CUDA graphs",
+                    code="usage.cuda-graph-mode",
                 )
             )
         self._absorbed, self._kv = True, None

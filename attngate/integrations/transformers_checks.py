@@ -36,12 +36,16 @@ def check_runtime_arguments(
         problems.append(
             Problem(
                 "model",
-                f"{type(model).__name__} was built with attn_implementation={built_with!r}; AttngateRuntime "
-                f"needs attn_implementation={ATTN_IMPLEMENTATION!r}, or its attention bypasses attngate's cache",
+                f"{type(model).__name__} was built with attn_implementation={built_with!r}: its attention would "
+                "bypass attngate's cache",
+                code="usage.attn-implementation",
+                help=f"build the model with attn_implementation={ATTN_IMPLEMENTATION!r}, as AttngateRuntime needs",
             )
         )
     if server_args is not None and not isinstance(server_args, ServerArgs):
-        problems.append(Problem("server_args", f"takes ServerArgs, not {type(server_args).__name__}"))
+        problems.append(
+            Problem("server_args", f"takes ServerArgs, not {type(server_args).__name__}", code="usage.argument-type")
+        )
         server_args = None
     planned = server_args.page_size if server_args is not None else None
     if page_size is not None and planned is not None and page_size != planned:
@@ -49,6 +53,7 @@ def check_runtime_arguments(
             Problem(
                 "page_size",
                 f"{page_size} differs from server_args.page_size {planned}; the pool must page as the plan does",
+                code="usage.pool-page-size",
             )
         )
     for name, value in (
@@ -60,7 +65,7 @@ def check_runtime_arguments(
         if (name != "page_size" or value is not None) and (
             isinstance(value, bool) or not isinstance(value, int) or value < 1
         ):
-            problems.append(Problem(name, f"must be a positive integer, not {value!r}"))
+            problems.append(Problem(name, f"must be a positive integer, not {value!r}", code="usage.count"))
     if problems:
         raise UsageError(problems)
     return page_size if page_size is not None else planned
@@ -75,12 +80,19 @@ def check_pool_fits_plan(plan: Plan, asked: int | None, num_slots: int) -> int:
         problems.append(
             Problem(
                 "page_size",
-                f"{asked} asked, but the plan pages by {page_size}; the pool must page as "
-                f"the plan does (see the resolution's adjustments)",
+                f"{asked} asked, but the plan pages by {page_size}; the pool must page as the plan does",
+                code="usage.pool-page-size",
+                help="the resolution's adjustments name the rule that sets the plan's page_size",
             )
         )
     if num_slots % page_size:
-        problems.append(Problem("num_slots", f"{num_slots} is not a multiple of the plan's page_size {page_size}"))
+        problems.append(
+            Problem(
+                "num_slots",
+                f"{num_slots} is not a multiple of the plan's page_size {page_size}",
+                code="usage.num-slots-not-page-multiple",
+            )
+        )
     if problems:
         raise UsageError(problems)
     return page_size
@@ -96,18 +108,27 @@ def check_new_tokens(
     for req, ids in new_tokens.items():
         where = f"request {req}"
         if req not in seq_lens:
-            problems.append(Problem(where, "unknown request (add_request first)"))
+            problems.append(
+                Problem(where, "unknown request", code="batch-metadata.unknown-request", help="add_request first")
+            )
         elif ids.numel() == 0:
-            problems.append(Problem(where, "no new tokens"))
+            problems.append(Problem(where, "no new tokens", code="batch-metadata.no-new-tokens"))
         elif mode == ForwardMode.DECODE and ids.numel() != 1:
-            problems.append(Problem(where, f"decode takes one token per request, not {ids.numel()}"))
+            problems.append(
+                Problem(
+                    where, f"decode takes one token per request, not {ids.numel()}", code="batch-metadata.decode-tokens"
+                )
+            )
         elif vocab and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
-            problems.append(Problem(where, f"token ids must be integers in [0, {vocab})"))
+            problems.append(
+                Problem(where, f"token ids must be integers in [0, {vocab})", code="batch-metadata.token-ids")
+            )
         elif seq_lens[req] + ids.numel() > width:
             problems.append(
                 Problem(
                     where,
                     f"{seq_lens[req]} cached + {ids.numel()} new tokens exceed max_context_len {width}",
+                    code="batch-metadata.context-too-long",
                 )
             )
     if problems:
@@ -140,6 +161,7 @@ def bind_layers(model: torch.nn.Module, layers: list[AttentionLayer], ckv_hook: 
                 "model",
                 f"no attention module found for layers {missing} of {type(model).__name__}; "
                 f"AttngateRuntime cannot bind it",
+                code="usage.unbound-layers",
             )
         )
 
@@ -152,8 +174,9 @@ def check_softmax_attention_only(model: torch.nn.Module, facts: ModelFacts) -> N
                 "model",
                 f"{type(model).__name__} has layers without softmax attention (linear attention, "
                 f"Mamba, convolution) whose recurrent state AttngateRuntime does not keep between "
-                f"extend and decode; run it with attn_implementation={ATTN_IMPLEMENTATION!r} and "
-                f"transformers' own cache instead",
+                f"extend and decode",
+                code="usage.recurrent-layers",
+                help=f"run it with attn_implementation={ATTN_IMPLEMENTATION!r} and transformers' own cache instead",
             )
         )
 

@@ -234,7 +234,11 @@ def configure(
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "to_dict"):
         raise UsageError(
-            Problem("model", f"takes a transformers model (or a module holding its config), not {type(model).__name__}")
+            Problem(
+                "model",
+                f"takes a transformers model (or a module holding its config), not {type(model).__name__}",
+                code="usage.argument-type",
+            )
         )
     facts = model_facts(config, (getattr(config, "architectures", None) or [type(model).__name__])[0])
     if platform is None:
@@ -377,17 +381,13 @@ def _position(model: ModelFacts, module: torch.nn.Module) -> int:
             return 0  # every encoder layer is one spec: non-causal, no window
         if isinstance(idx, int):
             idx = encoder + 2 * idx + (0 if getattr(module, "is_causal", True) else 1)
-    if not isinstance(idx, int):
-        raise BatchMetadataError(
-            Problem(
-                type(module).__name__,
-                "an attention module without a layer_idx: attngate cannot tell which of the plan's layers it is",
-            )
-        )
-    try:
-        return model.attention_position(idx)
-    except ValueError as err:
-        raise BatchMetadataError(Problem(type(module).__name__, str(err))) from None
+    why = "an attention module without a layer_idx: attngate cannot tell which of the plan's layers it is"
+    if isinstance(idx, int):
+        try:
+            return model.attention_position(idx)
+        except ValueError as err:
+            why = str(err)
+    raise BatchMetadataError(Problem(type(module).__name__, why, code="batch-metadata.layer-unplaced")) from None
 
 
 def _kernel_of(resolution: Resolution, backend: str) -> str | None:

@@ -161,12 +161,15 @@ def _mask_kind(batch: PaddedBatch, h: int) -> str:
         return "keep"
     problems = []
     if attention_mask.dtype != torch.bool and not attention_mask.is_floating_point():
-        problems.append(f"dtype {attention_mask.dtype}: a bool keep-mask or an additive float mask")
+        problems.append(
+            ("usage.attention-mask-dtype", f"dtype {attention_mask.dtype}: a bool keep-mask or an additive float mask")
+        )
     shape = tuple(attention_mask.shape)
     if len(shape) != 4 or shape[0] not in (1, b) or shape[1] not in (1, h) or shape[2] not in (1, s) or shape[3] < s_kv:
-        problems.append(f"shape {list(shape)}: [batch {b} or 1, heads {h} or 1, queries {s} or 1, keys >= {s_kv}]")
+        shapes = f"[batch {b} or 1, heads {h} or 1, queries {s} or 1, keys >= {s_kv}]"
+        problems.append(("usage.attention-mask-shape", f"shape {list(shape)}: {shapes}"))
     if problems:
-        raise UsageError([Problem("attention_mask", p) for p in problems])
+        raise UsageError([Problem("attention_mask", text, code=code) for code, text in problems])
     if attention_mask.dtype == torch.bool and shape[1] == 1:
         return "keep"
     if torch.compiler.is_compiling():  # a graph cannot look at the values: torch computes what the mask says

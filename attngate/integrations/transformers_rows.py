@@ -343,6 +343,7 @@ def chunk_extents(visible: torch.Tensor, q_valid: torch.Tensor, layer: LayerDeci
                 where,
                 "transformers' mask shows a query keys that are not one range; a chunked-local "
                 "layer attends to the keys of one chunk up to the query",
+                code="batch-metadata.local-mask-not-a-range",
             )
         )
     if span.numel() and int(span.max()) > layer.attention_chunk_size:
@@ -352,6 +353,7 @@ def chunk_extents(visible: torch.Tensor, q_valid: torch.Tensor, layer: LayerDeci
                 f"transformers' mask shows a query {int(span.max())} keys, more than the plan's "
                 f"attention_chunk_size {layer.attention_chunk_size}: the model does not chunk this "
                 "layer as the plan says",
+                code="batch-metadata.local-mask-past-chunk",
             )
         )
     if problems:

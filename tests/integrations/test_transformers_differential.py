@@ -195,6 +195,15 @@ def test_runtime_arguments_are_checked_together_and_the_pool_pages_as_the_plan()
         "max_requests",
         "max_context_len",
     ]
+    assert [p.code for p in bad.value.problems] == [
+        "usage.attn-implementation",
+        "usage.argument-type",
+        "usage.count",
+        "usage.count",
+        "usage.count",
+        "usage.count",
+    ]
+    assert bad.value.problems[0].help == "build the model with attn_implementation='attngate', as AttngateRuntime needs"
     with pytest.raises(UsageError, match="model: .* was built with attn_implementation=None"):
         AttngateRuntime(torch.nn.Linear(2, 2))
     with pytest.raises(UsageError, match="page_size: 4 differs from server_args.page_size 16"):
@@ -257,8 +266,10 @@ def test_a_failed_forward_leaves_every_request_as_it_was():
     state = (rt._requests[req].seq_len, list(rt._requests[req].pages))
     with pytest.raises(BatchMetadataError, match=f"request {req}.*token ids"):
         rt.extend({req: torch.tensor([5, ours.config.vocab_size + 3])})
-    with pytest.raises(BatchMetadataError, match="request 99: unknown request"):
+    with pytest.raises(BatchMetadataError, match="request 99: unknown request") as unknown:
         rt.decode({99: 1})
+    assert unknown.value.problems[0].code == "batch-metadata.unknown-request"
+    assert unknown.value.problems[0].help == "add_request first"
     with pytest.raises(BatchMetadataError) as bad:  # every bad request of the batch, none applied
         rt.extend({req: torch.ones(2, 2, dtype=torch.long), 98: "abc"})
     assert [p.where for p in bad.value.problems] == [f"request {req}", "request 98"]

@@ -456,8 +456,12 @@ def test_a_hybrid_model_attends_by_its_attention_layers_plan():
     assert resolution.model.attention_layer_ids == (1, 3) and len(layers) == 2
     greedy = dict(attention_mask=mask, max_new_tokens=4, do_sample=False)
     assert torch.equal(ours.generate(ids, **greedy), ref.generate(ids, **greedy))
-    with pytest.raises(ValueError, match="recurrent state AttngateRuntime does not keep"):
+    with pytest.raises(ValueError, match="recurrent state AttngateRuntime does not keep") as err:
         AttngateRuntime(ours)
+    assert (
+        err.value.problems[0].code == "usage.recurrent-layers"
+        and "transformers' own cache" in err.value.problems[0].help
+    )
 
 
 def test_a_bidirectional_decoder_matches_eager():
