@@ -21,14 +21,37 @@ def fa_window_size(window_left: int | None, causal: bool) -> tuple[int | None, i
 
 @dataclass
 class FaMetadata:
-    cu_seqlens_q: torch.Tensor  # [bs + 1] int32
+    """What the FA kernels read of one batch (or of one captured CUDA graph, over its static buffers).
+
+    Attributes
+    ----------
+    cu_seqlens_q : torch.Tensor
+        ``[bs + 1]`` int32 on the device: the offsets of each request's queries in the token dimension.
+    max_seqlen_q : int
+        The most queries of one request.
+    seqused_k : torch.Tensor or None
+        ``[bs]`` int32 on the device: the decoder tokens (keys) the kernel reads per request; None: raw K/V only.
+    page_table : torch.Tensor or None
+        ``[bs, max_pages]`` int32 on the device: each request's pages in the pool.
+    encoder_seqused_k : torch.Tensor or None
+        ``[bs]`` int32: cross attention's encoder tokens per request; None: no encoder tokens.
+    encoder_page_table : torch.Tensor or None
+        ``[bs, max_pages]`` int32: the pages of each request's encoder tokens; None: no encoder tokens.
+    scheduler_metadata : object or None
+        FA3's precomputed tile-scheduler metadata (:meth:`Fa3Kernel.scheduler_metadata`); None: the kernel derives its
+        own.
+    local : FaMetadata or None
+        Chunked-local layers: the local virtual batches; None: no chunked-local layer.
+    """
+
+    cu_seqlens_q: torch.Tensor
     max_seqlen_q: int
-    seqused_k: torch.Tensor | None  # [bs] int32, decoder tokens the kernel reads (None: raw K/V only)
-    page_table: torch.Tensor | None  # [bs, max_pages] int32
-    encoder_seqused_k: torch.Tensor | None = None  # cross attention: encoder tokens
+    seqused_k: torch.Tensor | None
+    page_table: torch.Tensor | None
+    encoder_seqused_k: torch.Tensor | None = None
     encoder_page_table: torch.Tensor | None = None
     scheduler_metadata: object | None = None
-    local: "FaMetadata | None" = None  # chunked-local layers: the local virtual batches
+    local: "FaMetadata | None" = None
 
 
 class Fa4Kernel:

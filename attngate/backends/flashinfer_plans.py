@@ -22,15 +22,33 @@ from attngate.plan.schema import FlashInferGates, Plan
 
 @dataclass
 class WrapperSpec:
-    """What every layer served by one wrapper of the set shares."""
+    """What every layer served by one wrapper of the set shares.
+
+    Attributes
+    ----------
+    index : int
+        The wrapper's place in the set (its layers' ``flashinfer.wrapper_index``).
+    causal : bool
+        Whether its layers attend causally.
+    window_left : int
+        Earlier keys a query sees (tokens); -1: no window.
+    logits_soft_cap : float
+        The layers' soft-cap (0: none).
+    sm_scale : float
+        The softmax scale.
+    cross : bool
+        The KV is the encoder tokens (cross attention).
+    heads : tuple of (int, int, int)
+        ``(num_q_heads, num_kv_heads, head_dim)`` of its layers (heads on this rank; head_dim in elements).
+    """
 
     index: int
     causal: bool
-    window_left: int  # -1: no window
+    window_left: int
     logits_soft_cap: float
     sm_scale: float
-    cross: bool  # KV = the encoder tokens
-    heads: tuple[int, int, int]  # num_q_heads, num_kv_heads, head_dim of its layers
+    cross: bool
+    heads: tuple[int, int, int]
 
 
 def wrapper_specs(plan: Plan, layers: list[AttentionLayer]) -> list[WrapperSpec]:

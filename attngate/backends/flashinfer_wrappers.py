@@ -87,10 +87,24 @@ class FlashInferWrappers:
 
 @dataclass
 class CapturedWrappers:
-    """One captured (forward mode, batch size): its wrappers and, per wrapper, the page ids the graph builds."""
+    """One captured (forward mode, batch size): its wrappers and, per wrapper, the page ids the graph builds.
+
+    Attributes
+    ----------
+    wrappers : list
+        The graph's FlashInfer wrappers, one per wrapper of the set.
+    per_req : int
+        New tokens per request.
+    rows : torch.Tensor
+        ``[bs]`` int64 on the device: ``req_pool_indices``, copied in at each re-plan; shared by the wrappers' ids.
+    ids : list of GraphPageIds
+        Per wrapper, the page ids the graph builds.
+    planned : bool
+        The capture's plan() ran: the wrappers hold a kernel module fast_decode_plan may reuse.
+    """
 
     wrappers: list
-    per_req: int  # new tokens per request
-    rows: torch.Tensor  # [bs] int64, req_pool_indices, copied in at each re-plan; shared by the wrappers' ids
+    per_req: int
+    rows: torch.Tensor
     ids: list[GraphPageIds]
-    planned: bool = False  # the capture's plan() ran: the wrappers hold a kernel module fast_decode_plan may reuse
+    planned: bool = False

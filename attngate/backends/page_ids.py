@@ -76,18 +76,36 @@ def fill_page_ids(
 class GraphPageIds:
     """The page ids of one CUDA-graph wrapper, built inside the graph: the replay hook copies the rows (and first
     tokens) in and plan() fills ``kv_indptr``; then, in every captured forward, the wrapper's first layer launches
-    :func:`fill_page_ids` on these buffers, so each replay rebuilds the ids with no host work."""
+    :func:`fill_page_ids` on these buffers, so each replay rebuilds the ids with no host work.
 
-    rows: torch.Tensor  # [bs] int64, req_pool_indices (may be shared by a graph's wrappers)
-    kv_indptr: torch.Tensor  # [bs + 1] int32
-    kv_indices: torch.Tensor  # [at least every page a batch of bs may read] int32
-    first_token: torch.Tensor | None  # [bs] int32 for ranges that can start past token 0, else None (token 0)
-    first_layer: int  # the layer that fills the ids
-    filled: bool = False  # the current forward has filled them
-    packed: torch.Tensor | None = (
-        None  # [3 * bs + 1] int32 laid out as PageRange.packed: kv_indptr, first_token, last_page_len
-    )
-    last_page_len: torch.Tensor | None = None  # [bs] int32, a view of packed
+    Attributes
+    ----------
+    rows : torch.Tensor
+        ``[bs]`` int64 on the device: ``req_pool_indices`` (may be shared by a graph's wrappers).
+    kv_indptr : torch.Tensor
+        ``[bs + 1]`` int32: each request's offset into ``kv_indices`` (pages).
+    kv_indices : torch.Tensor
+        int32, at least as long as every page a batch of ``bs`` may read: the page ids.
+    first_token : torch.Tensor or None
+        ``[bs]`` int32 for ranges that can start past token 0; None: every range starts at token 0.
+    first_layer : int
+        The layer that fills the ids.
+    filled : bool
+        The current forward has filled them.
+    packed : torch.Tensor or None
+        ``[3 * bs + 1]`` int32 laid out as :attr:`PageRange.packed`: kv_indptr, first_token, last_page_len.
+    last_page_len : torch.Tensor or None
+        ``[bs]`` int32 (tokens in each request's last page), a view of ``packed``.
+    """
+
+    rows: torch.Tensor
+    kv_indptr: torch.Tensor
+    kv_indices: torch.Tensor
+    first_token: torch.Tensor | None
+    first_layer: int
+    filled: bool = False
+    packed: torch.Tensor | None = None
+    last_page_len: torch.Tensor | None = None
 
     @classmethod
     def packed_buffers(cls, rows: torch.Tensor, num_pages: int, first_layer: int, *, shifted: bool) -> GraphPageIds:

@@ -116,21 +116,43 @@ class _Request:
 class AttngateRuntime:
     """Binds a transformers model to an attngate backend, KV pool and request table.
 
-    Args:
-        model: a transformers model built with ``attn_implementation="attngate"``.
-        server_args: resolved with the model's facts into the Plan (default: SGLang's defaults).
-        platform: the plan's GPU; default: detected when CUDA is present, else sm90 (the reference
-            backend's semantics do not depend on it). A default backend that the rules refuse for this model
-            falls back to the first candidate that runs it (attngate.engine.fallback).
-        page_size, num_slots, max_requests, max_context_len: KV pool geometry (tokens); page_size defaults to
-            the plan's (``server_args.page_size`` as the rules resolve it) and must equal it, num_slots a multiple of it.
-        backend_cls: the backend to run. Default: on CUDA the plan's own backends (:class:`PlanBackend`: each forward
-            mode on the one ``plan.backend_for(mode)`` names, FA and FlashInfer), elsewhere the reference backend.
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A transformers model built with ``attn_implementation="attngate"``.
+    server_args : ServerArgs, optional
+        Resolved with the model's facts into the Plan (default: SGLang's defaults).
+    platform : Platform, optional
+        The plan's GPU; default: detected when CUDA is present, else sm90 (the reference backend's semantics do not
+        depend on it). A default backend that the rules refuse for this model falls back to the first candidate that
+        runs it (attngate.engine.fallback).
+    page_size, num_slots, max_requests, max_context_len : int
+        KV pool geometry (tokens); page_size defaults to the plan's (``server_args.page_size`` as the rules resolve
+        it) and must equal it, num_slots a multiple of it.
+    backend_cls : type of AttentionBackend, optional
+        The backend to run. Default: on CUDA the plan's own backends (:class:`PlanBackend`: each forward mode on the
+        one ``plan.backend_for(mode)`` names, FA and FlashInfer), elsewhere the reference backend.
 
-    Raises UsageError listing every bad argument (a model not built for attngate, a geometry that does not fit, a
-    page_size other than the server arguments'), before anything is allocated; BackendRefusal where the backend
-    refuses the plan or the model's layers (on CUDA, a plan naming a backend attngate has no kernels for, say triton:
-    resolve with another --attention-backend, or pass ``backend_cls=ReferenceBackend``).
+    Attributes
+    ----------
+    resolution, plan : Resolution, Plan
+        The resolution of ``server_args`` with the model's ``facts`` (ModelFacts), and its plan.
+    layers : list of AttentionLayer
+        One layer spec per entry of ``facts.layer_kinds``, bound to its module (scaling, sinks, MLA weights).
+    pool, allocator, req_to_token_pool
+        The KV pool (``num_slots`` token slots of the plan's KV dtype), its page allocator (``page_size`` tokens a
+        page) and the request table (``[max_requests, max_context_len]`` int32).
+    backend : AttentionBackend
+        The backend every forward runs on.
+
+    Raises
+    ------
+    UsageError
+        Listing every bad argument (a model not built for attngate, a geometry that does not fit, a page_size other
+        than the server arguments'), before anything is allocated.
+    BackendRefusal
+        Where the backend refuses the plan or the model's layers (on CUDA, a plan naming a backend attngate has no
+        kernels for, say triton: resolve with another --attention-backend, or pass ``backend_cls=ReferenceBackend``).
     """
 
     def __init__(
