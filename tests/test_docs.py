@@ -61,3 +61,15 @@ def test_the_plan_page_gate_table_is_the_generated_one():
     committed = (ROOT / "docs" / "plan.md").read_text()
     assert committed == gen.plan_page(committed), "docs/plan.md is stale: run python docs/generate.py"
     assert all(f"[`{name}`](reference/gates/{name}.md)" in committed for name in GATES)
+
+
+def test_every_catalogue_number_a_rule_cites_is_in_the_repositorys_catalogue():
+    """Rule and deviation sources cite SGLang's gates by catalogue number (G*, F*: a section; R*: a row of its
+    tables), in docs/sglang-attention-gates.md: each one cited is there."""
+    import re
+
+    catalogue = (ROOT / "docs" / "sglang-attention-gates.md").read_text()
+    entries = set(re.findall(r"^### ([A-Z]\d+[a-z]?) ", catalogue, flags=re.M))
+    entries |= set(re.findall(r"^\| ([A-Z]\d+[a-z]?) \|", catalogue, flags=re.M))
+    cited = set(re.findall(r"\(([GFR]\d+[a-z]?)\)", (ROOT / "rules.yaml").read_text()))
+    assert cited and not cited - entries, sorted(cited - entries)
