@@ -49,6 +49,21 @@ _TEXT_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma3": _GEMMA3_TEXT,
     "hy_v4": {"learnable_sink": True},  # SGLang 0.5.23 reads hy_v4 through its own HYV4Config (configs/hy_v4.py l.44)
 }
+
+
+def _derived_keys(text_type: str, values: dict[str, Any]) -> dict[str, Any]:
+    """Keys a config class derives from others where they are absent: SGLang 0.5.23's ExaoneConfig reads
+    ``num_layers`` as ``num_hidden_layers`` (configs/exaone.py l.142, attribute_map); its MiniCPM3 attention takes
+    ``v_head_dim`` as ``hidden_size // num_attention_heads`` (models/minicpm3.py l.290), no config key."""
+    derived: dict[str, Any] = {}
+    if text_type == "exaone" and "num_hidden_layers" not in values and "num_layers" in values:
+        derived["num_hidden_layers"] = values["num_layers"]
+    heads, hidden = values.get("num_attention_heads"), values.get("hidden_size")
+    if text_type == "minicpm3" and "v_head_dim" not in values and isinstance(heads, int) and isinstance(hidden, int):
+        derived["v_head_dim"] = hidden // heads if heads > 0 else None
+    return derived
+
+
 #: architectures whose attention always has learned sinks, without a config key (SGLang 0.5.23 model_config.py
 #: l.88-95, SWA_SINK_ARCHS)
 _SINK_ARCHITECTURES = frozenset(
@@ -146,6 +161,7 @@ class _Reader:
         text_type = values.get("model_type", model_type)
         defaults = _TEXT_DEFAULTS.get(text_type, {}) if isinstance(text_type, str) else {}
         values = {**defaults, **values}
+        values.update(_derived_keys(text_type, values) if isinstance(text_type, str) else {})
         is_enc_dec = bool(model and model.is_encoder_decoder)
         shape = self._concern(EncoderDecoderShape if is_enc_dec else AttentionShape, values, prefix)
         mla = self._concern(MlaRanks, values, prefix)
