@@ -97,7 +97,13 @@ def test_model_override_defaults(flags, arch, gpu, backend, hybrid_pool_off):
             "sm90",
             "hybrid.first-layer-not-attention-no-triton",
         ),
-        ("--page-size 16", ("Qwen3NextForCausalLM", "qwen3_next", QWEN3_NEXT), "sm90", "mamba.radix-cache-page-size-1"),
+        ("--page-size 16", ("Lfm2ForCausalLM", "lfm2", LFM2), "sm90", "mamba.radix-cache-page-size-1"),  # no_buffer
+        (  # the extra buffer (SGLang's default for Qwen3-Next) takes pages dividing its track interval of 256
+            "--page-size 17",
+            ("Qwen3NextForCausalLM", "qwen3_next", QWEN3_NEXT),
+            "sm90",
+            "mamba.extra-buffer-page-divides-track-interval",
+        ),
         (
             "--attention-backend torch_native",
             ("Qwen3NextForCausalLM", "qwen3_next", QWEN3_NEXT),
@@ -112,10 +118,10 @@ def test_model_override_defaults(flags, arch, gpu, backend, hybrid_pool_off):
         ),  # fa4 on SM100 only
         (
             "--attention-backend fa4",
-            ("FalconH1ForCausalLM", "falcon_h1"),
+            ("Lfm2ForCausalLM", "lfm2", LFM2),
             "sm100",
             "mamba.radix-cache-page-size-1",
-        ),  # FA4's 128
+        ),  # FA4's 128 over a no_buffer Mamba radix cache (FalconH1's extra buffer takes it)
     ],
 )
 def test_model_override_rejections(flags, arch, gpu, rule):

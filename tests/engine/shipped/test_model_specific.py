@@ -92,21 +92,25 @@ def test_deepseek_sparse_attention_refuses_other_kv_dtypes_and_plain_deepseek_v3
     assert resolve(ServerArgs(), model("DeepSeek-V3"), Platform.from_name("sm100")).plan.prefill_backend == "trtllm_mla"
 
 
+EAGLE = "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
+
+
 @pytest.mark.parametrize(
-    "flags, gpu, radix_off",
+    "flags, gpu, arch, radix_off",
     [
-        ("", "sm90", False),  # page 1, no speculation: the Mamba radix cache stays
-        (
-            "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4",
-            "sm90",
-            True,
-        ),
-        ("--disable-radix-cache --page-size 16", "sm90", True),  # pages of any size once the radix cache is off
-        ("--attention-backend trtllm_mha", "sm100", True),  # trtllm_mha takes no page_size 1
+        ("", "sm90", "Qwen3NextForCausalLM", False),  # page 1, no speculation: the Mamba radix cache stays
+        (EAGLE, "sm90", "Qwen3NextForCausalLM", False),  # the extra buffer (SGLang's default here) keeps it
+        (EAGLE, "sm90", "Lfm2ForCausalLM", True),  # no_buffer: speculation turns it off
+        ("--disable-radix-cache --page-size 16", "sm90", "Qwen3NextForCausalLM", True),  # any page once it is off
+        ("--page-size 64", "sm90", "Qwen3NextForCausalLM", False),  # 64 divides the extra buffer's interval
+        ("--attention-backend trtllm_mha", "sm100", "Qwen3NextForCausalLM", False),
+        ("--attention-backend trtllm_mha", "sm100", "Lfm2ForCausalLM", True),  # trtllm_mha takes no page_size 1
     ],
 )
-def test_a_hybrid_models_radix_cache(flags, gpu, radix_off):
-    facts = as_architecture("Qwen3NextForCausalLM", "qwen3_next", **QWEN3_NEXT)
+def test_a_hybrid_models_radix_cache(flags, gpu, arch, radix_off):
+    """mamba.*: SGLang 0.5.23 keeps the radix cache of an extra-buffer hybrid (Qwen3-Next, Qwen3.5) with speculation,
+    trtllm_mha and pages dividing 256; a no_buffer one (LFM2) needs page 1 and no speculation."""
+    facts = as_architecture(arch, arch.removesuffix("ForCausalLM").lower(), **QWEN3_NEXT)
     assert facts.has_recurrent_layers and not model("Llama-3.1-8B").has_recurrent_layers
     r = resolve(ServerArgs.from_flags(flags.split()), facts, fa3_gpu(gpu))
     assert r.server_args.disable_radix_cache == radix_off
