@@ -117,3 +117,31 @@ def test_trtllm_mla_prefill_runs_on_sm100_and_sm103_only(rules, flags, gpu, refu
     assert (rule in _refusals(args, "DeepSeek-V3", platform)) == refused
     if refused:
         assert matching_deviations(rules, args, model("DeepSeek-V3"), platform, frozenset({rule})) == DEVIATION
+
+
+def test_flashinfer_mla_off_the_deepseek_latent_is_a_declared_kernel_limit(rules):
+    """flashinfer.mla-head-dims: an MLA model of another latent geometry (MiniCPM3: kv_lora_rank 256, rope dim 32) is
+    refused FlashInfer MLA, which SGLang 0.5.23 picks by default off Hopper and FlashInfer 0.7.2 runs for 512/64 only;
+    the default falls back, declared in sglang.kernel-limits-at-start-up."""
+    from attngate import ModelFacts
+
+    raw = {
+        "architectures": ["MiniCPM3ForCausalLM"],
+        "model_type": "minicpm3",
+        "hidden_size": 2560,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 40,
+        "num_hidden_layers": 62,
+        "qk_nope_head_dim": 64,
+        "qk_rope_head_dim": 32,
+        "q_lora_rank": 768,
+        "kv_lora_rank": 256,
+    }
+    facts, platform = ModelFacts.from_hf_dict(raw, source="MiniCPM3-4B"), Platform.from_name("sm103")
+    args = ServerArgs(attention_backend="flashinfer")
+    with pytest.raises(PlanError) as err:
+        resolve(args, facts, platform)
+    refused = frozenset(v.rule for v in err.value.violations)
+    assert "flashinfer.mla-head-dims" in refused
+    assert matching_deviations(rules, args, facts, platform, refused) == DEVIATION
+    assert resolve(ServerArgs(), facts, platform).plan.decode_backend != "flashinfer"

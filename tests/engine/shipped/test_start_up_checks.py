@@ -136,3 +136,20 @@ def test_speculative_settings_without_an_algorithm_are_refused(flags, name, gpu)
     assert "sglang.speculative-settings-without-an-algorithm" in [d.id for d in err.value.deviations]
     eagle = "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1"
     assert "spec.settings-need-an-algorithm" not in refusing_rules_of(lambda: resolve_flags(eagle, name, gpu))
+
+
+@pytest.mark.parametrize(
+    "flags, gpu, refused",
+    [
+        ("--attention-backend trtllm_mha --kv-cache-dtype nvfp4", "sm120", True),  # native NVFP4 prefill: SM100 only
+        ("--prefill-attention-backend trtllm_mha --kv-cache-dtype nvfp4", "sm121", True),
+        ("--attention-backend trtllm_mha --kv-cache-dtype nvfp4", "sm100", False),
+        ("--kv-cache-dtype nvfp4", "sm120", False),  # the FP8 workspace on flashinfer
+        ("--attention-backend flashinfer --kv-cache-dtype nvfp4", "sm120", False),
+    ],
+)
+def test_native_nvfp4_prefill_runs_on_sm100_only(flags, gpu, refused):
+    """kv-dtype.nvfp4-native-prefill-sm100-only: SGLang maps an explicit trtllm_mha prefill to native NVFP4 and refuses
+    it off SM100 (handle_nvfp4_prefill_kv_dequant_dtype); selecting the dtype alone prefills from FP8 on flashinfer."""
+    rule = "kv-dtype.nvfp4-native-prefill-sm100-only"
+    assert (rule in refusing_rules_of(lambda: resolve_flags(flags, "Llama-3.1-8B", gpu))) == refused
