@@ -107,6 +107,13 @@ REINJECTIONS = {
         ),
         "bidirectional-layers-attend-both-ways",
     ),
+    "MLA encoder-only layers left unwritten": (
+        lambda t: t.replace(
+            'when: layer_kind == "encoder_only" and not use_mla and not (uses_flashinfer',
+            'when: layer_kind == "encoder_only" and not (uses_flashinfer',
+        ),
+        "mla-keeps-its-kv-cache",
+    ),
     "no-op KV pool under MLA or cross attention": (
         lambda t: t.replace(
             "when: prefill_only_disable_kv_cache and (use_mla or has_cross_attention)\n",

@@ -3,9 +3,12 @@ layers write and read, and the prefill kernel family."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from attngate import ForwardMode, LayerKind, PlanError, Platform, ServerArgs, resolve
+from attngate.facts.model import ModelFacts
 from tests.engine.shipped.common import SGLANG_FLASHINFER_PLAN_TIME
 from tests.support.helpers import MODELS, fa3_gpu, model
 
@@ -59,6 +62,30 @@ def test_encoder_only_layers_write_the_cache_exactly_where_a_backend_reads_it(ba
     assert paged_extend is (backend == "flashinfer" and det)
     assert r.plan.layer(LayerKind.ENCODER_ONLY).common.write_kv_cache is paged_extend
     assert r.plan.layer(LayerKind.ENCODER_ONLY).common.causal is False
+
+
+@pytest.mark.parametrize("gpu", ["sm90", "sm100"])
+@pytest.mark.parametrize("backend", [None, "fa3", "flashinfer", "triton"])
+@pytest.mark.parametrize("det", [False, True])
+def test_mla_encoder_only_layers_write_their_latent_cache(gpu, backend, det):
+    """An MLA model's bidirectional layers attend through the latent cache (its absorbed path reads it back), so
+    they write it on every backend that runs them (layer.encoder-only-writes-no-cache excludes MLA; invariant
+    mla-keeps-its-kv-cache), and FlashInfer MLA, which plans causal self-attention only, refuses them
+    (flashinfer.mla-full-attention-only). Found by tests/backends/test_config_fuzz_plans.py: DeepSeek-V2-Lite with
+    is_causal false, refused by the backends' own checks on SM90 fa3 and on SM100's default."""
+    facts = ModelFacts.from_hf_dict({**json.loads((MODELS / "DeepSeek-V2-Lite.json").read_text()), "is_causal": False})
+    assert facts.use_mla and facts.is_encoder_only
+    args = ServerArgs(attention_backend=backend, enable_deterministic_inference=det)
+    try:
+        plan = resolve(args, facts, Platform.from_name(gpu, runs_sglang=False)).plan
+    except PlanError as err:
+        refused_by = {v.rule for v in err.violations}
+        if backend == "flashinfer":
+            assert "flashinfer.mla-full-attention-only" in refused_by
+        else:
+            assert (backend, gpu, refused_by) == ("fa3", "sm100", {"fa3.requires-sm80-or-sm90"})
+        return
+    assert plan.prefill_backend != "flashinfer" and plan.layer(LayerKind.ENCODER_ONLY).common.write_kv_cache
 
 
 @pytest.mark.parametrize(
