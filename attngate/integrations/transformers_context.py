@@ -318,9 +318,9 @@ def _context_for(config: Any, module: torch.nn.Module | None = None) -> PlainCon
 
 
 def decisions_of(module: torch.nn.Module) -> tuple[PlainContext, LayerDecisions]:
-    """The module's context and decisions: eager, as the plan is now (an edit to its layer specs applies at once:
-    :meth:`PlainContext.decide`); in a graph, as last kept (the graph guards on them, so a plan configured again retraces it), or for a module
-    no eager call or configure() has seen, resolved outside the graph (a graph break, which fullgraph=True refuses).
+    """The module's context and decisions: eager, as the plan is now (:meth:`PlainContext.decide`); in a graph, as
+    last kept (the graph guards on them, so a plan configured again retraces it), or for a module no eager call or
+    configure() has seen, resolved outside the graph (a graph break, which fullgraph=True refuses).
 
     Returns
     -------
