@@ -171,14 +171,21 @@ def model_value(model: z3.ModelRef, value: Any, none: Any) -> Any:
     return str(v)
 
 
+#: z3 resource units one simplest witness may spend: a budget of work, not of time, so that the witness shown is the
+#: same on any host, loaded or not (about 4 s on the 2-core CPU dev machine; a wall-clock budget of 5 s gave a
+#: loaded CI run another, larger witness than an idle one)
+WITNESS_RLIMIT = 20_000_000
+
+
 def simplest_witness(
-    solver: z3.Solver, enc: Encoder, terms: list[Any], model: z3.ModelRef, keep: set[str], timeout_ms: int = 5_000
+    solver: z3.Solver, enc: Encoder, terms: list[Any], model: z3.ModelRef, keep: set[str], timeout_ms: int = 60_000
 ) -> z3.ModelRef:
     """A model of the solver's assertions, ``terms`` and the derived-fact links in which as many server arguments
     outside ``keep`` as can keep their defaults (z3's Optimize, soft constraints), so that a witness shows only
-    the flags it needs; ``model`` where none is found in time. Raises
-    :class:`~attngate.analysis.verdict.Interrupted` on SIGINT."""
+    the flags it needs; ``model`` where none is found within :data:`WITNESS_RLIMIT` (or, as a backstop,
+    ``timeout_ms`` of wall-clock time). Raises :class:`~attngate.analysis.verdict.Interrupted` on SIGINT."""
     opt = z3.Optimize()
+    opt.set("rlimit", WITNESS_RLIMIT)
     opt.set("timeout", timeout_ms)
     opt.add(*solver.assertions(), *terms, *enc.links)
     for name, field in ServerArgs.model_fields.items():
