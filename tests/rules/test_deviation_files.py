@@ -82,7 +82,6 @@ BAD = [
     "__import__('os')",
     "lambda: 1",
     "[x for x in ()]",
-    "page_size > 1",  # page_size may be None: unguarded
     "attention_backend == 'fa9'",
     "page_size == 'x'",
     "use_mla\u202e",
@@ -92,6 +91,9 @@ BAD = [
     "not " * 60 + "use_mla",  # nested deeper than a condition may be
     " or ".join(["use_mla"] * 900),  # longer than a condition may be
 ]
+# bad only where nothing beside it guards it: a conjunct before it may narrow page_size to an int
+# ("page_size is not None and page_size > 1", then "(...) and (page_size > 1)" is well typed), so never combined
+UNGUARDED = ["page_size > 1"]  # page_size may be None
 
 
 def _combine(op: str, a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str]:
@@ -131,7 +133,10 @@ _WELL_TYPED = (
     st.sampled_from(CONTRADICTIONS).map(lambda t: (t, "contra")),
 )
 WELL_TYPED = _conditions(*_WELL_TYPED)
-CONDITIONS = _conditions(*_WELL_TYPED, st.sampled_from(BAD).map(lambda t: (t, "bad")))
+CONDITIONS = st.one_of(
+    _conditions(*_WELL_TYPED, st.sampled_from(BAD).map(lambda t: (t, "bad"))),
+    st.sampled_from(UNGUARDED).map(lambda t: _noted((t, "bad"))),
+)
 # a `when` as written: a condition (as text), a YAML bool, no `when` at all, or a value of the wrong type
 MISSING = object()
 WHEN = st.one_of(
@@ -372,6 +377,32 @@ def _kind(when: Any) -> str:
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(case=CASES)
+@example(  # a conjunct guarded by the one before it is well typed (the property once counted it bad)
+    case=(
+        (
+            [
+                [
+                    ("id", "d0"),
+                    ("fields", ["page_size"]),
+                    ("when", "(page_size is not None and page_size > 1) and (page_size > 1)"),
+                    ("reason", "r"),
+                    ("source", "s"),
+                ]
+            ],
+            "block",
+            False,
+            False,
+        ),
+        [
+            (
+                "Llama-3.1-8B",
+                "sm90",
+                {"attention_backend": "fa3", "page_size": 1, "is_embedding": False, "tp_size": 1},
+                None,
+            )
+        ],
+    )
+)
 @example(  # found by this property: a deviations section of the wrong type (null included) was dropped unread
     case=(
         (
