@@ -189,6 +189,28 @@ class PlanMismatchError(AttngateError):
     code = "plan-mismatch"
 
 
+class CaseFileError(AttngateError):
+    """A conformance cases file (``attngate conform --cases``) that does not load: each problem names the case."""
+
+    title = "invalid conformance cases"
+    code = "conform-cases"
+
+
+class SglangMissingError(AttngateError):
+    """SGLang is not importable where a conformance check needs it (the sglang extra)."""
+
+    title = "SGLang is not installed"
+    code = "sglang-missing"
+
+
+class SglangMismatchError(AttngateError):
+    """attngate's plan and SGLang's resolution of the same arguments differ where no deviation declares it
+    (attngate.integrations.sglang.verify): each problem names a differing field and both values."""
+
+    title = "attngate's plan and SGLang's resolution disagree"
+    code = "sglang-mismatch"
+
+
 class ConditionError(Exception):
     """One problem in a rule condition, before it has a file location: ``col`` the column (0-based) of the
     condition text, ``message`` what is wrong, ``help`` what to do (a did-you-mean). attngate.rules.check turns each

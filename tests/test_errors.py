@@ -99,10 +99,6 @@ def test_a_library_call_given_the_wrong_type_names_the_parameter(value):
         assert err.value.problems[0].where == parameter
 
 
-#: modules whose Problems do not yet name their own kind (issue 54 item 5): they take their error type's code
-_OWN_CODES_PENDING = ("attngate/integrations/sglang/",)
-
-
 def test_every_problem_attngate_constructs_names_its_kind():
     """Each ``Problem(...)`` in attngate's source passes its own ``code`` (a kind such as ``server-args.unknown-flag``),
     so that a tool matching on errors never has to read message text."""
@@ -115,13 +111,32 @@ def test_every_problem_attngate_constructs_names_its_kind():
     missing = []
     for path in sorted(root.rglob("*.py")):
         name = path.relative_to(root.parent).as_posix()
-        if name.startswith(_OWN_CODES_PENDING):
-            continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Problem":
                 if len(node.args) < 3 and not any(k.arg == "code" for k in node.keywords):
                     missing.append(f"{name}:{node.lineno}")
     assert missing == []
+
+
+def test_every_error_class_lives_in_errors_py():
+    """attngate's error types are declared in attngate/errors.py (and re-exported where callers import them), so one
+    module lists every kind of error the project raises with its code."""
+    import ast
+    from pathlib import Path
+
+    import attngate
+    from attngate import errors
+
+    names = {n for n, v in vars(errors).items() if isinstance(v, type) and issubclass(v, Exception)}
+    root = Path(attngate.__file__).parent
+    elsewhere = [
+        f"{path.relative_to(root.parent).as_posix()}:{node.lineno} {node.name}"
+        for path in sorted(root.rglob("*.py"))
+        if path.name != "errors.py"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef) and any(getattr(b, "id", None) in names for b in node.bases)
+    ]
+    assert elsewhere == []
 
 
 def _problems_of(call) -> list[Problem]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attngate.errors import AttngateError, Problem
+from attngate.errors import AttngateError, CaseFileError, Problem  # noqa: F401 - CaseFileError is importable here
 from attngate.facts.catalogue import FACTS
 from attngate.facts.choices import GPU_ARCHS, KERNEL_PROVIDERS
 from attngate.facts.platform import KERNEL_PRESETS
@@ -24,10 +24,6 @@ from attngate.util.inputs import parse_json, read_text
 
 #: A stock SGLang install on the case's GPU (attngate.facts.platform.sglang_kernels): the same default as explain's.
 SGLANG_KERNELS: tuple[str, ...] = ("sglang",)
-
-
-class CaseFileError(AttngateError):
-    title = "invalid conformance cases"
 
 
 @dataclass(frozen=True)
@@ -79,43 +75,79 @@ def load_cases(path: str | Path, sglang_fields: frozenset[str]) -> list[Case]:
     path = Path(path)
     data = parse_json(read_text(path, CaseFileError, "cases file"), str(path), CaseFileError)
     if not isinstance(data, list):
-        raise CaseFileError(Problem(str(path), "a cases file holds a JSON list of {name, model_config, gpu, args}"))
+        raise CaseFileError(
+            Problem(
+                str(path),
+                "a cases file holds a JSON list of {name, model_config, gpu, args}",
+                code="conform-cases.not-a-list",
+            )
+        )
     problems: list[Problem] = []
     cases = []
     for index, raw in enumerate(data):
         where = f"{path}: case {index}"
         if not isinstance(raw, dict):
-            problems.append(Problem(where, "a case is an object {name, model_config, gpu, args}"))
+            problems.append(
+                Problem(
+                    where, "a case is an object {name, model_config, gpu, args}", code="conform-cases.not-an-object"
+                )
+            )
             continue
         for key in sorted(set(raw) - {"name", "model_config", "gpu", "args", "kernels"}):
-            problems.append(Problem(where, f"unknown key {key!r}"))
+            problems.append(Problem(where, f"unknown key {key!r}", code="conform-cases.unknown-key"))
         name = raw.get("name", f"case-{index}")
         config = raw.get("model_config")
         if not isinstance(config, str):
             problems.append(
-                Problem(where, "model_config: a path to a config.json (relative to the cases file) is required")
+                Problem(
+                    where,
+                    "model_config: a path to a config.json (relative to the cases file) is required",
+                    code="conform-cases.model-config-missing",
+                )
             )
         elif not (path.parent / config).exists():
-            problems.append(Problem(where, f"model_config: {config} does not exist"))
+            problems.append(
+                Problem(where, f"model_config: {config} does not exist", code="conform-cases.model-config-not-found")
+            )
         gpu = raw.get("gpu")
         if gpu not in GPU_ARCHS:
-            problems.append(Problem(where, f"gpu: {gpu!r} is not one of {', '.join(GPU_ARCHS)}"))
+            problems.append(
+                Problem(where, f"gpu: {gpu!r} is not one of {', '.join(GPU_ARCHS)}", code="conform-cases.unknown-gpu")
+            )
         args = raw.get("args", {})
         if isinstance(args, str):  # a launch line: read by SGLang's own parser
             try:
                 args = launch_line_kwargs(args)
             except ValueError as err:
-                problems.append(Problem(where, f"args: {err}"))
+                problems.append(Problem(where, f"args: {err}", code="conform-cases.bad-args"))
                 args = {}
         if not isinstance(args, dict):
-            problems.append(Problem(where, "args: a mapping of SGLang ServerArgs fields to values, or a launch line"))
+            problems.append(
+                Problem(
+                    where,
+                    "args: a mapping of SGLang ServerArgs fields to values, or a launch line",
+                    code="conform-cases.bad-args",
+                )
+            )
             args = {}
         for key in args:
             if key not in sglang_fields:
-                problems.append(Problem(where, f"args: {key!r} is not a field of SGLang's ServerArgs"))
+                problems.append(
+                    Problem(
+                        where,
+                        f"args: {key!r} is not a field of SGLang's ServerArgs",
+                        code="conform-cases.unknown-field",
+                    )
+                )
         kernels = raw.get("kernels", list(SGLANG_KERNELS))
         if not isinstance(kernels, list) or any(k not in (*KERNEL_PROVIDERS, *KERNEL_PRESETS) for k in kernels):
-            problems.append(Problem(where, f"kernels: a list of {', '.join((*KERNEL_PROVIDERS, *KERNEL_PRESETS))}"))
+            problems.append(
+                Problem(
+                    where,
+                    f"kernels: a list of {', '.join((*KERNEL_PROVIDERS, *KERNEL_PRESETS))}",
+                    code="conform-cases.bad-kernels",
+                )
+            )
             kernels = list(SGLANG_KERNELS)
         if isinstance(config, str):
             cases.append(Case(str(name), path.parent / config, str(gpu), dict(args), tuple(kernels)))

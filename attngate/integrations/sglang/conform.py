@@ -81,7 +81,7 @@ def run_cases(
     ) + count_problems(("jobs", jobs, 1))
     if isinstance(cases, list):
         problems += [
-            Problem(f"cases[{i}]", f"takes a Case, not {type(c).__name__}")
+            Problem(f"cases[{i}]", f"takes a Case, not {type(c).__name__}", code="usage.argument-type")
             for i, c in enumerate(cases)
             if not isinstance(c, Case)
         ][:10]

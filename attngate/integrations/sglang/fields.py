@@ -44,8 +44,9 @@ def check_mapping(sglang_fields: frozenset[str]) -> None:
             problems.append(
                 Problem(
                     name,
-                    f"SGLang's ServerArgs has no {', '.join(missing)}; it was renamed or dropped: "
-                    "map it in attngate/integrations/sglang/fields.py:RENAMED",
+                    f"SGLang's ServerArgs has no {', '.join(missing)}; it was renamed or dropped",
+                    code="server-args.not-in-sglang",
+                    help="map it in attngate/integrations/sglang/fields.py:RENAMED",
                 )
             )
     if problems:
@@ -74,12 +75,12 @@ def to_sglang_kwargs(args: ServerArgs | Mapping[str, Any]) -> dict[str, Any]:
     problems = []
     for name, value in data.items():
         if name not in ServerArgs.model_fields:
-            problems.append(Problem(name, "not an attngate server argument"))
+            problems.append(Problem(name, "not an attngate server argument", code="server-args.unknown-field"))
         elif name in RENAMED:
             try:
                 out.update(RENAMED[name].write(value, data))
             except ValueError as err:
-                problems.append(Problem(name, str(err)))
+                problems.append(Problem(name, str(err), code="server-args.not-expressible-in-sglang"))
         else:
             out[name] = value
     if problems:

@@ -16,17 +16,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from attngate.errors import AttngateError, Problem
+from attngate.errors import Problem, SglangMissingError  # noqa: F401 - SglangMissingError is importable here
 from attngate.facts.choices import SGLANG_VERSION
 
 INSTALL = (
     f'pip install --no-deps sglang=={SGLANG_VERSION} && pip install "attngate[sglang]"'
     " (SGLang's own requirements would pull its GPU stack; the extra holds what its resolution imports)"
 )
-
-
-class SglangMissingError(AttngateError):
-    title = "SGLang is not installed"
 
 
 def require_sglang() -> str:
@@ -37,7 +33,12 @@ def require_sglang() -> str:
         import sglang.srt.server_args  # noqa: F401
     except (metadata.PackageNotFoundError, ImportError) as err:
         raise SglangMissingError(
-            Problem("sglang", f"cannot import SGLang ({err}); install the sglang extra: {INSTALL}")
+            Problem(
+                "sglang",
+                f"cannot import SGLang ({err})",
+                code="sglang-missing.not-importable",
+                help=f"install the sglang extra: {INSTALL}",
+            )
         ) from None
     if version != SGLANG_VERSION:
         warnings.warn(

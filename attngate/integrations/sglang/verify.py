@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from attngate.engine.result import Resolution
-from attngate.errors import AttngateError, Problem, UsageError, argument_problems
+from attngate.errors import Problem, SglangMismatchError, UsageError, argument_problems
 from attngate.facts.model import ModelFacts
 from attngate.facts.platform import Platform
 from attngate.integrations.sglang.cases import SGLANG_KERNELS
@@ -33,10 +33,6 @@ from attngate.rules.ruleset import RuleSet
 logger = logging.getLogger("attngate.sglang")
 
 _SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
-
-
-class SglangMismatchError(AttngateError):
-    title = "attngate's plan and SGLang's resolution disagree"
 
 
 def verify(
@@ -120,10 +116,16 @@ def _check_arguments(server_args: Any, model_config: Any, gpu: Any, kernels: Any
         ("rules", rules, (RuleSet, type(None)), "load a rules file with attngate.load_rules(path)"),
     )
     if isinstance(kernels, (tuple, list)) and not all(isinstance(k, str) for k in kernels):
-        problems.append(Problem("kernels", f"takes provider names (strings), not {list(kernels)!r}"))
+        problems.append(
+            Problem("kernels", f"takes provider names (strings), not {list(kernels)!r}", code="usage.argument-type")
+        )
     if isinstance(server_args, type) or not callable(getattr(server_args, "resolved_dict", None)):
         shown = f"the class {server_args.__name__}" if isinstance(server_args, type) else type(server_args).__name__
-        problems.append(Problem("server_args", f"takes an instance of SGLang's {_SERVER_ARGS}, not {shown}"))
+        problems.append(
+            Problem(
+                "server_args", f"takes an instance of SGLang's {_SERVER_ARGS}, not {shown}", code="usage.argument-type"
+            )
+        )
     elif not getattr(server_args, "_resolution_finished", False) or not isinstance(
         getattr(server_args, "_raw_input", None), Mapping
     ):
@@ -131,6 +133,7 @@ def _check_arguments(server_args: Any, model_config: Any, gpu: Any, kernels: Any
             Problem(
                 "server_args",
                 "takes SGLang's ServerArgs after resolve_once() (its resolution records the arguments as given)",
+                code="usage.sglang-server-args-unresolved",
             )
         )
     elif model_config is None and not isinstance(getattr(server_args, "model_path", None), (str, Path)):
@@ -139,6 +142,7 @@ def _check_arguments(server_args: Any, model_config: Any, gpu: Any, kernels: Any
             Problem(
                 "server_args.model_path",
                 f"is {type(path).__name__} {path!r}, not a path to the model's config.json or folder",
+                code="usage.model-path",
                 help="pass model_config=",
             )
         )
@@ -152,7 +156,13 @@ def _problems(result: CaseResult) -> list[Problem]:
         if result.declared.get(name):
             continue
         if name == "refusal":
-            problems.append(Problem("refusal", f"SGLang accepted the configuration; attngate refuses it: {mine}"))
+            problems.append(
+                Problem(
+                    "refusal",
+                    f"SGLang accepted the configuration; attngate refuses it: {mine}",
+                    code="sglang-mismatch.refusal",
+                )
+            )
             continue
         origin = result.origins.get(name, "as given")
         why = [a.message for a in result.resolution.adjustments if a.rule == origin] if result.resolution else []
@@ -160,6 +170,7 @@ def _problems(result: CaseResult) -> list[Problem]:
             Problem(
                 name,
                 f"SGLang resolved {sglang!r}; the Plan has {mine!r} ({origin}" + (f": {why[0]}" if why else "") + ")",
+                code="sglang-mismatch.value",
             )
         )
     return problems
