@@ -2,8 +2,8 @@
 
 - ``docs/reference/gates/``: one page per gate of the registry (attngate.plan.registry.GATES): type, default, scope,
   the rules that set it or read it (condition, why, source), the backend and integration code that reads it (file:line,
-  found in the source with ``ast``), the invariants that mention it, and the tests in which its rules fired (from
-  the rule-coverage report, ``pytest --rule-coverage-json PATH``);
+  found in the source with ``ast``, directly or through a Plan method), the invariants that mention it, the tests that
+  assert on it, and how many tests its rules fired in (the rule-coverage report, ``pytest --rule-coverage-json PATH``);
 - ``docs/reference/cli.md``: the CLI reference, typer's own ``utils docs`` over the app;
 - ``docs/plan.md``: its gate table, between the markers ``PLAN_TABLE_BEGIN`` and ``PLAN_TABLE_END``, from the Plan
   schema (attngate/plan/schema.py, through the registry); the page's prose around the table is hand-written;
@@ -37,18 +37,45 @@ DOCS = ROOT / "docs"
 CODE_DIRS = ("attngate/backends", "attngate/integrations")
 
 
+def _gate_named(node: ast.AST) -> str | None:
+    """The gate an ``<...>.<group>.<field>`` attribute names (``plan.fa.num_splits``), else None."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute):
+        name = f"{node.value.attr}.{node.attr}"
+        return name if name in GATES else None
+    return None
+
+
+def plan_method_reads() -> dict[str, set[str]]:
+    """``{method: {gate, ...}}``: the gates each public method of the Plan reads (``backend_for`` reads
+    ``common.runs_on``), found in attngate/plan/schema.py."""
+    tree = ast.parse((ROOT / "attngate" / "plan" / "schema.py").read_text())
+    plan = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Plan")
+    out = {}
+    for method in plan.body:
+        if isinstance(method, ast.FunctionDef) and not method.name.startswith("_"):
+            gates = {g for node in ast.walk(method) if (g := _gate_named(node))}
+            if gates:
+                out[method.name] = gates
+    return out
+
+
 def code_reads() -> dict[str, list[str]]:
     """``{gate: ["path:line", ...]}``: each ``<...>.<group>.<field>`` attribute read in the backends and
-    integrations (``plan.fa.num_splits``, ``gates.common.use_window``), and each ``.<field>`` read of a field name
-    that only one gate has (``gates.use_window`` after ``gates = plan.layer(kind).common``)."""
+    integrations (``plan.fa.num_splits``, ``gates.common.use_window``), each ``.<field>`` read of a field name
+    that only one gate has (``gates.use_window`` after ``gates = plan.layer(kind).common``), and each call of a Plan
+    method that reads it (``plan.backend_for(mode)``: ``path:line (Plan.backend_for)``)."""
     by_field: dict[str, list[str]] = {}
     for name, spec in GATES.items():
         by_field.setdefault(spec.field, []).append(name)
+    methods = plan_method_reads()
     out: dict[str, list[str]] = {name: [] for name in GATES}
     for folder in CODE_DIRS:
         for path in sorted((ROOT / folder).rglob("*.py")):
             tree = ast.parse(path.read_text())
             for node in ast.walk(tree):
+                if isinstance(node, ast.Call) and getattr(node.func, "attr", None) in methods:
+                    for gate in methods[node.func.attr]:
+                        out[gate].append(f"{path.relative_to(ROOT)}:{node.lineno} (Plan.{node.func.attr})")
                 if not isinstance(node, ast.Attribute) or node.attr not in by_field:
                     continue
                 where = f"{path.relative_to(ROOT)}:{node.lineno}"
@@ -59,8 +86,34 @@ def code_reads() -> dict[str, list[str]]:
                 elif len(by_field[node.attr]) == 1 and not isinstance(node.ctx, ast.Store):
                     out[by_field[node.attr][0]].append(where)
     return {
-        name: sorted(set(places), key=lambda w: (w.split(":")[0], int(w.split(":")[1]))) for name, places in out.items()
+        name: sorted(set(places), key=lambda w: (w.split(":")[0], int(w.split(":")[1].split()[0])))
+        for name, places in out.items()
     }
+
+
+def asserting_tests() -> dict[str, list[str]]:
+    """``{gate: ["tests/path.py::test_name", ...]}``: the tests with an ``assert`` that names the gate, as an attribute
+    (``plan.fa.num_splits``; ``.use_window`` where one gate has that field, as :func:`code_reads` reads it), as a
+    string (``"fa.num_splits"``) or through a Plan method that reads it (``plan.heads_per_rank(kind)``): the tests
+    that would fail if its value changed, not every test in which one of its rules fired."""
+    unique = {
+        spec.field: name for name, spec in GATES.items() if sum(s.field == spec.field for s in GATES.values()) == 1
+    }
+    methods = plan_method_reads()
+    out: dict[str, set[str]] = {name: set() for name in GATES}
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, ast.FunctionDef) or not fn.name.startswith("test_"):
+                continue
+            for check in (n for n in ast.walk(fn) if isinstance(n, ast.Assert)):
+                for node in ast.walk(check):
+                    literal = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+                    field = unique.get(node.attr) if isinstance(node, ast.Attribute) else None
+                    gate = _gate_named(node) or field or (literal if literal in GATES else None)
+                    method = getattr(node.func, "attr", None) if isinstance(node, ast.Call) else None
+                    for name in ({gate} - {None}) | methods.get(method, set()):
+                        out[name].add(f"{path.relative_to(ROOT).as_posix()}::{fn.name}")
+    return {name: sorted(tests) for name, tests in out.items()}
 
 
 def _rule_block(rule: Rule, fired_in: dict[str, list[str]]) -> list[str]:
@@ -75,7 +128,9 @@ def _rule_block(rule: Rule, fired_in: dict[str, list[str]]) -> list[str]:
     return lines + [""]
 
 
-def gate_page(spec: GateSpec, rules: RuleSet, reads: list[str], fired_in: dict[str, list[str]] | None) -> str:
+def gate_page(
+    spec: GateSpec, rules: RuleSet, reads: list[str], fired_in: dict[str, list[str]] | None, asserted: list[str]
+) -> str:
     setters = [r for r in rules.rules if spec.name in r.sets]
     readers = [r for r in rules.rules if spec.name in r.condition.reads and r not in setters]
     invariants = [i for i in rules.invariants if spec.name in i.condition.reads]
@@ -99,23 +154,22 @@ def gate_page(spec: GateSpec, rules: RuleSet, reads: list[str], fired_in: dict[s
     lines += [f"- `{w}`" for w in reads] or ["No backend or integration code reads it by name."]
     lines += ["", f"## Invariants that mention it ({len(invariants)})", ""]
     lines += [f"- `{i.id}`: {i.summary} (`{' '.join(i.condition.text.split())}`)" for i in invariants] or ["None."]
-    lines += ["", "## Tests", ""]
+    lines += ["", f"## Tests that assert on it ({len(asserted)})", ""]
+    lines += [f"- `{t}`" for t in asserted] or ["None names it in an assert."]
+    lines += [""]
     if fired_in is None:
         lines.append(
             "Generated without a rule-coverage report (pytest --rule-coverage-json PATH; docs/generate.py --coverage PATH)."
         )
     else:
-        tests = sorted({t for r in setters + readers for t in fired_in.get(r.id, [])})
-        lines.append(f"Its rules fired in {len(tests)} test(s) of the suite:")
-        lines += (
-            [""] + [f"- `{t}`" for t in tests[:40]] + ([f"- ... and {len(tests) - 40} more"] if len(tests) > 40 else [])
-        )
+        fired = {t for r in setters + readers for t in fired_in.get(r.id, [])}
+        lines.append(f"Its rules fired in {len(fired)} test(s) of the suite (the rule-coverage report).")
     return "\n".join(lines) + "\n"
 
 
 def gate_pages(out: Path, fired_in: dict[str, list[str]] | None) -> list[str]:
     rules = load_rules()
-    reads = code_reads()
+    reads, asserted = code_reads(), asserting_tests()
     out.mkdir(parents=True, exist_ok=True)
     index = [
         "# Gate reference",
@@ -127,7 +181,7 @@ def gate_pages(out: Path, fired_in: dict[str, list[str]] | None) -> list[str]:
     names = []
     for name, spec in GATES.items():
         page = f"{name}.md"
-        (out / page).write_text(gate_page(spec, rules, reads[name], fired_in))
+        (out / page).write_text(gate_page(spec, rules, reads[name], fired_in, asserted[name]))
         setters = sum(name in r.sets for r in rules.rules)
         invariants = sum(name in i.condition.reads for i in rules.invariants)
         index.append(

@@ -25,7 +25,7 @@ def test_every_gate_has_a_page_with_its_rules_code_invariants_and_tests(tmp_path
         page = (tmp_path / f"{name}.md").read_text()
         for section in ("| type | default | scope |", "## Rules that set it", "## Code that reads it", "## Invariants"):
             assert section in page, (name, section)
-        assert "## Tests" in page
+        assert "## Tests that assert on it" in page
     dp = (tmp_path / "fa.precompute_scheduler_metadata.md").read_text()
     assert "`fa.no-precompute-under-dp-attention` (set)" in dp and "tests/x.py::test_dp" in dp
     assert "attngate/backends/" in dp  # the FA backend reads it: found in the source, file:line
@@ -35,11 +35,36 @@ def test_every_gate_has_a_page_with_its_rules_code_invariants_and_tests(tmp_path
 
 
 def test_code_reads_are_real_lines_of_the_named_files():
-    for name, places in _generator().code_reads().items():
+    """Each place reads the gate's field there, or calls the Plan method that reads it (``(Plan.backend_for)``)."""
+    reads = _generator().code_reads()
+    for name, places in reads.items():
         for place in places:
-            path, line = place.rsplit(":", 1)
+            where, _, via = place.partition(" (Plan.")
+            path, line = where.rsplit(":", 1)
             source = (ROOT / path).read_text().splitlines()[int(line) - 1]
-            assert GATES[name].field in source, (name, place, source)
+            assert (via.rstrip(")") + "(" if via else GATES[name].field) in source, (name, place, source)
+    assert any(p.endswith("(Plan.backend_for)") for p in reads["common.runs_on"])  # read only through the Plan
+
+
+def test_a_gates_tests_are_those_that_assert_on_it():
+    """The gate pages list the tests with an assert naming the gate (not every test where one of its rules fired):
+    each is a real test function of the named file."""
+    import ast
+
+    asserted = _generator().asserting_tests()
+    assert (
+        "tests/engine/shipped/test_forward_modes.py::test_each_mode_runs_on_the_backend_sglangs_hybrid_backend_picks"
+        in (asserted["common.runs_on"])
+    )
+    assert 0 < len(asserted["common.causal"]) < 100
+    functions: dict[str, set[str]] = {}
+    for tests in asserted.values():
+        for test in tests:
+            path, _, name = test.partition("::")
+            if path not in functions:
+                tree = ast.parse((ROOT / path).read_text())
+                functions[path] = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+            assert name in functions[path], test
 
 
 def test_the_rule_language_page_lists_every_derived_fact():
