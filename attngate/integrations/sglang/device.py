@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 from unittest import mock
 
-from attngate.facts.choices import GPU_ARCHS
+from attngate.facts.gpus import GPUS
 
 
 @dataclass(frozen=True)
@@ -34,17 +34,21 @@ class GpuProfile:
     sm_count: int
 
 
-PROFILES: dict[str, GpuProfile] = {
-    "sm80": GpuProfile("NVIDIA A100-SXM4-80GB", (8, 0), 80, 108),
-    "sm86": GpuProfile("NVIDIA RTX A6000", (8, 6), 48, 84),
-    "sm89": GpuProfile("NVIDIA L40S", (8, 9), 48, 142),
-    "sm90": GpuProfile("NVIDIA H100 80GB HBM3", (9, 0), 80, 132),
-    "sm100": GpuProfile("NVIDIA B200", (10, 0), 180, 148),
-    "sm103": GpuProfile("NVIDIA B300 SXM6 AC", (10, 3), 268, 148),
-    "sm120": GpuProfile("NVIDIA RTX PRO 6000 Blackwell Server Edition", (12, 0), 96, 188),
-    "sm121": GpuProfile("NVIDIA GB10", (12, 1), 119, 48),
+#: the part each architecture is answered as: (device name, memory GiB, SM count); its capability is the GPU table's
+_PARTS: dict[str, tuple[str, int, int]] = {
+    "sm80": ("NVIDIA A100-SXM4-80GB", 80, 108),
+    "sm86": ("NVIDIA RTX A6000", 48, 84),
+    "sm89": ("NVIDIA L40S", 48, 142),
+    "sm90": ("NVIDIA H100 80GB HBM3", 80, 132),
+    "sm100": ("NVIDIA B200", 180, 148),
+    "sm103": ("NVIDIA B300 SXM6 AC", 268, 148),
+    "sm120": ("NVIDIA RTX PRO 6000 Blackwell Server Edition", 96, 188),
+    "sm121": ("NVIDIA GB10", 119, 48),
 }
-assert set(PROFILES) == set(GPU_ARCHS)
+assert set(_PARTS) == set(GPUS)
+PROFILES: dict[str, GpuProfile] = {
+    arch: GpuProfile(name, GPUS[arch].capability, memory, sms) for arch, (name, memory, sms) in _PARTS.items()
+}
 
 #: Every function patched under :func:`fake_gpu`, and why. Nothing else of SGLang or torch is touched.
 PATCHED: dict[str, str] = {
