@@ -230,8 +230,9 @@ def fa_in_place(
             q_rows, k, v, cu_q, cu_k, None, used_k, 1, split, None, scale, False, -1, d.logit_cap, True
         )
         merged = fa_padded.merge_split(out, lse, pieces, sinks)
-        valid = None if _every_query_valid(batch, d.causal) else (extents[1] > extents[0])[:, None, None, None]
-        return _unless_one_run(merged if valid is None else fa_padded.zero_padding(merged, valid), d, batch, query)
+        if not _every_query_valid(batch, d.causal):  # a padding query's row holds its piece rows' merge
+            merged = fa_padded.zero_padding(merged, (extents[1] > extents[0])[:, None, None, None])
+        return _unless_one_run(merged, d, batch, query)
     cu_q, cu_k, used_q, used_k, valid = batch.kept(
         ("fa rows", b, s, s_kv, k_row, query.device),
         lambda: (*fa_padded.rows(extents, s, k_row), fa_padded.valid_queries(extents, s)),
