@@ -3,10 +3,13 @@ transformers runs the architecture on eager only: Gemma-2's soft-cap) on the sam
 
 Per architecture, cache (``default``: the DynamicCache, eager; ``static``: ``cache_implementation="static"``, whose
 decode step transformers compiles), batch and prompt length (unpadded prompts, an all-ones mask): the prefill ms
-(``generate(max_new_tokens=1)``), the decode ms per step (``max_new_tokens=N`` less the prefill, over N - 1 steps),
-tokens/s of the whole call, and the first step's logits against the reference implementation's (largest absolute
-difference over the largest logit). Each point is timed after a warm-up call of the same shape (compilation and
-kernel builds excluded), implementations alternating, the best of ``--reps``.
+(from ``generate()``'s start to the first step's logits), the decode ms per step (the median gap between consecutive
+steps' logits: each step ends in generate()'s own host read of whether every request has finished, so a gap is one
+whole step, host and GPU), tokens/s of the whole call, and the first step's logits against the reference
+implementation's (largest absolute difference over the largest logit). Each point is timed after a warm-up call of
+the same shape (compilation and kernel builds excluded), implementations alternating call by call over ``--reps``
+calls each; prefill is the best call's, decode the median over every step of every call, so a step the shared host
+stalls moves neither.
 
     python3 bench/bench_transformers_generate.py --out bench/transformers_generate_h100.json   # on the GPU
     python3 bench/bench_transformers_generate.py --archs llama --caches static --batches 1 --prompts 512
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -58,9 +62,22 @@ def _model(arch: str, impl: str, state=None):
     return build_model(impl, cls(**COMMON, **overrides), state)
 
 
-def _generate(model, ids, cache: str, new: int):
+class _StepClock(transformers.LogitsProcessor):
+    """Notes the host time at each step's logits (a logits processor runs once a step, after the forward)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.times.append(time.perf_counter())
+        return scores
+
+
+def _generate(model, ids, cache: str, new: int) -> tuple[float, float, list[float], torch.Tensor]:
+    """One greedy generate() call: (prefill ms, whole call ms, each decode step's ms, the first step's logits)."""
+    clock = _StepClock()
     kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new, min_new_tokens=new)
-    kw |= dict(output_logits=True, return_dict_in_generate=True)
+    kw |= dict(output_logits=True, return_dict_in_generate=True, logits_processor=[clock])
     if cache == "static":
         kw["cache_implementation"] = "static"
     torch.cuda.synchronize()
@@ -68,30 +85,36 @@ def _generate(model, ids, cache: str, new: int):
     with torch.no_grad():
         out = model.generate(ids, **kw)
     torch.cuda.synchronize()
-    return (time.perf_counter() - start) * 1e3, out
+    end = time.perf_counter()
+    steps = [(b - a) * 1e3 for a, b in zip(clock.times, clock.times[1:])]
+    return (clock.times[0] - start) * 1e3, (end - start) * 1e3, steps, out.logits[0].float()
 
 
 def point(models: dict, arch: str, cache: str, batch: int, prompt: int, new: int, reps: int) -> dict:
     """Both implementations at one shape: prefill ms, decode ms per step, tokens/s, first-step logit difference."""
     ids = torch.randint(3, 32000, (batch, prompt), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
     row = {"arch": arch, "cache": cache, "batch": batch, "prompt": prompt, "new_tokens": new}
-    best: dict[str, dict] = {}
+    prefills: dict[str, list[float]] = {name: [] for name in models}
+    totals: dict[str, list[float]] = {name: [] for name in models}
+    steps: dict[str, list[float]] = {name: [] for name in models}
     first: dict[str, torch.Tensor] = {}
     for name, model in models.items():  # warm-up: compilation, kernel builds, the static cache's allocation
-        _generate(model, ids, cache, 2)
+        _generate(model, ids, cache, 3)
     for _ in range(reps):
         for name, model in models.items():
-            prefill, _ = _generate(model, ids, cache, 1)
-            total, out = _generate(model, ids, cache, new)
-            first[name] = out.logits[0].float()
-            decode = (total - prefill) / (new - 1)
-            if name not in best or total < best[name]["total_ms"]:
-                best[name] = dict(
-                    prefill_ms=prefill, decode_ms=decode, total_ms=total, tokens_s=batch * new / total * 1e3
-                )
+            prefill, total, decode_steps, first[name] = _generate(model, ids, cache, new)
+            prefills[name].append(prefill)
+            totals[name].append(total)
+            steps[name] += decode_steps
     ref, ours = (first[n] for n in models)
     row["first_step_logit_diff"] = ((ref - ours).abs().max() / ref.abs().max()).item()
-    for name, values in best.items():
+    for name in models:
+        values = dict(
+            prefill_ms=min(prefills[name]),
+            decode_ms=statistics.median(steps[name]),
+            total_ms=statistics.median(totals[name]),
+            tokens_s=batch * new / statistics.median(totals[name]) * 1e3,
+        )
         row |= {f"{name}_{k}": round(v, 3) for k, v in values.items()}
     names = list(models)
     row["decode_ratio"] = row[f"{names[0]}_decode_ms"] / row["attngate_decode_ms"]  # reference / attngate
@@ -106,7 +129,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--prompts", default="512,2048,16384,32768")
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=262144, help="skip batch x prompt above this")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()

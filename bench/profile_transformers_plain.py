@@ -140,10 +140,12 @@ def _per_call_us(fn, calls: int = 300) -> float:
 
 def decode_calls(shapes: list[tuple[int, int]]) -> None:
     """One decode step's attention call of layer 0, timed alone per (batch, keys): sdpa (no mask, as transformers
-    calls it for an all-ones mask; and with a bool mask), attngate's whole call (no mask; a bool mask), and its parts:
+    calls it for an all-ones mask; and with a bool mask; and transformers' own sdpa call, its Python included),
+    attngate's whole call (no mask; a bool mask), and its parts:
     the layer's decisions, the padded FA call (:func:`attngate.integrations.transformers_ops.fa_in_place`) and the
     kernel call with its arguments alone (the FA4 fast launch)."""
     import torch.nn.functional as F
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     from attngate.backends import fa_padded
     from attngate.integrations import transformers_ops, transformers_plain
@@ -163,8 +165,10 @@ def decode_calls(shapes: list[tuple[int, int]]) -> None:
         k_rows, v_rows, row = fa_padded.same_layout(k.transpose(1, 2), v.transpose(1, 2))
         cu_q, cu_k, used_q, used_k = fa_padded.rows(batch.extents(True), 1, row)
         scale = d**-0.5
+        sdpa_call = ALL_ATTENTION_FUNCTIONS["sdpa"]
         timings = {
             "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+            "transformers' sdpa call": lambda: sdpa_call(module, q, k, v, None, dropout=0.0, scaling=scale),
             "sdpa, bool mask": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True),
             "attngate": lambda: transformers_plain.plain_attention(module, q, k, v, None),
             "attngate, bool mask": lambda: transformers_plain.plain_attention(module, q, k, v, mask),
@@ -176,6 +180,15 @@ def decode_calls(shapes: list[tuple[int, int]]) -> None:
         }
         line = ", ".join(f"{name} {_per_call_us(fn):.1f}" for name, fn in timings.items())
         print(f"b{b} keys {s_kv} (us a call, split every {transformers_ops.DECODE_SPLIT_KEYS}): {line}")
+        prof = cProfile.Profile()  # where the whole call's host time goes, by function
+        prof.enable()
+        for _ in range(1000):
+            transformers_plain.plain_attention(module, q, k, v, None)
+        torch.cuda.synchronize()
+        prof.disable()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(18)
+        print(f"attngate b{b} keys {s_kv}, 1000 calls under cProfile:\n{text.getvalue()}")
 
 
 def main() -> None:

@@ -51,8 +51,8 @@ def fa4_varlen(
         q,
         k,
         v,
-        cu_seqlens_q=cu_seqlens_q.to(q.device, non_blocking=True),
-        cu_seqlens_k=cu_seqlens_k.to(q.device, non_blocking=True),
+        cu_seqlens_q=_on(cu_seqlens_q, q.device),
+        cu_seqlens_k=_on(cu_seqlens_k, q.device),
         seqused_q=seqused_q,
         seqused_k=seqused_k,
         max_seqlen_q=max_seqlen_q,
@@ -64,6 +64,11 @@ def fa4_varlen(
         softcap=softcap,
         return_lse=return_lse,
     )
+
+
+def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device`` (a host tensor copied without a sync); one already there as it is, with no dispatch."""
+    return t if t.device == device else t.to(device, non_blocking=True)
 
 
 # FlashInfer ragged wrappers per (device, kernel family, layer spec), each re-planned only when the rows' lengths

@@ -259,7 +259,7 @@ def _every_query_valid(batch: PaddedBatch, causal: bool) -> bool:
 def _unless_one_run(out: torch.Tensor, d: LayerDecisions, batch: PaddedBatch, query: torch.Tensor) -> torch.Tensor:
     """``out: [B, S, H, Dv]``, NaN for each request whose valid queries or keys are not one run, in a graph (where
     :func:`reads_in_place` could not send the batch elsewhere); as it is otherwise."""
-    if not _in_graph(query) or batch.mask is None:
+    if batch.mask is None or not _in_graph(query):  # the mask first: _in_graph asks the CUDA driver
         return out
     return torch.where(batch.one_run(d.causal)[:, None, None, None], out, float("nan"))
 

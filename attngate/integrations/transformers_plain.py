@@ -89,8 +89,7 @@ def plain_attention(
     batch = PaddedBatch(attention_mask, b, s, key.shape[2], query.device, context.masks)
     general = _mask_kind(batch, h) == "general"
     on_kernel = _on_gpu(query) and not general and batch.s_kv > 0
-    visible = batch.visible(d.causal)  # [B, S, S_kv] as transformers masks it
-    if on_kernel and not _plan_expresses(d, batch, visible):
+    if on_kernel and not _plan_expresses(d, batch):
         general = on_kernel = False  # a caller's keep-mask with holes of its own: float32 torch applies it
     kernel = (d.prefill_kernel if s > 1 else d.decode_kernel) if on_kernel else None
     if (
@@ -98,8 +97,9 @@ def plain_attention(
         and d.kind != LayerKind.CROSS_ATTENTION
         and not d.attention_chunk_size
         and transformers_ops.reads_in_place(batch, d.causal)
-    ):
+    ):  # the padded path reads the mask's extents alone: no [B, S, S_kv] visible set is made for it
         return transformers_ops.fa_in_place(d, batch, query, key, value, sinks, scale), None
+    visible = batch.visible(d.causal)  # [B, S, S_kv] as transformers masks it
     if kernel is not None:
         return transformers_ops.kernel_attention(
             query, key, value, visible, attention_mask, sinks, d.name, kernel, scale
@@ -107,23 +107,25 @@ def plain_attention(
     return _float_attention(d, query, key, value, attention_mask if general else None, visible, sinks, scale), None
 
 
-def _plan_expresses(d: LayerDecisions, batch: PaddedBatch, visible: torch.Tensor) -> bool:
+def _plan_expresses(d: LayerDecisions, batch: PaddedBatch) -> bool:
     """Whether the kernels, which take padding and where each query sits from the mask and causality and the window
-    from the plan, compute what ``visible`` shows: true of the masks transformers makes (and of no mask); a caller's
-    mask that hides keys of its own (one key from one query) is not. On cross-attention and chunked-local layers the
-    kernels take each query's keys from the mask itself. Eager: one host read per mask and layer shape, kept; a graph cannot look and
-    takes the mask as transformers makes it."""
+    from the plan, compute what the mask shows (:meth:`PaddedBatch.visible`): true of the masks transformers makes (and
+    of no mask); a caller's mask that hides keys of its own (one key from one query) is not. On cross-attention and
+    chunked-local layers the kernels take each query's keys from the mask itself. Eager: one host read per mask and
+    layer shape, kept; a graph cannot look and takes the mask as transformers makes it."""
     if batch.mask is None or d.kind == LayerKind.CROSS_ATTENTION or d.attention_chunk_size:
         return True  # cross and chunked-local rows are cut from the mask itself
     if torch.compiler.is_compiling():
         return True
 
     def make() -> bool:
+        visible = batch.visible(d.causal)
         # a padding query's row is the kernels' own (zeros), whatever the mask shows it
         q_valid = self_attention_valid(visible, d.causal)[0][..., None]
         return bool(((_plan_mask(d, visible, unpadded=True) == visible) | ~q_valid).all())
 
-    return batch.kept(("expressed", d.causal, d.window, d.attention_chunk_size, *visible.shape), make)
+    key = ("expressed", d.causal, d.window, d.attention_chunk_size, batch.b, batch.s, batch.s_kv)
+    return batch.kept(key, make)
 
 
 def _plan_mask(d: LayerDecisions, visible: torch.Tensor, *, unpadded: bool = False) -> torch.Tensor:
