@@ -63,12 +63,16 @@ def _model(arch: str, impl: str, state=None):
 
 
 class _StepClock(transformers.LogitsProcessor):
-    """Notes the host time at each step's logits (a logits processor runs once a step, after the forward)."""
+    """Notes the host time at each step's logits (a logits processor runs once a step, after the forward). The first
+    waits for the GPU: the host reaches it as soon as the prefill is launched, where the eager path has no host read
+    of its own (a later step's gap is closed by generate()'s own read of whether every request has finished)."""
 
     def __init__(self) -> None:
         self.times: list[float] = []
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if not self.times:
+            torch.cuda.synchronize()
         self.times.append(time.perf_counter())
         return scores
 
