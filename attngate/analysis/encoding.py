@@ -19,6 +19,8 @@ import z3
 
 from attngate.analysis.verdict import Verdict, check
 from attngate.facts.catalogue import FACTS, LAYER_FACT, MODE_FACT
+from attngate.facts.derived import DERIVED_FACTS
+from attngate.facts.derived import dependencies as derived_dependencies
 from attngate.facts.gpus import GPUS
 from attngate.facts.modes import LayerKind
 from attngate.plan.registry import GATES
@@ -63,7 +65,6 @@ class Encoder:
         self._encoded_predicates: dict[str, Any] = {}
         for name in self.types:  # every variable now, so `axioms` is complete before any solver takes it
             self.var(name)
-        self._derive_backends()
         self._link_gpu_arch()
         self._link_layer_kind()
         self._link_derived_facts()
@@ -84,16 +85,6 @@ class Encoder:
             self.vars[name] = (value, none)
         return self.vars[name]
 
-    def _derive_backends(self) -> None:
-        for derived, phase in (
-            ("prefill_backend", "prefill_attention_backend"),
-            ("decode_backend", "decode_attention_backend"),
-        ):
-            d, d_none = self.var(derived)
-            p, p_none = self.var(phase)
-            a, a_none = self.var("attention_backend")
-            self.axioms.append(z3.If(p_none, z3.And(d_none == a_none, d == a), z3.And(z3.Not(d_none), d == p)))
-
     def _link_gpu_arch(self) -> None:
         arch, _ = self.var("gpu_arch")
         major, _ = self.var("sm_major")
@@ -108,52 +99,36 @@ class Encoder:
             self.axioms.append(z3.Implies(kind == z3.StringVal(layer_kind.value), has))
 
     def _link_derived_facts(self) -> None:
-        """``links``: derived facts as attngate.facts.catalogue.derived_facts and ModelFacts compute them. They are kept
-        apart from ``axioms`` because their integer division makes queries slower: a query runs without them
-        first (no model then means none with them either) and again with them only when it found one, so that
-        a finding's witness is an input that exists (not speculative_chain_draft_tokens None beside
-        speculative_num_steps 0). tests/rules/test_rule_language.py checks them against derived_facts()."""
+        """The derived facts defined as :mod:`attngate.facts.derived` declares them (one definition, read here on z3
+        terms): the cheap ones (no arithmetic) in ``axioms``; the rest in ``links``, kept apart because their integer
+        division makes queries slower: a query runs without them first (no model then means none with them either)
+        and again with them only when it found one, so that a finding's witness is an input that exists (not
+        speculative_chain_draft_tokens None beside speculative_num_steps 0)."""
         v = lambda name: self.var(name)[0]  # noqa: E731
         none = lambda name: self.var(name)[1]  # noqa: E731
-        at_least_one = lambda x: z3.If(x >= 1, x, 1)  # noqa: E731
-        tp, dp, cp = v("tp_size"), v("dp_size"), v("attn_cp_size")
-        per_dp_group = z3.If(v("enable_dp_attention"), tp / dp, tp)  # z3's Int "/" floors for positive divisors
-        attn_tp = v("attn_tp_size")
-        q, kv = v("num_attention_heads"), z3.If(v("use_mla"), 1, v("num_key_value_heads"))
-        swa_q, swa_kv = v("swa_num_attention_heads"), z3.If(v("use_mla"), 1, v("swa_num_key_value_heads"))
-        splits = lambda q, kv: z3.And(q % attn_tp == 0, z3.Or(kv % attn_tp == 0, attn_tp % kv == 0))  # noqa: E731
-        steps, draft, topk = v("speculative_num_steps"), v("speculative_num_draft_tokens"), v("speculative_eagle_topk")
-        ngram_none = z3.Or(none("speculative_num_draft_tokens"), none("speculative_eagle_topk"), topk == 0)
-        attn_tp_def = [attn_tp == at_least_one(per_dp_group / cp)]
-        #: per derived fact, the constraints that define it (with those of the facts it is computed from)
+        terms = _Z3Terms(self)
+        own: dict[str, list[Any]] = {}
+        for fact in DERIVED_FACTS:
+            value, is_none = self.var(fact.name)
+            # a None fact's value is read by no condition (each reads it beside its none flag), so its definition
+            # may bind it unconditionally: no disjunction for the solver to split on
+            own[fact.name] = [_equals(value, _z3(fact.value(terms)))]
+            if fact.none_when is not None:
+                own[fact.name].append(is_none == _z3(fact.none_when(terms)))
+            if fact.axiom:
+                self.axioms.extend(own[fact.name])
+        #: per derived fact of ``links``, the constraints that define it (with those of the facts it is computed from)
+        axioms = {fact.name for fact in DERIVED_FACTS if fact.axiom}
         self.definitions = {
-            "attn_tp_size": attn_tp_def,
-            "num_q_heads_per_rank": attn_tp_def + [v("num_q_heads_per_rank") == at_least_one(q / attn_tp)],
-            "num_kv_heads_per_rank": attn_tp_def + [v("num_kv_heads_per_rank") == at_least_one(kv / attn_tp)],
-            "swa_num_q_heads_per_rank": attn_tp_def + [v("swa_num_q_heads_per_rank") == at_least_one(swa_q / attn_tp)],
-            "swa_num_kv_heads_per_rank": attn_tp_def
-            + [v("swa_num_kv_heads_per_rank") == at_least_one(swa_kv / attn_tp)],
-            "attn_heads_split_evenly": attn_tp_def
-            + [v("attn_heads_split_evenly") == z3.And(splits(q, kv), splits(swa_q, swa_kv))],
-            "dp_divides_tp": [v("dp_divides_tp") == (tp % dp == 0)],
-            "attn_dp_group_size": [v("attn_dp_group_size") == per_dp_group],
-            "attn_cp_divides_tp": [v("attn_cp_divides_tp") == (per_dp_group % cp == 0)],
-            "attention_chunk_fits_page": [
-                v("attention_chunk_fits_page")
-                == z3.Or(
-                    none("attention_chunk_size"), none("page_size"), v("attention_chunk_size") % v("page_size") == 0
-                )
-            ],
-            "speculative_chain_draft_tokens": [
-                none("speculative_chain_draft_tokens") == none("speculative_num_steps"),
-                z3.Or(none("speculative_num_steps"), v("speculative_chain_draft_tokens") == steps + 1),
-            ],
-            "speculative_ngram_num_steps": [
-                none("speculative_ngram_num_steps") == ngram_none,
-                z3.Or(ngram_none, v("speculative_ngram_num_steps") == draft / topk),
-            ],
-            "gqa_group_size": [q % v("num_key_value_heads") == 0, v("gqa_group_size") == q / v("num_key_value_heads")],
+            name: [c for dep in (*deps, name) if dep not in axioms for c in own[dep]]
+            for name, deps in derived_dependencies().items()
+            if name not in axioms
         }
+        q = v("num_attention_heads")
+        self.definitions["gqa_group_size"] = [  # ModelFacts' (a model fact, computed from two others)
+            q % v("num_key_value_heads") == 0,
+            v("gqa_group_size") == q / v("num_key_value_heads"),
+        ]
         # what ModelFacts guarantees of the model facts it derives (cheap: no arithmetic)
         model_facts = [
             v("use_mla") == z3.Not(none("kv_lora_rank")),
@@ -233,6 +208,47 @@ class Encoder:
             return eq if isinstance(op, ast.Eq) else z3.Not(eq)
         a, b = (value, _lit(literal)) if lref else (_lit(literal), value)
         return _order(op, a, b, z3.Not(none))
+
+
+class _Z3Terms:
+    """:class:`attngate.facts.derived.Terms` over the encoder's z3 variables."""
+
+    def __init__(self, enc: Encoder) -> None:
+        self.enc = enc
+
+    def __getitem__(self, name: str) -> Any:
+        return self.enc.var(name)[0]
+
+    def none(self, name: str) -> Any:
+        return self.enc.var(name)[1]
+
+    def if_(self, cond: Any, then: Any, other: Any) -> Any:
+        return z3.If(cond, *(_z3(branch() if callable(branch) else branch) for branch in (then, other)))
+
+    def all(self, *conds: Any) -> Any:
+        return z3.And(*conds)
+
+    def any(self, *conds: Any) -> Any:
+        return z3.Or(*conds)
+
+    def div(self, a: Any, b: Any) -> Any:
+        return a / b  # z3's Int "/" floors for positive divisors
+
+
+def _equals(var: Any, term: Any) -> Any:
+    """``var == term``, an if-then-else term turned into a choice between equalities: the same constraint, on which
+    z3 decides lint's queries in half the time (its string solver splits an ite term between strings less well)."""
+    if z3.is_app_of(term, z3.Z3_OP_ITE):
+        cond, then, other = term.children()
+        return z3.If(cond, _equals(var, then), _equals(var, other))
+    return var == term
+
+
+def _z3(value: Any) -> Any:
+    """A definition's value as a z3 term (a constant branch of a choice is a Python bool or int)."""
+    if isinstance(value, bool):
+        return z3.BoolVal(value)
+    return z3.IntVal(value) if isinstance(value, int) else value
 
 
 def _order(op: ast.cmpop, a: Any, b: Any, defined: Any) -> Any:

@@ -7,7 +7,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from attngate.facts.catalogue import derived_facts
+from attngate.facts.derived import derived_facts
 from attngate.plan.registry import GATES
 from attngate.rules.condition import gate_key
 from attngate.rules.ruleset import Rule, RuleSet

@@ -1,7 +1,7 @@
 """The fact namespace that rule conditions read: names, types and values.
 
 Three sources feed it: ``ServerArgs`` fields (after adjustment), ``ModelFacts`` and ``Platform``,
-plus facts derived from them (``prefill_backend``/``decode_backend``). Per-mode and per-layer rules
+plus facts derived from them (:mod:`attngate.facts.derived`). Per-mode and per-layer rules
 also read ``forward_mode`` / ``layer_kind``.
 """
 
@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
-from attngate.facts.choices import ATTENTION_BACKENDS
+from attngate.facts.derived import DERIVED_FACTS, derived_facts
 from attngate.facts.gpus import GPU_ARCHS
 from attngate.facts.model import ModelFacts
 from attngate.facts.modes import ForwardMode, LayerKind
@@ -93,84 +93,7 @@ _PLATFORM_FACTS = [
         "SGLang's attention backends run the plan (false: attngate's own, AttngateRuntime and the transformers path)",
     ),
 ]
-_DERIVED_FACTS = [
-    FactSpec(
-        "prefill_backend",
-        FactType("str", ATTENTION_BACKENDS, True),
-        "derived",
-        "prefill_attention_backend, else attention_backend",
-    ),
-    FactSpec(
-        "decode_backend",
-        FactType("str", ATTENTION_BACKENDS, True),
-        "derived",
-        "decode_attention_backend, else attention_backend",
-    ),
-    FactSpec(
-        "attn_tp_size",
-        FactType("int", minimum=1),
-        "derived",
-        "ranks one attention layer's heads are split over: tp_size / dp_size under DP attention, else tp_size, "
-        "then / attn_cp_size",
-    ),
-    FactSpec("num_q_heads_per_rank", FactType("int", minimum=1), "derived", "query heads of one attention TP rank"),
-    FactSpec(
-        "num_kv_heads_per_rank",
-        FactType("int", minimum=1),
-        "derived",
-        "KV heads of one attention TP rank (replicated when attn_tp_size exceeds them; 1 for MLA's latent)",
-    ),
-    FactSpec(
-        "swa_num_q_heads_per_rank",
-        FactType("int", minimum=1),
-        "derived",
-        "query heads of one attention TP rank in a sliding-window layer",
-    ),
-    FactSpec(
-        "swa_num_kv_heads_per_rank",
-        FactType("int", minimum=1),
-        "derived",
-        "KV heads of one attention TP rank in a sliding-window layer (SGLang's get_swa_num_kv_heads)",
-    ),
-    FactSpec(
-        "attn_heads_split_evenly",
-        FactType("bool"),
-        "derived",
-        "query heads divide by attn_tp_size, and KV heads divide by it or it by them, in the full and the "
-        "sliding-window layers",
-    ),
-    FactSpec("dp_divides_tp", FactType("bool"), "derived", "tp_size is a multiple of dp_size"),
-    FactSpec(
-        "attn_dp_group_size",
-        FactType("int", minimum=0),
-        "derived",
-        "ranks of one attention DP group: tp_size // dp_size under DP attention, else tp_size",
-    ),
-    FactSpec(
-        "attn_cp_divides_tp",
-        FactType("bool"),
-        "derived",
-        "attn_cp_size divides tp_size / dp_size under DP attention, else tp_size",
-    ),
-    FactSpec(
-        "attention_chunk_fits_page",
-        FactType("bool"),
-        "derived",
-        "attention_chunk_size is a multiple of page_size (true without a chunk or while page_size is unset)",
-    ),
-    FactSpec(
-        "speculative_chain_draft_tokens",
-        FactType("int", None, True),
-        "derived",
-        "speculative_num_steps + 1 (a chain's draft tokens), None without speculative_num_steps",
-    ),
-    FactSpec(
-        "speculative_ngram_num_steps",
-        FactType("int", None, True),
-        "derived",
-        "speculative_num_draft_tokens // speculative_eagle_topk (NGRAM's steps), None without both",
-    ),
-]
+_DERIVED_FACTS = [FactSpec(fact.name, fact.type, "derived", fact.doc) for fact in DERIVED_FACTS]
 MODE_FACT = FactSpec(
     "forward_mode", FactType("str", tuple(m.value for m in ForwardMode)), "mode", "forward mode of the batch"
 )
@@ -196,39 +119,6 @@ def model_facts(model: ModelFacts) -> dict[str, Any]:
     values = {f.name: getattr(model, f.name, None) for f in _MODEL_FACTS if f.name != "has_softcap"}
     values["has_softcap"] = model.attn_logit_softcapping is not None
     return values
-
-
-def derived_facts(values: dict[str, Any]) -> dict[str, Any]:
-    """Facts computed from server arguments and model facts (``values`` holds both)."""
-    tp, dp = values["tp_size"], values["dp_size"]
-    draft, topk = values["speculative_num_draft_tokens"], values["speculative_eagle_topk"]
-    # SGLang's derive_attention_widths: attention DP and attention CP ranks each take a share of the TP group
-    per_dp_group = tp // dp if values["enable_dp_attention"] else tp
-    attn_tp = max(per_dp_group // values["attn_cp_size"], 1)
-    q, kv = values["num_attention_heads"], 1 if values["use_mla"] else values["num_key_value_heads"]
-    swa_q, swa_kv = values["swa_num_attention_heads"], 1 if values["use_mla"] else values["swa_num_key_value_heads"]
-    chunk, page = values["attention_chunk_size"], values["page_size"]
-    return {
-        "prefill_backend": values["prefill_attention_backend"] or values["attention_backend"],
-        "decode_backend": values["decode_attention_backend"] or values["attention_backend"],
-        "attn_tp_size": attn_tp,
-        "num_q_heads_per_rank": max(q // attn_tp, 1),
-        "num_kv_heads_per_rank": max(kv // attn_tp, 1),
-        "swa_num_q_heads_per_rank": max(swa_q // attn_tp, 1),
-        "swa_num_kv_heads_per_rank": max(swa_kv // attn_tp, 1),
-        "attn_heads_split_evenly": all(
-            heads % attn_tp == 0 and (kv_heads % attn_tp == 0 or attn_tp % kv_heads == 0)
-            for heads, kv_heads in ((q, kv), (swa_q, swa_kv))
-        ),
-        "dp_divides_tp": tp % dp == 0,
-        "attn_dp_group_size": per_dp_group,
-        "attn_cp_divides_tp": per_dp_group % values["attn_cp_size"] == 0,
-        "attention_chunk_fits_page": chunk is None or page is None or chunk % page == 0,
-        "speculative_chain_draft_tokens": None
-        if values["speculative_num_steps"] is None
-        else values["speculative_num_steps"] + 1,
-        "speculative_ngram_num_steps": None if not (draft and topk) else draft // topk,
-    }
 
 
 def base_facts(args: ServerArgs, model: ModelFacts, platform: Platform) -> dict[str, Any]:

@@ -455,15 +455,18 @@ def test_lint_proves_over_the_inputs_the_schema_allows_only():
     steps=st.none() | st.integers(0, 8),
     topk=st.none() | st.integers(0, 8),
     draft=st.none() | st.integers(1, 32),
+    backends=st.tuples(*[st.none() | st.sampled_from(["fa3", "flashinfer", "triton"])] * 3),
+    page=st.sampled_from([None, 1, 16, 64]),
     name=st.sampled_from(
         ["Llama-3.1-8B", "DeepSeek-V2-Lite", "gpt-oss-20b", "Qwen3-30B-A3B", "whisper-large-v3-turbo"]
     ),
 )
 def test_the_provers_derived_fact_definitions_agree_with_derived_facts(
-    tp, dp, cp, dp_attention, steps, topk, draft, name
+    tp, dp, cp, dp_attention, steps, topk, draft, backends, page, name
 ):
-    """lint, the invariant proofs and diff define the derived facts in z3 (Encoder.links); every fact value
-    base_facts() computes for a real configuration satisfies those definitions."""
+    """Each derived fact is declared once (attngate.facts.derived) and read two ways: on values by resolve(), on z3
+    terms by lint, the invariant proofs and diff (Encoder.axioms and Encoder.links). Every fact value base_facts()
+    computes for a real configuration satisfies the z3 reading."""
     import z3
 
     from attngate.analysis.encoding import Encoder
@@ -478,11 +481,15 @@ def test_the_provers_derived_fact_definitions_agree_with_derived_facts(
         speculative_num_steps=steps,
         speculative_eagle_topk=topk,
         speculative_num_draft_tokens=draft,
+        attention_backend=backends[0],
+        prefill_attention_backend=backends[1],
+        decode_attention_backend=backends[2],
+        page_size=page,
     )
     facts = base_facts(args, model(name), Platform.from_name("sm90"))
     enc = Encoder(load_rules())
     solver = z3.Solver()
-    solver.add(*enc.links)
+    solver.add(*enc.axioms, *enc.links)
     for fact, value in facts.items():
         if fact in enc.types and enc.types[fact].base != "float":
             solver.add(enc.equals(fact, value))
