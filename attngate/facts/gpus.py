@@ -47,7 +47,7 @@ class GpuArchitecture:
     @property
     def is_blackwell(self) -> bool:
         """A Blackwell GPU: the data-center SM10x and the workstation and desktop SM12x (rules.yaml's
-        ``is_blackwell`` predicate, ``sm_major in (10, 12)``)."""
+        ``is_blackwell`` predicate, ``is_sm100 or is_sm120``)."""
         return self.family == "blackwell"
 
 

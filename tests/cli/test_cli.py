@@ -370,7 +370,7 @@ def test_explain_all_keeps_every_table_and_flags_lists_the_server_flags():
     assert narrow.exit_code == 0 and "…" not in narrow.output and "\x1b[" not in narrow.output
     assert all(len(line) <= 80 for line in narrow.output.splitlines())
     assert "  fa.precompute_scheduler_metadata = False, from fa.fa4-no-scheduler-precompute" in narrow.output
-    assert "candidate fa.fa4-sm90-single-split did not match, false: sm_major == 9" in " ".join(narrow.output.split())
+    assert "candidate fa.fa4-sm90-single-split did not match, false: is_hopper" in " ".join(narrow.output.split())
     llama = ["explain", "--model", str(MODELS / "Llama-3.1-8B.json"), "--gpu", "sm90", "--mode", "decode"]
     only_decode = CliRunner(env={"COLUMNS": "80"}).invoke(app, [*llama, "--all"])
     assert "forward mode decode:" in only_decode.output and "forward mode extend:" not in only_decode.output

@@ -84,8 +84,8 @@ REINJECTIONS = {
     ),
     "fa3 family without its custom-mask exclusion": (
         lambda t: t.replace(
-            "sm_major == 9 and flashinfer_head_dims and not flashinfer_prefill_custom_mask\n",
-            "sm_major == 9 and flashinfer_head_dims\n",
+            "is_hopper and flashinfer_head_dims and not flashinfer_prefill_custom_mask\n",
+            "is_hopper and flashinfer_head_dims\n",
         ),
         "flashinfer-fa3-plans-no-custom-mask",
     ),
