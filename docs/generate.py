@@ -92,10 +92,11 @@ def code_reads() -> dict[str, list[str]]:
 
 
 def asserting_tests() -> dict[str, list[str]]:
-    """``{gate: ["tests/path.py::test_name", ...]}``: the tests with an ``assert`` that names the gate, as an attribute
-    (``plan.fa.num_splits``; ``.use_window`` where one gate has that field, as :func:`code_reads` reads it), as a
-    string (``"fa.num_splits"``) or through a Plan method that reads it (``plan.heads_per_rank(kind)``): the tests
-    that would fail if its value changed, not every test in which one of its rules fired."""
+    """``{gate: ["tests/path.py::test_name", ...]}``: the tests with an ``assert`` (or, in a test that asserts, a
+    parametrize argument: a check its assert calls) that names the gate, as an attribute (``plan.fa.num_splits``;
+    ``.use_window`` where one gate has that field, as :func:`code_reads` reads it), as a string (``"fa.num_splits"``)
+    or through a Plan method that reads it (``plan.heads_per_rank(kind)``): the tests that would fail if its value
+    changed, not every test in which one of its rules fired."""
     unique = {
         spec.field: name for name, spec in GATES.items() if sum(s.field == spec.field for s in GATES.values()) == 1
     }
@@ -105,7 +106,10 @@ def asserting_tests() -> dict[str, list[str]]:
         for fn in ast.walk(ast.parse(path.read_text())):
             if not isinstance(fn, ast.FunctionDef) or not fn.name.startswith("test_"):
                 continue
-            for check in (n for n in ast.walk(fn) if isinstance(n, ast.Assert)):
+            checks = [n for n in ast.walk(fn) if isinstance(n, ast.Assert)]
+            # a parametrized test's checks may be lambdas among its parameters, which its assert calls
+            checks += fn.decorator_list if checks else []
+            for check in checks:
                 for node in ast.walk(check):
                     literal = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
                     field = unique.get(node.attr) if isinstance(node, ast.Attribute) else None

@@ -48,10 +48,14 @@ def test_code_reads_are_real_lines_of_the_named_files():
 
 def test_a_gates_tests_are_those_that_assert_on_it():
     """The gate pages list the tests with an assert naming the gate (not every test where one of its rules fired):
-    each is a real test function of the named file."""
+    each is a real test function of the named file, and every gate has one (a gate no test would notice changing is
+    a gate no test holds to its rules)."""
     import ast
 
     asserted = _generator().asserting_tests()
+    assert [gate for gate, tests in asserted.items() if not tests] == []
+    # a check passed to a parametrized test counts: test_rule_outcomes' lambdas assert on common.cuda_graph
+    assert "tests/engine/shipped/test_outcomes.py::test_rule_outcomes" in asserted["common.cuda_graph"]
     assert (
         "tests/engine/shipped/test_forward_modes.py::test_each_mode_runs_on_the_backend_sglangs_hybrid_backend_picks"
         in (asserted["common.runs_on"])

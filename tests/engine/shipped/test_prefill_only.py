@@ -1,5 +1,5 @@
 """rules.yaml "Embedding servers without a KV pool" (--prefill-only-disable-kv-cache, R34: a no-op KV pool) and
-"Parallelism" (attention context parallelism)."""
+"Parallelism" (attention context parallelism, the heads each attention TP rank holds per layer kind)."""
 
 from __future__ import annotations
 
@@ -112,3 +112,24 @@ def test_attention_context_parallelism_narrows_attention_tp(flags, attn_tp, q_he
 def test_mla_prefill_cp_runs_dp_groups_as_attention_dp_and_the_rest_as_attention_cp():
     args = resolve_flags("--tp-size 8 --dp-size 2 --enable-prefill-cp", "DeepSeek-V3").server_args
     assert (args.enable_dp_attention, args.dp_size, args.attn_cp_size) == (True, 2, 4)  # as SGLang 0.5.23 resolves it
+
+
+@pytest.mark.parametrize(
+    "flags, full, sliding",
+    [
+        ("--tp 1", (64, 4), (64, 8)),
+        ("--tp 2", (32, 2), (32, 4)),
+        ("--tp 4", (16, 1), (16, 2)),  # the full layers' 4 KV heads run out first: one per rank, replicated
+        ("--tp 8", (8, 1), (8, 1)),
+        ("--tp 16", (4, 1), (4, 1)),
+        ("--tp 8 --dp 4 --enable-dp-attention", (32, 2), (32, 4)),  # attention TP is 8 / 4 ranks
+    ],
+)
+def test_a_sliding_window_layer_splits_its_own_heads_over_the_attention_tp_ranks(flags, full, sliding):
+    """MiMo-V2-Flash: 64 query heads in every layer, 4 KV heads in its full layers and 8 in its sliding-window ones
+    (swa_num_key_value_heads). Each layer kind's heads per rank are its own (SGLang's get_swa_num_kv_heads), KV heads
+    replicated once the ranks outnumber them."""
+    plan = resolve_flags(flags, "MiMo-V2-Flash").plan
+    assert plan.heads_per_rank("full") == full
+    assert plan.heads_per_rank("sliding_window") == sliding
+    assert (plan.common.swa_num_q_heads_per_rank, plan.common.swa_num_kv_heads_per_rank) == sliding
