@@ -8,7 +8,7 @@ for: the server a user runs); ``Platform.detect()`` is the one place that looks 
 
 from __future__ import annotations
 
-import importlib
+import ctypes
 import importlib.util
 import re
 import sys
@@ -201,20 +201,53 @@ class Platform(BaseModel):
 
     @classmethod
     def detect(cls) -> "Platform":
-        """Detect the local GPU through torch and the installed kernel packages. Raises PlatformError (pass ``--gpu``)."""
+        """Detect the local GPU (CUDA device 0 as the driver reports it, :func:`cuda_capability`) and the installed
+        kernel packages. Raises PlatformError (pass ``--gpu``)."""
         try:
-            probe = importlib.import_module("attngate.integrations.torch_platform")
-            major, minor = probe.cuda_capability()
-        except Exception as exc:  # torch missing, no CUDA device, driver error: all mean "pass --gpu"
-            reason = "torch is not installed" if isinstance(exc, ImportError) else str(exc)
+            major, minor = cuda_capability()
+        except (OSError, RuntimeError) as exc:  # no driver, no device, a driver error: all mean "pass --gpu"
             raise PlatformError(
                 Problem(
                     "--gpu",
-                    f"cannot detect the GPU ({reason}); pass --gpu sm80|sm90|sm100|sm120",
+                    f"cannot detect the GPU ({exc}); pass --gpu sm80|sm90|sm100|sm120",
                     code="platform.undetected",
                 )
             ) from None
         return cls.from_name(f"{major}{minor}", kernels=installed_kernel_providers(), source="detected")
+
+
+#: cuda.h's CUdevice_attribute values of the compute capability
+_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 75, 76
+
+
+def cuda_capability() -> tuple[int, int]:
+    """(major, minor) compute capability of CUDA device 0, read from the CUDA driver (libcuda through ctypes): no
+    torch or CUDA toolkit to import, so ``attngate explain`` on a GPU host starts as fast as on a laptop, and
+    ``CUDA_VISIBLE_DEVICES`` decides which device is 0, as it does for torch and SGLang.
+
+    Raises
+    ------
+    OSError
+        Where no CUDA driver library can be loaded.
+    RuntimeError
+        Where the driver reports an error (no device visible: ``CUDA_ERROR_NO_DEVICE``, 100).
+    """
+    driver = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")  # the driver's own names
+
+    def check(result: int, call: str) -> None:
+        if result != 0:  # CUDA_SUCCESS
+            detail = "no CUDA device is visible" if result == 100 else f"CUresult {result}"
+            raise RuntimeError(f"the CUDA driver's {call} failed: {detail}")
+
+    check(driver.cuInit(0), "cuInit")
+    device, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    check(driver.cuDeviceGet(ctypes.byref(device), 0), "cuDeviceGet")
+    for value, attribute in (
+        (major, _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+        (minor, _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
+    ):
+        check(driver.cuDeviceGetAttribute(ctypes.byref(value), attribute, device), "cuDeviceGetAttribute")
+    return major.value, minor.value
 
 
 #: the modules that provide each kernel family, in the order they are looked for. sgl_kernel (installed with SGLang)

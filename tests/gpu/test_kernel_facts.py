@@ -157,3 +157,10 @@ def test_flash_attn_cute_head_dims_match_its_own_validator_over_a_grid():
                     differences.append((arch, d, dv, kernel, ours))
     assert checked == 2 * len(HEAD_DIM_GRID) ** 2
     assert not differences, f"(arch, head_dim, head_dim_v, validator, attngate): {differences}"
+
+
+def test_platform_detect_reads_the_gpu_torch_sees():
+    """Platform.detect() reads device 0's compute capability from the CUDA driver itself (no torch): the device torch
+    runs on, CUDA_VISIBLE_DEVICES applied alike."""
+    major, minor = torch.cuda.get_device_capability(0)
+    assert (Platform.detect().gpu_arch, Platform.detect().sm_major) == (f"sm{major}{minor}", major)

@@ -94,32 +94,65 @@ def test_platform():
         Platform.from_name("sm95")
 
 
-def test_platform_detect_without_cuda_says_pass_gpu():
-    try:
-        import torch
+class _Driver:
+    """A stand-in of libcuda: each call's CUresult, and the capability it writes through the pointer it is given."""
 
-        if torch.cuda.is_available():
-            pytest.skip(reason="a CUDA device is present; detection succeeds here")
-    except ImportError:
-        pass
-    with pytest.raises(PlatformError, match="pass --gpu"):
+    def __init__(self, capability: tuple[int, int], init: int = 0) -> None:
+        self.capability, self.init = capability, init
+
+    def cuInit(self, flags: int) -> int:
+        return self.init
+
+    def cuDeviceGet(self, device, ordinal: int) -> int:
+        device._obj.value = ordinal
+        return 0
+
+    def cuDeviceGetAttribute(self, value, attribute: int, device) -> int:
+        value._obj.value = {75: self.capability[0], 76: self.capability[1]}[attribute]
+        return 0
+
+
+@pytest.mark.parametrize(
+    "driver, message",
+    [
+        (OSError("libcuda.so.1: cannot open shared object file"), "libcuda.so.1: cannot open shared object file"),
+        (_Driver((9, 0), init=100), "the CUDA driver's cuInit failed: no CUDA device is visible"),
+        (_Driver((9, 0), init=999), "the CUDA driver's cuInit failed: CUresult 999"),
+    ],
+)
+def test_platform_detect_without_a_driver_or_device_says_pass_gpu(monkeypatch, driver, message):
+    """No driver library, no visible device or a driver error: a PlatformError naming --gpu and the driver's reason."""
+    import ctypes
+
+    def load(name: str):
+        if isinstance(driver, Exception):
+            raise driver
+        return driver
+
+    monkeypatch.setattr(ctypes, "CDLL", load)
+    with pytest.raises(PlatformError, match="pass --gpu") as err:
         Platform.detect()
+    assert message in str(err.value)
 
 
-def test_platform_detect_reads_the_gpu_and_finds_the_installed_kernel_packages(tmp_path, monkeypatch):
-    """Detection imports no kernel package: it finds them (flash_attn.cute needs its flash_attn parent) on sys.path."""
-    pytest.importorskip("torch")
+@pytest.mark.parametrize(
+    "capability, arch", [((8, 6), "sm86"), ((9, 0), "sm90"), ((10, 3), "sm103"), ((12, 0), "sm120")]
+)
+def test_platform_detect_reads_the_gpu_from_the_driver_and_finds_the_installed_kernel_packages(
+    tmp_path, monkeypatch, capability, arch
+):
+    """The capability comes from the CUDA driver (cuDeviceGetAttribute of device 0; no torch imported), the kernel
+    packages from sys.path without importing them (flash_attn.cute needs its flash_attn parent)."""
+    import ctypes
     import sys
-
-    from attngate.integrations import torch_platform
 
     for package in ("flashinfer", "flash_attn/cute"):
         (tmp_path / package).mkdir(parents=True)
         (tmp_path / package / "__init__.py").write_text("raise ImportError('never imported by detection')\n")
     (tmp_path / "flash_attn" / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
-    for name in ("flashinfer", "flash_attn", "flash_attn.cute", "flash_attn_interface"):
+    for name in ("flashinfer", "flash_attn", "flash_attn.cute", "flash_attn_interface", "sgl_kernel"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    monkeypatch.setattr(torch_platform, "cuda_capability", lambda: (9, 0))
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: _Driver(capability))
     platform = Platform.detect()
-    assert platform.gpu_arch == "sm90" and platform.kernel_providers == ("flashinfer", "flash_attn.cute")
+    assert platform.gpu_arch == arch and platform.kernel_providers == ("flashinfer", "flash_attn.cute")
