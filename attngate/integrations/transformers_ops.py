@@ -221,9 +221,9 @@ def fa_in_place(
     extents = batch.extents(d.causal)
     split = DECODE_SPLIT_KEYS
     if s == 1 and split and s_kv > split:
-        cu_q, cu_k, used_k, pieces = batch.kept(
-            ("fa split", b, s_kv, k_row, d.window, split, query.device),
-            lambda: fa_padded.split_rows(extents, k_row, s_kv, d.window, split),
+        cu_q, cu_k, used_k, pieces, valid = batch.kept(  # by every value they are made from (extents: causality)
+            ("fa split", b, s_kv, k_row, d.causal, d.window, split, query.device),
+            lambda: (*fa_padded.split_rows(extents, k_row, s_kv, d.window, split), fa_padded.valid_queries(extents, 1)),
         )
         q_rows = q.expand(b, pieces, h, dq).reshape(b * pieces, h, dq)
         out, lse = fa_varlen(
@@ -231,10 +231,10 @@ def fa_in_place(
         )
         merged = fa_padded.merge_split(out, lse, pieces, sinks)
         if not _every_query_valid(batch, d.causal):  # a padding query's row holds its piece rows' merge
-            merged = fa_padded.zero_padding(merged, (extents[1] > extents[0])[:, None, None, None])
+            merged = fa_padded.zero_padding(merged, valid)
         return _unless_one_run(merged, d, batch, query)
     cu_q, cu_k, used_q, used_k, valid = batch.kept(
-        ("fa rows", b, s, s_kv, k_row, query.device),
+        ("fa rows", b, s, s_kv, k_row, d.causal, query.device),
         lambda: (*fa_padded.rows(extents, s, k_row), fa_padded.valid_queries(extents, s)),
     )
     window = -1 if d.window is None else d.window
