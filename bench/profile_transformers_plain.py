@@ -5,6 +5,7 @@ time, the ms per step without the profiler, and (attngate) the host time spent i
     python3 bench/profile_transformers_plain.py --batch 1 --prompt 512
     python3 bench/profile_transformers_plain.py --phase prefill --batch 1 --prompt 8192   # the GPU kernels of a prefill
     python3 bench/profile_transformers_plain.py --phase calls    # one decode attention call and its parts, beside sdpa
+    python3 bench/profile_transformers_plain.py --phase calls --calls 1x16385 --pieces 0,512,1024,2048   # split sizes
 """
 
 from __future__ import annotations
@@ -138,6 +139,44 @@ def _per_call_us(fn, calls: int = 300) -> float:
     return best * 1e6
 
 
+def _device_us(fn, calls: int = 50) -> float:
+    """GPU µs a call of ``fn``: the kernels' device time under torch.profiler over ``calls`` calls."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return sum(event.self_device_time_total for event in prof.key_averages()) / calls
+
+
+def split_sweep(shapes: list[tuple[int, int]], pieces: list[int]) -> None:
+    """attngate's decode call of layer 0 per least piece (``DECODE_MIN_PIECE_KEYS``; 0: unsplit), pieces sized to the
+    GPU (transformers_ops.decode_split_keys): wall µs a call back to back and GPU µs a call, beside sdpa's (no mask),
+    per (batch, keys)."""
+    import torch.nn.functional as F
+
+    from attngate.integrations import transformers_ops, transformers_plain
+
+    model = _model("attngate", transformers.LlamaConfig(**SHAPE))
+    module = model.model.layers[0].self_attn
+    h, h_kv, d = SHAPE["num_attention_heads"], SHAPE["num_key_value_heads"], SHAPE["head_dim"]
+    kept = transformers_ops.DECODE_SPLIT_KEYS, transformers_ops.DECODE_MIN_PIECE_KEYS
+    for b, s_kv in shapes:
+        q = torch.randn(b, h, 1, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, h_kv, s_kv, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        sdpa = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # noqa: E731
+        line = [f"sdpa {_per_call_us(sdpa):.1f}/{_device_us(sdpa):.1f}"]
+        for least in pieces:
+            transformers_ops.DECODE_SPLIT_KEYS = kept[0] if least else 1 << 40
+            transformers_ops.DECODE_MIN_PIECE_KEYS = least or kept[1]
+            call = lambda: transformers_plain.plain_attention(module, q, k, v, None)  # noqa: E731
+            line.append(f"pieces >= {least or 'off'} {_per_call_us(call):.1f}/{_device_us(call):.1f}")
+        transformers_ops.DECODE_SPLIT_KEYS, transformers_ops.DECODE_MIN_PIECE_KEYS = kept
+        print(f"b{b} keys {s_kv} (wall/GPU us a call): " + ", ".join(line))
+
+
 def decode_calls(shapes: list[tuple[int, int]]) -> None:
     """One decode step's attention call of layer 0, timed alone per (batch, keys): sdpa (no mask, as transformers
     calls it for an all-ones mask; and with a bool mask; and transformers' own sdpa call, its Python included),
@@ -179,7 +218,7 @@ def decode_calls(shapes: list[tuple[int, int]]) -> None:
             ),
         }
         line = ", ".join(f"{name} {_per_call_us(fn):.1f}" for name, fn in timings.items())
-        print(f"b{b} keys {s_kv} (us a call, split every {transformers_ops.DECODE_SPLIT_KEYS}): {line}")
+        print(f"b{b} keys {s_kv} (us a call): {line}")
         prof = cProfile.Profile()  # where the whole call's host time goes, by function
         prof.enable()
         for _ in range(1000):
@@ -201,9 +240,15 @@ def main() -> None:
     parser.add_argument("--modes", default="eager,compiled")
     parser.add_argument("--phase", choices=["decode", "prefill", "calls"], default="decode")
     parser.add_argument("--calls", default="1x513,8x2049,1x16385", help="--phase calls: batch x keys, comma-separated")
+    parser.add_argument(
+        "--pieces", default="", help="--phase calls: sweep DECODE_MIN_PIECE_KEYS over these (0: unsplit)"
+    )
     args = parser.parse_args()
     if args.phase == "calls":
-        decode_calls([tuple(map(int, shape.split("x"))) for shape in args.calls.split(",")])
+        shapes = [tuple(map(int, shape.split("x"))) for shape in args.calls.split(",")]
+        if args.pieces:
+            split_sweep(shapes, [int(least) for least in args.pieces.split(",")])
+        decode_calls(shapes)
         return
     if args.phase == "prefill":
         for impl in args.impls.split(","):

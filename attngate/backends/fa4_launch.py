@@ -4,11 +4,11 @@
 ``_flash_attn_fwd``'s argument checks and tile heuristics in Python) around a launch of a few µs; on the plain
 transformers path that is most of a small compiled decode step. For one *call signature* (dtypes, per-token shapes,
 which optional tensors are given, the scalar arguments and the length bounds, everything the interface's heuristics
-read) the interface always launches the same compiled function with the same constant arguments. So the first call of
-a signature goes through the public function with the compile cache wrapped to record that launch; the record is
-kept only where every tensor it passed is one of the caller's (or the output the interface allocated) and every
-other argument is a constant of the signature; later calls of the signature allocate the output and launch the
-recorded function with the new tensors.
+read; of the strides only their alignment, :func:`_layout`) the interface always launches the same compiled function
+with the same constant arguments. So the first call of a signature goes through the public function with the compile
+cache wrapped to record that launch; the record is kept only where every tensor it passed is one of the caller's (or
+the output the interface allocated) and every other argument is a constant of the signature; later calls of the
+signature allocate the output and launch the recorded function with the new tensors.
 
 Taken only where flash-attn-4 is the pinned version (:data:`PINNED`) and its interface has the compile cache this
 module reads (``flash_attn.cute.interface._flash_attn_fwd.compile_cache``); anything else (another version, a
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import math
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -141,7 +142,7 @@ def flash_attn_varlen(
     interface = _interface() if module.__name__ == "flash_attn.cute" else None
     key = (
         q.device, q.dtype, k.dtype, tuple(q.shape[1:]), tuple(k.shape[1:]), tuple(v.shape[1:]),
-        q.stride()[1:], k.stride()[1:], v.stride()[1:], cu_seqlens_q.shape[0],
+        _layout(q), _layout(k), _layout(v), cu_seqlens_q.shape[0],
         seqused_q is not None, seqused_k is not None, None if learnable_sink is None else learnable_sink.dtype,
         max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size, softcap, return_lse,
     )  # fmt: skip
@@ -178,6 +179,15 @@ def flash_attn_varlen(
         fwd.compile_cache = cache
     _LAUNCHES[key] = _record(recording.calls, tensors, out, lse)
     return out, lse
+
+
+def _layout(t: torch.Tensor) -> tuple[int, ...]:
+    """What a signature keeps of a tensor's strides: each one's largest power-of-two divisor up to 16 elements. The
+    compiled kernel takes its layouts dynamic (``mark_layout_dynamic``: the last stride 1, the others any value, its
+    TMA copies needing 16-byte multiples) and the interface's heuristics read shapes alone, so a decode step over a
+    DynamicCache, whose head stride grows with every token, keeps its signature (the strides themselves would make one
+    signature a token, each paying the public call once and kept for ever)."""
+    return tuple(math.gcd(stride, 16) for stride in t.stride())
 
 
 def _out_and_lse(result: Any) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -10,12 +10,13 @@ read on the host, so the call can be captured in a CUDA graph and traced by torc
 
 A decode step (one query per request) may split each request's keys every ``split_keys`` keys into separate kernel
 rows and merge their states (log-sum-exp), since flash_attn.cute has no split-KV on SM90 (``fa.num_splits`` 1 there)
-and one row per KV head leaves most SMs idle at small batch. The split points depend on the request alone, not on the
-batch (as FlashInfer's ``fixed_split_size``), so a request's result is the same in any batch.
+and one row per KV head leaves most SMs idle at small batch. The split points are offsets from each request's first
+key: with a fixed ``split_keys`` (as FlashInfer's ``fixed_split_size``) a request's result is the same in any batch.
 
 The metadata (:func:`rows`, :func:`split_rows`) and the epilogues (:func:`zero_padding`, :func:`merge_split`) are plain
 torch on the device, apart from the kernel call (attngate.backends.varlen.fa4_varlen over :func:`token_rows` views of
-K and V), so that a compiled graph fuses them and computes the metadata once per forward.
+K and V), so that a compiled graph fuses them and computes the metadata once per forward; in eager on CUDA the merge is
+one Triton kernel.
 
 ``extents: [4, B]`` int32 on q's device: each request's first valid query, end of valid queries, first valid key and
 end of valid keys (padded positions); the valid queries are the last ones of the valid keys (bottom-right, as causal
@@ -100,12 +101,16 @@ def zero_padding(out: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 
 def merge_split(out: torch.Tensor, lse: torch.Tensor, pieces: int, sinks: torch.Tensor | None) -> torch.Tensor:
-    """The split rows' states merged (merge_state), learned sinks added once, in float32.
+    """The split rows' states merged (merge_state), learned sinks added once, in float32, piece after piece in order:
+    a request's empty pieces (past its keys, where a longer neighbour made more) add exact zeros, so with fixed split
+    points its result is bitwise the same in any batch (a reduction over the pieces would group them by their count).
+    On CUDA in eager one Triton kernel (:mod:`attngate.backends.fa_padded_triton`) runs it, elsewhere torch ops (a
+    compiled graph fuses them).
 
     Parameters
     ----------
     out : torch.Tensor
-        ``[B * P, H, Dv]``: each piece's normalised output (row ``b * P + p``).
+        ``[B * P, H, Dv]``: each piece's normalised output (row ``b * P + p``), finite (zeros where it holds no key).
     lse : torch.Tensor
         ``[H, B * P]`` float32: each piece's log-sum-exp of scaled scores, -inf where it holds no key.
     pieces : int
@@ -116,14 +121,39 @@ def merge_split(out: torch.Tensor, lse: torch.Tensor, pieces: int, sinks: torch.
     Returns
     -------
     torch.Tensor
-        ``[B, 1, H, Dv]`` in out's dtype; zeros for a request with no key (and no sinks). Few kernels: a softmax over
-        the pieces (the sink one more piece with no output) gives each piece's weight.
+        ``[B, 1, H, Dv]`` in out's dtype; zeros for a request with no key (and no sinks).
     """
+    launch = _triton_merge() if out.is_cuda and not torch.compiler.is_compiling() else None
+    if launch is not None:
+        return launch(out, lse, pieces, sinks)
     h = out.shape[1]
     b = out.shape[0] // pieces
-    lse = lse.view(h, b, pieces).permute(1, 2, 0)  # [B, P, H]
+    lse = lse.view(h, b, pieces)
+    top = lse.amax(-1)  # [H, B]: exact in any order
     if sinks is not None:
-        lse = torch.cat([lse, sinks.float().view(1, 1, h).expand(b, 1, h)], 1)
-    weights = torch.softmax(lse, 1)[:, :pieces, :, None]  # [B, P, H, 1]; NaN where every term is -inf
-    merged = (weights * out.view(b, pieces, h, -1).float()).sum(1)
-    return merged.nan_to_num_(0.0).to(out.dtype).unsqueeze(1)
+        top = torch.maximum(top, sinks.float()[:, None])
+    top = torch.where(top.isfinite(), top, 0.0)  # a request with no key: every weight exp(-inf) = 0
+    total = torch.zeros_like(top) if sinks is None else torch.exp(sinks.float()[:, None] - top)
+    merged = out.new_zeros(b, h, out.shape[-1], dtype=torch.float32)
+    pieces_out = out.view(b, pieces, h, -1)
+    for p in range(pieces):
+        weight = torch.exp(lse[..., p] - top)  # [H, B]
+        total = total + weight
+        merged = merged + weight.t()[..., None] * pieces_out[:, p].float()
+    total = total.t()[..., None]
+    return torch.where(total > 0, merged / total, 0.0).to(out.dtype).unsqueeze(1)
+
+
+_TRITON: list = []
+
+
+def _triton_merge():
+    """The Triton launcher of :func:`merge_split`, or None where Triton is not installed (imported on first use)."""
+    if not _TRITON:
+        try:
+            from attngate.backends import fa_padded_triton
+
+            _TRITON.append(fa_padded_triton.merge_split)
+        except ImportError:
+            _TRITON.append(None)
+    return _TRITON[0]

@@ -1,6 +1,7 @@
 """The checks of :class:`attngate.integrations.transformers.AttngateRuntime`'s arguments (UsageError, before
 anything is allocated) and of each call's new tokens (BatchMetadataError), each listing every problem, and the model
-facts of a transformers config (both the runtime and the plain path read them)."""
+facts of a transformers config and the plan layer of each attention module (both the runtime and the plain path read
+them)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 from attngate.backends.runtime.layer import AttentionLayer
 from attngate.errors import BatchMetadataError, ModelConfigError, Problem, UsageError
 from attngate.facts.model import ModelFacts
-from attngate.facts.modes import ForwardMode
+from attngate.facts.modes import ForwardMode, LayerKind
 from attngate.facts.server_args import ServerArgs
 from attngate.plan.schema import Plan
 
@@ -215,3 +216,24 @@ def model_facts(config: Any, source: str) -> ModelFacts:
             )
             raise ModelConfigError([*err.problems, tower]) from None
         raise
+
+
+def plan_layer_of(model: ModelFacts, module: torch.nn.Module) -> int:
+    """The plan's layer of an attention module: by its model ``layer_idx`` (a hybrid's attention layers only); in an
+    encoder-decoder (Whisper: the encoder's layers, then each decoder layer's self and cross attention) the encoder's
+    modules, which carry no index, by their kind, and a decoder's by index and causality. Raises BatchMetadataError
+    where the module cannot be placed."""
+    idx = getattr(module, "layer_idx", None)
+    if model.is_encoder_decoder:
+        encoder = model.layer_kinds.count(LayerKind.ENCODER_ONLY)
+        if not getattr(module, "is_decoder", True):
+            return 0  # every encoder layer is one spec: non-causal, no window
+        if isinstance(idx, int):
+            idx = encoder + 2 * idx + (0 if getattr(module, "is_causal", True) else 1)
+    why = "an attention module without a layer_idx: attngate cannot tell which of the plan's layers it is"
+    if isinstance(idx, int):
+        try:
+            return model.attention_position(idx)
+        except ValueError as err:
+            why = str(err)
+    raise BatchMetadataError(Problem(type(module).__name__, why, code="batch-metadata.layer-unplaced")) from None

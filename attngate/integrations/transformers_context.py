@@ -24,12 +24,11 @@ from attngate.backends.runtime.layer import AttentionLayer, layers_from_model
 from attngate.engine.resolve import resolve
 from attngate.engine.result import Resolution
 from attngate.errors import BatchMetadataError, Problem, UsageError
-from attngate.facts.model import ModelFacts
 from attngate.facts.modes import LayerKind
 from attngate.facts.platform import Platform
 from attngate.facts.server_args import ServerArgs
 from attngate.integrations.torch_platform import attngate_platform
-from attngate.integrations.transformers_checks import model_facts
+from attngate.integrations.transformers_checks import model_facts, plan_layer_of
 from attngate.integrations.transformers_rows import MaskFindings
 
 # the module attributes (plain values in the module's __dict__, never parameters or buffers) an attention call reads
@@ -66,6 +65,8 @@ class LayerDecisions:
         FlashInfer's ragged prefill wrapper's kernel family.
     workspace_size_mb : int
         FlashInfer's workspace.
+    decode_split_keys : int or None
+        ``plan.fa.decode_fixed_split_keys``: keys per piece of a split decode step, fixed; None: sized to the GPU.
     """
 
     name: str
@@ -80,6 +81,7 @@ class LayerDecisions:
     decode_kernel: str | None
     prefill_kernel_family: str
     workspace_size_mb: int
+    decode_split_keys: int | None
 
 
 class PlainContext:
@@ -150,7 +152,7 @@ class PlainContext:
         Raises
         ------
         BatchMetadataError
-            Where the module has no place in the plan (see :func:`_position`).
+            Where the module has no place in the plan (see :func:`~attngate.integrations.transformers_checks.plan_layer_of`).
         """
         made = self._made.get(module.__dict__.get(_LAYER, ""))
         if made is not None:
@@ -158,7 +160,7 @@ class PlainContext:
             if self.layers[position] is layer and _values(layer) == values:  # the plan's spec as decided from
                 return decisions
         resolution = self.resolution
-        position = _position(resolution.model, module)
+        position = plan_layer_of(resolution.model, module)
         layer = self.layers[position]
         plan, gates = resolution.plan, resolution.plan.layer(layer.kind).common
         name = self.layer_names[position]
@@ -175,6 +177,7 @@ class PlainContext:
             decode_kernel=_kernel_of(resolution, plan.decode_backend),
             prefill_kernel_family=plan.flashinfer.prefill_kernel_family,
             workspace_size_mb=plan.flashinfer.workspace_size_mb,
+            decode_split_keys=plan.fa.decode_fixed_split_keys,
         )
         self._made[name] = (position, layer, _values(layer), decisions)
         module.__dict__[_LAYER] = name
@@ -367,27 +370,6 @@ def named(layer_name: str) -> tuple[PlainContext, LayerDecisions]:
     """
     context = _LIVE[layer_name.partition(".")[0]]
     return context, context.decisions[layer_name]
-
-
-def _position(model: ModelFacts, module: torch.nn.Module) -> int:
-    """The plan's layer of an attention module: by its model ``layer_idx`` (a hybrid's attention layers only); in an
-    encoder-decoder (Whisper: the encoder's layers, then each decoder layer's self and cross attention) the encoder's
-    modules, which carry no index, by their kind, and a decoder's by index and causality. Raises BatchMetadataError
-    where the module cannot be placed."""
-    idx = getattr(module, "layer_idx", None)
-    if model.is_encoder_decoder:
-        encoder = model.layer_kinds.count(LayerKind.ENCODER_ONLY)
-        if not getattr(module, "is_decoder", True):
-            return 0  # every encoder layer is one spec: non-causal, no window
-        if isinstance(idx, int):
-            idx = encoder + 2 * idx + (0 if getattr(module, "is_causal", True) else 1)
-    why = "an attention module without a layer_idx: attngate cannot tell which of the plan's layers it is"
-    if isinstance(idx, int):
-        try:
-            return model.attention_position(idx)
-        except ValueError as err:
-            why = str(err)
-    raise BatchMetadataError(Problem(type(module).__name__, why, code="batch-metadata.layer-unplaced")) from None
 
 
 def _kernel_of(resolution: Resolution, backend: str) -> str | None:

@@ -3,8 +3,8 @@
 vLLM registers its attention), so a compiled model keeps one graph around it, and a kernel package's Python, which no
 graph can hold, runs at call time. An op that needs its layer's decisions takes the layer by its stable name, as vLLM's
 ``unified_attention`` takes ``layer_name`` (:func:`attngate.integrations.transformers_context.named`). What each passes
-is decided from the Plan by the caller, except where a decode step is split (:data:`DECODE_SPLIT_KEYS`): this path's own
-way round flash_attn.cute having no split-KV on SM90, batch-invariant."""
+is decided from the Plan by the caller; where a decode step is split (:func:`decode_split_keys`: this path's own way
+round flash_attn.cute having no split-KV on SM90) the pieces are sized to the GPU, or fixed where the plan fixes them."""
 
 from __future__ import annotations
 
@@ -147,11 +147,49 @@ kernel_attention = _define(
     _kernel_attention_fake,
 )
 
-# keys per split of a decode step on the padded FA path (attngate.backends.fa_padded), a fixed count, so a request's
-# split points do not depend on its batch. Splitting costs host time (the query copied per piece, the states merged:
-# about 100 us a call in eager on an H100 host) and saves GPU time only where a request's keys are long: unsplit, one
-# 16k request with 4 KV heads takes 170 us of kernel time a layer (4 CTAs), split every 4096 keys about 45 us
+# A decode step on the padded FA path is split (attngate.backends.fa_padded.split_rows) past DECODE_SPLIT_KEYS padded
+# keys: splitting costs host time (the query copied per piece, the states merged) that only long requests repay. Pieces
+# are sized so the kernel's CTAs (one per row and KV head) fill the SMs, each of at least DECODE_MIN_PIECE_KEYS keys
+# (shorter ones merge more than they save). Per attention call on an H100, 4 KV heads (bench/RESULTS.md): one 16k
+# request 170 us of kernel time unsplit, 36 us in 16 pieces of 1024; 8 of them 172 us unsplit, 122 us in 4 pieces
 DECODE_SPLIT_KEYS = 4096
+DECODE_MIN_PIECE_KEYS = 1024
+
+
+def decode_split_keys(d: LayerDecisions, b: int, h_kv: int, s_kv: int, device: torch.device) -> int | None:
+    """Keys per piece of a decode step on the padded FA path, or None: unsplit.
+
+    Parameters
+    ----------
+    d : LayerDecisions
+        Its ``decode_split_keys`` (the plan's ``fa.decode_fixed_split_keys``): where set (deterministic inference),
+        every step is split at those fixed points of each request, so a request's result never depends on its batch.
+    b, h_kv, s_kv : int
+        Requests, KV heads and padded keys per request.
+    device : torch.device
+        The queries' device; on a GPU pieces are sized to its SM count (:func:`_sm_count`), elsewhere (the CPU
+        stand-ins) and for a length traced symbolically they are DECODE_SPLIT_KEYS keys.
+
+    Returns
+    -------
+    int or None
+        Keys per piece; None at most DECODE_SPLIT_KEYS keys, or where the batch's rows fill the GPU unsplit.
+    """
+    if d.decode_split_keys is not None:
+        return d.decode_split_keys
+    if s_kv <= DECODE_SPLIT_KEYS:
+        return None
+    sms = _sm_count(device) if isinstance(s_kv, int) else None
+    if sms is None:
+        return DECODE_SPLIT_KEYS
+    pieces = sms // (b * h_kv)
+    split = max(DECODE_MIN_PIECE_KEYS, -(-s_kv // max(pieces, 1)))
+    return split if pieces > 1 and split < s_kv else None
+
+
+def _sm_count(device: torch.device) -> int | None:
+    """The SMs of a CUDA device (a constant to torch.compile), None elsewhere."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
 
 
 def reads_in_place(batch: PaddedBatch, causal: bool) -> bool:
@@ -219,8 +257,8 @@ def fa_in_place(
     q = query.transpose(1, 2)
     k, v, k_row = fa_padded.same_layout(key.transpose(1, 2), value.transpose(1, 2))
     extents = batch.extents(d.causal)
-    split = DECODE_SPLIT_KEYS
-    if s == 1 and split and s_kv > split:
+    split = decode_split_keys(d, b, k.shape[2], s_kv, query.device) if s == 1 else None
+    if split is not None:
         cu_q, cu_k, used_k, pieces, valid = batch.kept(  # by every value they are made from (extents: causality)
             ("fa split", b, s_kv, k_row, d.causal, d.window, split, query.device),
             lambda: (*fa_padded.split_rows(extents, k_row, s_kv, d.window, split), fa_padded.valid_queries(extents, 1)),

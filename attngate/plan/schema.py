@@ -75,6 +75,13 @@ class FlashAttentionGates(_FaGroup):
     num_splits: int = gate(
         0, "split-KV count passed to every FA call; 0 = the kernel chooses (FA3 refuses more than 256).", ge=0, le=256
     )
+    decode_fixed_split_keys: Optional[int] = gate(
+        None,
+        "keys (tokens) per piece where attngate cuts a decode request's keys into kernel rows itself (FA4 on SM90, "
+        "which has no split-KV; the plain transformers path); None = pieces sized to fill the GPU for the batch.",
+        ge=1,
+        le=_TOKENS,
+    )
     provider: Literal["flash_attn.cute", "flash_attn_interface"] = gate(
         "flash_attn.cute",
         "The FlashAttention package the backend calls: FA4 (flash_attn.cute) or FA3 (flash_attn_interface).",

@@ -79,3 +79,32 @@ def test_the_fast_launch_equals_the_public_call_bitwise(return_lse):
     taken = sum(launches.values())
     # the fast path is no dead branch: most signatures replay (split-KV or scheduler metadata keep the public call)
     assert taken >= len(launches) * 3 // 4, f"{taken} of {len(launches)} signatures launch fast"
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_a_growing_cache_keeps_its_signature_and_replays_bitwise(dtype):
+    """Decode over transformers' DynamicCache: each step's K/V are new [B, H_kv, S, D] tensors, one token longer, read
+    in place (a head stride of S * D). Every step after the first replays the recorded launch (one signature, the
+    strides' alignment alone in its key) and equals the public call bit for bit."""
+    from attngate.backends import fa_padded
+
+    g = torch.Generator(device="cuda").manual_seed(7)
+    b, hq, hkv, d = 3, 16, 4, 128
+    q = torch.randn(b, hq, d, generator=g, device="cuda", dtype=dtype)
+    before = set(fa4_launch.launches())
+    for s_kv in range(600, 612):
+        cache = [torch.randn(b, hkv, s_kv, d, generator=g, device="cuda", dtype=dtype) for _ in range(2)]
+        (k, row), (v, _) = (fa_padded.token_rows(t.transpose(1, 2)) for t in cache)
+        cu_k = torch.arange(0, b * row + 1, row, dtype=torch.int32, device="cuda")
+        kw = dict(
+            cu_seqlens_q=torch.arange(b + 1, dtype=torch.int32, device="cuda"), cu_seqlens_k=cu_k, seqused_q=None,
+            seqused_k=torch.full((b,), s_kv, dtype=torch.int32, device="cuda"), max_seqlen_q=1, max_seqlen_k=1024,
+            softmax_scale=d**-0.5, causal=True, window_size=(None, 0), learnable_sink=None, softcap=0.0,
+        )  # fmt: skip
+        got, _ = fa4_launch.flash_attn_varlen(cute, q, k, v, **kw)
+        expected = cute.flash_attn_varlen_func(q, k, v, **kw)
+        expected = expected[0] if isinstance(expected, tuple) else expected
+        assert torch.equal(got, expected), s_kv
+    launches = fa4_launch.launches()
+    new = set(launches) - before
+    assert len(new) <= 1 and all(launches[key] for key in new), new  # one signature for the 12 steps, launched fast

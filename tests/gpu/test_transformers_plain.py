@@ -124,13 +124,15 @@ def test_prefill_and_decode_on_the_plans_kernels_match_sdpa(name, cache):
     _prefill_and_decode_match(*model_pair(name), cache)
 
 
-# decode split every 16 keys (the 40-token prompts cross it; DECODE_SPLIT_KEYS in use): full attention, a window, sinks beside one
+# decode split past 16 keys (the 40-token prompts cross it), pieces sized to the GPU's SMs, at least 4 keys: full
+# attention, a window, sinks beside one
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("name", ["llama", "mistral-swa", "gpt-oss-sinks"])
 def test_a_split_decode_on_fa4_matches_sdpa(name, cache, monkeypatch):
     from attngate.integrations import transformers_ops
 
     monkeypatch.setattr(transformers_ops, "DECODE_SPLIT_KEYS", 16)
+    monkeypatch.setattr(transformers_ops, "DECODE_MIN_PIECE_KEYS", 4)
     _prefill_and_decode_match(*model_pair(name), cache)
 
 

@@ -50,6 +50,7 @@ def test_deterministic_fa_num_splits(backend, gpu):
             fa3_gpu(gpu),
         )
         assert r.plan.fa.num_splits == (1 if det else 0)
+        assert r.plan.fa.decode_fixed_split_keys == (4096 if det else None)  # attngate's own split: fixed points
     for backend, fa3_installed in (("fa4", True), ("fa3", False)):  # FA4's flash_attn.cute cannot split KV on SM90
         r = resolve(
             ServerArgs(attention_backend=backend),
