@@ -137,7 +137,13 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=262144, help="skip batch x prompt above this")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    rows = []
+    report = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "command": " ".join(["python3", *sys.argv]),
+        "rows": [],
+    }
     for arch in args.archs.split(","):
         reference = ARCHS[arch][2]
         ref = _model(arch, reference)
@@ -154,19 +160,13 @@ def main() -> None:
                     torch._dynamo.reset()
                     gc.collect()
                     torch.cuda.empty_cache()
-                    rows.append(row)
+                    report["rows"].append(row)
                     print(json.dumps(row), flush=True)
+                    if args.out:  # after every point: a run cut short (a device-time limit) keeps what it measured
+                        args.out.write_text(json.dumps(report, indent=1) + "\n")
         del models, ref
         gc.collect()
         torch.cuda.empty_cache()
-    report = {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-    }
-    report["rows"] = rows
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

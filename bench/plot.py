@@ -3,10 +3,13 @@
     python3 bench/bench_host.py > host.json        # on the GPU
     python3 bench/plot.py host.json bench/host_overhead.png
     python3 bench/plot.py --transformers bench/transformers_plain_h100.json bench/transformers_plain.png
+    python3 bench/plot.py --generate bench/transformers_generate_h100.json bench/transformers_generate.png
 
 bench_host.py: host µs per decode step and backend/raw GPU-time ratio over batch size, FlashInfer and FA side by
 side. bench_transformers_plain.py: attngate's speed-up over sdpa (sdpa ms / attngate ms, each in the same mode) over
-prompt length, decode and prefill, one line per mode and batch size.
+prompt length, decode and prefill, one line per mode and batch size. bench_transformers_generate.py: the same ratio
+(the reference's ms / attngate's) of generate()'s decode step per cache and of its prefill, one line per architecture
+and batch size.
 """
 
 from __future__ import annotations
@@ -95,8 +98,45 @@ def transformers_plain(src: str, dst: str) -> None:
     fig.savefig(dst, dpi=110)
 
 
+def transformers_generate(src: str, dst: str) -> None:
+    data = json.load(open(src))
+    rows = [row for row in data["rows"] if "error" not in row]
+    archs = sorted({row["arch"] for row in rows})
+    batches = sorted({row["batch"] for row in rows})
+    fig, panels = plt.subplots(1, 3, figsize=(17, 5.6))
+    for panel, (cache, ratio, title) in zip(
+        panels,
+        (
+            ("default", "decode_ratio", "decode step, DynamicCache (eager)"),
+            ("static", "decode_ratio", "decode step, static cache (compiled)"),
+            (None, "prefill_ratio", "prefill, both caches"),
+        ),
+    ):
+        for a, arch in enumerate(archs):
+            for b, batch in enumerate(batches):
+                for c, kind in enumerate((cache,) if cache else ("default", "static")):
+                    points = sorted(
+                        (row["prompt"], row[ratio])
+                        for row in rows
+                        if (row["arch"], row["batch"], row["cache"]) == (arch, batch, kind)
+                    )
+                    if points:
+                        xs, ys = zip(*points)
+                        style = ("-", "--", ":")[a % 3] + "osv^"[c if cache is None else b % 4]
+                        label = f"{arch}, batch {batch}" + ("" if cache else f", {kind}")
+                        panel.plot(xs, ys, f"C{b}{style}", label=label)
+        panel.axhline(1.0, color="grey", linewidth=0.8)
+        panel.set(xscale="log", yscale="log", xlabel="prompt tokens", ylabel="reference ms / attngate ms", title=title)
+        panel.legend(fontsize=7)
+    fig.suptitle(f"generate(), attn_implementation='attngate' against sdpa, {data['device']}, torch {data['torch']}")
+    fig.tight_layout()
+    fig.savefig(dst, dpi=110)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "--transformers":
         transformers_plain(*sys.argv[2:4])
+    elif sys.argv[1] == "--generate":
+        transformers_generate(*sys.argv[2:4])
     else:
         main(*sys.argv[1:3])
