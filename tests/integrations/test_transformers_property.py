@@ -22,6 +22,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from attngate import Platform, ServerArgs  # noqa: E402
 from attngate.errors import UsageError  # noqa: E402
+from attngate.integrations import transformers_ops  # noqa: E402
 from attngate.integrations.transformers import configure  # noqa: E402
 from attngate.integrations.transformers_plain import plain_attention  # noqa: E402
 from tests.support.transformers_models import MODELS_UNDER_TEST, SMALL, config_of, model_pair, on_fa_standin  # noqa: E402
@@ -81,6 +82,9 @@ def test_the_plain_path_matches_eager_attention(data):
     cache = data.draw(st.sampled_from(["dynamic", "static"]), label="cache")
     call = data.draw(st.sampled_from(["forward", "greedy", "sampled"]), label="call")
     path = data.draw(st.sampled_from(["torch", "fa"]), label="path")
+    # FA's decode split (transformers_ops.decode_split_keys), drawn down to these lengths: none, pieces of a fixed
+    # size (no GPU: every DECODE_SPLIT_KEYS keys), or sized to a stood-in SM count
+    split = data.draw(st.sampled_from(["none", "fixed", "sized"]), label="split") if path == "fa" else "none"
     compiled = call == "forward" and data.draw(st.booleans(), label="compiled")
     # a graph cannot look at the mask: a request whose keys are not one run comes out NaN (documented), not wrong
     assume(not (compiled and padding == "holes"))
@@ -95,6 +99,12 @@ def test_the_plain_path_matches_eager_attention(data):
     with pytest.MonkeyPatch.context() as mp, torch.no_grad():
         if path == "fa":
             on_fa_standin(mp)
+        if split != "none":
+            mp.setattr(transformers_ops, "DECODE_SPLIT_KEYS", data.draw(st.integers(1, width), label="split past"))
+        if split == "sized":
+            mp.setattr(transformers_ops, "DECODE_MIN_PIECE_KEYS", data.draw(st.integers(1, 4), label="least piece"))
+            sms = data.draw(st.integers(1, 32), label="SMs")
+            mp.setattr(transformers_ops, "_sm_count", lambda device: sms)
         configure(ours, ServerArgs(), FA_HOST if path == "fa" else TORCH_HOST)
         if call == "forward":
             model = torch.compile(ours, backend="eager", dynamic=False) if compiled else ours
