@@ -67,17 +67,22 @@ def _offsets(start: torch.Tensor, row: int) -> torch.Tensor:
     return base + torch.nn.functional.pad(start, (0, 1))
 
 
+def decode_span(s_kv: int, window_left: int | None) -> int:
+    """The most keys one decode query reads of ``s_kv`` padded keys: all of them, or its window and itself."""
+    return s_kv if window_left is None else min(s_kv, window_left + 1)
+
+
 def split_rows(
     extents: torch.Tensor, k_row: int, s_kv: int, window_left: int | None, split_keys: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """A decode step's keys cut every ``split_keys``: ``cu_seqlens_q``, ``cu_seqlens_k`` ``[B * P + 1]`` and
-    ``seqused_k`` ``[B * P]``
-    int32 for kernel row ``(b, p)`` (request b's keys ``[start + p * split_keys, ...)``; the window, which a one-query
-    row sees as its last keys, taken in advance), and the pieces per request P. An empty piece starts at the end."""
+    ``seqused_k`` ``[B * P]`` int32 for kernel row ``(b, p)`` (request b's keys ``[start + p * split_keys, ...)``, the
+    window, which a one-query row sees as its last keys, taken in advance), and the pieces per request P, enough for
+    :func:`decode_span` keys. An empty piece starts at the end."""
     _, _, k_start, k_end = extents.unbind(0)
     if window_left is not None:
         k_start = torch.maximum(k_start, k_end - 1 - window_left)
-    pieces = -(-s_kv // split_keys)
+    pieces = -(-decode_span(s_kv, window_left) // split_keys)
     p = torch.arange(pieces, dtype=torch.int32, device=extents.device) * split_keys
     used = ((k_end - k_start)[:, None] - p).clamp(0, split_keys).flatten()
     starts = torch.minimum(k_start[:, None] + p, k_end[:, None])

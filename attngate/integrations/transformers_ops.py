@@ -165,7 +165,7 @@ def decode_split_keys(d: LayerDecisions, b: int, h_kv: int, s_kv: int, device: t
         Its ``decode_split_keys`` (the plan's ``fa.decode_fixed_split_keys``): where set (deterministic inference),
         every step is split at those fixed points of each request, so a request's result never depends on its batch.
     b, h_kv, s_kv : int
-        Requests, KV heads and padded keys per request.
+        Requests, KV heads and padded keys per request (of which a window layer's query reads its window's).
     device : torch.device
         The queries' device; on a GPU pieces are sized to its SM count (:func:`_sm_count`), elsewhere (the CPU
         stand-ins) and for a length traced symbolically they are DECODE_SPLIT_KEYS keys.
@@ -173,18 +173,20 @@ def decode_split_keys(d: LayerDecisions, b: int, h_kv: int, s_kv: int, device: t
     Returns
     -------
     int or None
-        Keys per piece; None at most DECODE_SPLIT_KEYS keys, or where the batch's rows fill the GPU unsplit.
+        Keys per piece; None where a query reads at most DECODE_SPLIT_KEYS keys, or the batch's rows fill the GPU
+        unsplit.
     """
     if d.decode_split_keys is not None:
         return d.decode_split_keys
-    if s_kv <= DECODE_SPLIT_KEYS:
+    span = fa_padded.decode_span(s_kv, d.window)  # a window reads its last keys alone
+    if span <= DECODE_SPLIT_KEYS:
         return None
-    sms = _sm_count(device) if isinstance(s_kv, int) else None
+    sms = _sm_count(device) if isinstance(span, int) else None
     if sms is None:
         return DECODE_SPLIT_KEYS
     pieces = sms // (b * h_kv)
-    split = max(DECODE_MIN_PIECE_KEYS, -(-s_kv // max(pieces, 1)))
-    return split if pieces > 1 and split < s_kv else None
+    split = max(DECODE_MIN_PIECE_KEYS, -(-span // max(pieces, 1)))
+    return split if pieces > 1 and split < span else None
 
 
 def _sm_count(device: torch.device) -> int | None:

@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from attngate import Platform, ServerArgs  # noqa: E402
+from attngate.backends import fa_padded  # noqa: E402
 from attngate.facts.modes import LayerKind  # noqa: E402
 from attngate.integrations import transformers_ops  # noqa: E402
 from attngate.integrations.transformers import configure  # noqa: E402
@@ -31,23 +32,26 @@ CUDA = torch.device("cuda")  # only its type is read: the SM count is stood in
     b=st.integers(1, 64),
     h_kv=st.sampled_from([1, 2, 4, 8, 16]),
     s_kv=st.integers(1, 1 << 20),
+    window=st.one_of(st.none(), st.integers(0, 1 << 16)),
 )
-def test_pieces_fill_the_gpu_and_are_never_short(sms, b, h_kv, s_kv):
-    d = SimpleNamespace(decode_split_keys=None)
+def test_pieces_fill_the_gpu_and_are_never_short(sms, b, h_kv, s_kv, window):
+    d = SimpleNamespace(decode_split_keys=None, window=window)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(transformers_ops, "_sm_count", lambda device: sms)
         split = transformers_ops.decode_split_keys(d, b, h_kv, s_kv, CUDA)
     rows, least = b * h_kv, transformers_ops.DECODE_MIN_PIECE_KEYS  # rows: the kernel's CTAs unsplit
-    if s_kv <= transformers_ops.DECODE_SPLIT_KEYS or 2 * rows > sms:
-        assert split is None  # short requests, and batches that fill the SMs alone, run unsplit
+    span = s_kv if window is None else min(s_kv, window + 1)  # the keys one query reads
+    if span <= transformers_ops.DECODE_SPLIT_KEYS or 2 * rows > sms:
+        assert split is None  # short reads, and batches that fill the SMs alone, run unsplit
         return
-    pieces = -(-s_kv // split)
-    assert least <= split < s_kv and rows * pieces <= sms  # never a piece too short, never more CTAs than SMs
-    assert split == least or rows * -(-s_kv // (split - 1)) > sms  # the shortest such pieces
+    pieces = -(-span // split)
+    assert pieces == fa_padded.split_rows(torch.zeros(4, 1, dtype=torch.int32), s_kv, s_kv, window, split)[3]
+    assert least <= split < span and rows * pieces <= sms  # never a piece too short, never more CTAs than SMs
+    assert split == least or rows * -(-span // (split - 1)) > sms  # the shortest such pieces
 
 
 def test_without_a_gpu_or_with_a_fixed_split_the_pieces_do_not_depend_on_the_batch():
-    sized = SimpleNamespace(decode_split_keys=None)
+    sized = SimpleNamespace(decode_split_keys=None, window=None)
     assert transformers_ops.decode_split_keys(sized, 1, 4, 100_000, torch.device("cpu")) == 4096
     assert transformers_ops.decode_split_keys(sized, 1, 4, 4096, torch.device("cpu")) is None
     fixed = SimpleNamespace(decode_split_keys=512)
