@@ -147,8 +147,8 @@ kernel_attention = _define(
     _kernel_attention_fake,
 )
 
-# A decode step on the padded FA path is split (attngate.backends.fa_padded.split_rows) past DECODE_SPLIT_KEYS padded
-# keys: splitting costs host time (the query copied per piece, the states merged) that only long requests repay. Pieces
+# A decode step on the padded FA path is split (attngate.backends.fa_padded.split_rows) where its query reads more than
+# DECODE_SPLIT_KEYS keys: splitting costs host time (the query copied per piece, the states merged) that only long requests repay. Pieces
 # are sized so the kernel's CTAs (one per row and KV head) fill the SMs, each of at least DECODE_MIN_PIECE_KEYS keys
 # (shorter ones merge more than they save). GPU time of one call on an H100, 4 KV heads (bench/RESULTS.md): one 16k
 # request 168 us unsplit, 20.5 us in 16 pieces of 1024 (sdpa's flash-decoding 13); 8 of them 169 us, 99 us in 4 pieces
