@@ -13,6 +13,7 @@ stalls moves neither.
 
     python3 bench/bench_transformers_generate.py --out bench/transformers_generate_h100.json   # on the GPU
     python3 bench/bench_transformers_generate.py --archs llama --caches static --batches 1 --prompts 512
+    python3 bench/bench_transformers_generate.py --out run.json --resume   # again, call after call: the points left
 """
 
 from __future__ import annotations
@@ -136,6 +137,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=262144, help="skip batch x prompt above this")
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--resume", action="store_true", help="keep --out's rows and measure only the points it lacks (several calls)"
+    )
     args = parser.parse_args()
     report = {
         "device": torch.cuda.get_device_name(),
@@ -144,26 +148,34 @@ def main() -> None:
         "command": " ".join(["python3", *sys.argv]),
         "rows": [],
     }
+    if args.resume and args.out and args.out.exists():
+        report["rows"] = [row for row in json.loads(args.out.read_text())["rows"] if "error" not in row]
+    done = {(row["arch"], row["cache"], row["batch"], row["prompt"]) for row in report["rows"]}
     for arch in args.archs.split(","):
+        todo = [
+            (cache, batch, prompt)
+            for cache in args.caches.split(",")
+            for batch in map(int, args.batches.split(","))
+            for prompt in map(int, args.prompts.split(","))
+            if batch * prompt <= args.max_tokens and (arch, cache, batch, prompt) not in done
+        ]
+        if not todo:
+            continue
         reference = ARCHS[arch][2]
         ref = _model(arch, reference)
         models = {reference: ref, "attngate": _model(arch, "attngate", ref.state_dict())}
-        for cache in args.caches.split(","):
-            for batch in map(int, args.batches.split(",")):
-                for prompt in map(int, args.prompts.split(",")):
-                    if batch * prompt > args.max_tokens:
-                        continue
-                    try:
-                        row = point(models, arch, cache, batch, prompt, args.new_tokens, args.reps)
-                    except torch.OutOfMemoryError:
-                        row = {"arch": arch, "cache": cache, "batch": batch, "prompt": prompt, "error": "OOM"}
-                    torch._dynamo.reset()
-                    gc.collect()
-                    torch.cuda.empty_cache()
-                    report["rows"].append(row)
-                    print(json.dumps(row), flush=True)
-                    if args.out:  # after every point: a run cut short (a device-time limit) keeps what it measured
-                        args.out.write_text(json.dumps(report, indent=1) + "\n")
+        for cache, batch, prompt in todo:
+            try:
+                row = point(models, arch, cache, batch, prompt, args.new_tokens, args.reps)
+            except torch.OutOfMemoryError:
+                row = {"arch": arch, "cache": cache, "batch": batch, "prompt": prompt, "error": "OOM"}
+            torch._dynamo.reset()
+            gc.collect()
+            torch.cuda.empty_cache()
+            report["rows"].append(row)
+            print(json.dumps(row), flush=True)
+            if args.out:  # after every point: a run cut short (a device-time limit) keeps what it measured
+                args.out.write_text(json.dumps(report, indent=1) + "\n")
         del models, ref
         gc.collect()
         torch.cuda.empty_cache()
