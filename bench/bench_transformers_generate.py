@@ -14,6 +14,7 @@ stalls moves neither.
     python3 bench/bench_transformers_generate.py --out bench/transformers_generate_h100.json   # on the GPU
     python3 bench/bench_transformers_generate.py --archs llama --caches static --batches 1 --prompts 512
     python3 bench/bench_transformers_generate.py --out run.json --resume   # again, call after call: the points left
+    python3 bench/bench_transformers_generate.py --caches default --split-past 1000000000   # decode never split
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from bench_transformers_plain import _model as build_model  # noqa: E402
 
 import attngate.integrations.transformers  # noqa: E402,F401 - registers "attngate"
+from attngate.integrations import transformers_ops  # noqa: E402
 
 COMMON = dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, pad_token_id=0)
 COMMON |= dict(bos_token_id=1, eos_token_id=2, max_position_embeddings=40000)
@@ -140,12 +142,21 @@ def main() -> None:
     parser.add_argument(
         "--resume", action="store_true", help="keep --out's rows and measure only the points it lacks (several calls)"
     )
+    parser.add_argument(
+        "--split-past",
+        type=int,
+        help="split attngate's decode where a query reads more keys than this (transformers_ops.DECODE_SPLIT_KEYS; "
+        "a huge value: never), to weigh the split's host time against its GPU time",
+    )
     args = parser.parse_args()
+    if args.split_past is not None:
+        transformers_ops.DECODE_SPLIT_KEYS = args.split_past
     report = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "command": " ".join(["python3", *sys.argv]),
+        "decode_split_keys": transformers_ops.DECODE_SPLIT_KEYS,
         "rows": [],
     }
     if args.resume and args.out and args.out.exists():
