@@ -185,8 +185,10 @@ def decode_split_keys(d: LayerDecisions, b: int, h_kv: int, s_kv: int, device: t
     if sms is None:
         return DECODE_SPLIT_KEYS
     pieces = sms // (b * h_kv)
-    split = max(DECODE_MIN_PIECE_KEYS, -(-span // max(pieces, 1)))
-    return split if pieces > 1 and split < span else None
+    if pieces < 2:  # the batch's rows fill the SMs alone
+        return None
+    split = max(DECODE_MIN_PIECE_KEYS, -(-span // pieces))
+    return split if split < span else None
 
 
 def _sm_count(device: torch.device) -> int | None:
