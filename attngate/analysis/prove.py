@@ -171,27 +171,55 @@ def model_value(model: z3.ModelRef, value: Any, none: Any) -> Any:
     return str(v)
 
 
-#: z3 resource units one simplest witness may spend: a budget of work, not of time, so that the witness shown is the
-#: same on any host, loaded or not (about 4 s on the 2-core CPU dev machine; a wall-clock budget of 5 s gave a
-#: loaded CI run another, larger witness than an idle one)
+#: z3 resource units one check of a simplest witness may spend: a budget of work, not of time, so that a loaded host
+#: shows the witness an idle one does
 WITNESS_RLIMIT = 20_000_000
 
 
 def simplest_witness(
     solver: z3.Solver, enc: Encoder, terms: list[Any], model: z3.ModelRef, keep: set[str], timeout_ms: int = 60_000
 ) -> z3.ModelRef:
-    """A model of the solver's assertions, ``terms`` and the derived-fact links in which as many server arguments
-    outside ``keep`` as can keep their defaults (z3's Optimize, soft constraints), so that a witness shows only
-    the flags it needs; ``model`` where none is found within :data:`WITNESS_RLIMIT` (or, as a backstop,
-    ``timeout_ms`` of wall-clock time). Raises :class:`~attngate.analysis.verdict.Interrupted` on SIGINT."""
-    opt = z3.Optimize()
-    opt.set("rlimit", WITNESS_RLIMIT)
-    opt.set("timeout", timeout_ms)
-    opt.add(*solver.assertions(), *terms, *enc.links)
-    for name, field in ServerArgs.model_fields.items():
-        if name not in keep:
-            opt.add_soft(enc.equals(name, field.default))
-    return opt.model() if check(opt).sat else model
+    """A model of the solver's assertions, ``terms`` and the derived-fact links that sets the fewest server arguments
+    outside ``keep`` away from their defaults, so that a witness shows only the flags it needs; among those, each
+    argument in ``ServerArgs``' order keeps its default where it can given the ones before it.
+
+    Both steps follow from sat/unsat answers alone (the least count by a cardinality bound raised from 0; then the
+    arguments greedily, each default an assumption), so which arguments a witness sets is the same whatever z3 did
+    before in this process (z3's Optimize, a MaxSAT search, swung from 2 to past 20 million resource units on one
+    query with the terms' ids, and gave up unseen past its budget); the values it gives them are z3's choice.
+    ``model`` where a check ends unknown (:data:`WITNESS_RLIMIT` or ``timeout_ms``). Raises
+    :class:`~attngate.analysis.verdict.Interrupted` on SIGINT."""
+    s = z3.Solver()
+    s.set("rlimit", WITNESS_RLIMIT)
+    s.set("timeout", timeout_ms)
+    s.add(*solver.assertions(), *terms, *enc.links)
+    defaults = {
+        z3.FreshBool(f"default.{name}"): enc.equals(name, field.default)
+        for name, field in ServerArgs.model_fields.items()
+        if name not in keep
+    }
+    s.add(*(at_default == default for at_default, default in defaults.items()))
+    away = [z3.Not(at_default) for at_default in defaults]
+    bound = 0
+    while not (verdict := check(s, z3.AtMost(*away, bound))).sat:
+        if verdict.unknown or bound >= len(away):
+            return model
+        bound += 1
+    s.add(z3.AtMost(*away, bound))
+    if not check(s).sat:
+        return model
+    held: list[Any] = []
+    found = s.model()  # a model of s and every literal held
+    for at_default in defaults:
+        if not z3.is_true(found.eval(at_default, model_completion=True)):  # else sat, as found shows: no check
+            verdict = check(s, assume=(*held, at_default))
+            if verdict.unknown:
+                return model
+            if verdict.unsat:
+                continue
+            found = s.model()
+        held.append(at_default)
+    return found
 
 
 def witness_inputs(enc: Encoder, model: z3.ModelRef, names: set[str]) -> dict[str, Any]:

@@ -88,7 +88,9 @@ class Interrupted(KeyboardInterrupt):
 
 _sigint = threading.Event()  # a SIGINT came while interruptible() was active
 _lock = threading.Lock()  # orders _checking against _sigint: a check starts only where no SIGINT came
-_checking = False  # a z3 check runs (z3 may be interrupted only then: interrupted idle, its next push fails)
+#: the context of the z3 check that runs, None between checks (z3 may be interrupted only then: interrupted idle, its
+#: next push fails)
+_checking: z3.Context | None = None
 _guarded = False  # interruptible() is active
 
 
@@ -105,12 +107,12 @@ def check(solver: z3.Solver | z3.Optimize, *terms: Any, assume: tuple[Any, ...] 
         with _lock:
             if _sigint.is_set():
                 raise Interrupted()
-            _checking = True
+            _checking = solver.ctx
         try:
             answer = solver.check(*assume)
         finally:
             with _lock:
-                _checking = False
+                _checking = None
         reason = solver.reason_unknown() if answer == z3.unknown else ""
     finally:
         if terms:
@@ -177,7 +179,7 @@ def _watch(read: int) -> None:
                 _sigint.set()
             while True:
                 with _lock:
-                    if not _checking:
+                    if _checking is None:
                         break
-                    z3.main_ctx().interrupt()
+                    _checking.interrupt()
                 time.sleep(0.05)
