@@ -25,7 +25,11 @@ decoding of a left- or right-padded batch lays them out).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+
+from attngate.backends.triton_optional import triton_launcher
 
 
 def token_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -149,16 +153,6 @@ def merge_split(out: torch.Tensor, lse: torch.Tensor, pieces: int, sinks: torch.
     return torch.where(total > 0, merged / total, 0.0).to(out.dtype).unsqueeze(1)
 
 
-_TRITON: list = []
-
-
-def _triton_merge():
-    """The Triton launcher of :func:`merge_split`, or None where Triton is not installed (imported on first use)."""
-    if not _TRITON:
-        try:
-            from attngate.backends import fa_padded_triton
-
-            _TRITON.append(fa_padded_triton.merge_split)
-        except ImportError:
-            _TRITON.append(None)
-    return _TRITON[0]
+def _triton_merge() -> Callable[..., torch.Tensor] | None:
+    """The Triton launcher of :func:`merge_split` (:mod:`attngate.backends.fa_padded_triton`), None without Triton."""
+    return triton_launcher("attngate.backends.fa_padded_triton", "merge_split")

@@ -8,11 +8,13 @@ Triton installed one kernel gathers them (:mod:`attngate.backends.page_ids_trito
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from attngate.backends.runtime.batch_metadata import PageRange, host
+from attngate.backends.triton_optional import triton_launcher
 from attngate.errors import BatchMetadataError, Problem
 
 
@@ -181,17 +183,7 @@ def _strided(device: torch.device, num_pages: int, page_size: int) -> torch.Tens
     return torch.arange(0, num_pages * page_size, page_size, device=device)
 
 
-_TRITON: list = []
-
-
-def _triton_page_ids():
-    """The Triton launcher of :func:`fill_page_ids` and :func:`page_table`, or None where Triton is not installed
-    (imported on first use)."""
-    if not _TRITON:
-        try:
-            from attngate.backends import page_ids_triton
-
-            _TRITON.append(page_ids_triton.launch)
-        except ImportError:
-            _TRITON.append(None)
-    return _TRITON[0]
+def _triton_page_ids() -> Callable[..., None] | None:
+    """The Triton launcher of :func:`fill_page_ids` and :func:`page_table` (:mod:`attngate.backends.page_ids_triton`),
+    None without Triton."""
+    return triton_launcher("attngate.backends.page_ids_triton", "launch")

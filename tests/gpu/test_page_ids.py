@@ -63,9 +63,9 @@ def test_triton_page_table_equals_the_torch_ops(page_size, first):
 
 
 def _without_triton(fn):
-    saved = page_id_ops._TRITON[:]
-    page_id_ops._TRITON[:] = [None]
+    saved = page_id_ops._triton_page_ids
+    page_id_ops._triton_page_ids = lambda: None
     try:
         return fn()
     finally:
-        page_id_ops._TRITON[:] = saved
+        page_id_ops._triton_page_ids = saved
