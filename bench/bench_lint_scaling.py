@@ -1,4 +1,4 @@
-"""How `attngate lint` scales with the rule base: the shipped rules.yaml plus N generated rules, three shapes:
+"""How `attngate lint` scales with the rule base: the shipped rules.yaml plus N generated rules, in these shapes:
 
 - ``tuning``: a per-model / per-GPU tuning table: rules over several gates, each under its own conjunction of
   architecture, page size, TP size and model facts (no two rules of one gate can match together);
@@ -8,6 +8,8 @@
   (``not enable_deterministic_inference and model_type == "mN"``, ``backends: [flashinfer]``: a nested conjunction);
 - ``mixed``: three families keyed on different facts (page size, model type, TP size), each behind its own attention
   backend, with the keys nested in conjunctions, as ``in (single,)`` and under a negated disjunction;
+- ``sets``: ``one_gate``'s exclusivity by sets of values: ``model_type in ("mN", "nN")``, and ``model_type == "p"``
+  with a disjunction of equalities ``page_size == A or page_size == B``;
 - ``conflicting``: N rules that all set one gate to different values under overlapping conditions: every rule
   conflicts, and lint must report them all;
 - ``conflicts_shipped``: N rules ``page_size == N`` that each meet the shipped rule setting the same gate
@@ -45,11 +47,12 @@ SHAPES = (
     ("one_gate", SIZES, lambda n: 0),
     ("conjunction", SIZES, lambda n: 0),
     ("mixed", SIZES, lambda n: 0),
+    ("sets", SIZES, lambda n: 0),
     ("conflicting", (30, 60, 120), lambda n: n * (n - 1) // 2),
     ("conflicts_shipped", (100, 300, 1000, 3000), lambda n: n),
 )
 #: the shapes of issue 53 at 400 rules, against the shipped file alone (target: at most 5x)
-AT_400 = ("one_gate", "conjunction", "mixed", "conflicts_shipped")
+AT_400 = ("one_gate", "conjunction", "mixed", "sets", "conflicts_shipped")
 ARCHS = ("sm80", "sm90", "sm100", "sm120")
 GATES = (  # (gate, value of rule i): gates a tuning table sets
     ("flashinfer.prefill_fixed_split_size", lambda i: 1024 + i),
@@ -92,6 +95,12 @@ def generated(shape: str, n: int) -> str:
                 f'not enable_deterministic_inference and attention_backend == "flashinfer" and model_type == "m{i}"',
                 f'not (enable_deterministic_inference or attention_backend != "triton") and tp_size == {1 + i}',
             )[i % 3]
+            rules.append(_rule(i, when, "flashinfer.prefill_fixed_split_size", 1000 + i))
+        elif shape == "sets":
+            when = (
+                f'not enable_deterministic_inference and model_type in ("m{i}", "n{i}")',
+                f'not enable_deterministic_inference and model_type == "p" and (page_size == {2000 + 2 * i} or page_size == {2001 + 2 * i})',
+            )[i % 2]
             rules.append(_rule(i, when, "flashinfer.prefill_fixed_split_size", 1000 + i))
         elif shape == "conflicts_shipped":  # each meets flashinfer.deterministic-split-sizes (4096)
             rules.append(_rule(i, f"page_size == {1000 + i}", "flashinfer.prefill_fixed_split_size", 1000 + i))

@@ -1,11 +1,11 @@
 """Lint's conflict search: rules of one scope that can match together and give one name (a gate, or a server argument
 for adjust rules) different values, every such pair, in a number of solver queries linear in the rules.
 
-Two steps keep it linear. First, exclusivity read off the syntax: a condition that implies ``fact == literal`` for
-one fact (a conjunct ``page_size == 16`` or ``model_type in ("llama",)`` at any depth of a conjunction, through
-predicates, ``backends:`` and negations) cannot hold together with one implying another literal for that fact, so
-value classes are split on such facts (:func:`clash_groups`) and classes that cannot meet are never put to the
-solver together. Second, per group of classes one query (can two of them match together?); where it is sat, one
+Two steps keep it linear. First, exclusivity read off the syntax: a condition that implies ``fact in S`` for a finite
+set of literals (a conjunct ``page_size == 16`` or ``model_type in ("llama", "mistral")`` at any depth of a
+conjunction, a disjunction of such, through predicates, ``backends:`` and negations) cannot hold together with one
+implying a set disjoint from S, so value classes are split on such facts (:func:`clash_groups`) and classes that
+cannot meet are never put to the solver together. Second, per group of classes one query (can two of them match together?); where it is sat, one
 query per rule of the group's larger side against the disjunction of the rules it could conflict with, a pair
 extracted only where that query is sat (and the query repeated without the partners found): a gate whose values
 conflict with many rules costs a query or two per rule, never one per pair of rules. (Enumerating by blocking each
@@ -42,28 +42,27 @@ def literal_key(value: Any) -> tuple:
     return ("str", value)
 
 
-def implied_literals(node: ast.expr, predicates: dict[str, ast.expr], types: dict[str, FactType]) -> dict[str, tuple]:
-    """``{fact: literal_key}`` for every fact that ``node`` (a condition's syntax tree) forces to one literal
-    whenever it holds: ``fact == literal``, ``fact in (literal,)``, ``fact is None``, a bool fact read bare (True) or
-    negated (False, where the fact cannot be None), at any depth of a conjunction, through predicates and negations
-    (``not (a or b)`` as ``not a and not b``), and where every disjunct of a disjunction forces the same literal.
-    Sound, not complete: a fact left out may still be forced."""
+def implied_values(
+    node: ast.expr, predicates: dict[str, ast.expr], types: dict[str, FactType]
+) -> dict[str, frozenset[tuple]]:
+    """``{fact: literal_keys}`` for every fact that ``node`` (a condition's syntax tree) confines to a finite set of
+    literals whenever it holds: ``fact == literal``, ``fact in (literals)``, ``fact is None``, a bool fact read bare
+    (True) or negated (False, where the fact cannot be None); a conjunction confines a fact to the intersection of
+    what its parts allow (empty: the condition never holds), a disjunction to the union where every part confines it;
+    at any depth, through predicates and negations (``not (a or b)`` as ``not a and not b``, ``not x != c`` as
+    ``x == c``). Sound, not complete: a fact left out may still be confined."""
     return _implied(node, True, predicates, types, frozenset())
 
 
-def _implied(node: ast.expr, positive: bool, predicates, types, inside: frozenset[str]) -> dict[str, tuple]:
+def _implied(node: ast.expr, positive: bool, predicates, types, inside: frozenset[str]) -> dict[str, frozenset[tuple]]:
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
         return _implied(node.operand, not positive, predicates, types, inside)
     if isinstance(node, ast.BoolOp):
         parts = [_implied(v, positive, predicates, types, inside) for v in node.values]
         if isinstance(node.op, ast.And) == positive:  # a conjunction (or a negated disjunction): each part holds
-            out: dict[str, tuple] = {}
-            for part in parts:
-                for fact, key in part.items():
-                    out.setdefault(fact, key)  # two literals for one fact: the condition never holds (vacuous)
-            return out
-        first, *rest = parts  # a disjunction (or a negated conjunction): what every part forces
-        return {f: k for f, k in first.items() if all(p.get(f, _MISSING) == k for p in rest)}
+            return _meet(parts)
+        first, *rest = parts  # a disjunction (or a negated conjunction): one part holds, whichever
+        return {f: values.union(*(p[f] for p in rest)) for f, values in first.items() if all(f in p for p in rest)}
     if isinstance(node, (ast.Name, ast.Attribute)):
         name = _name(node)
         if name in predicates:
@@ -73,20 +72,29 @@ def _implied(node: ast.expr, positive: bool, predicates, types, inside: frozense
         kind = types.get(name)
         if kind is None or kind.base != "bool" or (not positive and kind.optional):
             return {}
-        return {name: literal_key(positive)}
+        return {name: frozenset({literal_key(positive)})}
     if isinstance(node, ast.Compare) and (positive or len(node.ops) == 1):
-        out = {}
-        left = node.left
+        parts, left = [], node.left
         for op, right in zip(node.ops, node.comparators):
-            out.update(_compared(left, op, right, positive, types))
+            parts.append(_compared(left, op, right, positive, types))
             left = right
-        return out
+        return _meet(parts)
     return {}
 
 
-def _compared(left: ast.expr, op: ast.cmpop, right: ast.expr, positive: bool, types) -> dict[str, tuple]:
-    """What one comparison forces (its negation where not ``positive``): ``fact == c``, ``fact in (c,)``,
-    ``fact is None`` (``!=``, ``not in``, ``is not`` negated)."""
+def _meet(parts: list[dict[str, frozenset[tuple]]]) -> dict[str, frozenset[tuple]]:
+    """What a conjunction of ``parts`` confines each fact to: the intersection of what the parts allow."""
+    out: dict[str, frozenset[tuple]] = {}
+    for part in parts:
+        for fact, values in part.items():
+            out[fact] = out[fact] & values if fact in out else values
+    return out
+
+
+def _compared(left: ast.expr, op: ast.cmpop, right: ast.expr, positive: bool, types) -> dict[str, frozenset[tuple]]:
+    """What one comparison confines its fact to (its negation's, where not ``positive``): ``fact == c``, ``fact in
+    (c, ...)``, ``fact is None`` (``!=``, ``not in``, ``is not`` negated). A literal the fact's type cannot hold is
+    one it never equals."""
     if isinstance(left, (ast.Name, ast.Attribute)) and isinstance(right, (ast.Constant, ast.Tuple, ast.List)):
         fact, other = _name(left), right
     elif (
@@ -98,19 +106,20 @@ def _compared(left: ast.expr, op: ast.cmpop, right: ast.expr, positive: bool, ty
     else:
         return {}
     kind = types.get(fact)
-    forcing = {True: (ast.Eq, ast.In, ast.Is), False: (ast.NotEq, ast.NotIn, ast.IsNot)}[positive]
-    if kind is None or not isinstance(op, forcing):
+    confining = {True: (ast.Eq, ast.In, ast.Is), False: (ast.NotEq, ast.NotIn, ast.IsNot)}[positive]
+    if kind is None or not isinstance(op, confining):
         return {}
-    if isinstance(op, (ast.In, ast.NotIn)):
-        if not isinstance(other, (ast.Tuple, ast.List)) or len(other.elts) != 1:
-            return {}
-        other = other.elts[0]
-    if not isinstance(other, ast.Constant):
+    if isinstance(op, (ast.In, ast.NotIn)) != isinstance(other, (ast.Tuple, ast.List)):
         return {}
-    value = other.value
-    if isinstance(op, (ast.Is, ast.IsNot)) != (value is None) or not _fits(value, kind):
-        return {}  # `x is 3`, `x == None`, or a literal the fact's type cannot hold: left to the solver
-    return {fact: literal_key(value)}
+    elements = other.elts if isinstance(other, (ast.Tuple, ast.List)) else [other]
+    if not all(isinstance(e, ast.Constant) for e in elements):
+        return {}
+    values = [e.value for e in elements]  # type: ignore[attr-defined]
+    if isinstance(op, (ast.Is, ast.IsNot)) != (values == [None]) or (None in values and values != [None]):
+        return {}  # `x is 3`, `x == None`, `x in (None, 1)`: left to the solver
+    if not all(_fits(v, kind) for v in values):
+        return {}  # a literal the fact's type cannot hold: left to the solver
+    return {fact: frozenset(literal_key(v) for v in values)}
 
 
 def _fits(value: Any, kind: FactType) -> bool:
@@ -175,25 +184,28 @@ class _Linked:
 
 
 def clash_groups(
-    classes: dict[str, list[Rule]], keys: Callable[[Rule], dict[str, tuple]], used: frozenset[str] = frozenset()
+    classes: dict[str, list[Rule]],
+    keys: Callable[[Rule], dict[str, frozenset[tuple]]],
+    used: frozenset[str] = frozenset(),
 ) -> Iterator[tuple[list[str], list[str] | None]]:
     """Groups (a, b) of value classes such that every two classes that can match together meet in one group: ``b``
-    None means two of ``a``, else one of ``a`` with one of ``b``. Classes whose rules all force one fact to
-    different literals (``keys``, :func:`implied_literals`) can never match together, so they are split on that
-    fact (recursively, the fact most classes force first): each class is queried in O(1) groups, not against every
-    other class."""
+    None means two of ``a``, else one of ``a`` with one of ``b``. A class whose rules all confine one fact to a set of
+    literals (``keys``, :func:`implied_values`; the class to their union) can meet only a class that allows one of
+    them, so classes are split on that fact (recursively, the fact most classes confine first) into one bucket per
+    literal, of the classes that allow it: each class is queried in as many groups as it allows literals, not against
+    every other class."""
     if len(classes) < 2:
         return
-    common: dict[str, dict[str, tuple]] = {}
+    common: dict[str, dict[str, frozenset[tuple]]] = {}
     for value, rs in classes.items():
-        shared = dict(keys(rs[0]))
+        confined = dict(keys(rs[0]))
         for r in rs[1:]:
-            forced = keys(r)
-            shared = {f: k for f, k in shared.items() if forced.get(f, _MISSING) == k}
-        common[value] = shared
+            other = keys(r)
+            confined = {f: values | other[f] for f, values in confined.items() if f in other}
+        common[value] = confined
     counts: dict[str, int] = {}
-    for shared in common.values():
-        for fact in shared:
+    for confined in common.values():
+        for fact in confined:
             if fact not in used:
                 counts[fact] = counts.get(fact, 0) + 1
     fact = max(counts, key=counts.__getitem__, default=None)
@@ -203,15 +215,17 @@ def clash_groups(
     buckets: dict[tuple, dict[str, list[Rule]]] = {}
     rest = {}
     for value, rs in classes.items():
-        if fact in common[value]:
-            buckets.setdefault(common[value][fact], {})[value] = rs
-        else:
+        if fact not in common[value]:
             rest[value] = rs
+        for literal in sorted(common[value].get(fact, ()), key=repr):  # none: the class never matches
+            buckets.setdefault(literal, {})[value] = rs
     for bucket in buckets.values():
         yield from clash_groups(bucket, keys, used | {fact})
     if rest:
         yield from clash_groups(rest, keys, used | {fact})
-        yield list(rest), [v for bucket in buckets.values() for v in bucket]
+        confined = dict.fromkeys(v for bucket in buckets.values() for v in bucket)  # each once, in order
+        if confined:
+            yield list(rest), list(confined)
 
 
 def conflicts(
@@ -225,12 +239,12 @@ def conflicts(
     find = _Linked(solver, links).find
     position = {r.id: i for i, r in enumerate(group)}
     predicates = {p.name: p.condition.tree.body for p in rules.predicates}
-    forced: dict[str, dict[str, tuple]] = {}
+    confined: dict[str, dict[str, frozenset[tuple]]] = {}
 
-    def keys(rule: Rule) -> dict[str, tuple]:
-        if rule.id not in forced:
-            forced[rule.id] = implied_literals(rule.condition.tree.body, predicates, enc.types)
-        return forced[rule.id]
+    def keys(rule: Rule) -> dict[str, frozenset[tuple]]:
+        if rule.id not in confined:
+            confined[rule.id] = implied_values(rule.condition.tree.body, predicates, enc.types)
+        return confined[rule.id]
 
     by_name: dict[tuple[str, str], list[Rule]] = {}
     for r in group:
