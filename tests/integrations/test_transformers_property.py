@@ -1,7 +1,7 @@
 """``attn_implementation="attngate"`` against transformers' eager attention over the space users call it in: a
 hypothesis property drawing the architecture, the batch, the prompt lengths, the padding (none, left, right, holes),
 the mask (given or None), the cache (dynamic, static: a window model's is its sliding-window cache), the call
-(forward, greedy and sampled generate), the path (float32 torch, FA's in-place varlen call through the
+(forward; greedy, sampled, beam-search and prompt-lookup generate), the path (float32 torch, FA's in-place varlen call through the
 flash_attn.cute stand-in) and the mode (eager, traced by torch.compile); and a second over callers' own 4D masks
 (bool or additive, shared or per head, soft biases). CPU, float32: every logit at a valid position within 1e-4.
 
@@ -74,13 +74,15 @@ def _close_until_they_part(ref_out, our_out) -> None:
 @given(data=st.data())
 def test_the_plain_path_matches_eager_attention(data):
     name = data.draw(st.sampled_from(ARCHS), label="arch")
-    b = data.draw(st.integers(1, 4), label="batch")
+    # beam search reorders the cache's rows every step; prompt lookup (assisted decoding, one request) verifies
+    # several drafted tokens a step: queries at the end of a longer cache (transformers runs it on a dynamic cache)
+    call = data.draw(st.sampled_from(["forward", "greedy", "sampled", "beam", "lookup"]), label="call")
+    b = 1 if call == "lookup" else data.draw(st.integers(1, 4), label="batch")
     padding = data.draw(st.sampled_from(["none", "left", "right", "holes"]), label="padding")
     width = data.draw(st.integers(2, 10), label="prompt")
     lengths = [width] * b if padding == "none" else data.draw(st.lists(st.integers(1, width), min_size=b, max_size=b))
     give_mask = padding != "none" or data.draw(st.booleans(), label="mask given")
-    cache = data.draw(st.sampled_from(["dynamic", "static"]), label="cache")
-    call = data.draw(st.sampled_from(["forward", "greedy", "sampled"]), label="call")
+    cache = "dynamic" if call == "lookup" else data.draw(st.sampled_from(["dynamic", "static"]), label="cache")
     path = data.draw(st.sampled_from(["torch", "fa"]), label="path")
     # FA's decode split (transformers_ops.decode_split_keys), drawn down to these lengths: none, pieces of a fixed
     # size (no GPU: every DECODE_SPLIT_KEYS keys), or sized to a stood-in SM count
@@ -93,6 +95,7 @@ def test_the_plain_path_matches_eager_attention(data):
     # as transformers' flash_attention_2 does. Decoding after right padding: test_transformers_plain.py, step by step
     assume(not (padding == "right" and call != "forward"))
     ids = torch.randint(1, VOCAB, (b, width), generator=torch.Generator().manual_seed(data.draw(st.integers(0, 99))))
+    ids[:, width // 2 :] = ids[:, : width - width // 2].clone()  # a repeat, for prompt lookup to draft from
     mask = _mask(lengths, width, padding, data.draw(st.integers(0, 7), label="hole"))
     kwargs = {"attention_mask": mask} if give_mask else {}
     ref, ours = pair(name)
@@ -127,7 +130,12 @@ def test_the_plain_path_matches_eager_attention(data):
             assert (expected - got)[valid].abs().max().item() < ATOL
             return
         gen = dict(kwargs, max_new_tokens=4, output_logits=True, return_dict_in_generate=True)
-        gen |= {"do_sample": False} if call == "greedy" else {"do_sample": True, "top_k": 5}
+        gen |= {
+            "greedy": {"do_sample": False},
+            "sampled": {"do_sample": True, "top_k": 5},
+            "beam": {"do_sample": False, "num_beams": 3, "num_return_sequences": 2},
+            "lookup": {"do_sample": False, "prompt_lookup_num_tokens": 3},
+        }[call]
         gen |= {} if cache == "dynamic" else {"cache_implementation": "static"}
         outs = []
         for model in (ref, ours):
