@@ -18,6 +18,9 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # docstrings are reflowed to the terminal's width (rich mode keeps their source line breaks, and reads
+    # "attngate[gpu]" as markup)
+    rich_markup_mode="markdown",
     help="Resolve, explain and lint attention-backend gates (SGLang-style servers).",
 )
 
