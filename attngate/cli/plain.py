@@ -32,10 +32,26 @@ def wrap_lines(lines: list[str], width: int) -> list[str]:
     return out
 
 
+def as_written(text: str) -> str:
+    """``text`` made visible (attngate.errors.visible: controls and bidi characters as escapes) and, where standard
+    output's encoding cannot hold a character (PYTHONIOENCODING=ascii, a latin-1 locale), that character as the
+    backslash escape the stream writes in its place (attngate.cli's streams), so that lines are laid out at the width
+    they are written in."""
+    text = visible(text)
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    try:
+        text.encode(encoding)
+    except UnicodeEncodeError:
+        return text.encode(encoding, "backslashreplace").decode(encoding)
+    except LookupError:  # an encoding Python does not know: the stream's own errors handling decides
+        pass
+    return text
+
+
 def print_lines(lines: list[str]) -> None:
     """Plain text wrapped at the console width (never cut, see wrap_lines); no markup, no ANSI codes in a pipe, an
-    input's controls and bidi characters made visible."""
-    shown = [visible(line) for line in lines]
+    input's controls and bidi characters made visible, what the output's encoding cannot hold escaped."""
+    shown = [as_written(line) for line in lines]
     width = console_width()
     if width is not None:
         wrapped = wrap_lines(shown, width)

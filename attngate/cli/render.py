@@ -10,9 +10,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from attngate.cli.plain import print_lines, rich_console  # the plain-text screen, without rich where it can
+from attngate.cli.plain import as_written, print_lines, rich_console  # the plain-text screen, without rich where it can
 from attngate.engine.result import GateExplanation, Resolution
-from attngate.errors import MAX_PROBLEMS, PlanError, visible
+from attngate.errors import MAX_PROBLEMS, PlanError
 
 if TYPE_CHECKING:
     from attngate.facts.model import ModelFacts
@@ -24,8 +24,9 @@ def _console() -> Console:
 
 def _shown(text: Any) -> str:
     """Text from an input (a config value, a rule's message or id, a path) as rich markup: controls and bidi
-    characters made visible (attngate.errors.visible), markup characters escaped."""
-    return escape(visible(str(text)))
+    characters made visible and what the output's encoding cannot hold escaped (attngate.cli.plain.as_written),
+    markup characters escaped."""
+    return escape(as_written(str(text)))
 
 
 def _facts(facts: dict[str, Any]) -> str:
@@ -88,7 +89,7 @@ def render_resolution(r: Resolution, mode: str | None) -> None:
     from attngate.cli.summary import deviation_lines
 
     for line in deviation_lines(r.deviations):
-        console.print(Text(visible(line)), overflow="fold")
+        console.print(Text(as_written(line)), overflow="fold")
     for w in r.warnings:
         console.print(f"[yellow]warning:[/yellow] {_shown(w)}")
     table = Table(title="candidate backends", title_justify="left")
@@ -125,7 +126,7 @@ def render_error(err: PlanError) -> None:
     from attngate.cli.summary import deviation_lines
 
     for line in deviation_lines(err.deviations, brief=True):  # a refusal stays one screen: reasons in the rules file
-        console.print(Text(visible(line)), overflow="fold")
+        console.print(Text(as_written(line)), overflow="fold")
 
 
 def load_model_configs(paths: list[Path]) -> list[tuple[str, ModelFacts]]:
@@ -214,4 +215,4 @@ def matrix_markdown(
         "|---|" + "---|" * len(backends),
     ]
     lines += [f"| {name} | " + " | ".join(text for _, text in cells) + " |" for name, cells in rows]
-    return visible("\n".join(lines))
+    return as_written("\n".join(lines))
