@@ -246,7 +246,11 @@ def _condition(r: random.Random, depth: int = 0) -> str:
         return r.choice(_ATOMS).format(p=r.choice([16, 32, 64]), m=r.randint(0, 2), t=r.randint(1, 4))
     if r.random() < 0.7:
         return "(" + " and ".join(_condition(r, depth + 1) for _ in range(r.randint(2, 3))) + ")"
-    return "not " + _condition(r, depth + 1) if r.random() < 0.3 else f"({_condition(r, depth + 1)} or {_condition(r, depth + 1)})"
+    return (
+        "not " + _condition(r, depth + 1)
+        if r.random() < 0.3
+        else f"({_condition(r, depth + 1)} or {_condition(r, depth + 1)})"
+    )
 
 
 @pytest.mark.parametrize("seed", range(16))
