@@ -1,5 +1,5 @@
 """rules.yaml "Model-specific constraints" and "Hybrid models with recurrent layers": dual chunk attention (R23),
-cutedsl_mla (R16), DeepSeek Sparse Attention (R61), a hybrid model's radix cache, and a model with both window and
+cutedsl_mla (R16) and the deprecated names SGLang renames (tokenspeed_mla, compressed), DeepSeek Sparse Attention (R61), a hybrid model's radix cache, and a model with both window and
 cross-attention layers."""
 
 from __future__ import annotations
@@ -56,6 +56,47 @@ def test_cutedsl_mla_rejections(flags, gpu, rule):
     assert rule in refusing_rules_of(
         lambda: resolve(ServerArgs.from_flags(flags.split()), model("DeepSeek-V3"), Platform.from_name(gpu))
     )  # refused, or its default backend refused
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        # (prefill, decode, page size, KV cache dtype, speculative_attention_mode)
+        ("--attention-backend tokenspeed_mla", ("trtllm_mla", "cutedsl_mla", 64, "fp8_e4m3", "prefill")),
+        (
+            "--attention-backend tokenspeed_mla --kv-cache-dtype bf16",
+            ("trtllm_mla", "cutedsl_mla", 64, "fp8_e4m3", "prefill"),
+        ),
+        ("--decode-attention-backend tokenspeed_mla", ("trtllm_mla", "cutedsl_mla", 64, "fp8_e4m3", "prefill")),
+        (  # both phases given as it: decode cutedsl_mla, prefill trtllm_mla, no longer one backend
+            "--prefill-attention-backend tokenspeed_mla --decode-attention-backend tokenspeed_mla",
+            ("trtllm_mla", "cutedsl_mla", 64, "fp8_e4m3", "prefill"),
+        ),
+        (  # a prefill named so is trtllm_mla; the KV cache is left as given
+            "--prefill-attention-backend tokenspeed_mla --decode-attention-backend cutedsl_mla",
+            ("trtllm_mla", "cutedsl_mla", 64, "auto", "prefill"),
+        ),
+        (
+            "--attention-backend tokenspeed_mla --speculative-algorithm EAGLE --speculative-num-steps 1 "
+            "--speculative-eagle-topk 1 --speculative-num-draft-tokens 2",
+            ("trtllm_mla", "cutedsl_mla", 64, "fp8_e4m3", "decode"),
+        ),
+        ("--attention-backend compressed", ("dsv4", "dsv4", 1, "auto", "prefill")),
+    ],
+)
+def test_deprecated_backend_names_run_as_sglang_renames_them(flags, expected):
+    """SGLang 0.5.23's _handle_deprecated_args (backend-alias.*; sglang pull 28201: tokenspeed_mla over the default
+    auto KV cache failed at start-up); conform checks the same lines against SGLang itself."""
+    r = resolve(ServerArgs.from_flags(flags.split()), model("Kimi-K2-Instruct"), Platform.from_name("sm100"))
+    args = r.server_args
+    got = (r.plan.prefill_backend, r.plan.decode_backend, r.plan.common.page_size, args.kv_cache_dtype)
+    assert (*got, args.speculative_attention_mode) == expected
+    assert "tokenspeed_mla" not in (
+        args.attention_backend,
+        args.prefill_attention_backend,
+        args.decode_attention_backend,
+    )
+    assert any(a.rule.startswith("backend-alias.") for a in r.adjustments)
 
 
 def _deepseek_v32() -> ModelFacts:
