@@ -53,6 +53,16 @@ def clip(text: str, limit: int = MAX_QUOTED) -> str:
     return f"{text[: limit - tail]}...({len(text) - limit} characters)...{text[len(text) - tail :]}"
 
 
+def quoted(value: Any, limit: int = MAX_QUOTED) -> str:
+    """``repr(value)`` as a message quotes it: clipped (:func:`clip`); an integer past Python's limit on decimal digits
+    named by its size (its repr raises)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        text = f"<an integer of {value.bit_length()} bits>" if isinstance(value, int) else f"<a {type(value).__name__}>"
+    return clip(text, limit)
+
+
 @dataclass(frozen=True, slots=True)
 class Problem:
     """One problem: where (``file:line:col``, a flag, a config key, a rule id) and what; ``code`` a stable

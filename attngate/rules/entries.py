@@ -34,7 +34,8 @@ def pydantic_problems(
         else:
             loc = tuple(p for p in loc if not (isinstance(p, str) and p in ("str", "bool")))
             label = ".".join(map(str, loc)) or "rule"
-            problems.append(Problem(doc.where(base + loc), f"{label}: {err['msg']}", code="rules.schema"))
+            message = err["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
+            problems.append(Problem(doc.where(base + loc), f"{label}: {message}", code="rules.schema"))
 
 
 def validated_entries(

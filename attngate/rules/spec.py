@@ -109,5 +109,13 @@ class DeviationSpec(BaseModel):
             raise ValueError(f"{', '.join(twice)} listed more than once")
         return value
 
+    @field_validator("rules")
+    @classmethod
+    def _names_each_rule_once(cls, value: list[str]) -> list[str]:
+        twice = sorted({r for r in value if value.count(r) > 1})
+        if twice:
+            raise ValueError(f"{', '.join(twice)} listed more than once")
+        return value
+
 
 RuleFileSpec.model_rebuild()

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ValidationError
 
-from attngate.errors import AttngateError, Problem
+from attngate.errors import AttngateError, Problem, quoted
 
 
 def field_problems(exc: ValidationError) -> list[tuple[str, str]]:
@@ -20,7 +20,7 @@ def field_problems(exc: ValidationError) -> list[tuple[str, str]]:
     for e in exc.errors():
         message = e["msg"].removeprefix("Value error, ")
         if e["loc"]:
-            message += f" (got {e.get('input')!r})"
+            message += f" (got {quoted(e.get('input'))})"
         out.append((".".join(map(str, e["loc"])), message))
     return out
 

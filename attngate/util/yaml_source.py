@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from attngate.errors import Problem
+from attngate.errors import Problem, clip
 from attngate.util.inputs import nesting_depth
 
 Path = tuple[Any, ...]
@@ -48,6 +48,9 @@ class YamlDocument:
 #: expansion outgrows their text, while a document without aliases (it holds fewer values than characters) never hits it
 MAX_VALUES = 100_000
 MAX_DEPTH = 64  # nesting, counted after alias expansion: bounds self-referencing anchors too
+#: an integer scalar's size: YAML reads hex, binary and base-60 integers of any length, and one past Python's limit on
+#: decimal digits (4300) could not even be quoted in a message
+MAX_INT_BITS = 4096
 
 
 class _TooLarge(Exception):
@@ -134,13 +137,23 @@ def _walk(
     if isinstance(node, yaml.SequenceNode):
         return [_walk(item, path + (i,), doc, loader, problems, count) for i, item in enumerate(node.value)]
     try:
-        return loader.construct_object(node, deep=True)
+        value = loader.construct_object(node, deep=True)
     except Exception as exc:  # noqa: BLE001 - PyYAML's constructors raise more than YAMLError (``!!timestamp nope``)
         problems.append(
             Problem(
                 doc.where(path),
-                f"bad scalar {node.value!r} ({node.tag}): {getattr(exc, 'problem', None) or exc}",
+                f"bad scalar {clip(node.value)!r} ({node.tag}): {getattr(exc, 'problem', None) or exc}",
                 code="input.yaml-scalar",
             )
         )
         return None
+    if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+        problems.append(
+            Problem(
+                doc.where(path),
+                f"an integer of {value.bit_length()} bits, past any value attngate reads",
+                code="input.too-large",
+            )
+        )
+        return None
+    return value

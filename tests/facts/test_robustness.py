@@ -194,6 +194,10 @@ def test_explicit_null_means_the_default_and_a_deep_config_is_refused(tmp_path):
         ("dup.json", '{"page_size": 16, "page_size": 8}', "duplicate key 'page_size'"),
         ("bomb.yaml", BOMB, "after alias expansion"),
         ("big.yaml", "page_size: 100000000000000000000\n", "page_size"),
+        # YAML reads hex, binary and base-60 integers of any length: past 4300 decimal digits repr() itself raises
+        ("hex.yaml", "tp_size: 0x" + "f" * 5000 + "\n", "hex.yaml:1:10: an integer of 20000 bits"),
+        ("bin.yaml", "tp_size: 0b" + "1" * 20000 + "\n", "an integer of 20000 bits"),
+        ("base60.yaml", "tp_size: 1" + ":59" * 3000 + "\n", "bits, past any value attngate reads"),
     ],
 )
 def test_bad_args_files_are_clean_errors(tmp_path, name, text, expected):
@@ -270,6 +274,18 @@ def test_rule_text_is_never_read_as_markup(tmp_path):
     )
     result = _cli(*args)
     assert result.exit_code == 1 and "[/] failed backends: [flashinfer]" in result.output
+
+
+def test_an_integer_too_long_to_quote_in_decimal_is_named_by_its_size():
+    with pytest.raises(ServerArgsError, match=r"tp_size: .* \(got <an integer of 20001 bits>\)"):
+        ServerArgs(tp_size=1 << 20000)
+    with pytest.raises(RulesError, match=r"r.yaml:3:\d+: an integer of 20000 bits"):
+        parse_rules(
+            "version: 1\nrules:\n  - {id: a, summary: s, why: w, source: s, when: use_mla, set: {fa.num_splits: 0x"
+            + "f" * 5000
+            + "}}\n",
+            "r.yaml",
+        )
 
 
 def test_library_objects_validate_on_construction_and_copy():

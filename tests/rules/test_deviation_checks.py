@@ -23,7 +23,7 @@ from attngate.facts.model import ModelFacts
 from attngate.integrations.sglang.cases import Case, generate_cases, load_cases
 from attngate.rules.deviations import DeviationCoverage, given_facts, refusing_rules
 from attngate.rules.load import load_rules, parse_rules
-from tests.support.helpers import MODELS, ROOT
+from tests.support.helpers import MODELS, ROOT, refusing_rules_of
 
 RULES = """version: 1
 rules:
@@ -73,7 +73,7 @@ def test_a_deviation_of_no_field_is_refused_at_its_place():
 
 def test_a_field_listed_twice_is_refused():
     entry = "  - {id: d, fields: [page_size, page_size], when: use_mla, reason: r, source: s}\n"
-    assert _problems(entry) == [f"{_at(entry, '[')}: fields: Value error, page_size listed more than once"]
+    assert _problems(entry) == [f"{_at(entry, '[')}: fields: page_size listed more than once"]
 
 
 @pytest.mark.parametrize(
@@ -107,6 +107,22 @@ def test_a_refusal_deviation_naming_a_rule_that_never_refuses_is_refused(rule: s
         f"{_at(entry, rule + ']')}: deviation 'd': rule {rule!r} is of kind {kind}, which never refuses a configuration; "
         "fields: refusal names forbid and known_failure rules (without a fallback)"
     ]
+
+
+@pytest.mark.parametrize("fallback", ["null", "{}"])
+def test_a_known_failure_whose_fallback_is_empty_refuses_and_a_refusal_deviation_may_name_it(fallback: str):
+    """The engine reads ``fallback: null`` or ``{}`` as none: the rule refuses, so a refusal deviation may name it."""
+    text = RULES.replace("    fallback: {disable_radix_cache: true}\n", f"    fallback: {fallback}\n")
+    rules = parse_rules(text + "  - {id: d, fields: refusal, rules: [kf-fallback], reason: r, source: s}\n", "r.yaml")
+    assert [d.rules for d in rules.deviations] == [("kf-fallback",)]
+    embedding = ModelFacts.from_hf_config(MODELS / "Qwen3-Embedding-8B.json")
+    args = ServerArgs.from_flags(["--is-embedding"])
+    assert "kf-fallback" in refusing_rules_of(lambda: resolve(args, embedding, Platform.from_name("sm90"), rules=rules))
+
+
+def test_a_rule_listed_twice_is_refused():
+    entry = "  - {id: d, fields: refusal, rules: [fb, kf, fb], reason: r, source: s}\n"
+    assert _problems(entry) == [f"{_at(entry, '[fb')}: rules: fb listed more than once"]
 
 
 def test_a_refusal_deviation_naming_no_rule_of_the_file_is_refused():

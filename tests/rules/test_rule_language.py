@@ -89,9 +89,9 @@ def test_a_rule_setting_a_gate_outside_its_domain_does_not_load(gate, value, exp
     [
         (
             "version: true\nrules: []\n",
-            "rules.yaml:1:10: version: Value error, version is the integer 1, not bool True",
+            "rules.yaml:1:10: version: version is the integer 1, not bool True",
         ),
-        ("version: 1.0\nrules: []\n", "rules.yaml:1:10: version: Value error, version is the integer 1, not float 1.0"),
+        ("version: 1.0\nrules: []\n", "rules.yaml:1:10: version: version is the integer 1, not float 1.0"),
         (HEAD + rule(when="True", backends=[], set={"fa.num_splits": 1}), "backends: List should have at least 1 item"),
         (  # fullwidth letters: Python would read the fact use_mla under this name
             "version: 1\npredicates:\n  \uff55\uff53\uff45_\uff4d\uff4c\uff41: 'True'\nrules: []\n",
