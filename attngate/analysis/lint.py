@@ -34,6 +34,7 @@ from attngate.analysis.conflicts import conflicts
 from attngate.analysis.deviation_lint import lint_tautologies
 from attngate.analysis.encoding import Encoder, Finding, can_hold, find, satisfiable
 from attngate.analysis.prove import (
+    ReadIndex,
     inputs_read,
     prove_invariants,
     simplest_witness,
@@ -76,12 +77,13 @@ def _lint(rules: RuleSet) -> list[Finding | Unknown]:
     )
 
     findings: list[Finding | Unknown] = []
+    plain = ReadIndex.of([rules], through_gates=False)  # one index for every rule and predicate, not one each
     for p in rules.predicates:
-        reads = inputs_read([rules], [], (p.name,), through_gates=False)
+        reads = plain.inputs_read([], (p.name,))
         verdict = can_hold(solver, enc, enc.encode(p.condition.tree.body), reads)
         findings += _dead(p.where, f"predicate {p.name!r}", verdict, "be true", "lint.dead-predicate")
     for rule in rules.rules:
-        verdict = can_hold(solver, enc, cond[rule.id], inputs_read([rules], [rule], through_gates=False))
+        verdict = can_hold(solver, enc, cond[rule.id], plain.inputs_read([rule]))
         findings += _dead(rule.where, f"rule {rule.id!r}", verdict, "match", "lint.dead-rule")
     for kind, values in (("set", lambda r: r.sets), ("adjust", lambda r: r.adjusts)):
         by_name: dict[tuple[str, ...], list[tuple[Rule, Rule, Any]]] = {}
@@ -202,9 +204,10 @@ def _lint_deviations(rules: RuleSet, enc: Encoder, solver: z3.Solver) -> list[Fi
     of attngate's refusals: through one refusing rule both name). Pairwise over the file's few deviations."""
     findings: list[Finding | Unknown] = []
     held = []
+    plain = ReadIndex.of([rules], through_gates=False)
     for deviation in rules.deviations:
         condition = enc.encode(deviation.condition.tree.body)
-        reads = inputs_read([rules], [], deviation.condition.reads, through_gates=False)
+        reads = plain.inputs_read([], deviation.condition.reads)
         verdict = can_hold(solver, enc, condition, reads)
         findings += _dead(deviation.where, f"deviation {deviation.id!r}", verdict, "hold", "lint.dead-deviation")
         if not verdict.unsat:  # an undecided one may hold: its pairs are still checked
@@ -214,7 +217,7 @@ def _lint_deviations(rules: RuleSet, enc: Encoder, solver: z3.Solver) -> list[Fi
         shared = [f for f in a.fields if f in b.fields and (f != "refusal" or set(a.rules) & set(b.rules))]
         if not shared:
             continue
-        reads = inputs_read([rules], [], (*a.condition.reads, *b.condition.reads), through_gates=False)
+        reads = plain.inputs_read([], (*a.condition.reads, *b.condition.reads))
         verdict = can_hold(solver, enc, z3.And(cond_a, cond_b), reads)
         if verdict.unknown:
             query = f"can deviations {a.id!r} and {b.id!r} hold together (both declare {', '.join(shared)})"

@@ -127,32 +127,49 @@ def inputs_read(
 ) -> set[str]:
     """The facts and server arguments that ``rules`` and ``names`` read, through the predicates and (``through_gates``)
     the gates they read and those gates' set rules (in any of ``rule_sets``), and the arguments the rules adjust: what
-    a witness must show to explain a finding. Gates and predicates themselves are left out."""
-    predicates = {p.name: p.condition.reads for rs in rule_sets for p in rs.predicates}
-    setters: dict[str, list[Rule]] = {}
-    for rs in rule_sets if through_gates else []:
-        for r in rs.rules:
-            for gate in r.sets:
-                setters.setdefault(gate, []).append(r)
-    seen: set[str] = set()
-    stack, todo, done = list(names), list(rules), set()
-    while stack or todo:
-        if not stack:
-            rule = todo.pop()
-            if id(rule) not in done:
-                done.add(id(rule))
-                stack += [
-                    *rule.condition.reads,
-                    *rule.adjusts,
-                    *(v.fact for v in rule.adjusts.values() if isinstance(v, FactValue)),
-                ]
-            continue
-        name = stack.pop()
-        if name not in seen:
-            seen.add(name)
-            stack += predicates.get(name, ())
-            todo += setters.get(name, [])
-    return {n for n in seen if n not in GATES and n not in predicates}
+    a witness must show to explain a finding. Gates and predicates themselves are left out. A caller asking for many
+    rules of the same sets builds one :class:`ReadIndex` instead (this builds one per call)."""
+    return ReadIndex.of(rule_sets, through_gates=through_gates).inputs_read(rules, names)
+
+
+@dataclass(frozen=True)
+class ReadIndex:
+    """What :func:`inputs_read` looks up, built once for a search over many rules: each predicate's reads, and each
+    gate's set rules (none without ``through_gates``)."""
+
+    predicates: dict[str, tuple[str, ...]]
+    setters: dict[str, list[Rule]]
+
+    @classmethod
+    def of(cls, rule_sets: list[RuleSet], *, through_gates: bool = True) -> ReadIndex:
+        setters: dict[str, list[Rule]] = {}
+        for rs in rule_sets if through_gates else []:
+            for r in rs.rules:
+                for gate in r.sets:
+                    setters.setdefault(gate, []).append(r)
+        return cls({p.name: tuple(p.condition.reads) for rs in rule_sets for p in rs.predicates}, setters)
+
+    def inputs_read(self, rules: list[Rule], names: tuple[str, ...] = ()) -> set[str]:
+        """:func:`inputs_read` of ``rules`` and ``names`` over this index's rule sets."""
+        seen: set[str] = set()
+        stack, todo, done = list(names), list(rules), set()
+        while stack or todo:
+            if not stack:
+                rule = todo.pop()
+                if id(rule) not in done:
+                    done.add(id(rule))
+                    stack += [
+                        *rule.condition.reads,
+                        *rule.adjusts,
+                        *(v.fact for v in rule.adjusts.values() if isinstance(v, FactValue)),
+                    ]
+                continue
+            name = stack.pop()
+            if name not in seen:
+                seen.add(name)
+                stack += self.predicates.get(name, ())
+                todo += self.setters.get(name, [])
+        return {n for n in seen if n not in GATES and n not in self.predicates}
 
 
 def model_value(model: z3.ModelRef, value: Any, none: Any) -> Any:
