@@ -8,7 +8,16 @@ from typing import Optional
 
 import typer
 
-from attngate.cli.app import EXIT_INVALID_CONFIG, EXIT_UNKNOWN, MatrixFormat, OutputFormat, app, fail, interrupted
+from attngate.cli.app import (
+    EXIT_BAD_INPUT,
+    EXIT_INVALID_CONFIG,
+    EXIT_UNKNOWN,
+    MatrixFormat,
+    OutputFormat,
+    app,
+    fail,
+    interrupted,
+)
 
 KERNELS_HELP = (
     "the deployment's kernel providers, comma-separated: flashinfer, flash_attn.cute, flash_attn_interface, or a "
@@ -59,6 +68,7 @@ def explain(
     from attngate.facts.modes import ForwardMode
     from attngate.plan.registry import GATES
     from attngate.rules.load import load_rules
+    from attngate.types import ViolationKind
 
     if mode is not None and mode not in {m.value for m in ForwardMode}:
         raise typer.BadParameter(
@@ -95,7 +105,9 @@ def explain(
             from attngate.cli.render import render_error
 
             render_error(err)
-        raise typer.Exit(EXIT_INVALID_CONFIG) from None
+        # an argument of the call at fault (an --allow-known-failure naming no known_failure rule): bad usage
+        bad_usage = all(v.kind is ViolationKind.BAD_ARGUMENT for v in err.violations)
+        raise typer.Exit(EXIT_BAD_INPUT if bad_usage else EXIT_INVALID_CONFIG) from None
     occurring = [m.value for m in resolution.forward_modes]
     if mode is not None and mode not in occurring:
         raise typer.BadParameter(

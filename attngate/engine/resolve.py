@@ -35,7 +35,7 @@ from attngate.engine.index import (
 )
 from attngate.engine.result import Explanation, Resolution, Violation
 from attngate.engine.scopes import grouped, resolve_scope
-from attngate.errors import PlanError, check_arguments
+from attngate.errors import PlanError, check_arguments, quoted
 from attngate.facts.catalogue import base_facts
 from attngate.facts.model import ModelFacts
 from attngate.facts.modes import ForwardMode, LayerKind
@@ -142,18 +142,17 @@ def _resolve_once(
 
 def _check_allowed(rules: RuleSet, ids: Iterable[str]) -> set[str]:
     known = [r.id for r in rules.rules if r.kind == "known_failure"]
-    unknown = [i for i in ids if i not in known]
-    if unknown:
-        raise PlanError(
-            [
-                Violation.of_argument(
-                    "allow_known_failures", f"{i!r} is not a known_failure rule", help=suggestion(i, known)
-                )
-                for i in unknown
-            ],
-            {},
-            [],
+    problems = [
+        Violation.of_argument(
+            "allow_known_failures",
+            f"{quoted(i)} is not a known_failure rule",
+            help=suggestion(i, known) if isinstance(i, str) else "each entry is a rule id, a str",
         )
+        for i in ids
+        if not isinstance(i, str) or i not in known
+    ]
+    if problems:
+        raise PlanError(problems, {}, [])
     return set(ids)
 
 

@@ -19,7 +19,7 @@ from typing import Any, Literal, Optional, get_args, get_origin
 
 from pydantic.fields import FieldInfo
 
-from attngate.errors import MAX_PROBLEMS, Problem
+from attngate.errors import MAX_PROBLEMS, Problem, listed
 from attngate.facts.choices import NOT_MODELLED, SGLANG_REFUSES, SGLANG_VERSION
 from attngate.facts.launch_config import merge_config
 from attngate.facts.launch_head import env_notes, split_command, strip_command
@@ -103,7 +103,12 @@ def _lookup(
 
 
 def _is_value(token: str) -> bool:
-    return not token.startswith("-") or token[1:2].isdigit() or token[1:2] == "."  # -1 is a value, as in argparse
+    """Whether a word after a flag is its value, as argparse reads it: one not starting with "-", a negative number
+    (-1, -.5), or one holding a space before any "=" (``--served-model-name "--tp 4"``; ``--name=a b`` is a flag with
+    its value)."""
+    if not token.startswith("-") or token[1:2].isdigit() or token[1:2] == ".":
+        return True
+    return " " in token.partition("=")[0]
 
 
 def parse_launch_line(argv: list[str], fields: Mapping[str, FieldInfo]) -> LaunchLine:
@@ -168,6 +173,8 @@ def parse_launch_line(argv: list[str], fields: Mapping[str, FieldInfo]) -> Launc
         if not read and action.options[0] not in line.not_read:
             line.not_read.append(action.options[0])
     line.model_path = given.pop("model_path", None)
+    shown, more = listed(line.warnings)  # one per word at most (a line of thousands of variables): bounded
+    line.warnings = shown + ([Problem(None, f"and {more} more warnings", code="usage.more")] if more else [])
     _to_fields(given, fields, line)
     for name, values in NOT_MODELLED.items():
         if line.values.get(name) in values:

@@ -21,7 +21,7 @@ from functools import cache
 from importlib import resources
 from pathlib import PurePosixPath
 
-from attngate.errors import Problem
+from attngate.errors import Problem, clip
 from attngate.facts.choices import SGLANG_VERSION
 
 _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
@@ -147,8 +147,8 @@ def env_notes(env: list[tuple[str, str]]) -> tuple[list[str], list[Problem]]:
     for name, value in env:
         if name in names:
             continue
-        names.append(name)
-        where = f"environment variable {name}={value[:_QUOTE]}"
+        names.append(clip(name))
+        where = f"environment variable {clip(name, _QUOTE)}={value[:_QUOTE]}"
         if name in attention:
             files = ", ".join(attention[name][:3]) + (" ..." if len(attention[name]) > 3 else "")
             warnings.append(

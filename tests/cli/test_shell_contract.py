@@ -129,6 +129,17 @@ def test_a_huge_value_is_quoted_in_at_most_200_characters(tmp_path):
     assert all(len(e["where"] or "") <= 250 and len(e["message"]) <= 1100 for e in errors)
 
 
+def test_every_echoed_input_is_clipped_and_warnings_are_bounded():
+    long = "a" * 100_000
+    code, out, err = run(["explain", "--model", QWEN, "--gpu", "sm90", "--allow-known-failure", long])
+    assert code == 2 and "a" * 201 not in out + err and len(out + err) < 3_000  # bad usage, not a bad configuration
+    line = ["python", "-m", "sglang.launch_server", "--model-path", QWEN]
+    code, out, err = run(["explain", "--gpu", "sm90", "--", f"SGLANG_{long}=1", *line])
+    assert code == 0 and "a" * 201 not in out + err and len(out + err) < 10_000
+    code, out, err = run(["explain", "--gpu", "sm90", "--", *(f"SGLANG_V{i}=1" for i in range(3000)), *line])
+    assert code == 0 and err.count("warning: ") == 101 and "and 2900 more warnings" in err
+
+
 # --- write errors ---------------------------------------------------------------------------------------------------
 
 COMMANDS = {

@@ -28,6 +28,16 @@ def test_aliases_and_unambiguous_prefixes_read_as_sglang_reads_them():
     assert [p.where for p in line.warnings] == ["--tensor-par"]  # given twice with different values: the last wins
 
 
+@pytest.mark.parametrize("value", ["--tp 4", "-x y", "- a"])
+def test_a_value_holding_a_space_is_a_value_whatever_it_starts_with(value):
+    """argparse never takes a word with a space for an option: SGLang reads --served-model-name "--tp 4"."""
+    line = parse_launch_line(["--served-model-name", value, "--tp", "2"], ServerArgs.model_fields)
+    assert not line.problems and line.values == {"tp_size": "2"} and "--served-model-name" in line.not_read
+    line = parse_launch_line(["--served-model-name", "--tp=4"], ServerArgs.model_fields)  # a flag and its value
+    assert [str(p) for p in line.problems] == ["--served-model-name: expects a value"]
+    assert line.values == {"tp_size": "4"}
+
+
 def test_a_pasted_command_with_flags_no_rule_reads():
     line = read(
         "CUDA_VISIBLE_DEVICES=0,1 python3 -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B-Instruct "

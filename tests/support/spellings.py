@@ -83,6 +83,9 @@ NOT_READ: dict[str, list[str]] = {
         "",
         "-m",
         "--tp",
+        "--tp 4",  # a word holding a space is a value to argparse, whatever it starts with
+        "-x y",
+        "--tp=4 x",
     ],
     "tokenizer_path": ["serve", "launch_server.py", "./launch_server.py", "sglang"],
     "host": ["0.0.0.0"],
