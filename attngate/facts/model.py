@@ -16,7 +16,7 @@ from typing import Any, Literal, NamedTuple, Optional
 
 from pydantic import ConfigDict, model_validator
 
-from attngate.errors import ModelConfigError, Problem, check_arguments
+from attngate.errors import ModelConfigError, Problem, UsageError, check_arguments, quoted
 from attngate.facts.hf_config import read_hf_config
 from attngate.facts.modes import LayerKind
 from attngate.util.inputs import is_directory, parse_json, read_text
@@ -125,7 +125,15 @@ class ModelFacts(ValidatedModel):
 
     def attention_position(self, layer_idx: int) -> int:
         """The position in ``layer_kinds`` (and in the KV pool) of model layer ``layer_idx``. Raises ValueError
-        for a layer without softmax attention or past the model."""
+        for a layer without softmax attention or past the model (UsageError for a ``layer_idx`` that is no int)."""
+        if not isinstance(layer_idx, int) or isinstance(layer_idx, bool):
+            raise UsageError(
+                Problem(
+                    "layer_idx",
+                    f"takes an int (a model layer's index), not {type(layer_idx).__name__}",
+                    code="usage.argument-type",
+                )
+            )
         if self.attention_layer_ids is None:
             if 0 <= layer_idx < len(self.layer_kinds):
                 return layer_idx
@@ -140,7 +148,13 @@ class ModelFacts(ValidatedModel):
 
     def shape(self, kind: LayerKind) -> HeadShape:
         """The heads and head dims of ``kind``'s layers: ``swa_shape`` for sliding-window layers where the config gives
-        one, else the model's."""
+        one, else the model's. UsageError for a ``kind`` that is no LayerKind (or its value)."""
+        try:
+            kind = LayerKind(kind)
+        except ValueError:
+            raise UsageError(
+                Problem("kind", f"{quoted(kind)} is no layer kind; one of {', '.join(k.value for k in LayerKind)}")
+            ) from None
         if kind == LayerKind.SLIDING_WINDOW and self.swa_shape is not None:
             return self.swa_shape
         return HeadShape(self.num_attention_heads, self.num_key_value_heads, self.head_dim, self.v_head_dim)

@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from attngate.errors import PlatformError, Problem, check_arguments
+from attngate.errors import PlatformError, Problem, check_arguments, quoted
 from attngate.facts.choices import KERNEL_PROVIDERS, SGLANG_VERSION
 from attngate.facts.gpus import GPU_ARCHS, GPUS, GpuArch
 from attngate.util.suggest import suggestion
@@ -177,7 +177,7 @@ class Platform(BaseModel):
                 problems.append(
                     Problem(
                         "--kernels",
-                        f"unknown kernel provider {kernel!r}; one of {', '.join(KERNEL_PROVIDERS)}, or a preset: "
+                        f"unknown kernel provider {quoted(kernel)}; one of {', '.join(KERNEL_PROVIDERS)}, or a preset: "
                         f"{', '.join(KERNEL_PRESETS)}",
                         help=suggestion(kernel, [*KERNEL_PROVIDERS, *KERNEL_PRESETS]),
                         code="platform.unknown-kernel",

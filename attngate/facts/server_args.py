@@ -177,9 +177,11 @@ class ServerArgs(ValidatedModel):
 
     @classmethod
     def from_file(cls, path: str | Path) -> "ServerArgs":
-        """Load a YAML or JSON mapping of server arguments. Raises ServerArgsError."""
+        """Load a YAML or JSON mapping of server arguments. Raises ServerArgsError (UsageError for a ``path`` of
+        another type)."""
         from attngate.util.yaml_source import load_yaml
 
+        check_arguments(("path", path, (str, Path), "the args file's path"))
         path = Path(path)
         text = read_text(path, ServerArgsError, "args file")
         locate = None

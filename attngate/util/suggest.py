@@ -19,8 +19,11 @@ def suggestion(name: str, known: Iterable[str]) -> str | None:
     Returns
     -------
     str or None
-        What a :class:`attngate.errors.Problem` carries as its ``help``.
+        What a :class:`attngate.errors.Problem` carries as its ``help``; for a ``name`` that is no str (a caller's
+        ``[1]`` where names go), what was expected.
     """
+    if not isinstance(name, str):
+        return f"a name, a str, not {type(name).__name__}"
     match = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
     return f"did you mean {match[0]!r}?" if match else None
 

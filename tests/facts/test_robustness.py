@@ -288,6 +288,28 @@ def test_an_integer_too_long_to_quote_in_decimal_is_named_by_its_size():
         )
 
 
+@pytest.mark.parametrize(
+    "call, needle",
+    [
+        (lambda m: __import__("attngate").Platform.from_name("sm90", kernels=[None]), "--kernels: unknown kernel"),
+        (lambda m: ServerArgs.from_file(None), "path: takes str or Path, not None"),
+        (lambda m: m.attention_position(1.5), "layer_idx: takes an int"),
+        (lambda m: m.attention_position(True), "not bool"),
+        (lambda m: m.shape("no-such-kind"), "'no-such-kind' is no layer kind"),
+        (
+            lambda m: __import__("attngate").resolve(
+                ServerArgs(), m, __import__("attngate").Platform.from_name("sm90"), allow_known_failures=[1]
+            ),
+            "allow_known_failures: 1 is not a known_failure rule",
+        ),
+    ],
+)
+def test_an_element_or_argument_of_the_wrong_type_is_the_projects_own_error(call, needle):
+    with pytest.raises(AttngateError) as err:
+        call(ModelFacts.from_hf_config(LLAMA))
+    assert needle in str(err.value)
+
+
 def test_library_objects_validate_on_construction_and_copy():
     with pytest.raises(ServerArgsError, match="ServerArgs.page_size"):
         ServerArgs(page_size=0)
