@@ -129,6 +129,17 @@ def parse_launch_line(argv: list[str], fields: Mapping[str, FieldInfo]) -> Launc
     i = 0
     while i < len(argv):
         where, token, i = origins.get(i), argv[i], i + 1
+        if token == "--":  # argparse ends the options here; SGLang refuses what follows (unrecognized arguments)
+            rest = argv[i:]
+            line.problems.append(
+                Problem(
+                    "--",
+                    "SGLang's parser reads no flag after '--'"
+                    + (f" and refuses the {len(rest)} word(s) after it as unrecognized arguments" if rest else ""),
+                    code="server-args.positional",
+                )
+            )
+            break
         if not token.startswith("--"):
             line.problems.append(
                 Problem(

@@ -38,6 +38,16 @@ def test_a_value_holding_a_space_is_a_value_whatever_it_starts_with(value):
     assert line.values == {"tp_size": "4"}
 
 
+def test_flags_after_a_double_dash_are_refused_as_sglang_refuses_them():
+    """argparse ends the options at '--': SGLang says "unrecognized arguments: -- --tp 4" (it was read as an ambiguous
+    abbreviation of every flag, and the --tp after it as the last --tp)."""
+    line = read("--model-path m --tp 2 -- --tp 4")
+    assert [str(p) for p in line.problems] == [
+        "--: SGLang's parser reads no flag after '--' and refuses the 2 word(s) after it as unrecognized arguments"
+    ]
+    assert line.values == {"tp_size": "2"} and not line.warnings
+
+
 def test_a_pasted_command_with_flags_no_rule_reads():
     line = read(
         "CUDA_VISIBLE_DEVICES=0,1 python3 -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B-Instruct "
