@@ -215,6 +215,8 @@ def simplest_witness(
         for name, field in ServerArgs.model_fields.items()
         if name not in keep
     }
+    if not defaults:  # every argument is one the witness must show
+        return model
     s.add(*(at_default == default for at_default, default in defaults.items()))
     away = [z3.Not(at_default) for at_default in defaults]
     bound = 0

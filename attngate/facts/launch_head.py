@@ -144,9 +144,11 @@ def env_notes(env: list[tuple[str, str]]) -> tuple[list[str], list[Problem]]:
     if not env:
         return names, warnings
     attention, read = _env_table()
+    seen: set[str] = set()
     for name, value in env:
-        if name in names:
+        if name in seen:
             continue
+        seen.add(name)
         names.append(clip(name))
         where = f"environment variable {clip(name, _QUOTE)}={value[:_QUOTE]}"
         if name in attention:

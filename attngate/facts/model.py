@@ -153,7 +153,11 @@ class ModelFacts(ValidatedModel):
             kind = LayerKind(kind)
         except ValueError:
             raise UsageError(
-                Problem("kind", f"{quoted(kind)} is no layer kind; one of {', '.join(k.value for k in LayerKind)}")
+                Problem(
+                    "kind",
+                    f"{quoted(kind)} is no layer kind; one of {', '.join(k.value for k in LayerKind)}",
+                    code="usage.argument-value",
+                )
             ) from None
         if kind == LayerKind.SLIDING_WINDOW and self.swa_shape is not None:
             return self.swa_shape
