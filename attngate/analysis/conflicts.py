@@ -28,8 +28,6 @@ from attngate.analysis.verdict import Unknown, Verdict, check
 from attngate.rules.ruleset import Rule, RuleSet
 from attngate.types import FactType
 
-_MISSING = object()
-
 
 def literal_key(value: Any) -> tuple:
     """A literal as the encoding compares it: numbers by value (``16 == 16.0``), bools, strings and None apart."""
@@ -93,8 +91,8 @@ def _meet(parts: list[dict[str, frozenset[tuple]]]) -> dict[str, frozenset[tuple
 
 def _compared(left: ast.expr, op: ast.cmpop, right: ast.expr, positive: bool, types) -> dict[str, frozenset[tuple]]:
     """What one comparison confines its fact to (its negation's, where not ``positive``): ``fact == c``, ``fact in
-    (c, ...)``, ``fact is None`` (``!=``, ``not in``, ``is not`` negated). A literal the fact's type cannot hold is
-    one it never equals."""
+    (c, ...)``, ``fact is None`` (``!=``, ``not in``, ``is not`` negated). Nothing where a literal is one the fact's
+    type cannot hold, or None beside other literals: left to the solver."""
     if isinstance(left, (ast.Name, ast.Attribute)) and isinstance(right, (ast.Constant, ast.Tuple, ast.List)):
         fact, other = _name(left), right
     elif (

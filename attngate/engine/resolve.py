@@ -146,7 +146,7 @@ def _check_allowed(rules: RuleSet, ids: Iterable[str]) -> set[str]:
         Violation.of_argument(
             "allow_known_failures",
             f"{quoted(i)} is not a known_failure rule",
-            help=suggestion(i, known) if isinstance(i, str) else "each entry is a rule id, a str",
+            help=suggestion(i, known),
         )
         for i in ids
         if not isinstance(i, str) or i not in known
