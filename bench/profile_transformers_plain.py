@@ -200,8 +200,8 @@ def decode_calls(shapes: list[tuple[int, int]]) -> None:
         mask = torch.ones(b, 1, 1, s_kv, dtype=torch.bool, device="cuda")
         context, decisions = transformers_plain.decisions_of(module)
         batch = PaddedBatch(None, b, 1, s_kv, q.device, context.masks)
-        q_rows = q.transpose(1, 2).reshape(b, h, d)
-        k_rows, v_rows, row = fa_padded.same_layout(k.transpose(1, 2), v.transpose(1, 2))
+        q_rows = q.reshape(b, h, d)
+        k_rows, v_rows, row = fa_padded.same_layout(k, v)
         cu_q, cu_k, used_q, used_k = fa_padded.rows(batch.extents(True), 1, row)
         scale = d**-0.5
         sdpa_call = ALL_ATTENTION_FUNCTIONS["sdpa"]

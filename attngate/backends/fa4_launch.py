@@ -6,9 +6,9 @@ transformers path that is most of a small compiled decode step. For one *call si
 which optional tensors are given, the scalar arguments and the length bounds, everything the interface's heuristics
 read; of the strides only their alignment, :func:`_layout`) the interface always launches the same compiled function
 with the same constant arguments. So the first call of a signature goes through the public function with the compile
-cache wrapped to record that launch; the record is kept only where every tensor it passed is one of the caller's (or
-the output the interface allocated) and every other argument is a constant of the signature; later calls of the
-signature allocate the output and launch the recorded function with the new tensors.
+cache wrapped to record that launch; the record is kept only where every tensor it passed is exactly one of the
+caller's (or the output the interface allocated) and every other argument is a constant of the signature; later calls
+of the signature allocate the output and launch the recorded function with the new tensors.
 
 Taken only where flash-attn-4 is the pinned version (:data:`PINNED`) and its interface has the compile cache this
 module reads (``flash_attn.cute.interface._flash_attn_fwd.compile_cache``); anything else (another version, a
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import itertools
 import math
 from dataclasses import dataclass
 from importlib import metadata
@@ -35,16 +36,24 @@ import torch
 #: The flash-attn-4 release whose launch layout this module knows (pyproject's gpu extra pins it).
 PINNED = "4.0.0b36"
 
-_CALLER_TENSORS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k", "learnable_sink")
+#: The tensors a launch may pass, by their index in a call's tensor tuple: the caller's, then the outputs.
+_TENSORS = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k", "learnable_sink", "out", "lse")
 
 
 @dataclass(frozen=True)
 class _Launch:
-    """A recorded launch: the compiled function and its arguments, each a caller's tensor by name (``"out"``: the
-    output), or a constant of the signature."""
+    """A recorded launch: the compiled function and its arguments, those of the signature as they were (constants)
+    and, at ``tensor_slots``, the call's tensors by their index in :data:`_TENSORS`."""
 
     function: Any
-    slots: tuple[tuple[str | None, Any], ...]  # (tensor name, None) or (None, constant); "out" and "lse" its outputs
+    arguments: tuple[Any, ...]
+    tensor_slots: tuple[tuple[int, int], ...]  # (argument position, index in _TENSORS)
+
+    def __call__(self, tensors: tuple[torch.Tensor | None, ...]) -> None:
+        arguments = list(self.arguments)
+        for position, index in self.tensor_slots:
+            arguments[position] = tensors[index]
+        self.function(*arguments)
 
 
 # per call signature: the launch to replay, or None where only the public call may run
@@ -93,26 +102,25 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
 
 
-def _record(
-    calls: list, tensors: dict[str, torch.Tensor | None], out: torch.Tensor, lse: torch.Tensor | None
-) -> _Launch | None:
-    """The launch of one public call, or None where it is not one launch of the caller's tensors and constants."""
+def _record(calls: list, tensors: tuple[torch.Tensor | None, ...]) -> _Launch | None:
+    """The launch of one public call, or None where it is not one launch of the call's tensors (:data:`_TENSORS`:
+    the caller's, the output and lse the interface allocated) and constants."""
     if len(calls) != 1:
         return None
     function, args = calls[0]
-    named = {name: t for name, t in (tensors | {"out": out, "lse": lse}).items() if t is not None}
     slots = []
-    for arg in args:
+    for position, arg in enumerate(args):
         if isinstance(arg, torch.Tensor):
-            name = next((n for n, t in named.items() if _same(arg, t)), None)
-            if name is None:  # a tensor the interface made for this call (partials, scheduler metadata, a copy)
+            matches = [i for i, t in enumerate(tensors) if t is not None and _same(arg, t)]
+            # none: a tensor the interface made for this call (partials, scheduler metadata, a copy); several: the
+            # caller passed one tensor twice (cu_seqlens_q as cu_seqlens_k), which a later call need not
+            if len(matches) != 1:
                 return None
-            slots.append((name, None))
+            slots.append((position, matches[0]))
         elif isinstance(arg, (list, tuple)) and any(isinstance(a, torch.Tensor) for a in arg):
             return None
-        else:
-            slots.append((None, arg))
-    return _Launch(function, tuple(slots))
+    constants = tuple(None if any(p == position for p, _ in slots) else arg for position, arg in enumerate(args))
+    return _Launch(function, constants, tuple(slots))
 
 
 def flash_attn_varlen(
@@ -138,21 +146,19 @@ def flash_attn_varlen(
     [num_q_heads, total_q]`` fp32 or None without ``return_lse``), through the recorded launch of its signature where
     there is one (see the module's doc). ``module``: the ``flash_attn.cute`` module (or a test's stand-in, which always
     takes the public call)."""
-    tensors = dict(zip(_CALLER_TENSORS, (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, learnable_sink)))
     interface = _interface() if module.__name__ == "flash_attn.cute" else None
     key = (
-        q.device, q.dtype, k.dtype, tuple(q.shape[1:]), tuple(k.shape[1:]), tuple(v.shape[1:]),
-        _layout(q), _layout(k), _layout(v), cu_seqlens_q.shape[0],
-        seqused_q is not None, seqused_k is not None, None if learnable_sink is None else learnable_sink.dtype,
-        max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_size, softcap, return_lse,
+        q.dtype, k.dtype, q.shape[1:], k.shape[1:], v.shape[1:], _layout(q.stride() + k.stride() + v.stride()),
+        cu_seqlens_q.shape[0], seqused_q is None, seqused_k is None,
+        None if learnable_sink is None else learnable_sink.dtype, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+        window_size, softcap, return_lse, q.get_device(),
     )  # fmt: skip
     launch = _LAUNCHES.get(key) if interface is not None else None
     plain = q.shape[0] > 0 and k.shape[0] > 0 and not (torch.is_grad_enabled() and q.requires_grad | k.requires_grad)
     if launch is not None and plain:
-        out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype, device=q.device)
-        lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device) if return_lse else None
-        named = tensors | {"out": out, "lse": lse}
-        launch.function(*[named[name] if name is not None else constant for name, constant in launch.slots])
+        out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
+        lse = q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32) if return_lse else None
+        launch((q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, learnable_sink, out, lse))
         return out, lse
     public = dict(
         cu_seqlens_q=cu_seqlens_q,
@@ -177,17 +183,18 @@ def flash_attn_varlen(
         out, lse = _out_and_lse(module.flash_attn_varlen_func(q, k, v, **public))
     finally:
         fwd.compile_cache = cache
-    _LAUNCHES[key] = _record(recording.calls, tensors, out, lse)
+    tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, learnable_sink, out, lse)
+    _LAUNCHES[key] = _record(recording.calls, tensors)
     return out, lse
 
 
-def _layout(t: torch.Tensor) -> tuple[int, ...]:
-    """What a signature keeps of a tensor's strides: each one's largest power-of-two divisor up to 16 elements. The
+def _layout(strides: tuple[int, ...]) -> tuple[int, ...]:
+    """What a signature keeps of q's, k's and v's strides: each one's largest power-of-two divisor up to 16 elements. The
     compiled kernel takes its layouts dynamic (``mark_layout_dynamic``: the last stride 1, the others any value, its
     TMA copies needing 16-byte multiples) and the interface's heuristics read shapes alone, so a decode step over a
     DynamicCache, whose head stride grows with every token, keeps its signature (the strides themselves would make one
     signature a token, each paying the public call once and kept for ever)."""
-    return tuple(math.gcd(stride, 16) for stride in t.stride())
+    return tuple(map(math.gcd, strides, itertools.repeat(16)))
 
 
 def _out_and_lse(result: Any) -> tuple[torch.Tensor, torch.Tensor | None]:

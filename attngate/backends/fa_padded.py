@@ -1,7 +1,7 @@
 """FlashAttention-4 (``flash_attn.cute``) over a padded batch in place: no unpadding, no host synchronisation.
 
-A padded batch (transformers' layout: ``[B, S, H, D]`` queries, ``[B, S_kv, H_kv, D]`` views of its ``[B, H_kv, S_kv,
-D]`` keys and values, its DynamicCache or static cache as is) is handed to the varlen kernel as it lies in memory:
+A padded batch (transformers' layout: ``[B, H, S, D]`` queries, ``[B, H_kv, S_kv, D]`` keys and values, its
+DynamicCache or static cache as is) is handed to the varlen kernel as it lies in memory:
 each request's row starts at its own offset (``cu_seqlens_*``, on the device) and runs for its own length
 (``seqused_*``, on the device), so padding is skipped by where the kernel starts reading, not by copying the valid
 tokens out. Keys in the cache's head-major layout are read through an overlapping strided view (:func:`token_rows`):
@@ -33,18 +33,19 @@ from attngate.backends.triton_optional import triton_launcher
 
 
 def token_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """``x: [B, S, H, D]`` (``D`` contiguous, ``stride(0)`` a multiple of ``stride(1)``: see :func:`same_layout`) as
-    ``[N, H, D]`` flat token rows sharing x's memory, and the flat row of each request's first token: ``b * row``.
-    Heads keep their stride, so a head-major cache is read in place; the view overlaps itself there, which the kernel
-    (reading only the rows ``cu_seqlens`` and ``seqused`` name) never notices."""
-    b, s, h, d = x.shape
-    row = x.stride(0) // x.stride(1)
-    return x.as_strided(((b - 1) * row + s, h, d), (x.stride(1), x.stride(2), 1)), row
+    """``x: [B, H, S, D]`` (transformers' layout; ``D`` contiguous, ``stride(0)`` a multiple of ``stride(2)``: see
+    :func:`same_layout`) as ``[N, H, D]`` flat token rows sharing x's memory, and the flat row of each request's first
+    token: ``b * row``. Heads keep their stride, so a head-major cache is read in place; the view overlaps itself
+    there, which the kernel (reading only the rows ``cu_seqlens`` and ``seqused`` name) never notices."""
+    b, h, s, d = x.shape
+    token = x.stride(2)
+    row = x.stride(0) // token
+    return x.as_strided(((b - 1) * row + s, h, d), (token, x.stride(1), 1)), row
 
 
 def same_layout(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """K and V laid out so that one ``cu_seqlens_k`` offsets both (a prefill's fresh V beside its roped K, or an odd
-    layout, is copied token-major), and their row (:func:`token_rows`)."""
+    """``k, v: [B, H_kv, S_kv, D]`` laid out so that one ``cu_seqlens_k`` offsets both (a prefill's fresh V beside its
+    roped K, or an odd layout, is copied contiguous), and their row (:func:`token_rows`)."""
     k_row, v_row = _row(k), _row(v)
     if k_row is None or k_row != v_row:
         k, v = k.contiguous(), v.contiguous()
@@ -53,9 +54,9 @@ def same_layout(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.T
 
 
 def _row(x: torch.Tensor) -> int | None:
-    """Flat rows per request of ``x: [B, S, H, D]`` read through :func:`token_rows`; None where it cannot be."""
-    s0, s1, _, s3 = x.stride()
-    return s0 // s1 if s3 == 1 and s1 > 0 and s0 % s1 == 0 else None
+    """Flat rows per request of ``x: [B, H, S, D]`` read through :func:`token_rows`; None where it cannot be."""
+    s0, _, s2, s3 = x.stride()
+    return s0 // s2 if s3 == 1 and s2 > 0 and s0 % s2 == 0 else None
 
 
 def rows(extents: torch.Tensor, s: int, k_row: int) -> tuple[torch.Tensor, ...]:

@@ -51,8 +51,8 @@ def fa4_varlen(
         q,
         k,
         v,
-        cu_seqlens_q=_on(cu_seqlens_q, q.device),
-        cu_seqlens_k=_on(cu_seqlens_k, q.device),
+        cu_seqlens_q=_on(cu_seqlens_q, q),
+        cu_seqlens_k=_on(cu_seqlens_k, q),
         seqused_q=seqused_q,
         seqused_k=seqused_k,
         max_seqlen_q=max_seqlen_q,
@@ -66,9 +66,10 @@ def fa4_varlen(
     )
 
 
-def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``t`` on ``device`` (a host tensor copied without a sync); one already there as it is, with no dispatch."""
-    return t if t.device == device else t.to(device, non_blocking=True)
+def _on(t: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``t`` on q's device (a host tensor copied without a sync); one already there as it is, with no dispatch (and
+    no device objects made: ``get_device`` is an int)."""
+    return t if t.get_device() == q.get_device() else t.to(q.device, non_blocking=True)
 
 
 # FlashInfer ragged wrappers per (device, kernel family, layer spec), each re-planned only when the rows' lengths

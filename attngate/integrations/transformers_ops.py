@@ -192,8 +192,20 @@ def decode_split_keys(d: LayerDecisions, b: int, h_kv: int, s_kv: int, device: t
 
 
 def _sm_count(device: torch.device) -> int | None:
-    """The SMs of a CUDA device (a constant to torch.compile), None elsewhere."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
+    """The SMs of a CUDA device (a constant to torch.compile, which reads the device's properties itself), None
+    elsewhere. Eager, kept per device: ``get_device_properties`` costs a few µs of host time a call."""
+    if device.type != "cuda":
+        return None
+    if torch.compiler.is_compiling():
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    count = _SM_COUNTS.get(index)
+    if count is None:
+        count = _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return count
+
+
+_SM_COUNTS: dict[int, int] = {}
 
 
 def reads_in_place(batch: PaddedBatch, causal: bool) -> bool:
@@ -258,16 +270,17 @@ def fa_in_place(
     """
     b, h, s, dq = query.shape
     s_kv = key.shape[2]
-    q = query.transpose(1, 2)
-    k, v, k_row = fa_padded.same_layout(key.transpose(1, 2), value.transpose(1, 2))
+    # [B * S, H, D]: one view where S is 1 (a decode step), else transformers' transposed projection as it lies
+    q = query.reshape(b, h, dq) if s == 1 else query.transpose(1, 2).reshape(b * s, h, dq)
+    k, v, k_row = fa_padded.same_layout(key, value)
     extents = batch.extents(d.causal)
-    split = decode_split_keys(d, b, k.shape[2], s_kv, query.device) if s == 1 else None
+    split = decode_split_keys(d, b, k.shape[1], s_kv, query.device) if s == 1 else None
     if split is not None:
         cu_q, cu_k, used_k, pieces, valid = batch.kept(  # by every value they are made from (extents: causality)
             ("fa split", b, s_kv, k_row, d.causal, d.window, split, query.device),
             lambda: (*fa_padded.split_rows(extents, k_row, s_kv, d.window, split), fa_padded.valid_queries(extents, 1)),
         )
-        q_rows = q.expand(b, pieces, h, dq).reshape(b * pieces, h, dq)
+        q_rows = q[:, None].expand(b, pieces, h, dq).reshape(b * pieces, h, dq)
         out, lse = fa_varlen(
             q_rows, k, v, cu_q, cu_k, None, used_k, 1, split, None, scale, False, -1, d.logit_cap, True
         )
@@ -281,8 +294,7 @@ def fa_in_place(
     )
     window = -1 if d.window is None else d.window
     out, _ = fa_varlen(
-        q.reshape(b * s, h, dq), k, v, cu_q, cu_k, used_q, used_k, s, s_kv, sinks, scale, d.causal, window,
-        d.logit_cap, False,
+        q, k, v, cu_q, cu_k, used_q, used_k, s, s_kv, sinks, scale, d.causal, window, d.logit_cap, False
     )  # fmt: skip
     out = out.view(b, s, h, -1)
     if not _every_query_valid(batch, d.causal):  # rows the kernel did not write hold whatever was there
@@ -309,8 +321,9 @@ def _unless_one_run(out: torch.Tensor, d: LayerDecisions, batch: PaddedBatch, qu
 def _fa_varlen_eager(
     q, k, v, cu_q, cu_k, used_q, used_k, max_q, max_k, sinks, scale, causal, window_left, softcap, return_lse
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`attngate.backends.varlen.fa4_varlen` over the padded batch in place (``window_left`` -1: no window):
-    ``(out [total_q, H, Dv], lse [H, total_q] fp32 or None without return_lse)``."""
+    """:func:`attngate.backends.varlen.fa4_varlen` over the padded batch in place (``q: [B * S, H, D]``, ``k``/``v``:
+    transformers' ``[B, H_kv, S_kv, D]``, read through :func:`attngate.backends.fa_padded.token_rows`; ``window_left``
+    -1: no window): ``(out [total_q, H, Dv], lse [H, total_q] fp32 or None without return_lse)``."""
     return varlen.fa4_varlen(
         q, fa_padded.token_rows(k)[0], fa_padded.token_rows(v)[0], cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
         seqused_q=used_q, seqused_k=used_k, max_seqlen_q=max_q, max_seqlen_k=max_k, scale=scale, causal=causal,

@@ -85,13 +85,24 @@ def _install(monkeypatch, cute: types.ModuleType) -> None:
     monkeypatch.setitem(sys.modules, "flash_attn.cute.interface", cute.interface)
 
 
-def _call(cute, lengths: list[int], seed: int, *, causal=True, window=(None, None), sinks=False, return_lse=False):
+def _cu(lengths: list[int]) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+
+
+def _call(
+    cute, lengths: list[int], seed: int, *, k_lengths=None, causal=True, window=(None, None), sinks=False,
+    return_lse=False,
+):  # fmt: skip
+    """One call: queries of ``lengths`` over keys of ``k_lengths`` (None: the queries' lengths, one tensor passed as
+    both cu_seqlens_q and cu_seqlens_k, as a prefill over its own keys may)."""
     g = torch.Generator().manual_seed(seed)
     total = sum(lengths)
-    q, k, v = (torch.randn(total, h, 16, generator=g) for h in (4, 2, 2))
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    q = torch.randn(total, 4, 16, generator=g)
+    k, v = (torch.randn(sum(k_lengths or lengths), 2, 16, generator=g) for _ in range(2))
+    cu_q = _cu(lengths)
+    cu_k = cu_q if k_lengths is None else _cu(k_lengths)
     sink = torch.randn(4, generator=g) if sinks else None
-    kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, seqused_q=None, seqused_k=None, max_seqlen_q=max(lengths))
+    kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_q=None, seqused_k=None, max_seqlen_q=max(lengths))
     kw |= dict(max_seqlen_k=256, softmax_scale=0.25, causal=causal, window_size=window, learnable_sink=sink)
     got = fa4_launch.flash_attn_varlen(cute, q, k, v, **kw, softcap=0.0, return_lse=return_lse)
     expected = flash_attn_cute.flash_attn_varlen_func(q, k, v, **kw, return_lse=return_lse)
@@ -115,11 +126,28 @@ def test_a_recorded_signature_launches_its_kernel_with_the_new_tensors(monkeypat
     cute, counts = _fake_cute()
     _install(monkeypatch, cute)
     for seed in range(4):  # one signature (same lengths' shapes per token), new tensors each call
-        (out, lse), (expected, expected_lse) = _call(cute, [5, 3], seed, **options, return_lse=return_lse)
+        k_lengths = [7 - seed, 5 + seed]  # other keys each call, the same bounds
+        (out, lse), (expected, expected_lse) = _call(
+            cute, [5, 3], seed, k_lengths=k_lengths, **options, return_lse=return_lse
+        )
         assert torch.allclose(out, expected, atol=1e-6)
         assert (lse is None) == (not return_lse) and (lse is None or torch.allclose(lse, expected_lse, atol=1e-6))
     assert counts == {"public": 1, "launch": 4}
     assert list(fa4_launch.launches().values()) == [True]
+
+
+def test_a_launch_recorded_with_one_tensor_passed_twice_is_never_replayed(monkeypatch):
+    """A first call passes one tensor as cu_seqlens_q and cu_seqlens_k (a prefill over its own keys): its launch
+    cannot say which of the two a later call's tensor goes where, so the signature keeps the public call, and a later
+    call of the same signature over other keys attends to its own keys (a replay would have read cu_seqlens_q there)."""
+    cute, counts = _fake_cute()
+    _install(monkeypatch, cute)
+    (out, _), (expected, _) = _call(cute, [5, 3], 0)
+    assert torch.allclose(out, expected, atol=1e-6)
+    for seed, k_lengths in [(1, [2, 6]), (2, [6, 2])]:
+        (out, _), (expected, _) = _call(cute, [5, 3], seed, k_lengths=k_lengths)
+        assert torch.allclose(out, expected, atol=1e-6), k_lengths
+    assert counts["public"] == 3 and list(fa4_launch.launches().values()) == [False]
 
 
 def test_a_launch_that_passes_a_tensor_of_its_own_keeps_the_public_call(monkeypatch):
