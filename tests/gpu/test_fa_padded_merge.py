@@ -51,3 +51,32 @@ def test_a_request_without_keys_merges_to_zeros_and_more_empty_pieces_change_not
     wider_lse = torch.cat([lse.view(h, 2, 3)[:, :1], torch.full((h, 1, 2), -float("inf"), device="cuda")], 2)
     wider = fa_padded_triton.merge_split(wider_out.view(5, h, dv), wider_lse.reshape(h, 5), 5, None)
     assert torch.equal(wider[0], merged[0])
+
+
+@pytest.mark.parametrize(
+    "b, pieces, h, dv, sinks", [(1, 16, 32, 128, False), (8, 4, 16, 256, True), (3, 5, 8, 80, False)]
+)
+def test_the_merge_launches_its_compiled_kernel_directly_bitwise_as_triton_dispatches_it(b, pieces, h, dv, sinks):
+    """After the first launch of a specialization (Triton's dispatch, then one direct launch checked against it), the
+    merge launches the compiled kernel directly: this Triton's launcher takes the arguments as given, and the result
+    is the dispatched launch's bit for bit, for other batches and pieces of the same specialization too."""
+    from attngate.backends import fa_padded_triton
+
+    fa_padded_triton._COMPILED.clear()
+    g = torch.Generator(device="cuda").manual_seed(pieces)
+    sink_logits = torch.randn(h, device="cuda", generator=g) if sinks else None
+    results = []
+    for batch, p in [(b, pieces), (b + 1, pieces + 3), (b, pieces)]:
+        out = torch.randn(batch * p, h, dv, device="cuda", generator=g).bfloat16()
+        lse = torch.randn(h, batch * p, device="cuda", generator=g) * 4
+        results.append((out, lse, p, fa_padded_triton.merge_split(out, lse, p, sink_logits)))
+    assert list(fa_padded_triton._COMPILED.values()) and all(fa_padded_triton._COMPILED.values())
+    for out, lse, p, got in results:
+        dispatched = fa_padded_triton._merge_kernel  # the same launch through Triton's dispatch
+        expected = got.new_empty(got.shape)
+        block_d = fa_padded_triton.triton.next_power_of_2(dv)
+        dispatched[(got.shape[0], h)](
+            out, lse, lse if sink_logits is None else sink_logits, expected, p, out.stride(0), out.stride(1),
+            lse.stride(0), expected.stride(0), expected.stride(2), dv, HAS_SINKS=sinks, BLOCK_D=block_d,
+        )  # fmt: skip
+        assert torch.equal(got, expected)
