@@ -15,6 +15,7 @@ stalls moves neither.
     python3 bench/bench_transformers_generate.py --archs llama --caches static --batches 1 --prompts 512
     python3 bench/bench_transformers_generate.py --out run.json --resume   # again, call after call: the points left
     python3 bench/bench_transformers_generate.py --caches default --split-past 1000000000   # decode never split
+    python3 bench/bench_transformers_generate.py --bound   # and the step without attention: what any could gain
 """
 
 from __future__ import annotations
@@ -58,6 +59,16 @@ ARCHS = {
         "eager",
     ),  # fmt: skip
 }
+
+
+#: An attention that costs nothing (zeros, no kernel): the step's time without attention, host and GPU, bounds what
+#: any attention implementation can gain over the reference (``--bound``)
+NO_ATTENTION = "no_attention"
+
+
+def _no_attention(module, query, key, value, attention_mask, **kwargs):
+    b, h, s, _ = query.shape
+    return query.new_zeros(b, s, h, value.shape[-1]), None
 
 
 def _model(arch: str, impl: str, state=None):
@@ -113,7 +124,8 @@ def point(models: dict, arch: str, cache: str, batch: int, prompt: int, new: int
             prefills[name].append(prefill)
             totals[name].append(total)
             steps[name] += decode_steps
-    ref, ours = (first[n] for n in models)
+    names = list(models)
+    ref, ours = first[names[0]], first["attngate"]
     row["first_step_logit_diff"] = ((ref - ours).abs().max() / ref.abs().max()).item()
     for name in models:
         values = dict(
@@ -123,9 +135,10 @@ def point(models: dict, arch: str, cache: str, batch: int, prompt: int, new: int
             tokens_s=batch * new / statistics.median(totals[name]) * 1e3,
         )
         row |= {f"{name}_{k}": round(v, 3) for k, v in values.items()}
-    names = list(models)
     row["decode_ratio"] = row[f"{names[0]}_decode_ms"] / row["attngate_decode_ms"]  # reference / attngate
     row["prefill_ratio"] = row[f"{names[0]}_prefill_ms"] / row["attngate_prefill_ms"]
+    if NO_ATTENTION in models:  # the most any attention could gain here: the reference's step over one without it
+        row["decode_bound"] = row[f"{names[0]}_decode_ms"] / row[f"{NO_ATTENTION}_decode_ms"]
     return row
 
 
@@ -148,7 +161,13 @@ def main() -> None:
         help="split attngate's decode where a query reads more keys than this (transformers_ops.DECODE_SPLIT_KEYS; "
         "a huge value: never), to weigh the split's host time against its GPU time",
     )
+    parser.add_argument(
+        "--bound", action="store_true", help="also time each step with an attention that costs nothing (decode_bound)"
+    )
     args = parser.parse_args()
+    if args.bound:
+        transformers.AttentionInterface.register(NO_ATTENTION, _no_attention)
+        transformers.masking_utils.AttentionMaskInterface.register(NO_ATTENTION, transformers.masking_utils.sdpa_mask)
     if args.split_past is not None:
         transformers_ops.DECODE_SPLIT_KEYS = args.split_past
     report = {
@@ -175,6 +194,8 @@ def main() -> None:
         reference = ARCHS[arch][2]
         ref = _model(arch, reference)
         models = {reference: ref, "attngate": _model(arch, "attngate", ref.state_dict())}
+        if args.bound:
+            models[NO_ATTENTION] = _model(arch, NO_ATTENTION, ref.state_dict())
         for cache, batch, prompt in todo:
             try:
                 row = point(models, arch, cache, batch, prompt, args.new_tokens, args.reps)
