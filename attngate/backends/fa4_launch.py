@@ -3,8 +3,8 @@
 ``flash_attn.cute.flash_attn_varlen_func`` costs 170 to 313 µs of host time a call (an autograd Function and
 ``_flash_attn_fwd``'s argument checks and tile heuristics in Python) around a launch of a few µs; on the plain
 transformers path that is most of a small compiled decode step. For one *call signature* (dtypes, per-token shapes,
-which optional tensors are given, the scalar arguments and the length bounds, everything the interface's heuristics
-read; of the strides only their alignment, :func:`_layout`) the interface always launches the same compiled function
+which optional tensors are given and which the caller passed as one, the scalar arguments and the length bounds,
+everything the interface's heuristics read; of the strides only their alignment, :func:`_layout`) the interface always launches the same compiled function
 with the same constant arguments. So the first call of a signature goes through the public function with the compile
 cache wrapped to record that launch; the record is kept only where every tensor it passed is exactly one of the
 caller's (or the output the interface allocated) and every other argument is a constant of the signature; later calls
@@ -112,9 +112,9 @@ def _record(calls: list, tensors: tuple[torch.Tensor | None, ...]) -> _Launch | 
     for position, arg in enumerate(args):
         if isinstance(arg, torch.Tensor):
             matches = [i for i, t in enumerate(tensors) if t is not None and _same(arg, t)]
-            # none: a tensor the interface made for this call (partials, scheduler metadata, a copy); several: the
-            # caller passed one tensor twice (cu_seqlens_q as cu_seqlens_k), which a later call need not
-            if len(matches) != 1:
+            # none: a tensor the interface made for this call (partials, scheduler metadata, a copy); several: one
+            # the caller passed twice, which the signature must say (_aliases) for a later call to do the same
+            if not matches or (len(matches) > 1 and set(matches) not in _ALIASED):
                 return None
             slots.append((position, matches[0]))
         elif isinstance(arg, (list, tuple)) and any(isinstance(a, torch.Tensor) for a in arg):
@@ -151,7 +151,7 @@ def flash_attn_varlen(
         q.dtype, k.dtype, q.shape[1:], k.shape[1:], v.shape[1:], _layout(q.stride() + k.stride() + v.stride()),
         cu_seqlens_q.shape[0], seqused_q is None, seqused_k is None,
         None if learnable_sink is None else learnable_sink.dtype, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-        window_size, softcap, return_lse, q.get_device(),
+        window_size, softcap, return_lse, q.get_device(), _aliases(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k),
     )  # fmt: skip
     launch = _LAUNCHES.get(key) if interface is not None else None
     plain = q.shape[0] > 0 and k.shape[0] > 0 and not (torch.is_grad_enabled() and q.requires_grad | k.requires_grad)
@@ -186,6 +186,18 @@ def flash_attn_varlen(
     tensors = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, learnable_sink, out, lse)
     _LAUNCHES[key] = _record(recording.calls, tensors)
     return out, lse
+
+
+#: The pairs of a call's tensors (indices in _TENSORS) a caller may pass as one tensor, which the signature tells apart
+_ALIASED = ({3, 4}, {5, 6})
+
+
+def _aliases(cu_q: torch.Tensor, cu_k: torch.Tensor, used_q: torch.Tensor | None, used_k: torch.Tensor | None) -> int:
+    """Which of the :data:`_ALIASED` pairs the caller passed as one tensor (a prefill over its own keys passes
+    cu_seqlens_q as cu_seqlens_k): bit 0 the cu_seqlens, bit 1 the seqused. Part of the signature, so a launch recorded
+    with one tensor in two places replays only for calls that pass one tensor there too."""
+    same_used = used_q is not None and used_k is not None and used_q.data_ptr() == used_k.data_ptr()
+    return (cu_q.data_ptr() == cu_k.data_ptr()) | same_used << 1
 
 
 def _layout(strides: tuple[int, ...]) -> tuple[int, ...]:
