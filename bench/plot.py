@@ -9,7 +9,8 @@ bench_host.py: host µs per decode step and backend/raw GPU-time ratio over batc
 side. bench_transformers_plain.py: attngate's speed-up over sdpa (sdpa ms / attngate ms, each in the same mode) over
 prompt length, decode and prefill, one line per mode and batch size. bench_transformers_generate.py: the same ratio
 (the reference's ms / attngate's) of generate()'s decode step per cache and of its prefill, one line per architecture
-and batch size.
+and batch size, and (wide, faint) the reference's step over one whose attention costs nothing where it was measured
+(``--bound``: the most any attention could gain).
 """
 
 from __future__ import annotations
@@ -125,6 +126,14 @@ def transformers_generate(src: str, dst: str) -> None:
                         style = ("-", "--", ":")[a % 3] + "osv^"[c if cache is None else b % 4]
                         label = f"{arch}, batch {batch}" + ("" if cache else f", {kind}")
                         panel.plot(xs, ys, f"C{b}{style}", label=label)
+                    bound = sorted(
+                        (row["prompt"], row["decode_bound"])
+                        for row in rows
+                        if (row["arch"], row["batch"], row["cache"]) == (arch, batch, cache) and "decode_bound" in row
+                    )
+                    if bound and ratio == "decode_ratio":  # what an attention costing nothing would reach
+                        xs, ys = zip(*bound)
+                        panel.plot(xs, ys, f"C{b}" + ("-", "--", ":")[a % 3], alpha=0.3, linewidth=3)
         panel.axhline(1.0, color="grey", linewidth=0.8)
         panel.set(xscale="log", yscale="log", xlabel="prompt tokens", ylabel="reference ms / attngate ms", title=title)
         panel.legend(fontsize=7)
