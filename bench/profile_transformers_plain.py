@@ -6,6 +6,7 @@ time, the ms per step without the profiler, and (attngate) the host time spent i
     python3 bench/profile_transformers_plain.py --phase prefill --batch 1 --prompt 8192   # the GPU kernels of a prefill
     python3 bench/profile_transformers_plain.py --phase calls    # one decode attention call and its parts, beside sdpa
     python3 bench/profile_transformers_plain.py --phase calls --calls 1x16385 --pieces 0,512,1024,2048   # split sizes
+    python3 bench/profile_transformers_plain.py --phase graph --batch 1 --prompt 512   # a compiled step's GPU kernels
 """
 
 from __future__ import annotations
@@ -124,6 +125,40 @@ def prefill_kernels(impl: str, batch: int, prompt: int, top: int) -> None:
     print(f"===== prefill {impl} b{batch} p{prompt}: {ms:.3f} ms a forward\n{table}")
 
 
+def graph_kernels(impl: str, batch: int, prompt: int, steps: int, top: int) -> None:
+    """The GPU kernels of ``steps`` compiled decode steps over a static cache holding ``prompt`` positions (no padding,
+    as generate() with cache_implementation="static" runs them): device µs a step per kernel under torch.profiler."""
+    model = _model(impl, transformers.LlamaConfig(**SHAPE))
+    forward = torch.compile(model.forward, fullgraph=True, dynamic=True)
+    cache = static_cache(model, batch, prompt, steps)
+    mask = torch.ones(batch, cache.layers[0].keys.shape[2], dtype=torch.long, device="cuda")
+    token = torch.full((batch, 1), 7, device="cuda")
+
+    def step(t: int) -> None:
+        position = torch.full((batch, 1), prompt + t, device="cuda")
+        forward(input_ids=token, attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True)
+
+    def rewind() -> None:
+        for layer in cache.layers:
+            layer.cumulative_length.fill_(prompt)
+
+    with torch.no_grad():
+        rewind()
+        for t in range(3):  # compiles
+            step(t)
+        rewind()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for t in range(steps):
+                step(t)
+            torch.cuda.synchronize()
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total)
+    total = sum(e.self_device_time_total for e in events) / steps
+    print(f"===== compiled decode {impl} b{batch} p{prompt}: GPU {total:.1f} us a step")
+    for e in events[:top]:
+        print(f"  {e.self_device_time_total / steps:8.1f} us  x{e.count / steps:5.1f}  {e.key[:110]}")
+
+
 def _per_call_us(fn, calls: int = 300) -> float:
     """Wall µs a call of ``fn`` over ``calls`` back-to-back calls, synchronised at the end, the best of 5."""
     for _ in range(20):
@@ -238,7 +273,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--impls", default="attngate,sdpa")
     parser.add_argument("--modes", default="eager,compiled")
-    parser.add_argument("--phase", choices=["decode", "prefill", "calls"], default="decode")
+    parser.add_argument("--phase", choices=["decode", "prefill", "calls", "graph"], default="decode")
     parser.add_argument("--calls", default="1x513,8x2049,1x16385", help="--phase calls: batch x keys, comma-separated")
     parser.add_argument(
         "--pieces", default="", help="--phase calls: sweep DECODE_MIN_PIECE_KEYS over these (0: unsplit)"
@@ -249,6 +284,10 @@ def main() -> None:
         if args.pieces:
             split_sweep(shapes, [int(least) for least in args.pieces.split(",")])
         decode_calls(shapes)
+        return
+    if args.phase == "graph":
+        for impl in args.impls.split(","):
+            graph_kernels(impl, args.batch, args.prompt, args.steps, args.top)
         return
     if args.phase == "prefill":
         for impl in args.impls.split(","):
