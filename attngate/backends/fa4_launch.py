@@ -4,11 +4,12 @@
 ``_flash_attn_fwd``'s argument checks and tile heuristics in Python) around a launch of a few µs; on the plain
 transformers path that is most of a small compiled decode step. For one *call signature* (dtypes, per-token shapes,
 which optional tensors are given and which the caller passed as one, the scalar arguments and the length bounds,
-everything the interface's heuristics read; of the strides only their alignment, :func:`_layout`) the interface always launches the same compiled function
-with the same constant arguments. So the first call of a signature goes through the public function with the compile
-cache wrapped to record that launch; the record is kept only where every tensor it passed is exactly one of the
-caller's (or the output the interface allocated) and every other argument is a constant of the signature; later calls
-of the signature allocate the output and launch the recorded function with the new tensors.
+everything the interface's heuristics read; of the strides only their alignment, :func:`_layout`) the interface always
+launches the same compiled function with the same constant arguments. So the first call of a signature goes through
+the public function with the compile cache wrapped to record that launch; the record is kept only where every tensor
+it passed is one of the caller's (or the output the interface allocated), told apart from the others, and every other
+argument is a constant of the signature; later calls of the signature allocate the output and launch the recorded
+function with the new tensors.
 
 Taken only where flash-attn-4 is the pinned version (:data:`PINNED`) and its interface has the compile cache this
 module reads (``flash_attn.cute.interface._flash_attn_fwd.compile_cache``); anything else (another version, a
@@ -201,8 +202,8 @@ def _aliases(cu_q: torch.Tensor, cu_k: torch.Tensor, used_q: torch.Tensor | None
 
 
 def _layout(strides: tuple[int, ...]) -> tuple[int, ...]:
-    """What a signature keeps of q's, k's and v's strides: each one's largest power-of-two divisor up to 16 elements. The
-    compiled kernel takes its layouts dynamic (``mark_layout_dynamic``: the last stride 1, the others any value, its
+    """What a signature keeps of q's, k's and v's strides: each one's largest power-of-two divisor up to 16 elements.
+    The compiled kernel takes its layouts dynamic (``mark_layout_dynamic``: the last stride 1, the others any value, its
     TMA copies needing 16-byte multiples) and the interface's heuristics read shapes alone, so a decode step over a
     DynamicCache, whose head stride grows with every token, keeps its signature (the strides themselves would make one
     signature a token, each paying the public call once and kept for ever)."""

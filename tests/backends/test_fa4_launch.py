@@ -136,7 +136,7 @@ def test_a_recorded_signature_launches_its_kernel_with_the_new_tensors(monkeypat
     assert list(fa4_launch.launches().values()) == [True]
 
 
-def test_a_launch_recorded_with_one_tensor_passed_twice_replays_only_for_calls_that_pass_one_tensor_twice(monkeypatch):
+def test_a_launch_recorded_with_one_tensor_passed_twice_replays_only_where_one_is_passed_twice(monkeypatch):
     """A first call passes one tensor as cu_seqlens_q and cu_seqlens_k (a prefill over its own keys). A later call of
     otherwise the same signature over other keys is another signature: it attends to its own keys (a replay of the
     first launch would read cu_seqlens_q there), and each kind replays its own launch."""
