@@ -27,24 +27,23 @@ sys.path[:0] = [str(Path(__file__).resolve().parent)]
 from bench_transformers_plain import MODES, SHAPE, _model, _padding, static_cache  # noqa: E402
 
 
-def profile(impl: str, mode: str, batch: int, prompt: int, steps: int, top: int) -> None:
+def _decode_steps(impl: str, compiled: bool, batch: int, prompt: int, steps: int, pad: torch.Tensor):
+    """``(step, rewind)`` over bench_transformers_plain's model (``compiled``: torch.compile'd, fullgraph, dynamic) and a
+    static cache holding ``prompt`` positions, each request left-padded by ``pad: [B]``: ``step(t)`` decodes the
+    token after position ``prompt + t``; ``rewind()`` sets the cache's write counter back to the prompt (transformers'
+    static cache writes at its own counter: each loop reuses the same slots). Already warmed up (compiled) and
+    rewound."""
     model = _model(impl, transformers.LlamaConfig(**SHAPE))
-    forward = model.forward if MODES[mode] is None else torch.compile(model.forward, fullgraph=True, dynamic=True)
+    forward = torch.compile(model.forward, fullgraph=True, dynamic=True) if compiled else model.forward
     cache = static_cache(model, batch, prompt, steps)
-    pad = _padding(batch, prompt)
     mask = (torch.arange(cache.layers[0].keys.shape[2], device="cuda")[None, :] >= pad[:, None]).long()
     token = torch.full((batch, 1), 7, device="cuda")
 
     def step(t: int) -> None:
-        forward(
-            input_ids=token,
-            attention_mask=mask,
-            position_ids=(prompt + t - pad)[:, None],
-            past_key_values=cache,
-            use_cache=True,
-        )
+        position = (prompt + t - pad)[:, None]
+        forward(input_ids=token, attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True)
 
-    def rewind() -> None:  # transformers' static cache writes at its own counter: each loop reuses the same slots
+    def rewind() -> None:
         for layer in cache.layers:
             layer.cumulative_length.fill_(prompt)
 
@@ -54,6 +53,12 @@ def profile(impl: str, mode: str, batch: int, prompt: int, steps: int, top: int)
             step(t)
         rewind()
         torch.cuda.synchronize()
+    return step, rewind
+
+
+def profile(impl: str, mode: str, batch: int, prompt: int, steps: int, top: int) -> None:
+    step, rewind = _decode_steps(impl, MODES[mode] is not None, batch, prompt, steps, _padding(batch, prompt))
+    with torch.no_grad():
         t0 = time.perf_counter()
         for t in range(steps):
             step(t)
@@ -128,30 +133,11 @@ def prefill_kernels(impl: str, batch: int, prompt: int, top: int) -> None:
 def graph_kernels(impl: str, batch: int, prompt: int, steps: int, top: int) -> None:
     """The GPU kernels of ``steps`` compiled decode steps over a static cache holding ``prompt`` positions (no padding,
     as generate() with cache_implementation="static" runs them): device µs a step per kernel under torch.profiler."""
-    model = _model(impl, transformers.LlamaConfig(**SHAPE))
-    forward = torch.compile(model.forward, fullgraph=True, dynamic=True)
-    cache = static_cache(model, batch, prompt, steps)
-    mask = torch.ones(batch, cache.layers[0].keys.shape[2], dtype=torch.long, device="cuda")
-    token = torch.full((batch, 1), 7, device="cuda")
-
-    def step(t: int) -> None:
-        position = torch.full((batch, 1), prompt + t, device="cuda")
-        forward(input_ids=token, attention_mask=mask, position_ids=position, past_key_values=cache, use_cache=True)
-
-    def rewind() -> None:
-        for layer in cache.layers:
-            layer.cumulative_length.fill_(prompt)
-
-    with torch.no_grad():
-        rewind()
-        for t in range(3):  # compiles
+    step, _ = _decode_steps(impl, True, batch, prompt, steps, torch.zeros(batch, dtype=torch.long, device="cuda"))
+    with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for t in range(steps):
             step(t)
-        rewind()
         torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for t in range(steps):
-                step(t)
-            torch.cuda.synchronize()
     events = sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total)
     total = sum(e.self_device_time_total for e in events) / steps
     print(f"===== compiled decode {impl} b{batch} p{prompt}: GPU {total:.1f} us a step")
